@@ -1,0 +1,258 @@
+//! The Raft log, vote, committed id and purge marker on sled.
+//!
+//! **Durability:** an append is reported to openraft (through `LogFlushed`)
+//! only after `flush_async` has completed, and votes, truncations and purges
+//! are flushed before they return. A crash therefore never loses something
+//! openraft was told is stored.
+
+use std::fmt::Debug;
+use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{
+    Entry, LogId, OptionalSend, RaftLogId, RaftLogReader, RaftTypeConfig, StorageError,
+    StorageIOError, Vote,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::{decode, encode};
+
+const KEY_VOTE: &[u8] = b"vote";
+const KEY_COMMITTED: &[u8] = b"committed";
+const KEY_LAST_PURGED: &[u8] = b"last_purged";
+
+/// Log storage backed by the `log` and `meta` trees of a sled database.
+///
+/// Cloning is cheap (sled handles are reference counted); clones serve as
+/// openraft's log readers and see every flushed write.
+pub struct SledLogStore<C: RaftTypeConfig> {
+    db: sled::Db,
+    log: sled::Tree,
+    meta: sled::Tree,
+    _c: PhantomData<C>,
+}
+
+impl<C: RaftTypeConfig> Clone for SledLogStore<C> {
+    fn clone(&self) -> Self {
+        Self {
+            db: self.db.clone(),
+            log: self.log.clone(),
+            meta: self.meta.clone(),
+            _c: PhantomData,
+        }
+    }
+}
+
+fn index_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+fn key_index(key: &[u8]) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&key[..8]);
+    u64::from_be_bytes(b)
+}
+
+impl<C> SledLogStore<C>
+where
+    C: RaftTypeConfig<Entry = Entry<C>>,
+    C::D: Serialize + DeserializeOwned,
+{
+    pub(crate) fn new(db: &sled::Db) -> Result<Self, sled::Error> {
+        Ok(Self {
+            db: db.clone(),
+            log: db.open_tree("log")?,
+            meta: db.open_tree("meta")?,
+            _c: PhantomData,
+        })
+    }
+
+    fn read_meta<T: DeserializeOwned>(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<T>, StorageError<C::NodeId>> {
+        match self
+            .meta
+            .get(key)
+            .map_err(|e| StorageIOError::read(&e))?
+        {
+            None => Ok(None),
+            Some(bytes) => Ok(Some(
+                decode(&bytes).map_err(|e| StorageIOError::read(&*e))?,
+            )),
+        }
+    }
+
+    async fn flush(&self) -> Result<(), sled::Error> {
+        self.db.flush_async().await.map(|_| ())
+    }
+}
+
+impl<C> RaftLogReader<C> for SledLogStore<C>
+where
+    C: RaftTypeConfig<Entry = Entry<C>>,
+    C::D: Serialize + DeserializeOwned,
+{
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<C::Entry>, StorageError<C::NodeId>> {
+        let start = match range.start_bound() {
+            Bound::Included(i) => *i,
+            Bound::Excluded(i) => i.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let iter = match range.end_bound() {
+            Bound::Included(i) => self.log.range(index_key(start)..=index_key(*i)),
+            Bound::Excluded(i) => self.log.range(index_key(start)..index_key(*i)),
+            Bound::Unbounded => self.log.range(index_key(start)..),
+        };
+        let mut out = Vec::new();
+        for kv in iter {
+            let (k, v) = kv.map_err(|e| StorageIOError::read_logs(&e))?;
+            let entry: Entry<C> = decode(&v)
+                .map_err(|e| StorageIOError::read_log_at_index(key_index(&k), &*e))?;
+            out.push(entry);
+        }
+        Ok(out)
+    }
+}
+
+impl<C> RaftLogStorage<C> for SledLogStore<C>
+where
+    C: RaftTypeConfig<Entry = Entry<C>>,
+    C::D: Serialize + DeserializeOwned,
+{
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<C>, StorageError<C::NodeId>> {
+        let last_purged: Option<LogId<C::NodeId>> = self.read_meta(KEY_LAST_PURGED)?;
+        let last = match self.log.last().map_err(|e| StorageIOError::read_logs(&e))? {
+            None => None,
+            Some((_, v)) => {
+                let entry: Entry<C> = decode(&v).map_err(|e| StorageIOError::read_logs(&*e))?;
+                Some(entry.get_log_id().clone())
+            }
+        };
+        Ok(LogState {
+            last_log_id: last.or_else(|| last_purged.clone()),
+            last_purged_log_id: last_purged,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
+        let bytes = encode(vote).map_err(|e| StorageIOError::write_vote(&*e))?;
+        self.meta
+            .insert(KEY_VOTE, bytes)
+            .map_err(|e| StorageIOError::write_vote(&e))?;
+        self.flush()
+            .await
+            .map_err(|e| StorageIOError::write_vote(&e))?;
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<C::NodeId>>, StorageError<C::NodeId>> {
+        self.read_meta(KEY_VOTE)
+    }
+
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<C::NodeId>>,
+    ) -> Result<(), StorageError<C::NodeId>> {
+        // Not flushed on its own: a lost committed id only means openraft
+        // re-applies less on start-up and learns the rest from the leader.
+        let bytes = encode(&committed).map_err(|e| StorageIOError::write(&*e))?;
+        self.meta
+            .insert(KEY_COMMITTED, bytes)
+            .map_err(|e| StorageIOError::write(&e))?;
+        Ok(())
+    }
+
+    async fn read_committed(
+        &mut self,
+    ) -> Result<Option<LogId<C::NodeId>>, StorageError<C::NodeId>> {
+        Ok(self.read_meta::<Option<LogId<C::NodeId>>>(KEY_COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<C>,
+    ) -> Result<(), StorageError<C::NodeId>>
+    where
+        I: IntoIterator<Item = C::Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut batch = sled::Batch::default();
+        for entry in entries {
+            let log_id = entry.get_log_id().clone();
+            let bytes = encode(&entry).map_err(|e| StorageIOError::write_log_entry(log_id, &*e))?;
+            batch.insert(&index_key(entry.get_log_id().index), bytes);
+        }
+        self.log
+            .apply_batch(batch)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        // Acknowledge only once the entries are on disk.
+        let flushed = self.flush().await.map_err(std::io::Error::other);
+        let report = match &flushed {
+            Ok(()) => Ok(()),
+            Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+        };
+        callback.log_io_completed(report);
+        flushed.map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
+        tracing::debug!(since = log_id.index, "truncate raft log");
+        self.remove_range(log_id.index..)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.flush()
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+
+    async fn purge(&mut self, log_id: LogId<C::NodeId>) -> Result<(), StorageError<C::NodeId>> {
+        tracing::debug!(upto = log_id.index, "purge raft log");
+        // Record the purge marker first: if we crash between the two steps the
+        // log state still reports a consistent `last_purged_log_id`.
+        let bytes = encode(&log_id).map_err(|e| StorageIOError::write(&*e))?;
+        self.meta
+            .insert(KEY_LAST_PURGED, bytes)
+            .map_err(|e| StorageIOError::write(&e))?;
+        self.flush().await.map_err(|e| StorageIOError::write(&e))?;
+        self.remove_range(..=log_id.index)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        self.flush()
+            .await
+            .map_err(|e| StorageIOError::write_logs(&e))?;
+        Ok(())
+    }
+}
+
+impl<C: RaftTypeConfig> SledLogStore<C> {
+    fn remove_range<R: RangeBounds<u64>>(&self, range: R) -> Result<(), sled::Error> {
+        let start = match range.start_bound() {
+            Bound::Included(i) => Bound::Included(index_key(*i)),
+            Bound::Excluded(i) => Bound::Excluded(index_key(*i)),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(i) => Bound::Included(index_key(*i)),
+            Bound::Excluded(i) => Bound::Excluded(index_key(*i)),
+            Bound::Unbounded => Bound::Unbounded,
+        };
+        let mut batch = sled::Batch::default();
+        for key in self.log.range::<[u8; 8], _>((start, end)).keys() {
+            batch.remove(key?);
+        }
+        self.log.apply_batch(batch)
+    }
+}
