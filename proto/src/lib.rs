@@ -1,0 +1,23 @@
+//! railguard's wire protocol: the gRPC services spoken between supervisors
+//! (`RaftPeer`), by the admin CLI (`Admin`) and by node agents (`Agent`).
+//!
+//! The agent-facing messages are typed protobuf (agents are long-lived and
+//! may be written in other languages). Raft peer traffic carries openraft's
+//! own serde types encoded with bincode, and admin calls carry JSON bodies of
+//! the supervisor's `api` types, inside a `Blob`: both are Rust-to-Rust, and
+//! one set of types is easier to keep correct than a second copy in protobuf.
+
+#![allow(clippy::all, missing_docs)]
+
+/// Generated from `proto/railguard.proto`.
+pub mod v1 {
+    tonic::include_proto!("railguard.v1");
+}
+
+/// Largest admin request or reply body accepted (bytes).
+pub const MAX_ADMIN_MESSAGE_BYTES: usize = 4 << 20;
+/// Largest agent message accepted (bytes). Events are small; this bounds a
+/// hostile or broken agent.
+pub const MAX_AGENT_MESSAGE_BYTES: usize = 256 << 10;
+/// Largest Raft peer message (append batches, snapshot chunks).
+pub const MAX_PEER_MESSAGE_BYTES: usize = 64 << 20;

@@ -1,0 +1,85 @@
+//! `railguard-supervisor`: one member of the replicated supervisor cluster.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use supervisor::config::{Overrides, SupervisorConfig};
+
+/// One railguard supervisor (Raft member). With no peers it runs as a
+/// one-node cluster; with peers, initialise the cluster once with
+/// `railguard cluster init`.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Args {
+    /// TOML configuration file (flags override its values).
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// This supervisor's node id (positive integer, unique in the cluster). Default 1.
+    #[arg(long)]
+    id: Option<u64>,
+    /// Address for admin, agent and peer gRPC (IP:port). Default 127.0.0.1:7400.
+    #[arg(long)]
+    listen: Option<String>,
+    /// Data directory (Raft log, snapshots). Default ./railguard-data.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Another initial voter, as ID=IP:PORT (repeatable).
+    #[arg(long = "peer", value_name = "ID=ADDR")]
+    peers: Vec<String>,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn main() {
+    let args = Args::parse();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    if let Err(e) = rt.block_on(run(args)) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn,h2=warn,tower=warn"));
+    match args.log_format {
+        LogFormat::Text => tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init(),
+        LogFormat::Json => tracing_subscriber::fmt().json().with_env_filter(filter).with_writer(std::io::stderr).init(),
+    }
+    let config = SupervisorConfig::load(
+        args.config.as_deref(),
+        Overrides {
+            id: args.id,
+            listen: args.listen,
+            data_dir: args.data_dir,
+            peers: args.peers,
+        },
+    )
+    .context("invalid configuration")?;
+    tracing::info!(id = config.id, listen = %config.listen, data_dir = %config.data_dir.display(), peers = config.peers.len(), "starting supervisor");
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("install SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+    };
+    supervisor::daemon::run(config, shutdown).await?;
+    Ok(())
+}

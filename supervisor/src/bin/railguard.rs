@@ -1,0 +1,393 @@
+//! `railguard`: the admin CLI. Talks gRPC to any supervisor; writes are
+//! forwarded to the leader; reads are linearizable unless `--stale`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand, ValueEnum};
+use serde::Serialize;
+use supervisor::api::{AdminReply, AdminRequest, ApiError, ErrorKind};
+use supervisor::client::AdminClient;
+use supervisor::model::{AdminOp, ClusterEvent, Host, Incident};
+
+/// railguard admin CLI.
+///
+/// Every command prints a human table by default or JSON with `--output json`,
+/// and exits non-zero with a one-line error on failure (exit 2: bad input or
+/// refused; 3: cluster unavailable; 4: outcome unknown).
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    /// Supervisor addresses (IP:port, comma-separated); tried in order.
+    #[arg(long, short = 's', global = true, env = "RAILGUARD_SUPERVISORS", value_delimiter = ',', default_value = "127.0.0.1:7400")]
+    supervisor: Vec<String>,
+    /// Output format.
+    #[arg(long, short = 'o', global = true, value_enum, default_value = "table")]
+    output: Output,
+    /// Serve reads from the contacted supervisor's local state (may be stale)
+    /// instead of a linearizable read through the leader.
+    #[arg(long, global = true)]
+    stale: bool,
+    /// Time limit per call, e.g. 10s.
+    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Name recorded with writes (default: $USER).
+    #[arg(long = "as", global = true, env = "RAILGUARD_ACTOR")]
+    actor: Option<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Members, leader, term, commit index, hosts by state, open incidents.
+    Status,
+    /// Supervisor cluster membership.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
+    /// GPU hosts: list, show, cordon, drain, labels.
+    #[command(subcommand)]
+    Node(NodeCmd),
+    /// Incidents (NIC down, flapping, ...).
+    Incidents {
+        /// Only incidents that are still open.
+        #[arg(long)]
+        open: bool,
+    },
+    /// The cluster event log.
+    Events {
+        /// Keep printing new events as they commit (Ctrl-C to stop).
+        #[arg(long, short)]
+        follow: bool,
+        /// Start after this event sequence number.
+        #[arg(long, default_value_t = 0)]
+        since: u64,
+        /// At most this many events (without --follow).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Recorded admin operations (who, when, what).
+    History {
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ClusterCmd {
+    /// Initialise a new cluster from the contacted supervisor's configured peers (once).
+    Init,
+    /// List supervisors with their role and replication progress.
+    Members,
+    /// Add a supervisor: as a learner until it has caught up, then as a voter.
+    AddMember { id: u64, addr: String },
+    /// Remove a supervisor from the cluster.
+    RemoveMember { id: u64 },
+    /// Hand leadership to another voter.
+    TransferLeader { id: u64 },
+}
+
+#[derive(Subcommand, Debug)]
+enum NodeCmd {
+    /// All hosts with their status.
+    List,
+    /// One host with its NICs.
+    Show { host: String },
+    /// Mark a host unschedulable.
+    Cordon { host: String },
+    /// Make a cordoned host schedulable again.
+    Uncordon { host: String },
+    /// Cordon a host, move its work away, then mark it Drained.
+    Drain {
+        host: String,
+        /// Why (required, recorded with the drain).
+        #[arg(long, short)]
+        reason: String,
+        /// Stop remaining work after this long, e.g. 30m (default: wait).
+        #[arg(long, value_parser = parse_duration)]
+        deadline: Option<Duration>,
+    },
+    /// Return a draining or drained host to service.
+    Undrain { host: String },
+    /// Set (KEY=VALUE) or remove (--remove KEY) host labels.
+    Label {
+        host: String,
+        /// KEY=VALUE pairs to set.
+        set: Vec<String>,
+        /// Label keys to remove.
+        #[arg(long)]
+        remove: Vec<String>,
+    },
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{s:?} is not a duration like 30s or 5m: {e}"))
+}
+
+fn exit_code(e: &ApiError) -> i32 {
+    match e.kind {
+        ErrorKind::InvalidArgument | ErrorKind::NotFound | ErrorKind::FailedPrecondition => 2,
+        ErrorKind::Unavailable => 3,
+        ErrorKind::Unknown | ErrorKind::Internal => 4,
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => {}
+        Err(e) => {
+            let code = e.downcast_ref::<ApiError>().map(exit_code).unwrap_or(2);
+            eprintln!("error: {e:#}");
+            std::process::exit(code);
+        }
+    }
+}
+
+fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(v)?);
+    Ok(())
+}
+
+fn fmt_ms(ms: u64) -> String {
+    if ms == 0 {
+        return "-".into();
+    }
+    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms);
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let actor = cli
+        .actor
+        .clone()
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "unknown".into());
+    let client = AdminClient::new(&cli.supervisor, &actor, cli.timeout)?;
+    let json = cli.output == Output::Json;
+    let request = match cli.cmd {
+        Cmd::Status => AdminRequest::Status,
+        Cmd::Cluster(c) => match c {
+            ClusterCmd::Init => AdminRequest::ClusterInit,
+            ClusterCmd::Members => AdminRequest::ClusterMembers,
+            ClusterCmd::AddMember { id, addr } => AdminRequest::AddMember { id, addr },
+            ClusterCmd::RemoveMember { id } => AdminRequest::RemoveMember { id },
+            ClusterCmd::TransferLeader { id } => AdminRequest::TransferLeader { id },
+        },
+        Cmd::Node(n) => match n {
+            NodeCmd::List => AdminRequest::NodeList,
+            NodeCmd::Show { host } => AdminRequest::NodeShow { host },
+            NodeCmd::Cordon { host } => AdminRequest::Write { op: AdminOp::Cordon { host } },
+            NodeCmd::Uncordon { host } => AdminRequest::Write { op: AdminOp::Uncordon { host } },
+            NodeCmd::Drain { host, reason, deadline } => {
+                if reason.trim().is_empty() {
+                    bail!(ApiError::invalid("drain needs a non-empty --reason"));
+                }
+                let deadline_ms = deadline.map(|d| supervisor::node::now_ms() + d.as_millis() as u64);
+                AdminRequest::Write { op: AdminOp::Drain { host, reason, deadline_ms } }
+            }
+            NodeCmd::Undrain { host } => AdminRequest::Write { op: AdminOp::Undrain { host } },
+            NodeCmd::Label { host, set, remove } => {
+                let mut map = BTreeMap::new();
+                for kv in set {
+                    let (k, v) = kv
+                        .split_once('=')
+                        .with_context(|| format!("label {kv:?} must look like KEY=VALUE"))?;
+                    map.insert(k.to_string(), v.to_string());
+                }
+                if map.is_empty() && remove.is_empty() {
+                    bail!(ApiError::invalid("give KEY=VALUE labels to set or --remove KEY"));
+                }
+                AdminRequest::Write { op: AdminOp::SetLabels { host, set: map, remove } }
+            }
+        },
+        Cmd::Incidents { open } => AdminRequest::Incidents { open_only: open },
+        Cmd::Events { follow: true, since, .. } => {
+            return follow(&client, since, json).await;
+        }
+        Cmd::Events { since, limit, .. } => AdminRequest::Events { since, limit },
+        Cmd::History { limit } => AdminRequest::AdminHistory { limit },
+    };
+    let reply = client.call(request, cli.stale).await?;
+    if json {
+        return print_json(&reply);
+    }
+    render(&reply);
+    Ok(())
+}
+
+async fn follow(client: &AdminClient, since: u64, json: bool) -> anyhow::Result<()> {
+    client
+        .follow(since, |e| {
+            if json {
+                println!("{}", serde_json::to_string(&e).unwrap_or_default());
+            } else {
+                print_event(&e);
+            }
+            true
+        })
+        .await?;
+    Ok(())
+}
+
+fn print_event(e: &ClusterEvent) {
+    println!(
+        "{:>6}  {}  {:<10} {}",
+        e.seq,
+        fmt_ms(e.at_ms),
+        e.host.as_deref().unwrap_or("-"),
+        e.what
+    );
+}
+
+fn print_incidents(incidents: &[Incident]) {
+    if incidents.is_empty() {
+        println!("no incidents");
+        return;
+    }
+    println!("{:>5}  {:<14} {:<10} {:<8} {:<26} {:<26} DETAIL", "ID", "KIND", "HOST", "NIC", "OPENED", "CLOSED");
+    for i in incidents {
+        println!(
+            "{:>5}  {:<14} {:<10} {:<8} {:<26} {:<26} {}",
+            i.id,
+            i.kind,
+            i.host,
+            i.nic.as_deref().unwrap_or("-"),
+            fmt_ms(i.opened_ms),
+            i.closed_ms.map(fmt_ms).unwrap_or_else(|| "open".into()),
+            i.detail
+        );
+    }
+}
+
+fn print_hosts(hosts: &[Host]) {
+    if hosts.is_empty() {
+        println!("no hosts registered");
+        return;
+    }
+    println!("{:<14} {:<10} {:<9} {:>5}  LABELS", "HOST", "STATUS", "LIVENESS", "NICS");
+    for h in hosts {
+        let labels: Vec<String> = h.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        println!(
+            "{:<14} {:<10} {:<9} {:>5}  {}",
+            h.name,
+            h.status().to_string(),
+            format!("{:?}", h.liveness),
+            h.nics.len(),
+            labels.join(",")
+        );
+    }
+}
+
+fn render(reply: &AdminReply) {
+    match reply {
+        AdminReply::Status(s) => {
+            println!("answered by: supervisor {}", s.answered_by);
+            println!(
+                "leader:      {}",
+                s.leader.map(|l| format!("supervisor {l}")).unwrap_or_else(|| "none (election in progress?)".into())
+            );
+            println!("term:        {}", s.term);
+            println!("commit:      {} (applied {})", s.commit_index, s.applied_index);
+            println!("members:");
+            for m in &s.members {
+                println!(
+                    "  {:>3}  {:<22} {:<8}{}",
+                    m.id,
+                    m.addr,
+                    if m.voter { "voter" } else { "learner" },
+                    if m.leader { " leader" } else { "" }
+                );
+            }
+            let by: Vec<String> = s.hosts_by_status.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            println!("hosts:       {}", if by.is_empty() { "none".into() } else { by.join(" ") });
+            println!("open incidents: {}", s.open_incidents.len());
+            for i in &s.open_incidents {
+                println!("  #{} {} on {}{}", i.id, i.kind, i.host, i.nic.as_ref().map(|n| format!("/{n}")).unwrap_or_default());
+            }
+            if !s.open_intents.is_empty() {
+                println!("open intents: {}", s.open_intents.len());
+                for i in &s.open_intents {
+                    println!("  #{} {:?}", i.id, i.action);
+                }
+            }
+        }
+        AdminReply::Members { members } => {
+            println!("{:>4}  {:<22} {:<8} {:<7} MATCHED", "ID", "ADDRESS", "ROLE", "LEADER");
+            for m in members {
+                println!(
+                    "{:>4}  {:<22} {:<8} {:<7} {}",
+                    m.id,
+                    m.addr,
+                    if m.voter { "voter" } else { "learner" },
+                    if m.leader { "yes" } else { "" },
+                    m.matched.map(|x| x.to_string()).unwrap_or_else(|| "-".into())
+                );
+            }
+        }
+        AdminReply::Hosts { hosts } => print_hosts(hosts),
+        AdminReply::Host { host, jobs } => {
+            println!("host:       {}", host.name);
+            println!("status:     {}", host.status());
+            println!("liveness:   {:?}", host.liveness);
+            println!("cordoned:   {}", host.cordoned);
+            if let Some(d) = &host.drain {
+                println!(
+                    "drain:      {:?} since {} by {}: {}{}",
+                    d.phase,
+                    fmt_ms(d.since_ms),
+                    d.by,
+                    d.reason,
+                    d.deadline_ms.map(|x| format!(" (deadline {})", fmt_ms(x))).unwrap_or_default()
+                );
+            }
+            let labels: Vec<String> = host.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            println!("labels:     {}", if labels.is_empty() { "-".into() } else { labels.join(",") });
+            println!("jobs:       {}", if jobs.is_empty() { "-".into() } else { jobs.join(",") });
+            println!("events:     applied through seq {}", host.last_event_seq);
+            println!("NICS:");
+            println!("  {:<8} {:>4} {:<8} {:<10} {:>6} {:>8}  LAST CHANGE", "NIC", "RAIL", "BACKUP", "STATE", "FLAPS", "PENALTY");
+            for n in host.nics.values() {
+                println!(
+                    "  {:<8} {:>4} {:<8} {:<10} {:>6} {:>8.0}  {}",
+                    n.name,
+                    n.rail.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
+                    n.backup.as_deref().unwrap_or("-"),
+                    format!("{:?}", n.state),
+                    n.flaps,
+                    n.damping_penalty,
+                    fmt_ms(n.last_change_ms)
+                );
+            }
+        }
+        AdminReply::Incidents { incidents } => print_incidents(incidents),
+        AdminReply::Events { events } => {
+            if events.is_empty() {
+                println!("no events");
+            }
+            for e in events {
+                print_event(e);
+            }
+        }
+        AdminReply::History { records } => {
+            for r in records {
+                println!("{}  {:<10} {:>8}  {:?}", fmt_ms(r.at_ms), r.actor, r.log_index, r.op);
+            }
+        }
+        AdminReply::Committed { log_index, detail } => {
+            if *log_index > 0 {
+                println!("ok (log index {log_index}): {detail}");
+            } else {
+                println!("ok: {detail}");
+            }
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! The supervisor's configuration: one loader for the TOML file and the
+//! command-line flags (flags win), validated before anything starts.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::model::NodeId;
+
+/// Default client/peer listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
+/// Default data directory (relative to the working directory).
+pub const DEFAULT_DATA_DIR: &str = "./railguard-data";
+
+/// Raft timing and log-compaction settings (DESIGN.md defaults).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RaftTuning {
+    pub heartbeat_ms: u64,
+    pub election_min_ms: u64,
+    pub election_max_ms: u64,
+    /// Build a snapshot (and purge the log) after this many entries.
+    pub snapshot_every: u64,
+}
+
+impl Default for RaftTuning {
+    fn default() -> Self {
+        Self {
+            heartbeat_ms: 50,
+            election_min_ms: 150,
+            election_max_ms: 300,
+            snapshot_every: 5_000,
+        }
+    }
+}
+
+/// The file format (`railguard-supervisor --config FILE`).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub id: Option<NodeId>,
+    pub listen: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    /// Other initial voters: node id -> address.
+    #[serde(default)]
+    pub peers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub raft: Option<RaftTuning>,
+}
+
+/// The resolved, validated configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SupervisorConfig {
+    pub id: NodeId,
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    /// Other initial voters (never contains `id`).
+    pub peers: BTreeMap<NodeId, SocketAddr>,
+    pub raft: RaftTuning,
+}
+
+/// A configuration problem, with what to do about it.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Values given on the command line (None = not given).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub id: Option<NodeId>,
+    pub listen: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    /// `ID=ADDR` strings.
+    pub peers: Vec<String>,
+}
+
+fn parse_addr(what: &str, s: &str) -> Result<SocketAddr, ConfigError> {
+    s.parse().map_err(|_| {
+        ConfigError::Invalid(format!(
+            "{what} {s:?} is not an IP:port address (example: 127.0.0.1:7400)"
+        ))
+    })
+}
+
+fn parse_id(what: &str, s: &str) -> Result<NodeId, ConfigError> {
+    match s.parse::<NodeId>() {
+        Ok(0) | Err(_) => Err(ConfigError::Invalid(format!(
+            "{what} {s:?} is not a node id (a positive integer)"
+        ))),
+        Ok(id) => Ok(id),
+    }
+}
+
+impl SupervisorConfig {
+    /// Loads `file` (if any), applies `over`, and validates the result.
+    pub fn load(file: Option<&Path>, over: Overrides) -> Result<Self, ConfigError> {
+        let fc = match file {
+            None => FileConfig::default(),
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.display().to_string(),
+                    source,
+                })?;
+                toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                    path: p.display().to_string(),
+                    message: e.to_string(),
+                })?
+            }
+        };
+        let id = over.id.or(fc.id).unwrap_or(1);
+        if id == 0 {
+            return Err(ConfigError::Invalid("node id must be a positive integer".into()));
+        }
+        let listen = parse_addr(
+            "listen address",
+            over.listen.as_deref().or(fc.listen.as_deref()).unwrap_or(DEFAULT_LISTEN),
+        )?;
+        if listen.port() == 0 {
+            return Err(ConfigError::Invalid("listen port must not be 0".into()));
+        }
+        let data_dir = over
+            .data_dir
+            .or(fc.data_dir)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        let mut peers = BTreeMap::new();
+        for (k, v) in &fc.peers {
+            peers.insert(parse_id("peer id", k)?, parse_addr("peer address", v)?);
+        }
+        for p in &over.peers {
+            let (k, v) = p.split_once('=').ok_or_else(|| {
+                ConfigError::Invalid(format!("--peer {p:?} must look like ID=IP:PORT"))
+            })?;
+            peers.insert(parse_id("peer id", k)?, parse_addr("peer address", v)?);
+        }
+        if let Some(own) = peers.remove(&id) {
+            if own != listen {
+                return Err(ConfigError::Invalid(format!(
+                    "peer list gives node {id} (this node) address {own}, but it listens on {listen}"
+                )));
+            }
+        }
+        if peers.values().any(|a| *a == listen) {
+            return Err(ConfigError::Invalid(format!(
+                "another peer uses this node's listen address {listen}"
+            )));
+        }
+        let raft = fc.raft.unwrap_or_default();
+        if raft.heartbeat_ms == 0 || raft.election_min_ms <= raft.heartbeat_ms || raft.election_max_ms <= raft.election_min_ms {
+            return Err(ConfigError::Invalid(
+                "raft timings need 0 < heartbeat_ms < election_min_ms < election_max_ms".into(),
+            ));
+        }
+        if raft.snapshot_every == 0 {
+            return Err(ConfigError::Invalid("raft.snapshot_every must be positive".into()));
+        }
+        Ok(Self { id, listen, data_dir, peers, raft })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_a_one_node_cluster() {
+        let c = SupervisorConfig::load(None, Overrides::default()).unwrap();
+        assert_eq!(c.id, 1);
+        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(c.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
+        assert!(c.peers.is_empty());
+    }
+
+    #[test]
+    fn file_and_flags_merge_and_validate() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("s.toml");
+        std::fs::write(&f, "id = 2\nlisten = \"127.0.0.1:7402\"\n[peers]\n1 = \"127.0.0.1:7401\"\n2 = \"127.0.0.1:7402\"\n").unwrap();
+        let c = SupervisorConfig::load(Some(&f), Overrides { peers: vec!["3=127.0.0.1:7403".into()], ..Default::default() }).unwrap();
+        assert_eq!(c.id, 2);
+        assert_eq!(c.peers.len(), 2, "self is dropped from peers");
+        std::fs::write(&f, "id = 2\nlisten = \"nonsense\"\n").unwrap();
+        let e = SupervisorConfig::load(Some(&f), Overrides::default()).unwrap_err();
+        assert!(e.to_string().contains("not an IP:port"), "{e}");
+        std::fs::write(&f, "idd = 2\n").unwrap();
+        let e = SupervisorConfig::load(Some(&f), Overrides::default()).unwrap_err();
+        assert!(e.to_string().contains("unknown field"), "{e}");
+        let e = SupervisorConfig::load(None, Overrides { peers: vec!["x".into()], ..Default::default() }).unwrap_err();
+        assert!(e.to_string().contains("ID=IP:PORT"), "{e}");
+    }
+}

@@ -1,0 +1,58 @@
+//! Runs one supervisor process: lock the data dir, start Raft, bind the
+//! listener, serve, and auto-initialise a one-node cluster when no peers are
+//! configured.
+
+use std::sync::Arc;
+
+use crate::config::SupervisorConfig;
+use crate::datadir;
+use crate::node::Supervisor;
+
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    DataDir(#[from] datadir::DataDirError),
+    #[error(transparent)]
+    Start(#[from] crate::node::StartError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// Starts the supervisor and serves until `shutdown` resolves.
+pub async fn run(
+    config: SupervisorConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), DaemonError> {
+    let _lock = datadir::lock(&config.data_dir)?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| DaemonError::Bind {
+            addr: config.listen.to_string(),
+            source,
+        })?;
+    let single = config.peers.is_empty();
+    let sup: Arc<Supervisor> = Supervisor::start(config).await?;
+    if single {
+        match sup.raft.is_initialized().await {
+            Ok(false) => {
+                tracing::info!(id = sup.id, "no peers configured: initialising a one-node cluster");
+                if let Err(e) = sup.initialize().await {
+                    tracing::warn!(error = %e, "one-node initialisation failed");
+                }
+            }
+            Ok(true) => {}
+            Err(e) => tracing::warn!(error = %e, "cannot read initialisation state"),
+        }
+    }
+    tokio::spawn(crate::reconciler::run(sup.clone()));
+    crate::service::serve(sup.clone(), listener, shutdown).await?;
+    let _ = sup.raft.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,24 @@
+//! railguard's supervisor: the Raft-replicated brain of the cluster.
+//!
+//! # Layout
+//! - [`model`]: the replicated cluster model and its typed commands
+//!   (deterministic apply, validation before proposing).
+//! - [`node`]: one supervisor: Raft node, proposal batcher, read paths,
+//!   membership.
+//! - [`network`]: Raft RPC between supervisors over gRPC.
+//! - [`service`]: the gRPC services (`Admin`, `Agent`, `RaftPeer`).
+//! - [`reconciler`]: leader-side intents and actions.
+//! - [`api`] / [`client`]: admin API types and the client the CLI uses.
+//! - [`config`] / [`datadir`]: configuration loading and data-dir locking.
+//! - [`daemon`]: wiring for the `railguard-supervisor` binary.
+
+pub mod api;
+pub mod client;
+pub mod config;
+pub mod daemon;
+pub mod datadir;
+pub mod model;
+pub mod network;
+pub mod node;
+pub mod reconciler;
+pub mod service;

@@ -1,0 +1,1028 @@
+//! The replicated cluster model: what every supervisor agrees on through Raft.
+//!
+//! Everything here is deterministic: [`ClusterState::apply`] depends only on
+//! the state and the [`Proposal`] (whose timestamp the leader sets before
+//! proposing), never on clocks or I/O, so every replica reaches the same state.
+//!
+//! Commands are validated by [`ClusterState::validate`] twice: on the leader
+//! before proposing (a bad command is never written to the log) and again at
+//! apply time (the state may have moved since); a command that fails either
+//! check changes nothing and reports a typed [`CmdError`].
+
+use std::collections::{BTreeMap, VecDeque};
+use std::io::Cursor;
+
+use openraft::LogId;
+use serde::{Deserialize, Serialize};
+
+/// Supervisor node id (Raft member id).
+pub type NodeId = u64;
+
+openraft::declare_raft_types!(
+    /// The Raft type configuration of the supervisor cluster.
+    pub TypeConfig:
+        D = Proposal,
+        R = Vec<CmdResult>,
+        NodeId = NodeId,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+);
+
+/// Bound on the admin-operation history kept in the model.
+pub const MAX_ADMIN_HISTORY: usize = 10_000;
+/// Bound on the cluster event log kept in the model.
+pub const MAX_EVENT_LOG: usize = 10_000;
+/// Bound on closed incidents and intents kept in the model.
+pub const MAX_CLOSED_RECORDS: usize = 10_000;
+/// Bound on labels per host and on name lengths.
+pub const MAX_LABELS: usize = 64;
+/// Longest host, NIC, label key or label value accepted.
+pub const MAX_NAME_LEN: usize = 253;
+/// Longest drain reason accepted.
+pub const MAX_REASON_LEN: usize = 1024;
+/// Most NICs a host may register.
+pub const MAX_NICS: usize = 64;
+
+/// One Raft entry: a batch of commands stamped by the leader.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Proposal {
+    /// Leader wall-clock time in Unix milliseconds when the batch was formed.
+    pub at_ms: u64,
+    /// Commands applied in order; each gets its own result.
+    pub cmds: Vec<Command>,
+}
+
+/// Result of one command.
+pub type CmdResult = Result<CmdOk, CmdError>;
+
+/// A typed, validated state change.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum Command {
+    /// An agent (re-)registers its host and NICs. Idempotent: NIC state and
+    /// history survive a re-registration; NICs no longer reported are removed.
+    RegisterHost {
+        host: String,
+        nics: Vec<NicSpec>,
+        labels: BTreeMap<String, String>,
+    },
+    /// An admin operation, recorded with who asked for it.
+    Admin { actor: String, op: AdminOp },
+    /// A batch of sequence-numbered events from one agent.
+    AgentEvents {
+        host: String,
+        events: Vec<AgentEvent>,
+    },
+    /// Record an intent (what is about to be done) before doing it.
+    OpenIntent { action: Action },
+    /// Record an intent's outcome and apply its effect.
+    CloseIntent { id: u64, outcome: Outcome },
+}
+
+/// Admin operations on hosts.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum AdminOp {
+    /// Mark the host unschedulable.
+    Cordon { host: String },
+    /// Make the host schedulable again (not while it is draining).
+    Uncordon { host: String },
+    /// Cordon, move the host's work away, then mark it Drained.
+    Drain {
+        host: String,
+        reason: String,
+        /// Unix ms after which remaining work is stopped.
+        deadline_ms: Option<u64>,
+    },
+    /// Return a draining or drained host to service (also uncordons).
+    Undrain { host: String },
+    /// Set and remove labels.
+    SetLabels {
+        host: String,
+        set: BTreeMap<String, String>,
+        remove: Vec<String>,
+    },
+}
+
+impl AdminOp {
+    /// The host the operation targets.
+    pub fn host(&self) -> &str {
+        match self {
+            AdminOp::Cordon { host }
+            | AdminOp::Uncordon { host }
+            | AdminOp::Drain { host, .. }
+            | AdminOp::Undrain { host }
+            | AdminOp::SetLabels { host, .. } => host,
+        }
+    }
+}
+
+/// A NIC as an agent reports it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NicSpec {
+    pub name: String,
+    pub rail: Option<u32>,
+    pub backup: Option<String>,
+    pub rdma_device: Option<String>,
+}
+
+/// NIC health as the agent's link tracker classifies it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum NicState {
+    /// No report yet.
+    #[default]
+    Unknown,
+    Up,
+    Down,
+    /// Suppressed by flap damping.
+    Flapping,
+    /// Up again but not yet reusable.
+    Recovering,
+}
+
+/// One agent event with its per-agent sequence number.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AgentEvent {
+    pub seq: u64,
+    pub at_unix_ns: u64,
+    pub kind: AgentEventKind,
+}
+
+/// What an agent reports.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum AgentEventKind {
+    NicState {
+        nic: String,
+        state: NicState,
+        carrier_changes: u64,
+        flaps: u32,
+        damping_penalty: f64,
+    },
+}
+
+/// Things the reconciler does; each is recorded as an intent first.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    /// Finish draining a host once no work remains on it (or its deadline
+    /// passed and the remaining work was stopped).
+    CompleteDrain { host: String },
+}
+
+impl Action {
+    fn host(&self) -> &str {
+        match self {
+            Action::CompleteDrain { host } => host,
+        }
+    }
+}
+
+/// How an intent ended.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    Done,
+    /// Nothing to do any more (e.g. the host was undrained meanwhile).
+    Cancelled { why: String },
+    Failed { error: String },
+}
+
+/// Successful command results.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub enum CmdOk {
+    Done,
+    /// Registration applied; the agent resends events after this sequence.
+    Registered { last_applied_seq: u64 },
+    /// Events applied (or already applied) through this sequence.
+    Acked { through: u64 },
+    /// Intent recorded (or the same action was already open under this id).
+    IntentOpened { id: u64 },
+}
+
+/// Why a command was refused. Nothing was changed.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, thiserror::Error)]
+pub enum CmdError {
+    #[error("{kind} {name:?} not found")]
+    NotFound { kind: String, name: String },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// Events must arrive in sequence; the agent resends after `acked`.
+    #[error("event sequence gap for host {host:?}: expected {expected}, got {got}")]
+    SequenceGap {
+        host: String,
+        expected: u64,
+        got: u64,
+        acked: u64,
+    },
+}
+
+fn not_found(kind: &str, name: &str) -> CmdError {
+    CmdError::NotFound {
+        kind: kind.into(),
+        name: name.into(),
+    }
+}
+
+/// Host liveness as the leader's detector last committed it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Liveness {
+    #[default]
+    Ready,
+    Suspect,
+    Down,
+}
+
+/// Drain progress.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum DrainPhase {
+    Draining,
+    Drained,
+}
+
+/// An ongoing or finished drain.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Drain {
+    pub phase: DrainPhase,
+    pub reason: String,
+    pub deadline_ms: Option<u64>,
+    pub by: String,
+    pub since_ms: u64,
+}
+
+/// The status shown to admins, derived from liveness, drain and cordon.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum HostStatus {
+    Ready,
+    Cordoned,
+    Draining,
+    Drained,
+    Down,
+}
+
+impl std::fmt::Display for HostStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            HostStatus::Ready => "Ready",
+            HostStatus::Cordoned => "Cordoned",
+            HostStatus::Draining => "Draining",
+            HostStatus::Drained => "Drained",
+            HostStatus::Down => "Down",
+        };
+        f.write_str(s)
+    }
+}
+
+/// A GPU host.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Host {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub nics: BTreeMap<String, Nic>,
+    pub cordoned: bool,
+    pub drain: Option<Drain>,
+    pub liveness: Liveness,
+    pub registered_ms: u64,
+    /// Last agent event sequence applied for this host (exactly-once).
+    pub last_event_seq: u64,
+}
+
+impl Host {
+    /// The admin-facing status.
+    pub fn status(&self) -> HostStatus {
+        match (&self.liveness, &self.drain) {
+            (Liveness::Down, _) => HostStatus::Down,
+            (_, Some(d)) if d.phase == DrainPhase::Drained => HostStatus::Drained,
+            (_, Some(_)) => HostStatus::Draining,
+            _ if self.cordoned => HostStatus::Cordoned,
+            _ => HostStatus::Ready,
+        }
+    }
+}
+
+/// A NIC of a host.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Nic {
+    pub name: String,
+    pub rail: Option<u32>,
+    pub backup: Option<String>,
+    pub rdma_device: Option<String>,
+    pub state: NicState,
+    pub flaps: u32,
+    pub damping_penalty: f64,
+    pub carrier_changes: u64,
+    pub last_change_ms: u64,
+}
+
+/// A training job (its lifecycle arrives with the jobs issue; drain already
+/// consults placement).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Job {
+    pub name: String,
+    /// Host of each rank.
+    pub placement: Vec<String>,
+    pub incarnation: u64,
+}
+
+/// Something that went wrong and may need remediation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Incident {
+    pub id: u64,
+    pub kind: String,
+    pub host: String,
+    pub nic: Option<String>,
+    pub opened_ms: u64,
+    pub closed_ms: Option<u64>,
+    pub detail: String,
+}
+
+/// Intent status.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum IntentStatus {
+    Open,
+    Closed(Outcome),
+}
+
+/// What the reconciler is about to do (or did), keyed by command id.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Intent {
+    pub id: u64,
+    pub action: Action,
+    pub status: IntentStatus,
+    pub opened_ms: u64,
+    pub closed_ms: Option<u64>,
+}
+
+/// One admin operation as recorded (who, when, what).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AdminRecord {
+    pub at_ms: u64,
+    pub actor: String,
+    pub op: AdminOp,
+    pub log_index: u64,
+}
+
+/// A line of the cluster's event log (`railguard events`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ClusterEvent {
+    pub seq: u64,
+    pub at_ms: u64,
+    pub host: Option<String>,
+    pub what: String,
+}
+
+/// The whole replicated model.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ClusterState {
+    pub hosts: BTreeMap<String, Host>,
+    pub jobs: BTreeMap<String, Job>,
+    pub incidents: BTreeMap<u64, Incident>,
+    pub intents: BTreeMap<u64, Intent>,
+    pub admin_history: VecDeque<AdminRecord>,
+    pub events: VecDeque<ClusterEvent>,
+    pub next_event_seq: u64,
+    pub next_incident_id: u64,
+    pub next_intent_id: u64,
+    /// Index of the last applied log entry (for status output).
+    pub last_log_index: u64,
+}
+
+fn check_name(what: &str, s: &str) -> Result<(), CmdError> {
+    if s.is_empty() {
+        return Err(CmdError::InvalidArgument(format!("{what} must not be empty")));
+    }
+    if s.len() > MAX_NAME_LEN {
+        return Err(CmdError::InvalidArgument(format!(
+            "{what} is longer than {MAX_NAME_LEN} bytes"
+        )));
+    }
+    if s.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(CmdError::InvalidArgument(format!(
+            "{what} {s:?} contains whitespace or control characters"
+        )));
+    }
+    Ok(())
+}
+
+impl ClusterState {
+    /// Checks a command against the current state without changing anything.
+    pub fn validate(&self, cmd: &Command) -> Result<(), CmdError> {
+        match cmd {
+            Command::RegisterHost { host, nics, labels } => {
+                check_name("host name", host)?;
+                if nics.len() > MAX_NICS {
+                    return Err(CmdError::InvalidArgument(format!(
+                        "a host may register at most {MAX_NICS} NICs"
+                    )));
+                }
+                let mut seen = std::collections::BTreeSet::new();
+                for n in nics {
+                    check_name("NIC name", &n.name)?;
+                    if !seen.insert(n.name.as_str()) {
+                        return Err(CmdError::InvalidArgument(format!(
+                            "NIC {:?} listed twice",
+                            n.name
+                        )));
+                    }
+                }
+                for n in nics {
+                    if let Some(b) = &n.backup {
+                        if !seen.contains(b.as_str()) || b == &n.name {
+                            return Err(CmdError::InvalidArgument(format!(
+                                "backup {b:?} of NIC {:?} is not another NIC of the host",
+                                n.name
+                            )));
+                        }
+                    }
+                }
+                check_labels(labels, &[])
+            }
+            Command::Admin { actor, op } => {
+                if actor.is_empty() || actor.len() > MAX_NAME_LEN {
+                    return Err(CmdError::InvalidArgument(
+                        "actor must be 1..253 bytes".into(),
+                    ));
+                }
+                let host = self
+                    .hosts
+                    .get(op.host())
+                    .ok_or_else(|| not_found("host", op.host()))?;
+                match op {
+                    AdminOp::Uncordon { .. } if host.drain.is_some() => {
+                        Err(CmdError::FailedPrecondition(format!(
+                            "host {:?} is {}; use `node undrain` to return it to service",
+                            host.name,
+                            host.status()
+                        )))
+                    }
+                    AdminOp::Drain { reason, .. } => {
+                        if reason.trim().is_empty() {
+                            Err(CmdError::InvalidArgument(
+                                "drain needs a non-empty reason".into(),
+                            ))
+                        } else if reason.len() > MAX_REASON_LEN {
+                            Err(CmdError::InvalidArgument(format!(
+                                "drain reason is longer than {MAX_REASON_LEN} bytes"
+                            )))
+                        } else {
+                            Ok(())
+                        }
+                    }
+                    AdminOp::SetLabels { set, remove, .. } => {
+                        for k in remove {
+                            check_name("label key", k)?;
+                        }
+                        check_labels(set, &[&host.labels])
+                    }
+                    _ => Ok(()),
+                }
+            }
+            Command::AgentEvents { host, events } => {
+                let h = self.hosts.get(host).ok_or_else(|| not_found("host", host))?;
+                for e in events {
+                    match &e.kind {
+                        AgentEventKind::NicState { nic, .. } => {
+                            if !h.nics.contains_key(nic) {
+                                return Err(not_found("NIC", &format!("{host}/{nic}")));
+                            }
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Command::OpenIntent { action } => {
+                let host = action.host();
+                if !self.hosts.contains_key(host) {
+                    return Err(not_found("host", host));
+                }
+                Ok(())
+            }
+            Command::CloseIntent { id, .. } => match self.intents.get(id) {
+                None => Err(not_found("intent", &id.to_string())),
+                Some(_) => Ok(()),
+            },
+        }
+    }
+
+    /// Applies one proposal; returns one result per command.
+    pub fn apply_proposal(&mut self, log_id: &LogId<NodeId>, p: &Proposal) -> Vec<CmdResult> {
+        self.last_log_index = log_id.index;
+        p.cmds
+            .iter()
+            .map(|c| match self.validate(c) {
+                Ok(()) => self.apply_valid(log_id.index, p.at_ms, c),
+                Err(e) => Err(e),
+            })
+            .collect()
+    }
+
+    fn log_event(&mut self, at_ms: u64, host: Option<&str>, what: String) {
+        self.next_event_seq += 1;
+        self.events.push_back(ClusterEvent {
+            seq: self.next_event_seq,
+            at_ms,
+            host: host.map(str::to_owned),
+            what,
+        });
+        while self.events.len() > MAX_EVENT_LOG {
+            self.events.pop_front();
+        }
+    }
+
+    fn apply_valid(&mut self, index: u64, at_ms: u64, cmd: &Command) -> CmdResult {
+        match cmd {
+            Command::RegisterHost { host, nics, labels } => {
+                let existing = self.hosts.get(host).cloned();
+                let mut h = existing.clone().unwrap_or(Host {
+                    name: host.clone(),
+                    labels: BTreeMap::new(),
+                    nics: BTreeMap::new(),
+                    cordoned: false,
+                    drain: None,
+                    liveness: Liveness::Ready,
+                    registered_ms: at_ms,
+                    last_event_seq: 0,
+                });
+                let mut new_nics = BTreeMap::new();
+                for spec in nics {
+                    let mut nic = h.nics.remove(&spec.name).unwrap_or(Nic {
+                        name: spec.name.clone(),
+                        rail: None,
+                        backup: None,
+                        rdma_device: None,
+                        state: NicState::Unknown,
+                        flaps: 0,
+                        damping_penalty: 0.0,
+                        carrier_changes: 0,
+                        last_change_ms: at_ms,
+                    });
+                    nic.rail = spec.rail;
+                    nic.backup = spec.backup.clone();
+                    nic.rdma_device = spec.rdma_device.clone();
+                    new_nics.insert(spec.name.clone(), nic);
+                }
+                h.nics = new_nics;
+                for (k, v) in labels {
+                    h.labels.insert(k.clone(), v.clone());
+                }
+                let last = h.last_event_seq;
+                let changed = existing.as_ref() != Some(&h);
+                self.hosts.insert(host.clone(), h);
+                if existing.is_none() {
+                    self.log_event(at_ms, Some(host), format!("host registered with {} NICs", nics.len()));
+                } else if changed {
+                    self.log_event(at_ms, Some(host), "host re-registered".into());
+                }
+                Ok(CmdOk::Registered {
+                    last_applied_seq: last,
+                })
+            }
+            Command::Admin { actor, op } => {
+                let host = self.hosts.get_mut(op.host()).expect("validated");
+                let what = match op {
+                    AdminOp::Cordon { .. } => {
+                        host.cordoned = true;
+                        "cordoned".to_string()
+                    }
+                    AdminOp::Uncordon { .. } => {
+                        host.cordoned = false;
+                        "uncordoned".to_string()
+                    }
+                    AdminOp::Drain {
+                        reason,
+                        deadline_ms,
+                        ..
+                    } => {
+                        host.cordoned = true;
+                        if host.drain.is_none() {
+                            host.drain = Some(Drain {
+                                phase: DrainPhase::Draining,
+                                reason: reason.clone(),
+                                deadline_ms: *deadline_ms,
+                                by: actor.clone(),
+                                since_ms: at_ms,
+                            });
+                            format!("draining: {reason}")
+                        } else {
+                            "drain requested again (already draining)".to_string()
+                        }
+                    }
+                    AdminOp::Undrain { .. } => {
+                        host.cordoned = false;
+                        host.drain = None;
+                        "undrained, back in service".to_string()
+                    }
+                    AdminOp::SetLabels { set, remove, .. } => {
+                        for k in remove {
+                            host.labels.remove(k);
+                        }
+                        for (k, v) in set {
+                            host.labels.insert(k.clone(), v.clone());
+                        }
+                        format!("labels: {} set, {} removed", set.len(), remove.len())
+                    }
+                };
+                let host_name = op.host().to_owned();
+                self.admin_history.push_back(AdminRecord {
+                    at_ms,
+                    actor: actor.clone(),
+                    op: op.clone(),
+                    log_index: index,
+                });
+                while self.admin_history.len() > MAX_ADMIN_HISTORY {
+                    self.admin_history.pop_front();
+                }
+                self.log_event(at_ms, Some(&host_name), format!("{what} (by {actor})"));
+                Ok(CmdOk::Done)
+            }
+            Command::AgentEvents { host, events } => self.apply_agent_events(at_ms, host, events),
+            Command::OpenIntent { action } => {
+                if let Some(existing) = self
+                    .intents
+                    .values()
+                    .find(|i| i.status == IntentStatus::Open && &i.action == action)
+                {
+                    return Ok(CmdOk::IntentOpened { id: existing.id });
+                }
+                self.next_intent_id += 1;
+                let id = self.next_intent_id;
+                self.intents.insert(
+                    id,
+                    Intent {
+                        id,
+                        action: action.clone(),
+                        status: IntentStatus::Open,
+                        opened_ms: at_ms,
+                        closed_ms: None,
+                    },
+                );
+                self.log_event(at_ms, Some(action.host()), format!("intent {id} opened: {action:?}"));
+                Ok(CmdOk::IntentOpened { id })
+            }
+            Command::CloseIntent { id, outcome } => {
+                let intent = self.intents.get(id).expect("validated").clone();
+                if intent.status != IntentStatus::Open {
+                    // Idempotent by id: closing twice changes nothing.
+                    return Ok(CmdOk::Done);
+                }
+                let mut outcome = outcome.clone();
+                if outcome == Outcome::Done {
+                    match &intent.action {
+                        Action::CompleteDrain { host } => {
+                            let h = self.hosts.get_mut(host).expect("validated");
+                            match &mut h.drain {
+                                Some(d) if d.phase == DrainPhase::Draining => {
+                                    d.phase = DrainPhase::Drained;
+                                }
+                                _ => {
+                                    outcome = Outcome::Cancelled {
+                                        why: "host is no longer draining".into(),
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                let host = intent.action.host().to_owned();
+                let e = self.intents.get_mut(id).expect("validated");
+                e.status = IntentStatus::Closed(outcome.clone());
+                e.closed_ms = Some(at_ms);
+                self.prune_closed_intents();
+                let what = match (&intent.action, &outcome) {
+                    (Action::CompleteDrain { .. }, Outcome::Done) => {
+                        format!("drained (intent {id})")
+                    }
+                    (_, o) => format!("intent {id} closed: {o:?}"),
+                };
+                self.log_event(at_ms, Some(&host), what);
+                Ok(CmdOk::Done)
+            }
+        }
+    }
+
+    fn apply_agent_events(&mut self, at_ms: u64, host: &str, events: &[AgentEvent]) -> CmdResult {
+        let mut through = self.hosts[host].last_event_seq;
+        for e in events {
+            if e.seq <= through {
+                continue; // already applied: exactly-once
+            }
+            if e.seq != through + 1 {
+                return Err(CmdError::SequenceGap {
+                    host: host.into(),
+                    expected: through + 1,
+                    got: e.seq,
+                    acked: through,
+                });
+            }
+            match &e.kind {
+                AgentEventKind::NicState {
+                    nic,
+                    state,
+                    carrier_changes,
+                    flaps,
+                    damping_penalty,
+                } => self.apply_nic_state(
+                    at_ms,
+                    host,
+                    nic,
+                    *state,
+                    *carrier_changes,
+                    *flaps,
+                    *damping_penalty,
+                ),
+            }
+            through = e.seq;
+            self.hosts.get_mut(host).expect("validated").last_event_seq = through;
+        }
+        Ok(CmdOk::Acked { through })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn apply_nic_state(
+        &mut self,
+        at_ms: u64,
+        host: &str,
+        nic_name: &str,
+        state: NicState,
+        carrier_changes: u64,
+        flaps: u32,
+        penalty: f64,
+    ) {
+        let nic = self
+            .hosts
+            .get_mut(host)
+            .and_then(|h| h.nics.get_mut(nic_name))
+            .expect("validated");
+        let prev = nic.state;
+        nic.state = state;
+        nic.carrier_changes = carrier_changes;
+        nic.flaps = flaps;
+        nic.damping_penalty = penalty;
+        if prev == state {
+            return;
+        }
+        nic.last_change_ms = at_ms;
+        self.log_event(
+            at_ms,
+            Some(host),
+            format!("NIC {nic_name}: {prev:?} -> {state:?}"),
+        );
+        let kind = match state {
+            NicState::Down => Some("nic_down"),
+            NicState::Flapping => Some("nic_flapping"),
+            _ => None,
+        };
+        if matches!(state, NicState::Up) {
+            // Recovery closes the NIC's open incidents.
+            let open: Vec<u64> = self
+                .incidents
+                .values()
+                .filter(|i| {
+                    i.closed_ms.is_none() && i.host == host && i.nic.as_deref() == Some(nic_name)
+                })
+                .map(|i| i.id)
+                .collect();
+            for id in open {
+                self.close_incident(at_ms, id, "nic_recovered");
+            }
+        }
+        if let Some(kind) = kind {
+            let already = self.incidents.values().any(|i| {
+                i.closed_ms.is_none()
+                    && i.host == host
+                    && i.nic.as_deref() == Some(nic_name)
+                    && i.kind == kind
+            });
+            if !already {
+                self.open_incident(at_ms, kind, host, Some(nic_name), format!("{prev:?} -> {state:?}"));
+            }
+        }
+    }
+
+    fn open_incident(&mut self, at_ms: u64, kind: &str, host: &str, nic: Option<&str>, detail: String) {
+        self.next_incident_id += 1;
+        let id = self.next_incident_id;
+        self.incidents.insert(
+            id,
+            Incident {
+                id,
+                kind: kind.into(),
+                host: host.into(),
+                nic: nic.map(str::to_owned),
+                opened_ms: at_ms,
+                closed_ms: None,
+                detail,
+            },
+        );
+        self.log_event(at_ms, Some(host), format!("incident {id} opened: {kind}"));
+    }
+
+    fn close_incident(&mut self, at_ms: u64, id: u64, why: &str) {
+        let Some(i) = self.incidents.get_mut(&id) else {
+            return;
+        };
+        i.closed_ms = Some(at_ms);
+        let host = i.host.clone();
+        let kind = i.kind.clone();
+        self.log_event(at_ms, Some(&host), format!("incident {id} ({kind}) closed: {why}"));
+        let closed: Vec<u64> = self
+            .incidents
+            .values()
+            .filter(|i| i.closed_ms.is_some())
+            .map(|i| i.id)
+            .collect();
+        if closed.len() > MAX_CLOSED_RECORDS {
+            for id in &closed[..closed.len() - MAX_CLOSED_RECORDS] {
+                self.incidents.remove(id);
+            }
+        }
+    }
+
+    fn prune_closed_intents(&mut self) {
+        let closed: Vec<u64> = self
+            .intents
+            .values()
+            .filter(|i| i.status != IntentStatus::Open)
+            .map(|i| i.id)
+            .collect();
+        if closed.len() > MAX_CLOSED_RECORDS {
+            for id in &closed[..closed.len() - MAX_CLOSED_RECORDS] {
+                self.intents.remove(id);
+            }
+        }
+    }
+
+    /// Open intents, oldest first.
+    pub fn open_intents(&self) -> impl Iterator<Item = &Intent> {
+        self.intents
+            .values()
+            .filter(|i| i.status == IntentStatus::Open)
+    }
+
+    /// Jobs with a rank on `host`.
+    pub fn jobs_on(&self, host: &str) -> impl Iterator<Item = &Job> {
+        let host = host.to_owned();
+        self.jobs
+            .values()
+            .filter(move |j| j.placement.iter().any(|h| *h == host))
+    }
+}
+
+fn check_labels(
+    set: &BTreeMap<String, String>,
+    existing: &[&BTreeMap<String, String>],
+) -> Result<(), CmdError> {
+    for (k, v) in set {
+        check_name("label key", k)?;
+        if v.len() > MAX_NAME_LEN {
+            return Err(CmdError::InvalidArgument(format!(
+                "label value for {k:?} is longer than {MAX_NAME_LEN} bytes"
+            )));
+        }
+    }
+    let mut keys: std::collections::BTreeSet<&String> = set.keys().collect();
+    for e in existing {
+        keys.extend(e.keys());
+    }
+    if keys.len() > MAX_LABELS {
+        return Err(CmdError::InvalidArgument(format!(
+            "a host may carry at most {MAX_LABELS} labels"
+        )));
+    }
+    Ok(())
+}
+
+impl raft_store::StateModel<TypeConfig> for ClusterState {
+    fn apply(&mut self, log_id: &LogId<NodeId>, data: &Proposal) -> Vec<CmdResult> {
+        self.apply_proposal(log_id, data)
+    }
+
+    fn non_app_response(&mut self, log_id: &LogId<NodeId>) -> Vec<CmdResult> {
+        self.last_log_index = log_id.index;
+        Vec::new()
+    }
+
+    fn encode(&self) -> Result<Vec<u8>, String> {
+        bincode::serialize(self).map_err(|e| e.to_string())
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, String> {
+        bincode::deserialize(bytes).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openraft::CommittedLeaderId;
+
+    fn lid(i: u64) -> LogId<NodeId> {
+        LogId::new(CommittedLeaderId::new(1, 1), i)
+    }
+
+    fn register(st: &mut ClusterState, host: &str) {
+        let p = Proposal {
+            at_ms: 1,
+            cmds: vec![Command::RegisterHost {
+                host: host.into(),
+                nics: vec![
+                    NicSpec { name: "rail0".into(), rail: Some(0), backup: Some("rail1".into()), rdma_device: None },
+                    NicSpec { name: "rail1".into(), rail: Some(1), backup: Some("rail0".into()), rdma_device: None },
+                ],
+                labels: BTreeMap::new(),
+            }],
+        };
+        assert!(st.apply_proposal(&lid(1), &p)[0].is_ok());
+    }
+
+    fn admin(op: AdminOp) -> Command {
+        Command::Admin { actor: "alice".into(), op }
+    }
+
+    #[test]
+    fn unknown_host_is_not_found_and_changes_nothing() {
+        let mut st = ClusterState::default();
+        register(&mut st, "h0");
+        let before = st.clone();
+        let r = st.apply_proposal(&lid(2), &Proposal { at_ms: 2, cmds: vec![admin(AdminOp::Cordon { host: "nope".into() })] });
+        assert_eq!(r[0], Err(CmdError::NotFound { kind: "host".into(), name: "nope".into() }));
+        // Only the applied index moves.
+        let mut after = st.clone();
+        after.last_log_index = before.last_log_index;
+        assert_eq!(after, before);
+    }
+
+    #[test]
+    fn drain_requires_reason_and_blocks_uncordon() {
+        let mut st = ClusterState::default();
+        register(&mut st, "h0");
+        let bad = admin(AdminOp::Drain { host: "h0".into(), reason: "  ".into(), deadline_ms: None });
+        assert!(matches!(st.validate(&bad), Err(CmdError::InvalidArgument(_))));
+        let good = admin(AdminOp::Drain { host: "h0".into(), reason: "bad psu".into(), deadline_ms: None });
+        st.apply_proposal(&lid(2), &Proposal { at_ms: 2, cmds: vec![good] });
+        assert_eq!(st.hosts["h0"].status(), HostStatus::Draining);
+        assert!(matches!(
+            st.validate(&admin(AdminOp::Uncordon { host: "h0".into() })),
+            Err(CmdError::FailedPrecondition(_))
+        ));
+        st.apply_proposal(&lid(3), &Proposal { at_ms: 3, cmds: vec![admin(AdminOp::Undrain { host: "h0".into() })] });
+        assert_eq!(st.hosts["h0"].status(), HostStatus::Ready);
+        assert_eq!(st.admin_history.len(), 2);
+        assert_eq!(st.admin_history[0].actor, "alice");
+    }
+
+    #[test]
+    fn drain_intent_completes_once() {
+        let mut st = ClusterState::default();
+        register(&mut st, "h0");
+        st.apply_proposal(&lid(2), &Proposal { at_ms: 2, cmds: vec![admin(AdminOp::Drain { host: "h0".into(), reason: "r".into(), deadline_ms: None })] });
+        let open = Command::OpenIntent { action: Action::CompleteDrain { host: "h0".into() } };
+        let r = st.apply_proposal(&lid(3), &Proposal { at_ms: 3, cmds: vec![open.clone(), open] });
+        assert_eq!(r[0], Ok(CmdOk::IntentOpened { id: 1 }));
+        assert_eq!(r[1], Ok(CmdOk::IntentOpened { id: 1 }), "same action dedups to the open intent");
+        let close = Command::CloseIntent { id: 1, outcome: Outcome::Done };
+        st.apply_proposal(&lid(4), &Proposal { at_ms: 4, cmds: vec![close.clone(), close] });
+        assert_eq!(st.hosts["h0"].status(), HostStatus::Drained);
+        assert_eq!(st.open_intents().count(), 0);
+    }
+
+    #[test]
+    fn agent_events_apply_exactly_once_in_order() {
+        let mut st = ClusterState::default();
+        register(&mut st, "h0");
+        let ev = |seq, state| AgentEvent {
+            seq,
+            at_unix_ns: 0,
+            kind: AgentEventKind::NicState { nic: "rail0".into(), state, carrier_changes: seq, flaps: 0, damping_penalty: 0.0 },
+        };
+        let cmd = |events| Command::AgentEvents { host: "h0".into(), events };
+        let r = st.apply_proposal(&lid(2), &Proposal { at_ms: 2, cmds: vec![cmd(vec![ev(1, NicState::Up), ev(2, NicState::Down)])] });
+        assert_eq!(r[0], Ok(CmdOk::Acked { through: 2 }));
+        assert_eq!(st.incidents.values().filter(|i| i.kind == "nic_down").count(), 1);
+        // A resend of 1..2 plus 3 applies only 3.
+        let r = st.apply_proposal(&lid(3), &Proposal { at_ms: 3, cmds: vec![cmd(vec![ev(1, NicState::Up), ev(2, NicState::Down), ev(3, NicState::Up)])] });
+        assert_eq!(r[0], Ok(CmdOk::Acked { through: 3 }));
+        assert_eq!(st.hosts["h0"].nics["rail0"].state, NicState::Up);
+        assert!(st.incidents.values().all(|i| i.closed_ms.is_some()));
+        // A gap is refused.
+        let r = st.apply_proposal(&lid(4), &Proposal { at_ms: 4, cmds: vec![cmd(vec![ev(5, NicState::Down)])] });
+        assert!(matches!(r[0], Err(CmdError::SequenceGap { expected: 4, got: 5, .. })));
+        assert_eq!(st.hosts["h0"].last_event_seq, 3);
+    }
+
+    #[test]
+    fn snapshot_roundtrip_preserves_model() {
+        use raft_store::StateModel;
+        let mut st = ClusterState::default();
+        register(&mut st, "h0");
+        let bytes = StateModel::encode(&st).unwrap();
+        let back = <ClusterState as StateModel<TypeConfig>>::decode(&bytes).unwrap();
+        assert_eq!(back, st);
+    }
+}

@@ -1,0 +1,180 @@
+//! Raft traffic between supervisors over gRPC (`RaftPeer` service).
+//!
+//! Requests and replies are openraft's own serde types in bincode inside a
+//! `Blob`. A connection is opened lazily per peer and re-established by tonic
+//! after failures; transport failures are reported to openraft as
+//! `Unreachable` (so it backs off) and every call is bounded by openraft's
+//! hard TTL.
+
+use std::time::Duration;
+
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Timeout, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::BasicNode;
+use proto::v1::raft_peer_client::RaftPeerClient;
+use proto::v1::Blob;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::model::{NodeId, TypeConfig};
+
+/// Connect timeout for peer channels.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Builds a lazily connecting channel to `addr` (`IP:port`).
+pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .connect_lazy())
+}
+
+/// A `RaftPeer` client with railguard's message limits.
+pub fn peer_client(addr: &str) -> Result<RaftPeerClient<Channel>, tonic::transport::Error> {
+    Ok(RaftPeerClient::new(channel(addr)?)
+        .max_decoding_message_size(proto::MAX_PEER_MESSAGE_BYTES)
+        .max_encoding_message_size(proto::MAX_PEER_MESSAGE_BYTES))
+}
+
+/// Encodes a peer message body.
+pub fn encode<T: Serialize>(v: &T) -> Result<Blob, bincode::Error> {
+    Ok(Blob {
+        body: bincode::serialize(v)?,
+    })
+}
+
+/// Decodes a peer message body.
+pub fn decode<T: DeserializeOwned>(b: &Blob) -> Result<T, bincode::Error> {
+    bincode::deserialize(&b.body)
+}
+
+/// Creates [`PeerNetwork`]s for openraft.
+#[derive(Clone, Default)]
+pub struct PeerNetworkFactory;
+
+impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
+    type Network = PeerNetwork;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
+        PeerNetwork {
+            target,
+            client: peer_client(&node.addr).map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// The connection to one peer.
+pub struct PeerNetwork {
+    target: NodeId,
+    client: Result<RaftPeerClient<Channel>, String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Msg(String);
+
+impl PeerNetwork {
+    async fn call<Req, Resp, E>(
+        &mut self,
+        which: Rpc,
+        req: &Req,
+        option: &RPCOption,
+    ) -> Result<Resp, RPCError<NodeId, BasicNode, RaftError<NodeId, E>>>
+    where
+        Req: Serialize,
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
+        let client = match &mut self.client {
+            Ok(c) => c,
+            Err(e) => return Err(RPCError::Unreachable(Unreachable::new(&Msg(e.clone())))),
+        };
+        let blob = encode(req).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let ttl = option.hard_ttl();
+        let fut = async {
+            match which {
+                Rpc::Append => client.append_entries(blob).await,
+                Rpc::Vote => client.vote(blob).await,
+                Rpc::Snapshot => client.install_snapshot(blob).await,
+            }
+        };
+        let reply = match tokio::time::timeout(ttl, fut).await {
+            Err(_) => {
+                return Err(RPCError::Timeout(Timeout {
+                    action: which.action(),
+                    id: 0,
+                    target: self.target,
+                    timeout: ttl,
+                }))
+            }
+            Ok(Err(status)) => {
+                let e = Msg(format!("{}: {}", status.code(), status.message()));
+                return Err(match status.code() {
+                    tonic::Code::Unavailable | tonic::Code::Cancelled => {
+                        RPCError::Unreachable(Unreachable::new(&e))
+                    }
+                    _ => RPCError::Network(NetworkError::new(&e)),
+                });
+            }
+            Ok(Ok(r)) => r.into_inner(),
+        };
+        let res: Result<Resp, RaftError<NodeId, E>> =
+            decode(&reply).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        res.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Rpc {
+    Append,
+    Vote,
+    Snapshot,
+}
+
+impl Rpc {
+    fn action(self) -> openraft::RPCTypes {
+        match self {
+            Rpc::Append => openraft::RPCTypes::AppendEntries,
+            Rpc::Vote => openraft::RPCTypes::Vote,
+            Rpc::Snapshot => openraft::RPCTypes::InstallSnapshot,
+        }
+    }
+}
+
+impl RaftNetwork<TypeConfig> for PeerNetwork {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call(Rpc::Append, &rpc, &option).await
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        self.call(Rpc::Snapshot, &rpc, &option).await
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call(Rpc::Vote, &rpc, &option).await
+    }
+}

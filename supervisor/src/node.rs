@@ -1,0 +1,379 @@
+//! One supervisor: the Raft node, the proposal batcher and the leader-side
+//! helpers every service uses.
+//!
+//! **Write path.** A command is validated against the local state, queued on
+//! the bounded proposal queue, and the batcher packs everything queued into
+//! one Raft entry ([`Proposal`]) stamped with the leader's clock. Entries are
+//! handed to openraft in queue order (`client_write_ff`), so commands from one
+//! caller are committed in the order they were submitted. At most
+//! [`MAX_INFLIGHT_PROPOSALS`] entries are in flight.
+//!
+//! **Read path.** Linearizable reads use openraft's read index
+//! (`ensure_linearizable`) on the leader; `--stale` reads use local state.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ChangeMembers, Raft, ServerState};
+use raft_store::SharedApplied;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+
+use crate::api::{ApiError, ErrorKind, MemberView};
+use crate::config::SupervisorConfig;
+use crate::model::{ClusterState, CmdOk, Command, NodeId, Proposal, TypeConfig};
+use crate::network::PeerNetworkFactory;
+use proto::v1::raft_peer_client::RaftPeerClient;
+use tonic::transport::Channel;
+
+/// Most commands packed into one Raft entry.
+pub const MAX_BATCH: usize = 2048;
+/// Capacity of the proposal queue; callers wait (bounded) when it is full.
+pub const PROPOSAL_QUEUE: usize = 16_384;
+/// Raft entries proposed but not yet answered.
+pub const MAX_INFLIGHT_PROPOSALS: usize = 64;
+/// How long a caller waits for its write to commit.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+type Reply = oneshot::Sender<Result<CmdOk, ApiError>>;
+
+/// Wall-clock time in Unix milliseconds.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A running supervisor node.
+pub struct Supervisor {
+    pub id: NodeId,
+    pub config: SupervisorConfig,
+    pub raft: Raft<TypeConfig>,
+    state: SharedApplied<TypeConfig, ClusterState>,
+    proposals: mpsc::Sender<(Command, Reply)>,
+    /// Cached peer clients by address (forwarding, leadership transfer).
+    peer_clients: std::sync::Mutex<std::collections::HashMap<String, RaftPeerClient<Channel>>>,
+    /// Leader memory: when each host last sent a heartbeat (not replicated).
+    pub heartbeats: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+}
+
+/// Start-up failures.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Store(#[from] raft_store::StoreError),
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+impl Supervisor {
+    /// Opens the store in `config.data_dir` and starts the Raft node. The
+    /// caller must already hold the data directory lock.
+    pub async fn start(config: SupervisorConfig) -> Result<Arc<Self>, StartError> {
+        let raft_config = openraft::Config {
+            cluster_name: "railguard".into(),
+            heartbeat_interval: config.raft.heartbeat_ms,
+            election_timeout_min: config.raft.election_min_ms,
+            election_timeout_max: config.raft.election_max_ms,
+            snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.raft.snapshot_every),
+            max_in_snapshot_log_to_keep: 1_000,
+            max_payload_entries: 256,
+            ..Default::default()
+        }
+        .validate()
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+        let (log, sm) =
+            raft_store::open::<TypeConfig, ClusterState>(&config.data_dir.join("raft"))?;
+        let state = sm.shared();
+        let raft = Raft::new(
+            config.id,
+            Arc::new(raft_config),
+            PeerNetworkFactory,
+            log,
+            sm,
+        )
+        .await
+        .map_err(|e| StartError::Raft(e.to_string()))?;
+        let (tx, rx) = mpsc::channel(PROPOSAL_QUEUE);
+        let sup = Arc::new(Self {
+            id: config.id,
+            config,
+            raft: raft.clone(),
+            state,
+            proposals: tx,
+            peer_clients: Default::default(),
+            heartbeats: Default::default(),
+        });
+        tokio::spawn(run_batcher(raft, rx));
+        Ok(sup)
+    }
+
+    /// This node's advertised address.
+    pub fn addr(&self) -> String {
+        self.config.listen.to_string()
+    }
+
+    /// The leader this node currently knows of.
+    pub fn leader(&self) -> Option<NodeId> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    /// Whether this node is the leader right now.
+    pub fn is_leader(&self) -> bool {
+        self.raft.metrics().borrow().state == ServerState::Leader
+    }
+
+    /// Address of the leader, if known.
+    pub fn leader_addr(&self) -> Option<String> {
+        let m = self.raft.metrics().borrow().clone();
+        let leader = m.current_leader?;
+        m.membership_config
+            .membership()
+            .get_node(&leader)
+            .map(|n| n.addr.clone())
+    }
+
+    /// A (cached, lazily connecting) client for the peer at `addr`.
+    pub fn peer(&self, addr: &str) -> Result<RaftPeerClient<Channel>, ApiError> {
+        let mut cache = self.peer_clients.lock().expect("peer cache poisoned");
+        if let Some(c) = cache.get(addr) {
+            return Ok(c.clone());
+        }
+        let c = crate::network::peer_client(addr)
+            .map_err(|e| ApiError::internal(format!("bad peer address {addr}: {e}")))?;
+        cache.insert(addr.to_owned(), c.clone());
+        Ok(c)
+    }
+
+    /// Address of member `id`, if it is one.
+    pub fn member_addr(&self, id: NodeId) -> Option<String> {
+        self.raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .map(|n| n.addr.clone())
+    }
+
+    /// Reads the local (possibly stale) state.
+    pub fn read<T>(&self, f: impl FnOnce(&ClusterState) -> T) -> T {
+        let st = self.state.read().expect("state lock poisoned");
+        f(&st.model)
+    }
+
+    /// Reads the state linearizably: waits until this leader has applied
+    /// everything committed before the call. Errors with `Unavailable` if
+    /// this node is not the leader.
+    pub async fn read_linearizable<T>(
+        &self,
+        f: impl FnOnce(&ClusterState) -> T,
+    ) -> Result<T, ApiError> {
+        self.raft
+            .ensure_linearizable()
+            .await
+            .map_err(|e| match e {
+                RaftError::APIError(e) => ApiError::unavailable(format!("not the leader: {e}")),
+                RaftError::Fatal(e) => ApiError::internal(format!("raft stopped: {e}")),
+            })?;
+        Ok(self.read(f))
+    }
+
+    /// Validates and proposes one command; resolves when it is applied.
+    ///
+    /// Errors: the command's own validation error (nothing written);
+    /// `Unavailable` when this node is not the leader (nothing written);
+    /// `Unknown` when the outcome cannot be known (e.g. a timeout).
+    pub async fn propose(&self, cmd: Command) -> Result<CmdOk, ApiError> {
+        if !self.is_leader() {
+            return Err(ApiError::unavailable("this supervisor is not the leader"));
+        }
+        self.read(|st| st.validate(&cmd))?;
+        let rx = self.enqueue(cmd).await?;
+        match tokio::time::timeout(WRITE_TIMEOUT, rx).await {
+            Err(_) => Err(ApiError::unknown(
+                "the write did not commit within 5 s; its outcome is unknown",
+            )),
+            Ok(Err(_)) => Err(ApiError::unknown(
+                "the supervisor stopped before the write was answered; its outcome is unknown",
+            )),
+            Ok(Ok(r)) => r,
+        }
+    }
+
+    /// Queues a command without validation or waiting; the receiver yields
+    /// its result. Used by streams that pipeline many commands in order.
+    pub async fn enqueue(
+        &self,
+        cmd: Command,
+    ) -> Result<oneshot::Receiver<Result<CmdOk, ApiError>>, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        match tokio::time::timeout(WRITE_TIMEOUT, self.proposals.send((cmd, tx))).await {
+            Ok(Ok(())) => Ok(rx),
+            Ok(Err(_)) => Err(ApiError::unavailable("supervisor is shutting down")),
+            Err(_) => Err(ApiError::unavailable(
+                "proposal queue full for 5 s; the cluster is overloaded",
+            )),
+        }
+    }
+
+    /// Members as this node sees them.
+    pub fn members(&self) -> Vec<MemberView> {
+        let m = self.raft.metrics().borrow().clone();
+        let mem = m.membership_config.membership();
+        let voters: BTreeSet<NodeId> = mem.voter_ids().collect();
+        let repl = m.replication.clone().unwrap_or_default();
+        mem.nodes()
+            .map(|(id, node)| MemberView {
+                id: *id,
+                addr: node.addr.clone(),
+                voter: voters.contains(id),
+                leader: m.current_leader == Some(*id),
+                matched: if *id == m.id && m.state == ServerState::Leader {
+                    m.last_log_index
+                } else {
+                    repl.get(id).cloned().flatten().map(|l| l.index)
+                },
+            })
+            .collect()
+    }
+
+    /// Initialises a new cluster with this node and its configured peers.
+    pub async fn initialize(&self) -> Result<(), ApiError> {
+        let mut nodes = BTreeMap::new();
+        nodes.insert(self.id, BasicNode { addr: self.addr() });
+        for (id, addr) in &self.config.peers {
+            nodes.insert(*id, BasicNode { addr: addr.to_string() });
+        }
+        self.raft.initialize(nodes).await.map_err(|e| {
+            ApiError::new(
+                ErrorKind::FailedPrecondition,
+                format!("cannot initialize: {e}"),
+            )
+        })
+    }
+
+    /// Adds a voter: first as a learner (waits until it has caught up), then
+    /// promotes it.
+    pub async fn add_member(&self, id: NodeId, addr: String) -> Result<u64, ApiError> {
+        if addr.parse::<std::net::SocketAddr>().is_err() {
+            return Err(ApiError::invalid(format!(
+                "member address {addr:?} is not IP:port"
+            )));
+        }
+        if id == 0 {
+            return Err(ApiError::invalid("member id must be a positive integer"));
+        }
+        self.raft
+            .add_learner(id, BasicNode { addr }, true)
+            .await
+            .map_err(membership_err)?;
+        let r = self
+            .raft
+            .change_membership(ChangeMembers::AddVoterIds([id].into()), true)
+            .await
+            .map_err(membership_err)?;
+        Ok(r.log_id.index)
+    }
+
+    /// Removes a member (voter or learner).
+    pub async fn remove_member(&self, id: NodeId) -> Result<u64, ApiError> {
+        let m = self.raft.metrics().borrow().clone();
+        let mem = m.membership_config.membership();
+        if mem.get_node(&id).is_none() {
+            return Err(ApiError::new(
+                ErrorKind::NotFound,
+                format!("supervisor {id} is not a member"),
+            ));
+        }
+        let is_voter = mem.voter_ids().any(|v| v == id);
+        let change = if is_voter {
+            ChangeMembers::RemoveVoters([id].into())
+        } else {
+            ChangeMembers::RemoveNodes([id].into())
+        };
+        let r = self
+            .raft
+            .change_membership(change, false)
+            .await
+            .map_err(membership_err)?;
+        Ok(r.log_id.index)
+    }
+}
+
+fn membership_err(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> ApiError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => {
+            ApiError::unavailable("this supervisor is not the leader")
+        }
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(e)) => {
+            ApiError::new(ErrorKind::FailedPrecondition, e.to_string())
+        }
+        RaftError::Fatal(e) => ApiError::internal(e.to_string()),
+    }
+}
+
+/// Packs queued commands into Raft entries, in queue order.
+async fn run_batcher(raft: Raft<TypeConfig>, mut rx: mpsc::Receiver<(Command, Reply)>) {
+    let inflight = Arc::new(Semaphore::new(MAX_INFLIGHT_PROPOSALS));
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        let Ok(permit) = inflight.clone().acquire_owned().await else {
+            return;
+        };
+        let (cmds, replies): (Vec<Command>, Vec<Reply>) = batch.into_iter().unzip();
+        let n = cmds.len();
+        let proposal = Proposal {
+            at_ms: now_ms(),
+            cmds,
+        };
+        match raft.client_write_ff(proposal).await {
+            Err(fatal) => {
+                for r in replies {
+                    let _ = r.send(Err(ApiError::internal(format!("raft stopped: {fatal}"))));
+                }
+            }
+            Ok(resp_rx) => {
+                tokio::spawn(async move {
+                    let outcome = resp_rx.await;
+                    drop(permit);
+                    match outcome {
+                        Ok(Ok(resp)) => {
+                            debug_assert_eq!(resp.data.len(), n);
+                            for (r, res) in replies.into_iter().zip(resp.data) {
+                                let _ = r.send(res.map_err(ApiError::from));
+                            }
+                        }
+                        Ok(Err(ClientWriteError::ForwardToLeader(_))) => {
+                            for r in replies {
+                                let _ = r.send(Err(ApiError::unavailable(
+                                    "leadership changed; the write was not committed",
+                                )));
+                            }
+                        }
+                        Ok(Err(e)) => {
+                            for r in replies {
+                                let _ = r.send(Err(ApiError::internal(e.to_string())));
+                            }
+                        }
+                        Err(_) => {
+                            for r in replies {
+                                let _ = r.send(Err(ApiError::unknown(
+                                    "raft dropped the write; its outcome is unknown",
+                                )));
+                            }
+                        }
+                    }
+                });
+            }
+        }
+    }
+}

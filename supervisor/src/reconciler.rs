@@ -1,0 +1,97 @@
+//! The leader's reconciler: turns desired state into actions, each recorded
+//! as an intent before it is carried out.
+//!
+//! **Protocol.** (1) Commit `OpenIntent{action}` (deduplicated by action, so
+//! a retried or concurrent open yields the same id). (2) Carry out the action;
+//! actions are idempotent by intent id. (3) Commit `CloseIntent{id, outcome}`
+//! (closing twice is a no-op). A new leader finds every open intent in the
+//! replicated state and resumes it from step 2, so nothing is forgotten and
+//! nothing takes effect twice.
+//!
+//! Drain is the first user: a Draining host gets a `CompleteDrain` intent
+//! that closes (host → Drained) once no job runs on it. Stopping work at the
+//! drain deadline and moving jobs arrive with the jobs issue.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::model::{Action, ClusterState, Command, DrainPhase, Intent, Outcome};
+use crate::node::{now_ms, Supervisor};
+
+/// How often the leader re-examines the state.
+pub const TICK: Duration = Duration::from_millis(50);
+
+/// Runs until the process exits; acts only while this node leads.
+pub async fn run(sup: Arc<Supervisor>) {
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        if !sup.is_leader() {
+            continue;
+        }
+        if let Err(e) = step(&sup).await {
+            tracing::warn!(error = %e, "reconciler step failed; retrying next tick");
+        }
+    }
+}
+
+/// Actions the state calls for that have no open intent yet.
+pub fn wanted_actions(st: &ClusterState) -> Vec<Action> {
+    let open: Vec<&Action> = st.open_intents().map(|i| &i.action).collect();
+    st.hosts
+        .values()
+        .filter(|h| matches!(&h.drain, Some(d) if d.phase == DrainPhase::Draining))
+        .map(|h| Action::CompleteDrain {
+            host: h.name.clone(),
+        })
+        .filter(|a| !open.contains(&a))
+        .collect()
+}
+
+/// What to do about an open intent now: `Some(outcome)` closes it.
+pub fn evaluate(st: &ClusterState, intent: &Intent, now_ms: u64) -> Option<Outcome> {
+    match &intent.action {
+        Action::CompleteDrain { host } => {
+            let Some(h) = st.hosts.get(host) else {
+                return Some(Outcome::Cancelled {
+                    why: "host no longer exists".into(),
+                });
+            };
+            let Some(drain) = &h.drain else {
+                return Some(Outcome::Cancelled {
+                    why: "host was undrained".into(),
+                });
+            };
+            if drain.phase == DrainPhase::Drained {
+                return Some(Outcome::Done);
+            }
+            let jobs_left = st.jobs_on(host).count();
+            if jobs_left == 0 {
+                return Some(Outcome::Done);
+            }
+            if drain.deadline_ms.is_some_and(|d| now_ms >= d) {
+                tracing::warn!(host = %host, jobs_left, "drain deadline passed with work left; stopping it needs the job runner");
+            }
+            None
+        }
+    }
+}
+
+async fn step(sup: &Arc<Supervisor>) -> Result<(), crate::api::ApiError> {
+    for action in sup.read(wanted_actions) {
+        tracing::info!(action = ?action, "opening intent");
+        sup.propose(Command::OpenIntent { action }).await?;
+    }
+    let now = now_ms();
+    let closes: Vec<(u64, Outcome)> = sup.read(|st| {
+        st.open_intents()
+            .filter_map(|i| evaluate(st, i, now).map(|o| (i.id, o)))
+            .collect()
+    });
+    for (id, outcome) in closes {
+        tracing::info!(intent = id, outcome = ?outcome, "closing intent");
+        sup.propose(Command::CloseIntent { id, outcome }).await?;
+    }
+    Ok(())
+}

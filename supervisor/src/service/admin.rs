@@ -1,0 +1,354 @@
+//! `Admin`: every CLI operation. Writes and linearizable reads run on the
+//! leader; a follower forwards the call there (one hop). `Status` and
+//! `ClusterMembers` describe the answering node's own view and are never
+//! forwarded.
+
+use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::Stream;
+use proto::v1::admin_server::Admin;
+use proto::v1::{Blob, FollowRequest};
+use tonic::{Request, Response, Status};
+
+use crate::api::{AdminCall, AdminReply, AdminRequest, ApiError, ErrorKind, StatusView};
+use crate::model::{ClusterEvent, CmdOk, Command, IntentStatus};
+use crate::network::encode;
+use crate::node::Supervisor;
+use crate::service::peer::Control;
+
+pub struct AdminService {
+    pub sup: Arc<Supervisor>,
+}
+
+/// Most events returned by one `events` call.
+pub const MAX_EVENTS_PER_CALL: u32 = 5_000;
+
+/// Runs one admin call on this node, forwarding to the leader if needed.
+pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply, ApiError> {
+    let local_only = matches!(
+        call.request,
+        AdminRequest::Status | AdminRequest::ClusterMembers | AdminRequest::ClusterInit
+    );
+    let needs_leader = !local_only && (call.request.is_write() || !call.stale);
+    if needs_leader && !sup.is_leader() {
+        if call.forwarded {
+            return Err(ApiError::unavailable(
+                "forwarded to a supervisor that is no longer the leader; retry",
+            ));
+        }
+        return forward(sup, call).await;
+    }
+    let linear = needs_leader && !call.request.is_write();
+    macro_rules! read {
+        ($f:expr) => {
+            if linear {
+                sup.read_linearizable($f).await?
+            } else {
+                sup.read($f)
+            }
+        };
+    }
+    match call.request {
+        AdminRequest::Status => Ok(AdminReply::Status(status(sup))),
+        AdminRequest::ClusterMembers => Ok(AdminReply::Members {
+            members: sup.members(),
+        }),
+        AdminRequest::ClusterInit => {
+            sup.initialize().await?;
+            Ok(AdminReply::Committed {
+                log_index: 0,
+                detail: format!(
+                    "cluster initialized with members {:?}",
+                    std::iter::once(sup.id)
+                        .chain(sup.config.peers.keys().copied())
+                        .collect::<Vec<_>>()
+                ),
+            })
+        }
+        AdminRequest::AddMember { id, addr } => {
+            let idx = sup.add_member(id, addr.clone()).await?;
+            Ok(AdminReply::Committed {
+                log_index: idx,
+                detail: format!("supervisor {id} at {addr} added as a voter"),
+            })
+        }
+        AdminRequest::RemoveMember { id } => {
+            let idx = sup.remove_member(id).await?;
+            Ok(AdminReply::Committed {
+                log_index: idx,
+                detail: format!("supervisor {id} removed"),
+            })
+        }
+        AdminRequest::TransferLeader { id } => transfer_leader(sup, id).await,
+        AdminRequest::NodeList => Ok(AdminReply::Hosts {
+            hosts: read!(|st| st.hosts.values().cloned().collect()),
+        }),
+        AdminRequest::NodeShow { host } => {
+            let found = read!(|st| st.hosts.get(&host).cloned().map(|h| {
+                let jobs = st.jobs_on(&host).map(|j| j.name.clone()).collect();
+                (h, jobs)
+            }));
+            let (host_v, jobs) = found.ok_or_else(|| {
+                ApiError::new(ErrorKind::NotFound, format!("host {host:?} not found"))
+            })?;
+            Ok(AdminReply::Host { host: host_v, jobs })
+        }
+        AdminRequest::Incidents { open_only } => Ok(AdminReply::Incidents {
+            incidents: read!(|st| st
+                .incidents
+                .values()
+                .filter(|i| !open_only || i.closed_ms.is_none())
+                .cloned()
+                .collect()),
+        }),
+        AdminRequest::Events { since, limit } => {
+            let limit = limit.clamp(1, MAX_EVENTS_PER_CALL) as usize;
+            Ok(AdminReply::Events {
+                events: read!(|st| events_since(&st.events, since, limit)),
+            })
+        }
+        AdminRequest::AdminHistory { limit } => {
+            let limit = limit.clamp(1, MAX_EVENTS_PER_CALL) as usize;
+            Ok(AdminReply::History {
+                records: read!(|st| st
+                    .admin_history
+                    .iter()
+                    .rev()
+                    .take(limit)
+                    .rev()
+                    .cloned()
+                    .collect()),
+            })
+        }
+        AdminRequest::Write { op } => {
+            let detail = format!("{op:?}");
+            let actor = call.actor.clone();
+            match sup.propose(Command::Admin { actor, op }).await? {
+                CmdOk::Done => {}
+                other => tracing::warn!(reply = ?other, "unexpected reply to an admin write"),
+            }
+            let idx = sup.read(|st| st.last_log_index);
+            Ok(AdminReply::Committed {
+                log_index: idx,
+                detail,
+            })
+        }
+    }
+}
+
+fn events_since(
+    log: &std::collections::VecDeque<ClusterEvent>,
+    since: u64,
+    limit: usize,
+) -> Vec<ClusterEvent> {
+    log.iter()
+        .filter(|e| e.seq > since)
+        .take(limit)
+        .cloned()
+        .collect()
+}
+
+fn status(sup: &Supervisor) -> StatusView {
+    let m = sup.raft.metrics().borrow().clone();
+    let members = sup.members();
+    // Commit index: on the leader, the highest index a majority of voters
+    // has; elsewhere the applied index is the best local knowledge.
+    let applied = m.last_applied.as_ref().map(|l| l.index).unwrap_or(0);
+    let commit = if m.state == openraft::ServerState::Leader {
+        let mut matched: Vec<u64> = members
+            .iter()
+            .filter(|v| v.voter)
+            .map(|v| v.matched.unwrap_or(0))
+            .collect();
+        matched.sort_unstable_by(|a, b| b.cmp(a));
+        matched.get(matched.len() / 2).copied().unwrap_or(applied)
+    } else {
+        applied
+    };
+    let (hosts_by_status, open_incidents, open_intents) = sup.read(|st| {
+        let mut by = BTreeMap::new();
+        for h in st.hosts.values() {
+            *by.entry(h.status().to_string()).or_insert(0usize) += 1;
+        }
+        let inc = st
+            .incidents
+            .values()
+            .filter(|i| i.closed_ms.is_none())
+            .cloned()
+            .collect();
+        let intents = st
+            .intents
+            .values()
+            .filter(|i| i.status == IntentStatus::Open)
+            .cloned()
+            .collect();
+        (by, inc, intents)
+    });
+    StatusView {
+        answered_by: sup.id,
+        leader: m.current_leader,
+        term: m.current_term,
+        commit_index: commit,
+        applied_index: applied,
+        members,
+        hosts_by_status,
+        open_incidents,
+        open_intents,
+    }
+}
+
+/// Sends the call to the leader and returns its answer.
+async fn forward(sup: &Arc<Supervisor>, mut call: AdminCall) -> Result<AdminReply, ApiError> {
+    let leader = sup.leader_addr().ok_or_else(|| {
+        ApiError::unavailable("no leader is elected right now; retry in a moment")
+    })?;
+    let is_write = call.request.is_write();
+    call.forwarded = true;
+    let body = serde_json::to_vec(&call).map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut client = sup.peer(&leader)?;
+    match client.forward(Blob { body }).await {
+        Ok(r) => serde_json::from_slice::<Result<AdminReply, ApiError>>(&r.get_ref().body)
+            .map_err(|e| ApiError::internal(format!("bad reply from leader: {e}")))?,
+        Err(s) if is_write => Err(ApiError::unknown(format!(
+            "lost contact with the leader at {leader} while forwarding ({}); the write's outcome is unknown",
+            s.message()
+        ))),
+        Err(s) => Err(ApiError::unavailable(format!(
+            "leader at {leader} unreachable: {}",
+            s.message()
+        ))),
+    }
+}
+
+/// Hands leadership to voter `to`: pauses elections on the other voters,
+/// stops this leader's heartbeats, asks `to` to campaign, and waits (bounded)
+/// until it leads. Elections are re-enabled everywhere on every path.
+async fn transfer_leader(sup: &Arc<Supervisor>, to: u64) -> Result<AdminReply, ApiError> {
+    if to == sup.id {
+        return Ok(AdminReply::Committed {
+            log_index: 0,
+            detail: format!("supervisor {to} is already the leader"),
+        });
+    }
+    let members = sup.members();
+    let target = members.iter().find(|m| m.id == to).ok_or_else(|| {
+        ApiError::new(ErrorKind::NotFound, format!("supervisor {to} is not a member"))
+    })?;
+    if !target.voter {
+        return Err(ApiError::new(
+            ErrorKind::FailedPrecondition,
+            format!("supervisor {to} is a learner; promote it first"),
+        ));
+    }
+    // Wait (bounded) until the target has the whole log.
+    let caught_up_by = Instant::now() + Duration::from_secs(2);
+    loop {
+        let last = sup.raft.metrics().borrow().last_log_index;
+        let matched = sup.members().into_iter().find(|m| m.id == to).and_then(|m| m.matched);
+        if matched >= last {
+            break;
+        }
+        if Instant::now() > caught_up_by {
+            return Err(ApiError::new(
+                ErrorKind::FailedPrecondition,
+                format!("supervisor {to} has not caught up with the log; is it running?"),
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let others: Vec<String> = members
+        .iter()
+        .filter(|m| m.voter && m.id != to && m.id != sup.id)
+        .map(|m| m.addr.clone())
+        .collect();
+    let control = |addr: String, c: Control| {
+        let sup = sup.clone();
+        async move {
+            let blob = encode(&c).map_err(|e| ApiError::internal(e.to_string()))?;
+            let mut client = sup.peer(&addr)?;
+            tokio::time::timeout(Duration::from_secs(1), client.control(blob))
+                .await
+                .map_err(|_| ApiError::unavailable(format!("{addr} did not answer")))?
+                .map_err(ApiError::from)
+                .map(|_| ())
+        }
+    };
+    for a in &others {
+        // A follower that cannot be paused may win instead; we check below.
+        let _ = control(a.clone(), Control::PauseElection { ms: 4_000 }).await;
+    }
+    sup.raft.runtime_config().elect(false);
+    sup.raft.runtime_config().heartbeat(false);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let mut result = Err(ApiError::unavailable(format!(
+        "supervisor {to} did not become leader within 3 s"
+    )));
+    while Instant::now() < deadline {
+        let _ = control(target.addr.clone(), Control::Elect).await;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        if sup.leader() == Some(to) {
+            result = Ok(AdminReply::Committed {
+                log_index: 0,
+                detail: format!("leadership transferred to supervisor {to}"),
+            });
+            break;
+        }
+    }
+    sup.raft.runtime_config().heartbeat(true);
+    sup.raft.runtime_config().elect(true);
+    for a in others {
+        let _ = control(a, Control::ResumeElection).await;
+    }
+    result
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn call(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
+        let call: AdminCall = serde_json::from_slice(&req.get_ref().body)
+            .map_err(|e| Status::from(ApiError::invalid(format!("malformed admin call: {e}"))))?;
+        tracing::debug!(actor = %call.actor, request = ?call.request, "admin call");
+        let reply = handle(&self.sup, call).await.map_err(Status::from)?;
+        let body = serde_json::to_vec(&reply).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(Blob { body }))
+    }
+
+    type FollowStream = Pin<Box<dyn Stream<Item = Result<Blob, Status>> + Send>>;
+
+    async fn follow(
+        &self,
+        req: Request<FollowRequest>,
+    ) -> Result<Response<Self::FollowStream>, Status> {
+        let mut since = req.get_ref().since;
+        let sup = self.sup.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Blob, Status>>(256);
+        tokio::spawn(async move {
+            let mut applied = sup.raft.metrics();
+            loop {
+                let batch = sup.read(|st| events_since(&st.events, since, 256));
+                for e in batch {
+                    since = e.seq;
+                    let body = match serde_json::to_vec(&e) {
+                        Ok(b) => b,
+                        Err(_) => continue,
+                    };
+                    if tx.send(Ok(Blob { body })).await.is_err() {
+                        return; // client went away
+                    }
+                }
+                // Wait for the next apply (or a periodic re-check).
+                tokio::select! {
+                    r = applied.changed() => if r.is_err() { return },
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    _ = tx.closed() => return,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+}

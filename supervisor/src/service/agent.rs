@@ -1,0 +1,281 @@
+//! `Agent`: host registration, heartbeats and the sequenced event stream.
+//!
+//! Only the leader serves agents; a follower answers `Unavailable` with the
+//! leader's address in the `rg-leader` metadata so the agent can reconnect.
+//!
+//! **Event stream contract.** Events carry per-agent sequence numbers from 1
+//! without gaps. The supervisor batches whatever has arrived into one
+//! command, proposes it, and acks cumulatively (`acked_through`) only after
+//! the entry is committed and applied. Applying skips sequences already
+//! applied, so resending after a reconnect is safe: every event takes effect
+//! exactly once. A gap is refused with the last applied sequence; the agent
+//! resends from there.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::{FutureExt, Stream, StreamExt};
+use proto::v1::agent_server::Agent;
+use proto::v1::{
+    agent_event, AgentEvent as PbEvent, EventAck, HeartbeatReply, HeartbeatRequest, RegisterHost,
+    RegisterReply,
+};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::api::ApiError;
+use crate::model::{AgentEvent, AgentEventKind, CmdOk, Command, NicSpec, NicState};
+use crate::node::Supervisor;
+
+/// Most events folded into one command from one stream.
+pub const MAX_EVENTS_PER_COMMAND: usize = 512;
+/// Commands of one stream proposed but not yet acked.
+pub const MAX_PENDING_PER_STREAM: usize = 32;
+
+pub struct AgentService {
+    pub sup: Arc<Supervisor>,
+}
+
+impl AgentService {
+    fn require_leader(&self) -> Result<(), Status> {
+        if self.sup.is_leader() {
+            return Ok(());
+        }
+        let mut s = Status::from(ApiError::unavailable(match self.sup.leader_addr() {
+            Some(a) => format!("not the leader; the leader is at {a}"),
+            None => "not the leader; no leader is elected right now".into(),
+        }));
+        if let Some(a) = self.sup.leader_addr() {
+            if let Ok(v) = a.parse() {
+                s.metadata_mut().insert("rg-leader", v);
+            }
+        }
+        Err(s)
+    }
+}
+
+fn nic_state(v: i32) -> Result<NicState, ApiError> {
+    use proto::v1::NicState as P;
+    match P::try_from(v) {
+        Ok(P::Up) => Ok(NicState::Up),
+        Ok(P::Down) => Ok(NicState::Down),
+        Ok(P::Flapping) => Ok(NicState::Flapping),
+        Ok(P::Recovering) => Ok(NicState::Recovering),
+        Ok(P::Unspecified) | Err(_) => Err(ApiError::invalid(format!("invalid NIC state {v}"))),
+    }
+}
+
+/// Converts a wire event, checking what the protobuf types cannot.
+fn convert(e: &PbEvent, host: &str) -> Result<AgentEvent, ApiError> {
+    if e.host != host {
+        return Err(ApiError::invalid(format!(
+            "event for host {:?} on the stream of host {host:?}",
+            e.host
+        )));
+    }
+    if e.seq == 0 {
+        return Err(ApiError::invalid("event sequence numbers start at 1"));
+    }
+    let kind = match &e.kind {
+        None => return Err(ApiError::invalid(format!("event {} has no kind", e.seq))),
+        Some(agent_event::Kind::NicState(n)) => {
+            if !n.damping_penalty.is_finite() || n.damping_penalty < 0.0 {
+                return Err(ApiError::invalid("damping penalty must be a finite number >= 0"));
+            }
+            AgentEventKind::NicState {
+                nic: n.nic.clone(),
+                state: nic_state(n.state)?,
+                carrier_changes: n.carrier_changes,
+                flaps: n.flaps,
+                damping_penalty: n.damping_penalty,
+            }
+        }
+    };
+    Ok(AgentEvent {
+        seq: e.seq,
+        at_unix_ns: e.at_unix_ns,
+        kind,
+    })
+}
+
+#[tonic::async_trait]
+impl Agent for AgentService {
+    async fn register(
+        &self,
+        req: Request<RegisterHost>,
+    ) -> Result<Response<RegisterReply>, Status> {
+        self.require_leader()?;
+        let r = req.into_inner();
+        let nics = r
+            .nics
+            .iter()
+            .map(|n| NicSpec {
+                name: n.name.clone(),
+                rail: n.rail,
+                backup: (!n.backup.is_empty()).then(|| n.backup.clone()),
+                rdma_device: (!n.rdma_device.is_empty()).then(|| n.rdma_device.clone()),
+            })
+            .collect();
+        let cmd = Command::RegisterHost {
+            host: r.host.clone(),
+            nics,
+            labels: r.labels.into_iter().collect(),
+        };
+        match self.sup.propose(cmd).await.map_err(Status::from)? {
+            CmdOk::Registered { last_applied_seq } => {
+                tracing::info!(host = %r.host, last_applied_seq, "host registered");
+                Ok(Response::new(RegisterReply {
+                    last_applied_seq,
+                    leader_id: self.sup.id,
+                }))
+            }
+            other => Err(Status::internal(format!("unexpected reply {other:?}"))),
+        }
+    }
+
+    async fn heartbeat(
+        &self,
+        req: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatReply>, Status> {
+        self.require_leader()?;
+        let host = req.into_inner().host;
+        if !self.sup.read(|st| st.hosts.contains_key(&host)) {
+            return Err(Status::from(ApiError::new(
+                crate::api::ErrorKind::NotFound,
+                format!("host {host:?} is not registered; register first"),
+            )));
+        }
+        self.sup
+            .heartbeats
+            .lock()
+            .expect("heartbeat map poisoned")
+            .insert(host, Instant::now());
+        Ok(Response::new(HeartbeatReply {
+            leader_id: self.sup.id,
+        }))
+    }
+
+    type ReportStream = Pin<Box<dyn Stream<Item = Result<EventAck, Status>> + Send>>;
+
+    async fn report(
+        &self,
+        req: Request<Streaming<PbEvent>>,
+    ) -> Result<Response<Self::ReportStream>, Status> {
+        self.require_leader()?;
+        let mut inbound = req.into_inner();
+        let sup = self.sup.clone();
+        let host_slot = Arc::new(std::sync::Mutex::new(String::new()));
+        let (ack_tx, ack_rx) = tokio::sync::mpsc::channel::<Result<EventAck, Status>>(16);
+        let (pending_tx, mut pending_rx) = tokio::sync::mpsc::channel::<
+            tokio::sync::oneshot::Receiver<Result<CmdOk, ApiError>>,
+        >(MAX_PENDING_PER_STREAM);
+
+        // Acks, in proposal order. A refused batch (e.g. a sequence gap)
+        // ends the stream with a final ack naming the last applied sequence,
+        // so the agent knows where to resume.
+        let acks = ack_tx.clone();
+        let host_for_acks = host_slot.clone();
+        let sup_for_acks = sup.clone();
+        tokio::spawn(async move {
+            while let Some(rx) = pending_rx.recv().await {
+                let (msg, stop) = match rx.await {
+                    Ok(Ok(CmdOk::Acked { through })) => (
+                        Ok(EventAck {
+                            acked_through: through,
+                            error: String::new(),
+                        }),
+                        false,
+                    ),
+                    Ok(Ok(other)) => (Err(Status::internal(format!("unexpected reply {other:?}"))), true),
+                    Ok(Err(e)) if e.is_definite() => {
+                        let host = host_for_acks.lock().expect("host slot").clone();
+                        let last = sup_for_acks.read(|st| {
+                            st.hosts.get(&host).map(|h| h.last_event_seq).unwrap_or(0)
+                        });
+                        (
+                            Ok(EventAck {
+                                acked_through: last,
+                                error: e.message,
+                            }),
+                            true,
+                        )
+                    }
+                    Ok(Err(e)) => (Err(Status::from(e)), true),
+                    Err(_) => (Err(Status::unavailable("supervisor stopping")), true),
+                };
+                if acks.send(msg).await.is_err() || stop {
+                    return;
+                }
+            }
+        });
+
+        // Reader: fold whatever has arrived into one command per round.
+        tokio::spawn(async move {
+            let mut host: Option<String> = None;
+            loop {
+                let first = match inbound.next().await {
+                    None => return,
+                    Some(Err(s)) => {
+                        tracing::debug!(status = %s, "agent stream ended with an error");
+                        return;
+                    }
+                    Some(Ok(e)) => e,
+                };
+                let h = host
+                    .get_or_insert_with(|| {
+                        *host_slot.lock().expect("host slot") = first.host.clone();
+                        first.host.clone()
+                    })
+                    .clone();
+                let mut batch = Vec::with_capacity(8);
+                let mut next = Some(first);
+                while let Some(e) = next.take() {
+                    match convert(&e, &h) {
+                        Ok(ev) => batch.push(ev),
+                        Err(err) => {
+                            let _ = ack_tx.send(Err(Status::from(err))).await;
+                            return;
+                        }
+                    }
+                    if batch.len() >= MAX_EVENTS_PER_COMMAND {
+                        break;
+                    }
+                    if let Some(Some(Ok(e))) = inbound.next().now_or_never() {
+                        next = Some(e);
+                    }
+                }
+                let cmd = Command::AgentEvents {
+                    host: h.clone(),
+                    events: batch,
+                };
+                let valid = sup.read(|st| st.validate(&cmd));
+                if let Err(e) = valid {
+                    let _ = ack_tx.send(Err(Status::from(ApiError::from(e)))).await;
+                    return;
+                }
+                if !sup.is_leader() {
+                    let _ = ack_tx
+                        .send(Err(Status::from(ApiError::unavailable(
+                            "leadership moved; reconnect to the new leader",
+                        ))))
+                        .await;
+                    return;
+                }
+                match sup.enqueue(cmd).await {
+                    Ok(rx) => {
+                        if pending_tx.send(rx).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = ack_tx.send(Err(Status::from(e))).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(ack_rx),
+        )))
+    }
+}

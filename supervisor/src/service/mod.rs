@@ -1,0 +1,45 @@
+//! The gRPC services one supervisor serves on its listen address.
+
+pub mod admin;
+pub mod agent;
+pub mod peer;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use proto::v1::admin_server::AdminServer;
+use proto::v1::agent_server::AgentServer;
+use proto::v1::raft_peer_server::RaftPeerServer;
+
+use crate::node::Supervisor;
+
+/// Serves `Admin`, `Agent` and `RaftPeer` on `listener` until `shutdown`
+/// resolves. Message sizes are bounded per service.
+pub async fn serve(
+    sup: Arc<Supervisor>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let addr: Option<SocketAddr> = listener.local_addr().ok();
+    tracing::info!(addr = ?addr, id = sup.id, "serving gRPC");
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .concurrency_limit_per_connection(1024)
+        .add_service(
+            RaftPeerServer::new(peer::PeerService::new(sup.clone()))
+                .max_decoding_message_size(proto::MAX_PEER_MESSAGE_BYTES)
+                .max_encoding_message_size(proto::MAX_PEER_MESSAGE_BYTES),
+        )
+        .add_service(
+            AdminServer::new(admin::AdminService { sup: sup.clone() })
+                .max_decoding_message_size(proto::MAX_ADMIN_MESSAGE_BYTES)
+                .max_encoding_message_size(proto::MAX_ADMIN_MESSAGE_BYTES),
+        )
+        .add_service(
+            AgentServer::new(agent::AgentService { sup })
+                .max_decoding_message_size(proto::MAX_AGENT_MESSAGE_BYTES),
+        )
+        .serve_with_incoming_shutdown(incoming, shutdown)
+        .await
+}

@@ -1,0 +1,116 @@
+//! `RaftPeer`: Raft RPCs from other supervisors, admin calls forwarded by
+//! followers, and the election control used by leadership transfer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use proto::v1::raft_peer_server::RaftPeer;
+use proto::v1::Blob;
+use serde::{Deserialize, Serialize};
+use tonic::{Request, Response, Status};
+
+use crate::api::AdminCall;
+use crate::network::{decode, encode};
+use crate::node::Supervisor;
+
+/// Election control messages (leadership transfer).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub enum Control {
+    /// Do not start elections for this long (re-enabled automatically, so a
+    /// transfer interrupted by a crash cannot leave a node unable to elect).
+    PauseElection { ms: u64 },
+    /// Allow elections again now.
+    ResumeElection,
+    /// Start an election now.
+    Elect,
+}
+
+/// Longest election pause a peer accepts.
+pub const MAX_PAUSE_MS: u64 = 10_000;
+
+pub struct PeerService {
+    pub sup: Arc<Supervisor>,
+    /// Generation of the latest pause, so an old timer never re-enables
+    /// elections early under a newer pause.
+    pause_gen: Arc<AtomicU64>,
+}
+
+impl PeerService {
+    pub fn new(sup: Arc<Supervisor>) -> Self {
+        Self {
+            sup,
+            pause_gen: Arc::new(AtomicU64::new(0)),
+        }
+    }
+}
+
+fn bad_request(e: bincode::Error) -> Status {
+    Status::invalid_argument(format!("malformed peer message: {e}"))
+}
+
+fn reply<T: Serialize>(v: &T) -> Result<Response<Blob>, Status> {
+    encode(v)
+        .map(Response::new)
+        .map_err(|e| Status::internal(format!("encode reply: {e}")))
+}
+
+#[tonic::async_trait]
+impl RaftPeer for PeerService {
+    async fn append_entries(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
+        let rpc = decode(req.get_ref()).map_err(bad_request)?;
+        reply(&self.sup.raft.append_entries(rpc).await)
+    }
+
+    async fn vote(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
+        let rpc = decode(req.get_ref()).map_err(bad_request)?;
+        reply(&self.sup.raft.vote(rpc).await)
+    }
+
+    async fn install_snapshot(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
+        let rpc = decode(req.get_ref()).map_err(bad_request)?;
+        reply(&self.sup.raft.install_snapshot(rpc).await)
+    }
+
+    async fn forward(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
+        let mut call: AdminCall = serde_json::from_slice(&req.get_ref().body)
+            .map_err(|e| Status::invalid_argument(format!("malformed forwarded call: {e}")))?;
+        call.forwarded = true;
+        let res = super::admin::handle(&self.sup, call).await;
+        let body = serde_json::to_vec(&res).map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(Blob { body }))
+    }
+
+    async fn control(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
+        let c: Control = decode(req.get_ref()).map_err(bad_request)?;
+        tracing::info!(control = ?c, "election control");
+        match c {
+            Control::PauseElection { ms } => {
+                let ms = ms.min(MAX_PAUSE_MS);
+                let generation = self.pause_gen.fetch_add(1, Ordering::SeqCst) + 1;
+                self.sup.raft.runtime_config().elect(false);
+                let raft = self.sup.raft.clone();
+                let gen_ref = self.pause_gen.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                    if gen_ref.load(Ordering::SeqCst) == generation {
+                        raft.runtime_config().elect(true);
+                    }
+                });
+            }
+            Control::ResumeElection => {
+                self.pause_gen.fetch_add(1, Ordering::SeqCst);
+                self.sup.raft.runtime_config().elect(true);
+            }
+            Control::Elect => {
+                self.sup
+                    .raft
+                    .trigger()
+                    .elect()
+                    .await
+                    .map_err(|e| Status::internal(e.to_string()))?;
+            }
+        }
+        reply(&())
+    }
+}
