@@ -81,7 +81,6 @@ pub enum Command {
 
 /// Admin operations on hosts.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(tag = "op", rename_all = "snake_case")]
 pub enum AdminOp {
     /// Mark the host unschedulable.
     Cordon { host: String },
@@ -163,7 +162,6 @@ pub enum AgentEventKind {
 
 /// Things the reconciler does; each is recorded as an intent first.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
-#[serde(tag = "action", rename_all = "snake_case")]
 pub enum Action {
     /// Finish draining a host once no work remains on it (or its deadline
     /// passed and the remaining work was stopped).
@@ -180,7 +178,6 @@ impl Action {
 
 /// How an intent ended.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
     Done,
     /// Nothing to do any more (e.g. the host was undrained meanwhile).
@@ -1014,6 +1011,42 @@ mod tests {
         let r = st.apply_proposal(&lid(4), &Proposal { at_ms: 4, cmds: vec![cmd(vec![ev(5, NicState::Down)])] });
         assert!(matches!(r[0], Err(CmdError::SequenceGap { expected: 4, got: 5, .. })));
         assert_eq!(st.hosts["h0"].last_event_seq, 3);
+    }
+
+    /// Log entries are bincode: every command variant must round-trip
+    /// (bincode rejects e.g. internally tagged enums at decode time, which
+    /// would stop Raft on the first such entry).
+    #[test]
+    fn every_command_roundtrips_through_bincode() {
+        let cmds = vec![
+            Command::RegisterHost { host: "h".into(), nics: vec![NicSpec { name: "n".into(), rail: Some(1), backup: None, rdma_device: Some("mlx5_0".into()) }], labels: BTreeMap::from([("a".into(), "b".into())]) },
+            admin(AdminOp::Cordon { host: "h".into() }),
+            admin(AdminOp::Uncordon { host: "h".into() }),
+            admin(AdminOp::Drain { host: "h".into(), reason: "r".into(), deadline_ms: Some(5) }),
+            admin(AdminOp::Undrain { host: "h".into() }),
+            admin(AdminOp::SetLabels { host: "h".into(), set: BTreeMap::from([("k".into(), "v".into())]), remove: vec!["x".into()] }),
+            Command::AgentEvents { host: "h".into(), events: vec![AgentEvent { seq: 1, at_unix_ns: 2, kind: AgentEventKind::NicState { nic: "n".into(), state: NicState::Flapping, carrier_changes: 3, flaps: 4, damping_penalty: 1.5 } }] },
+            Command::OpenIntent { action: Action::CompleteDrain { host: "h".into() } },
+            Command::CloseIntent { id: 1, outcome: Outcome::Done },
+            Command::CloseIntent { id: 1, outcome: Outcome::Cancelled { why: "w".into() } },
+            Command::CloseIntent { id: 1, outcome: Outcome::Failed { error: "e".into() } },
+        ];
+        let p = Proposal { at_ms: 9, cmds };
+        let bytes = bincode::serialize(&p).unwrap();
+        let back: Proposal = bincode::deserialize(&bytes).unwrap();
+        assert_eq!(back.cmds, p.cmds);
+        let results: Vec<CmdResult> = vec![
+            Ok(CmdOk::Done), Ok(CmdOk::Registered { last_applied_seq: 1 }), Ok(CmdOk::Acked { through: 2 }), Ok(CmdOk::IntentOpened { id: 3 }),
+            Err(not_found("host", "h")), Err(CmdError::InvalidArgument("x".into())), Err(CmdError::FailedPrecondition("y".into())),
+            Err(CmdError::SequenceGap { host: "h".into(), expected: 1, got: 3, acked: 0 }),
+        ];
+        let back: Vec<CmdResult> = bincode::deserialize(&bincode::serialize(&results).unwrap()).unwrap();
+        assert_eq!(back, results);
+        let mut st = ClusterState::default();
+        register(&mut st, "h0");
+        st.apply_proposal(&lid(2), &Proposal { at_ms: 2, cmds: vec![admin(AdminOp::Drain { host: "h0".into(), reason: "r".into(), deadline_ms: None })] });
+        let back: ClusterState = bincode::deserialize(&bincode::serialize(&st).unwrap()).unwrap();
+        assert_eq!(back, st);
     }
 
     #[test]

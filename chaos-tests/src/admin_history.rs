@@ -1,0 +1,362 @@
+//! Scenarios over the admin API under supervisor crashes: `leader-kill`
+//! (SIGKILL the current leader every round, restart it later) and
+//! `cluster-crash` (SIGKILL every supervisor at once, restart them all).
+//!
+//! Clients issue concurrent cordon/uncordon/drain/undrain/label writes and
+//! linearizable reads against random supervisors (followers forward to the
+//! leader). Every operation is recorded with call and return times; at the
+//! end the checkers decide:
+//! - [`check_durability`]: every acknowledged label write is present in the
+//!   final state (invariant "acknowledged admin operations survive");
+//! - [`crate::linearizability`]: the whole history, per host, is
+//!   linearizable.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use supervisor::api::{AdminReply, AdminRequest, ErrorKind};
+use supervisor::client::AdminClient;
+use supervisor::model::{AdminOp, Host};
+
+use crate::cluster::SupervisorCluster;
+use crate::linearizability::{check, HostModel, HostOp, HostResult, HostView, Operation, Verdict};
+
+/// Step budget of the linearizability search, per host.
+pub const CHECK_BUDGET: u64 = 50_000_000;
+/// Most operations one client issues in a run (bounds the history).
+pub const MAX_OPS_PER_CLIENT: usize = 20_000;
+
+/// What a run should do.
+#[derive(Debug, Clone)]
+pub struct HistoryRun {
+    pub rounds: usize,
+    pub hosts: usize,
+    pub clients: usize,
+    /// Kill every supervisor at once each round instead of the leader only.
+    pub whole_cluster: bool,
+    /// Load time before each kill.
+    pub load_per_round: Duration,
+    pub seed: u64,
+}
+
+/// The figures a run reports (last line of output).
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryReport {
+    pub ok: bool,
+    pub scenario: String,
+    pub rounds: usize,
+    pub kills: usize,
+    pub acked_ops: usize,
+    pub refused_ops: usize,
+    pub unknown_ops: usize,
+    pub reads: usize,
+    pub lost_ops: usize,
+    pub linearizable: bool,
+    pub linearizability: String,
+    pub unexpected_errors: usize,
+    pub max_unavailable_ms: u64,
+}
+
+type Op = Operation<HostOp, HostResult>;
+
+#[derive(Default)]
+struct Recorder {
+    /// Per host index: its history.
+    ops: Vec<Mutex<Vec<Op>>>,
+    /// Completion times (ms since start) of successful operations.
+    successes: Mutex<Vec<u64>>,
+    unexpected: Mutex<Vec<String>>,
+    /// (host, client key, value) of every acknowledged label write.
+    acked_labels: Mutex<Vec<(usize, String, u64)>>,
+}
+
+/// Projects a host onto what the model observes.
+pub fn view(h: &Host) -> HostView {
+    HostView {
+        cordoned: h.cordoned,
+        draining: h.drain.is_some(),
+        labels: h
+            .labels
+            .iter()
+            .filter(|(k, _)| k.starts_with('c'))
+            .filter_map(|(k, v)| v.parse().ok().map(|v| (k.clone(), v)))
+            .collect(),
+    }
+}
+
+fn ns_since(start: Instant) -> u64 {
+    start.elapsed().as_nanos() as u64
+}
+
+async fn client_loop(
+    id: usize,
+    client: AdminClient,
+    hosts: Arc<Vec<String>>,
+    rec: Arc<Recorder>,
+    stop: Arc<AtomicBool>,
+    start: Instant,
+    seed: u64,
+) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (id as u64).wrapping_mul(0x9e37_79b9));
+    let key = format!("c{id}");
+    let mut next_value = 0u64;
+    for _ in 0..MAX_OPS_PER_CLIENT {
+        if stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let hi = rng.gen_range(0..hosts.len());
+        let host = hosts[hi].clone();
+        let roll = rng.gen_range(0..100);
+        let input = match roll {
+            0..=14 => HostOp::Cordon,
+            15..=29 => HostOp::Uncordon,
+            30..=37 => HostOp::Drain,
+            38..=45 => HostOp::Undrain,
+            46..=70 => {
+                next_value += 1;
+                HostOp::SetLabel(key.clone(), next_value)
+            }
+            _ => HostOp::Read,
+        };
+        let request = match &input {
+            HostOp::Cordon => AdminRequest::Write { op: AdminOp::Cordon { host: host.clone() } },
+            HostOp::Uncordon => AdminRequest::Write { op: AdminOp::Uncordon { host: host.clone() } },
+            HostOp::Drain => AdminRequest::Write {
+                op: AdminOp::Drain { host: host.clone(), reason: format!("chaos client {id}"), deadline_ms: None },
+            },
+            HostOp::Undrain => AdminRequest::Write { op: AdminOp::Undrain { host: host.clone() } },
+            HostOp::SetLabel(k, v) => AdminRequest::Write {
+                op: AdminOp::SetLabels {
+                    host: host.clone(),
+                    set: BTreeMap::from([(k.clone(), v.to_string())]),
+                    remove: vec![],
+                },
+            },
+            HostOp::Read => AdminRequest::NodeShow { host: host.clone() },
+        };
+        let call = ns_since(start);
+        let res = client.call(request, false).await;
+        let ret = ns_since(start);
+        let (output, ret) = match res {
+            Ok(AdminReply::Host { host, .. }) => (Some(HostResult::Read(view(&host))), Some(ret)),
+            Ok(AdminReply::Committed { .. }) => (Some(HostResult::Ok), Some(ret)),
+            Ok(other) => {
+                rec.unexpected.lock().unwrap().push(format!("unexpected reply {other:?}"));
+                continue;
+            }
+            Err(e) if e.kind == ErrorKind::FailedPrecondition && input == HostOp::Uncordon => {
+                (Some(HostResult::Refused), Some(ret))
+            }
+            // Definitely not applied (or a read that saw nothing): not part of the history.
+            Err(e) if e.kind == ErrorKind::Unavailable || input == HostOp::Read => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+            Err(e) if matches!(e.kind, ErrorKind::Unknown | ErrorKind::Internal) => (None, None),
+            Err(e) => {
+                rec.unexpected.lock().unwrap().push(format!("{input:?} on {host}: {e}"));
+                continue;
+            }
+        };
+        if output.is_some() {
+            rec.successes.lock().unwrap().push(ret.unwrap_or(0) / 1_000_000);
+        }
+        if let (HostOp::SetLabel(k, v), Some(HostResult::Ok)) = (&input, &output) {
+            rec.acked_labels.lock().unwrap().push((hi, k.clone(), *v));
+        }
+        rec.ops[hi].lock().unwrap().push(Operation { client: id, input, call, ret, output });
+    }
+}
+
+/// Acknowledged label writes missing from the final state. Each client
+/// writes increasing values to its own key, so an acknowledged value `v` is
+/// present iff the final value of that key is at least `v`.
+pub fn check_durability(acked: &[(usize, String, u64)], finals: &[HostView]) -> usize {
+    acked
+        .iter()
+        .filter(|(h, k, v)| finals[*h].labels.get(k).is_none_or(|f| f < v))
+        .count()
+}
+
+/// Longest stretch (ms) without any successful operation, between the first
+/// and the last success.
+pub fn max_gap_ms(mut successes: Vec<u64>) -> u64 {
+    successes.sort_unstable();
+    successes.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0)
+}
+
+/// Runs the scenario and returns its report.
+pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
+    let scenario = if cfg.whole_cluster { "cluster-crash" } else { "leader-kill" };
+    eprintln!("[{scenario}] starting 3 supervisors");
+    let mut cluster = SupervisorCluster::start(3)?;
+    cluster.init().await.context("initialise the cluster")?;
+    let hosts: Vec<String> = (0..cfg.hosts).map(|i| format!("h{i}")).collect();
+    for h in &hosts {
+        crate::agentsim::register_host(&cluster.addrs(), h).await?;
+    }
+    eprintln!("[{scenario}] registered {} hosts; {} clients start", hosts.len(), cfg.clients);
+    let rec = Arc::new(Recorder {
+        ops: (0..cfg.hosts).map(|_| Mutex::new(Vec::new())).collect(),
+        ..Default::default()
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let start = Instant::now();
+    let hosts = Arc::new(hosts);
+    let mut tasks = Vec::new();
+    for id in 0..cfg.clients {
+        let client = cluster.client(&format!("chaos-{id}"), id, Duration::from_secs(3))?;
+        tasks.push(tokio::spawn(client_loop(
+            id,
+            client,
+            hosts.clone(),
+            rec.clone(),
+            stop.clone(),
+            start,
+            cfg.seed,
+        )));
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
+    let mut kills = 0;
+    for round in 1..=cfg.rounds {
+        tokio::time::sleep(cfg.load_per_round).await;
+        if cfg.whole_cluster {
+            for id in 1..=3 {
+                cluster.kill(id);
+                kills += 1;
+            }
+            eprintln!("[{scenario}] round {round}: SIGKILLed all supervisors");
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(200..800))).await;
+            for id in 1..=3 {
+                cluster.restart(id)?;
+            }
+        } else {
+            let leader = cluster.wait_leader(Duration::from_secs(20)).await?;
+            cluster.kill(leader);
+            kills += 1;
+            eprintln!("[{scenario}] round {round}: SIGKILLed leader {leader}");
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(500..1500))).await;
+            cluster.restart(leader)?;
+        }
+        cluster.wait_leader(Duration::from_secs(20)).await?;
+    }
+    tokio::time::sleep(cfg.load_per_round).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    // Final linearizable reads of every host, part of the history.
+    cluster.wait_leader(Duration::from_secs(20)).await?;
+    let reader = cluster.client("chaos-final", 0, Duration::from_secs(5))?;
+    let mut finals = Vec::new();
+    for (hi, h) in hosts.iter().enumerate() {
+        let mut attempt = 0;
+        let v = loop {
+            let call = ns_since(start);
+            match reader.call(AdminRequest::NodeShow { host: h.clone() }, false).await {
+                Ok(AdminReply::Host { host, .. }) => {
+                    let v = view(&host);
+                    rec.ops[hi].lock().unwrap().push(Operation {
+                        client: usize::MAX,
+                        input: HostOp::Read,
+                        call,
+                        ret: Some(ns_since(start)),
+                        output: Some(HostResult::Read(v.clone())),
+                    });
+                    break v;
+                }
+                Ok(other) => anyhow::bail!("unexpected reply {other:?}"),
+                Err(e) if attempt < 50 => {
+                    attempt += 1;
+                    tracing::debug!(error = %e, "final read retry");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => anyhow::bail!("final read of {h} failed: {e}"),
+            }
+        };
+        finals.push(v);
+    }
+    let acked_labels = rec.acked_labels.lock().unwrap().clone();
+    let lost_ops = check_durability(&acked_labels, &finals);
+    let mut acked = 0;
+    let mut refused = 0;
+    let mut unknown = 0;
+    let mut reads = 0;
+    let mut verdicts = Vec::new();
+    eprintln!("[{scenario}] checking linearizability");
+    for (hi, ops) in rec.ops.iter().enumerate() {
+        let ops = ops.lock().unwrap();
+        for o in ops.iter() {
+            match (&o.input, &o.output) {
+                (HostOp::Read, _) => reads += 1,
+                (_, Some(HostResult::Refused)) => refused += 1,
+                (_, Some(_)) => acked += 1,
+                (_, None) => unknown += 1,
+            }
+        }
+        let v = check(&HostModel, &ops, CHECK_BUDGET);
+        if v != Verdict::Linearizable {
+            eprintln!("[{scenario}] host {}: {v:?} ({} ops)", hosts[hi], ops.len());
+        }
+        verdicts.push(v);
+    }
+    let linearizable = verdicts.iter().all(|v| *v == Verdict::Linearizable);
+    let undecided = verdicts.iter().any(|v| *v == Verdict::Undecided);
+    let unexpected = rec.unexpected.lock().unwrap().clone();
+    for u in unexpected.iter().take(5) {
+        eprintln!("[{scenario}] unexpected: {u}");
+    }
+    let max_unavailable_ms = max_gap_ms(rec.successes.lock().unwrap().clone());
+    let ok = linearizable && lost_ops == 0 && unexpected.is_empty() && acked > 0;
+    if !ok {
+        let dir = cluster.keep();
+        eprintln!("[{scenario}] FAILED; supervisor logs kept in {}", dir.display());
+    }
+    Ok(HistoryReport {
+        ok,
+        scenario: scenario.into(),
+        rounds: cfg.rounds,
+        kills,
+        acked_ops: acked,
+        refused_ops: refused,
+        unknown_ops: unknown,
+        reads,
+        lost_ops,
+        linearizable,
+        linearizability: if linearizable {
+            "linearizable".into()
+        } else if undecided {
+            "undecided (search budget exhausted)".into()
+        } else {
+            "violation".into()
+        },
+        unexpected_errors: unexpected.len(),
+        max_unavailable_ms,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durability_checker_counts_missing_acked_writes() {
+        let mut v = HostView::default();
+        v.labels.insert("c0".into(), 3);
+        let acked = vec![(0, "c0".into(), 2), (0, "c0".into(), 3), (0, "c1".into(), 1)];
+        assert_eq!(check_durability(&acked, &[v.clone()]), 1, "c1=1 is missing");
+        let acked = vec![(0, "c0".into(), 4)];
+        assert_eq!(check_durability(&acked, &[v]), 1, "final 3 < acked 4");
+    }
+
+    #[test]
+    fn gap_is_longest_silence() {
+        assert_eq!(max_gap_ms(vec![10, 0, 500, 520]), 480);
+        assert_eq!(max_gap_ms(vec![]), 0);
+    }
+}

@@ -1,0 +1,211 @@
+//! `bench raft-commit`: committed events per second and commit latency of a
+//! three-supervisor cluster on loopback with sled on disk.
+//!
+//! Each client is a simulated agent with its own `Report` stream to the
+//! leader and one event in flight: it sends event `n`, waits for the ack
+//! that says `n` is committed and applied, records the latency, and sends
+//! `n + 1`. The supervisor folds events arriving from all streams into
+//! shared Raft entries (its proposal batcher), which is what lets
+//! throughput grow with the number of clients. A second table does the same
+//! with unary admin writes (label updates) through the CLI's client.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+use supervisor::api::AdminRequest;
+use supervisor::model::AdminOp;
+
+use crate::agentsim::{nic_event, open_stream, register_host};
+use crate::cluster::SupervisorCluster;
+
+/// One concurrency level's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Level {
+    pub clients: usize,
+    pub committed: u64,
+    pub per_s: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub errors: u64,
+}
+
+/// The bench's report.
+#[derive(Debug, Clone, Serialize)]
+pub struct RaftCommitReport {
+    pub ok: bool,
+    pub bench: &'static str,
+    pub seconds_per_level: f64,
+    pub events: Vec<Level>,
+    pub admin_writes: Vec<Level>,
+    pub goal: &'static str,
+    pub goal_met: bool,
+}
+
+/// Percentile (0..=100) of sorted microsecond samples, in ms.
+pub fn percentile_ms(sorted_us: &[u64], p: f64) -> f64 {
+    if sorted_us.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * (sorted_us.len() - 1) as f64).round() as usize;
+    sorted_us[rank.min(sorted_us.len() - 1)] as f64 / 1000.0
+}
+
+fn summarise(clients: usize, mut lat_us: Vec<u64>, errors: u64, secs: f64) -> Level {
+    lat_us.sort_unstable();
+    Level {
+        clients,
+        committed: lat_us.len() as u64,
+        per_s: lat_us.len() as f64 / secs,
+        p50_ms: percentile_ms(&lat_us, 50.0),
+        p99_ms: percentile_ms(&lat_us, 99.0),
+        max_ms: lat_us.last().map(|x| *x as f64 / 1000.0).unwrap_or(0.0),
+        errors,
+    }
+}
+
+async fn event_level(addr: &str, hosts: &[String], seqs: &mut [u64], secs: f64) -> anyhow::Result<Level> {
+    let warmup = Duration::from_millis(500);
+    let window = Duration::from_secs_f64(secs);
+    let start = Instant::now() + warmup;
+    let end = start + window;
+    let mut tasks = Vec::new();
+    for (i, host) in hosts.iter().enumerate() {
+        let addr = addr.to_string();
+        let host = host.clone();
+        let first = seqs[i] + 1;
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut errors = 0u64;
+            let mut seq = first - 1;
+            let mut s = match open_stream(&addr).await {
+                Ok(s) => s,
+                Err(_) => return (lat, 1, seq),
+            };
+            while Instant::now() < end {
+                seq += 1;
+                let t0 = Instant::now();
+                let up = seq % 2 == 0;
+                if s.tx.send(nic_event(&host, seq, "rail0", up)).await.is_err() {
+                    errors += 1;
+                    break;
+                }
+                match tokio::time::timeout(Duration::from_secs(5), s.acks.message()).await {
+                    Ok(Ok(Some(ack))) if ack.error.is_empty() && ack.acked_through >= seq => {
+                        if t0 >= start && Instant::now() <= end {
+                            lat.push(t0.elapsed().as_micros() as u64);
+                        }
+                    }
+                    other => {
+                        tracing::warn!(?other, "event not acked");
+                        errors += 1;
+                        break;
+                    }
+                }
+            }
+            (lat, errors, seq)
+        }));
+    }
+    let mut lat = Vec::new();
+    let mut errors = 0;
+    for (i, t) in tasks.into_iter().enumerate() {
+        let (l, e, last) = t.await?;
+        lat.extend(l);
+        errors += e;
+        seqs[i] = last;
+    }
+    Ok(summarise(hosts.len(), lat, errors, secs))
+}
+
+async fn admin_level(cluster: &SupervisorCluster, leader: u64, hosts: &[String], secs: f64) -> anyhow::Result<Level> {
+    let warmup = Duration::from_millis(500);
+    let start = Instant::now() + warmup;
+    let end = start + Duration::from_secs_f64(secs);
+    let client = Arc::new(cluster.client_for(leader, Duration::from_secs(5))?);
+    let mut tasks = Vec::new();
+    for (i, host) in hosts.iter().enumerate() {
+        let client = client.clone();
+        let host = host.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat = Vec::new();
+            let mut errors = 0u64;
+            let mut n = 0u64;
+            while Instant::now() < end {
+                n += 1;
+                let t0 = Instant::now();
+                let req = AdminRequest::Write {
+                    op: AdminOp::SetLabels {
+                        host: host.clone(),
+                        set: BTreeMap::from([(format!("bench{i}"), n.to_string())]),
+                        remove: vec![],
+                    },
+                };
+                match client.call(req, false).await {
+                    Ok(_) => {
+                        if t0 >= start && Instant::now() <= end {
+                            lat.push(t0.elapsed().as_micros() as u64);
+                        }
+                    }
+                    Err(_) => errors += 1,
+                }
+            }
+            (lat, errors)
+        }));
+    }
+    let mut lat = Vec::new();
+    let mut errors = 0;
+    for t in tasks {
+        let (l, e) = t.await?;
+        lat.extend(l);
+        errors += e;
+    }
+    Ok(summarise(hosts.len(), lat, errors, secs))
+}
+
+/// Runs the bench with `levels` client counts for `secs` each.
+pub async fn raft_commit(levels: &[usize], secs: f64) -> anyhow::Result<RaftCommitReport> {
+    eprintln!("[raft-commit] starting 3 supervisors (sled on disk)");
+    let cluster = SupervisorCluster::start(3)?;
+    let leader = cluster.init().await.context("initialise")?;
+    let max = levels.iter().copied().max().unwrap_or(1);
+    let hosts: Vec<String> = (0..max).map(|i| format!("bench{i}")).collect();
+    eprintln!("[raft-commit] registering {max} hosts");
+    for h in &hosts {
+        register_host(&cluster.addrs(), h).await?;
+    }
+    let leader_addr = cluster.addrs()[(leader - 1) as usize].clone();
+    let mut seqs = vec![0u64; max];
+    let mut events = Vec::new();
+    for &c in levels {
+        let l = event_level(&leader_addr, &hosts[..c], &mut seqs[..c], secs).await?;
+        eprintln!(
+            "[raft-commit] events  clients={:>3}  {:>9.0}/s  p50 {:.2} ms  p99 {:.2} ms  errors {}",
+            c, l.per_s, l.p50_ms, l.p99_ms, l.errors
+        );
+        events.push(l);
+    }
+    let mut admin_writes = Vec::new();
+    for &c in levels {
+        let l = admin_level(&cluster, leader, &hosts[..c], secs).await?;
+        eprintln!(
+            "[raft-commit] admin   clients={:>3}  {:>9.0}/s  p50 {:.2} ms  p99 {:.2} ms  errors {}",
+            c, l.per_s, l.p50_ms, l.p99_ms, l.errors
+        );
+        admin_writes.push(l);
+    }
+    let top = events.iter().find(|l| l.clients == 256);
+    let goal_met = top.is_some_and(|l| l.per_s >= 20_000.0 && l.p99_ms <= 20.0);
+    let ok = events.iter().chain(&admin_writes).all(|l| l.errors == 0 && l.committed > 0);
+    Ok(RaftCommitReport {
+        ok,
+        bench: "raft-commit",
+        seconds_per_level: secs,
+        events,
+        admin_writes,
+        goal: ">= 20000 committed events/s at 256 clients with p99 <= 20 ms",
+        goal_met,
+    })
+}

@@ -1,0 +1,129 @@
+//! `railguard-chaos`: demo, scenarios and benchmarks. Progress goes to
+//! stderr; the last line on stdout is one JSON object with `"ok"` and the
+//! figures; the exit status is non-zero when not ok.
+
+use clap::{Parser, Subcommand};
+use serde::Serialize;
+
+/// railguard chaos suite.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// A real local cluster, a drain through a leader crash, a printed timeline.
+    Demo,
+    /// Run a scenario and check its invariants.
+    #[command(subcommand)]
+    Scenario(Scenario),
+    /// Measure and print figures.
+    #[command(subcommand)]
+    Bench(Bench),
+}
+
+#[derive(Subcommand, Debug)]
+enum Scenario {
+    /// Concurrent admin writes and linearizable reads while the leader is SIGKILLed every round.
+    LeaderKill {
+        #[arg(long, default_value_t = 20)]
+        rounds: usize,
+        #[arg(long, default_value_t = 4)]
+        hosts: usize,
+        #[arg(long, default_value_t = 6)]
+        clients: usize,
+        /// Load time before each kill, in ms.
+        #[arg(long, default_value_t = 1500)]
+        load_ms: u64,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
+    /// The same load while all supervisors are SIGKILLed at once and restarted.
+    ClusterCrash {
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        #[arg(long, default_value_t = 4)]
+        hosts: usize,
+        #[arg(long, default_value_t = 6)]
+        clients: usize,
+        #[arg(long, default_value_t = 1500)]
+        load_ms: u64,
+        #[arg(long, default_value_t = 11)]
+        seed: u64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum Bench {
+    /// Committed events/s and latency of 3 supervisors at 1, 16 and 256 clients.
+    RaftCommit {
+        /// Seconds measured per concurrency level.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// Client counts (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "1,16,256")]
+        clients: Vec<usize>,
+    },
+}
+
+fn finish<T: Serialize>(ok: bool, report: &T) -> ! {
+    match serde_json::to_string(report) {
+        Ok(line) => println!("{line}"),
+        Err(e) => println!("{{\"ok\":false,\"error\":{:?}}}", e.to_string()),
+    }
+    std::process::exit(if ok { 0 } else { 1 });
+}
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    let result: anyhow::Result<(bool, serde_json::Value)> = rt.block_on(async {
+        match cli.cmd {
+            Cmd::Demo => {
+                let r = chaos_tests::demo::run().await?;
+                Ok((r.ok, serde_json::to_value(&r)?))
+            }
+            Cmd::Scenario(Scenario::LeaderKill { rounds, hosts, clients, load_ms, seed }) => {
+                let r = chaos_tests::admin_history::run(chaos_tests::admin_history::HistoryRun {
+                    rounds, hosts, clients, whole_cluster: false,
+                    load_per_round: std::time::Duration::from_millis(load_ms), seed,
+                }).await?;
+                Ok((r.ok, serde_json::to_value(&r)?))
+            }
+            Cmd::Scenario(Scenario::ClusterCrash { rounds, hosts, clients, load_ms, seed }) => {
+                let r = chaos_tests::admin_history::run(chaos_tests::admin_history::HistoryRun {
+                    rounds, hosts, clients, whole_cluster: true,
+                    load_per_round: std::time::Duration::from_millis(load_ms), seed,
+                }).await?;
+                Ok((r.ok, serde_json::to_value(&r)?))
+            }
+            Cmd::Bench(Bench::RaftCommit { seconds, clients }) => {
+                if clients.is_empty() || clients.iter().any(|c| *c == 0 || *c > 1024) {
+                    anyhow::bail!("--clients takes counts between 1 and 1024");
+                }
+                if !(0.5..=600.0).contains(&seconds) {
+                    anyhow::bail!("--seconds must be between 0.5 and 600");
+                }
+                let r = chaos_tests::bench::raft_commit(&clients, seconds).await?;
+                Ok((r.ok, serde_json::to_value(&r)?))
+            }
+        }
+    });
+    match result {
+        Ok((ok, v)) => finish(ok, &v),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            finish(false, &serde_json::json!({"ok": false, "error": format!("{e:#}")}))
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! A real supervisor cluster on loopback: one `railguard-supervisor` process
+//! per member, each with its own sled data directory, killed with SIGKILL
+//! and restarted on the same directory and port.
+//!
+//! Every process is killed when the [`SupervisorCluster`] is dropped (also
+//! on panic), so no test leaves a supervisor behind.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use supervisor::api::{AdminReply, AdminRequest};
+use supervisor::client::AdminClient;
+
+/// Finds a binary of this workspace: `$RAILGUARD_BIN_DIR`, else the
+/// directory of the running executable (or its parent for test binaries in
+/// `deps/`).
+pub fn bin_path(name: &str) -> anyhow::Result<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Ok(d) = std::env::var("RAILGUARD_BIN_DIR") {
+        dirs.push(PathBuf::from(d));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            dirs.push(dir.to_path_buf());
+            if dir.ends_with("deps") {
+                if let Some(p) = dir.parent() {
+                    dirs.push(p.to_path_buf());
+                }
+            }
+        }
+    }
+    for d in &dirs {
+        let p = d.join(name);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!(
+        "cannot find the {name} binary in {dirs:?}; build it first (cargo build --workspace --bins) or set RAILGUARD_BIN_DIR"
+    )
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; good enough for tests
+/// that start their listeners right away).
+pub fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").context("bind an ephemeral port")?;
+    Ok(l.local_addr()?.port())
+}
+
+/// One supervisor process.
+pub struct SupNode {
+    pub id: u64,
+    pub addr: String,
+    pub data_dir: PathBuf,
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+impl SupNode {
+    /// Whether the process is running (started and not killed).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// The process id, while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+}
+
+/// A cluster of supervisor processes on loopback.
+pub struct SupervisorCluster {
+    pub nodes: Vec<SupNode>,
+    bin: PathBuf,
+    /// Holds the run directory; removed on drop unless `RAILGUARD_KEEP` is set.
+    dir: Option<tempfile::TempDir>,
+    pub run_dir: PathBuf,
+}
+
+impl SupervisorCluster {
+    /// Starts `n` supervisors (ids 1..=n), each knowing the others as peers.
+    /// The cluster still has to be initialised ([`Self::init`]).
+    pub fn start(n: usize) -> anyhow::Result<Self> {
+        let bin = bin_path("railguard-supervisor")?;
+        let dir = tempfile::Builder::new().prefix("railguard-chaos-").tempdir()?;
+        let run_dir = dir.path().to_path_buf();
+        let mut nodes = Vec::new();
+        for id in 1..=n as u64 {
+            let port = free_port()?;
+            nodes.push(SupNode {
+                id,
+                addr: format!("127.0.0.1:{port}"),
+                data_dir: run_dir.join(format!("s{id}")),
+                log: run_dir.join(format!("s{id}.log")),
+                child: None,
+            });
+        }
+        let mut c = Self {
+            nodes,
+            bin,
+            dir: Some(dir),
+            run_dir,
+        };
+        for id in 1..=n as u64 {
+            c.restart(id)?;
+        }
+        Ok(c)
+    }
+
+    fn node(&self, id: u64) -> &SupNode {
+        &self.nodes[(id - 1) as usize]
+    }
+
+    fn node_mut(&mut self, id: u64) -> &mut SupNode {
+        &mut self.nodes[(id - 1) as usize]
+    }
+
+    /// Addresses of all members, in id order.
+    pub fn addrs(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.addr.clone()).collect()
+    }
+
+    /// (Re)starts member `id` on its data directory and port.
+    pub fn restart(&mut self, id: u64) -> anyhow::Result<()> {
+        if self.node(id).is_running() {
+            return Ok(());
+        }
+        let peers: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|n| n.id != id)
+            .map(|n| format!("{}={}", n.id, n.addr))
+            .collect();
+        let node = self.node(id);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log)
+            .with_context(|| format!("open {}", node.log.display()))?;
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("--id")
+            .arg(id.to_string())
+            .arg("--listen")
+            .arg(&node.addr)
+            .arg("--data-dir")
+            .arg(&node.data_dir);
+        for p in &peers {
+            cmd.arg("--peer").arg(p);
+        }
+        cmd.env("RUST_LOG", std::env::var("RAILGUARD_SUP_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
+            .env_remove("RUST_BACKTRACE")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("spawn {}", self.bin.display()))?;
+        tracing::debug!(id, pid = child.id(), "supervisor started");
+        self.node_mut(id).child = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILLs member `id` and reaps it.
+    pub fn kill(&mut self, id: u64) {
+        if let Some(mut child) = self.node_mut(id).child.take() {
+            // SAFETY: signalling a child process we spawned and still own.
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGKILL);
+            }
+            let _ = child.wait();
+            tracing::debug!(id, "supervisor killed");
+        }
+    }
+
+    /// A client that tries members in the given rotation (so different
+    /// clients start at different supervisors).
+    pub fn client(&self, actor: &str, rotate: usize, timeout: Duration) -> anyhow::Result<AdminClient> {
+        let mut addrs = self.addrs();
+        let len = addrs.len();
+        addrs.rotate_left(rotate % len);
+        Ok(AdminClient::new(&addrs, actor, timeout)?)
+    }
+
+    /// A client for one member only.
+    pub fn client_for(&self, id: u64, timeout: Duration) -> anyhow::Result<AdminClient> {
+        Ok(AdminClient::new(&[self.node(id).addr.clone()], "chaos", timeout)?)
+    }
+
+    /// Initialises the cluster through member 1 and waits for a leader.
+    pub async fn init(&self) -> anyhow::Result<u64> {
+        let c = self.client_for(1, Duration::from_secs(2))?;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            match c.call(AdminRequest::ClusterInit, false).await {
+                Ok(_) => break,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "init not yet possible");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => bail!("cluster init failed: {e}"),
+            }
+        }
+        self.wait_leader(Duration::from_secs(15)).await
+    }
+
+    /// Waits until a running member reports itself leader and every running
+    /// member that answers agrees; returns its id.
+    pub async fn wait_leader(&self, within: Duration) -> anyhow::Result<u64> {
+        let deadline = Instant::now() + within;
+        loop {
+            let mut seen = Vec::new();
+            for n in self.nodes.iter().filter(|n| n.is_running()) {
+                let c = self.client_for(n.id, Duration::from_millis(500))?;
+                if let Ok(AdminReply::Status(s)) = c.call(AdminRequest::Status, true).await {
+                    seen.push((n.id, s.leader));
+                }
+            }
+            if let Some((_, Some(l))) = seen.first() {
+                let agreed = seen.iter().all(|(_, x)| *x == Some(*l));
+                let leader_running = self.node(*l).is_running();
+                if agreed && leader_running && seen.iter().any(|(id, _)| id == l) {
+                    return Ok(*l);
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("no agreed leader within {within:?}; saw {seen:?}; logs in {}", self.run_dir.display());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Keeps the run directory (logs, data) after drop.
+    pub fn keep(&mut self) -> PathBuf {
+        if let Some(d) = self.dir.take() {
+            let _ = d.keep();
+        }
+        self.run_dir.clone()
+    }
+
+    /// Path of member `id`'s log.
+    pub fn log_of(&self, id: u64) -> &Path {
+        &self.node(id).log
+    }
+}
+
+impl Drop for SupervisorCluster {
+    fn drop(&mut self) {
+        let ids: Vec<u64> = self.nodes.iter().map(|n| n.id).collect();
+        for id in ids {
+            self.kill(id);
+        }
+        if std::env::var_os("RAILGUARD_KEEP").is_some() {
+            let p = self.keep();
+            eprintln!("kept run directory {}", p.display());
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! railguard's chaos suite: real supervisor processes (and, as later issues
+//! land, real network namespaces), fault injection, invariant checkers and
+//! benchmarks, driven by the `railguard-chaos` binary.
+//!
+//! # Layout
+//! - [`cluster`]: supervisor processes on loopback, SIGKILL and restart.
+//! - [`agentsim`]: a client of the agent API (stands in for the agent).
+//! - [`linearizability`]: porcupine-style checker and the host model.
+//! - [`admin_history`]: `leader-kill` and `cluster-crash` scenarios.
+//! - [`bench`]: `raft-commit`.
+//! - [`demo`]: the README's first command.
+
+pub mod admin_history;
+pub mod agentsim;
+pub mod bench;
+pub mod cluster;
+pub mod demo;
+pub mod linearizability;
