@@ -83,7 +83,10 @@ async fn event_level(addr: &str, hosts: &[String], seqs: &mut [u64], secs: f64) 
             let mut seq = first - 1;
             let mut s = match open_stream(&addr).await {
                 Ok(s) => s,
-                Err(_) => return (lat, 1, seq),
+                Err(e) => {
+                    eprintln!("[raft-commit] {host}: cannot open stream: {e:#}");
+                    return (lat, 1, seq);
+                }
             };
             while Instant::now() < end {
                 seq += 1;
@@ -100,7 +103,7 @@ async fn event_level(addr: &str, hosts: &[String], seqs: &mut [u64], secs: f64) 
                         }
                     }
                     other => {
-                        tracing::warn!(?other, "event not acked");
+                        eprintln!("[raft-commit] {host}: event {seq} not acked: {other:?}");
                         errors += 1;
                         break;
                     }

@@ -31,7 +31,7 @@ impl Default for RaftTuning {
             heartbeat_ms: 50,
             election_min_ms: 150,
             election_max_ms: 300,
-            snapshot_every: 5_000,
+            snapshot_every: 20_000,
         }
     }
 }

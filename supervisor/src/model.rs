@@ -314,6 +314,8 @@ pub struct Nic {
     pub damping_penalty: f64,
     pub carrier_changes: u64,
     pub last_change_ms: u64,
+    /// Open incidents of this NIC by kind (index into `incidents`).
+    pub open_incidents: BTreeMap<String, u64>,
 }
 
 /// A training job (its lifecycle arrives with the jobs issue; drain already
@@ -379,8 +381,14 @@ pub struct ClusterEvent {
 pub struct ClusterState {
     pub hosts: BTreeMap<String, Host>,
     pub jobs: BTreeMap<String, Job>,
+    /// Open incidents and the most recently closed ones.
     pub incidents: BTreeMap<u64, Incident>,
+    /// Closed incident ids, oldest first (bounds `incidents`).
+    pub closed_incidents: VecDeque<u64>,
+    /// Open intents and the most recently closed ones.
     pub intents: BTreeMap<u64, Intent>,
+    /// Closed intent ids, oldest first (bounds `intents`).
+    pub closed_intents: VecDeque<u64>,
     pub admin_history: VecDeque<AdminRecord>,
     pub events: VecDeque<ClusterEvent>,
     pub next_event_seq: u64,
@@ -558,6 +566,7 @@ impl ClusterState {
                         damping_penalty: 0.0,
                         carrier_changes: 0,
                         last_change_ms: at_ms,
+                        open_incidents: BTreeMap::new(),
                     });
                     nic.rail = spec.rail;
                     nic.backup = spec.backup.clone();
@@ -690,7 +699,7 @@ impl ClusterState {
                 let e = self.intents.get_mut(id).expect("validated");
                 e.status = IntentStatus::Closed(outcome.clone());
                 e.closed_ms = Some(at_ms);
-                self.prune_closed_intents();
+                self.prune_closed_intents(*id);
                 let what = match (&intent.action, &outcome) {
                     (Action::CompleteDrain { .. }, Outcome::Done) => {
                         format!("drained (intent {id})")
@@ -765,44 +774,38 @@ impl ClusterState {
             return;
         }
         nic.last_change_ms = at_ms;
-        self.log_event(
-            at_ms,
-            Some(host),
-            format!("NIC {nic_name}: {prev:?} -> {state:?}"),
-        );
         let kind = match state {
             NicState::Down => Some("nic_down"),
             NicState::Flapping => Some("nic_flapping"),
             _ => None,
         };
-        if matches!(state, NicState::Up) {
-            // Recovery closes the NIC's open incidents.
-            let open: Vec<u64> = self
-                .incidents
-                .values()
-                .filter(|i| {
-                    i.closed_ms.is_none() && i.host == host && i.nic.as_deref() == Some(nic_name)
-                })
-                .map(|i| i.id)
-                .collect();
-            for id in open {
-                self.close_incident(at_ms, id, "nic_recovered");
-            }
+        // Recovery closes the NIC's open incidents.
+        let to_close = if state == NicState::Up {
+            std::mem::take(&mut nic.open_incidents)
+        } else {
+            BTreeMap::new()
+        };
+        let open_new = kind.filter(|k| !nic.open_incidents.contains_key(*k));
+        self.log_event(
+            at_ms,
+            Some(host),
+            format!("NIC {nic_name}: {prev:?} -> {state:?}"),
+        );
+        for id in to_close.into_values() {
+            self.close_incident(at_ms, id, "nic_recovered");
         }
-        if let Some(kind) = kind {
-            let already = self.incidents.values().any(|i| {
-                i.closed_ms.is_none()
-                    && i.host == host
-                    && i.nic.as_deref() == Some(nic_name)
-                    && i.kind == kind
-            });
-            if !already {
-                self.open_incident(at_ms, kind, host, Some(nic_name), format!("{prev:?} -> {state:?}"));
-            }
+        if let Some(kind) = open_new {
+            let id = self.open_incident(at_ms, kind, host, Some(nic_name), format!("{prev:?} -> {state:?}"));
+            self.hosts
+                .get_mut(host)
+                .and_then(|h| h.nics.get_mut(nic_name))
+                .expect("validated")
+                .open_incidents
+                .insert(kind.to_owned(), id);
         }
     }
 
-    fn open_incident(&mut self, at_ms: u64, kind: &str, host: &str, nic: Option<&str>, detail: String) {
+    fn open_incident(&mut self, at_ms: u64, kind: &str, host: &str, nic: Option<&str>, detail: String) -> u64 {
         self.next_incident_id += 1;
         let id = self.next_incident_id;
         self.incidents.insert(
@@ -818,39 +821,33 @@ impl ClusterState {
             },
         );
         self.log_event(at_ms, Some(host), format!("incident {id} opened: {kind}"));
+        id
     }
 
     fn close_incident(&mut self, at_ms: u64, id: u64, why: &str) {
         let Some(i) = self.incidents.get_mut(&id) else {
             return;
         };
+        if i.closed_ms.is_some() {
+            return;
+        }
         i.closed_ms = Some(at_ms);
         let host = i.host.clone();
         let kind = i.kind.clone();
         self.log_event(at_ms, Some(&host), format!("incident {id} ({kind}) closed: {why}"));
-        let closed: Vec<u64> = self
-            .incidents
-            .values()
-            .filter(|i| i.closed_ms.is_some())
-            .map(|i| i.id)
-            .collect();
-        if closed.len() > MAX_CLOSED_RECORDS {
-            for id in &closed[..closed.len() - MAX_CLOSED_RECORDS] {
-                self.incidents.remove(id);
+        self.closed_incidents.push_back(id);
+        while self.closed_incidents.len() > MAX_CLOSED_RECORDS {
+            if let Some(old) = self.closed_incidents.pop_front() {
+                self.incidents.remove(&old);
             }
         }
     }
 
-    fn prune_closed_intents(&mut self) {
-        let closed: Vec<u64> = self
-            .intents
-            .values()
-            .filter(|i| i.status != IntentStatus::Open)
-            .map(|i| i.id)
-            .collect();
-        if closed.len() > MAX_CLOSED_RECORDS {
-            for id in &closed[..closed.len() - MAX_CLOSED_RECORDS] {
-                self.intents.remove(id);
+    fn prune_closed_intents(&mut self, closed: u64) {
+        self.closed_intents.push_back(closed);
+        while self.closed_intents.len() > MAX_CLOSED_RECORDS {
+            if let Some(old) = self.closed_intents.pop_front() {
+                self.intents.remove(&old);
             }
         }
     }

@@ -22,7 +22,18 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let addr: Option<SocketAddr> = listener.local_addr().ok();
     tracing::info!(addr = ?addr, id = sup.id, "serving gRPC");
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // With our own listener tonic cannot set TCP_NODELAY; without it small
+    // replies wait for delayed ACKs (~40 ms stalls).
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |conn| {
+            conn.inspect(|s| {
+                if let Err(e) = s.set_nodelay(true) {
+                    tracing::warn!(error = %e, "cannot set TCP_NODELAY");
+                }
+            })
+        },
+    );
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .concurrency_limit_per_connection(1024)
