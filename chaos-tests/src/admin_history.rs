@@ -73,6 +73,8 @@ struct Recorder {
     unexpected: Mutex<Vec<String>>,
     /// (host, client key, value) of every acknowledged label write.
     acked_labels: Mutex<Vec<(usize, String, u64)>>,
+    /// Why outcomes were unknown (message prefix -> count), for diagnosis.
+    unknown_causes: Mutex<BTreeMap<String, usize>>,
 }
 
 /// Projects a host onto what the model observes.
@@ -157,7 +159,11 @@ async fn client_loop(
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 continue;
             }
-            Err(e) if matches!(e.kind, ErrorKind::Unknown | ErrorKind::Internal) => (None, None),
+            Err(e) if matches!(e.kind, ErrorKind::Unknown | ErrorKind::Internal) => {
+                let key: String = e.message.chars().take(90).collect();
+                *rec.unknown_causes.lock().unwrap().entry(key).or_insert(0) += 1;
+                (None, None)
+            }
             Err(e) => {
                 rec.unexpected.lock().unwrap().push(format!("{input:?} on {host}: {e}"));
                 continue;
@@ -288,6 +294,9 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
     let mut unknown = 0;
     let mut reads = 0;
     let mut verdicts = Vec::new();
+    for (cause, n) in rec.unknown_causes.lock().unwrap().iter() {
+        eprintln!("[{scenario}] {n} outcomes unknown: {cause}");
+    }
     eprintln!("[{scenario}] checking linearizability");
     for (hi, ops) in rec.ops.iter().enumerate() {
         let ops = ops.lock().unwrap();

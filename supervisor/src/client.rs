@@ -22,16 +22,6 @@ pub struct AdminClient {
     timeout: Duration,
 }
 
-/// Whether a transport error shows the request never left this process
-/// (so trying another supervisor cannot duplicate a write).
-fn never_sent(s: &tonic::Status) -> bool {
-    let m = s.message();
-    s.metadata().get(crate::api::ERROR_KIND_HEADER).is_none()
-        && (m.contains("tcp connect error")
-            || m.contains("error trying to connect")
-            || m.contains("Connection refused"))
-}
-
 impl AdminClient {
     /// `addrs` are `IP:port` of supervisors; `actor` is recorded with writes.
     pub fn new(addrs: &[String], actor: &str, timeout: Duration) -> Result<Self, ApiError> {
@@ -87,7 +77,7 @@ impl AdminClient {
                         ApiError::internal(format!("malformed reply from {addr}: {e}"))
                     })
                 }
-                Ok(Err(s)) if never_sent(&s) => {
+                Ok(Err(s)) if crate::network::never_sent(&s) => {
                     last = ApiError::unavailable(format!("{addr} unreachable: {}", s.message()))
                 }
                 Ok(Err(s)) => {

@@ -45,6 +45,18 @@ pub fn peer_client(addr: &str) -> Result<RaftPeerClient<Channel>, tonic::transpo
         .max_encoding_message_size(proto::MAX_PEER_MESSAGE_BYTES))
 }
 
+/// Whether a failed call's status shows the request never left this
+/// process (the connection could not be made), so trying elsewhere cannot
+/// duplicate a write. Errors the supervisor produced itself carry an error
+/// kind header and are never "never sent".
+pub fn never_sent(s: &tonic::Status) -> bool {
+    let m = s.message();
+    s.metadata().get(crate::api::ERROR_KIND_HEADER).is_none()
+        && (m.contains("tcp connect error")
+            || m.contains("error trying to connect")
+            || m.contains("Connection refused"))
+}
+
 /// Encodes a peer message body.
 pub fn encode<T: Serialize>(v: &T) -> Result<Blob, bincode::Error> {
     Ok(Blob {

@@ -212,6 +212,10 @@ async fn forward(sup: &Arc<Supervisor>, mut call: AdminCall) -> Result<AdminRepl
     match client.forward(Blob { body }).await {
         Ok(r) => serde_json::from_slice::<Result<AdminReply, ApiError>>(&r.get_ref().body)
             .map_err(|e| ApiError::internal(format!("bad reply from leader: {e}")))?,
+        Err(s) if crate::network::never_sent(&s) => Err(ApiError::unavailable(format!(
+            "leader at {leader} unreachable: {}",
+            s.message()
+        ))),
         Err(s) if is_write => Err(ApiError::unknown(format!(
             "lost contact with the leader at {leader} while forwarding ({}); the write's outcome is unknown",
             s.message()
