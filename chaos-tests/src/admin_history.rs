@@ -365,7 +365,7 @@ mod tests {
 
     #[test]
     fn gap_is_longest_silence() {
-        assert_eq!(max_gap_ms(vec![10, 0, 500, 520]), 480);
+        assert_eq!(max_gap_ms(vec![10, 0, 500, 520]), 490);
         assert_eq!(max_gap_ms(vec![]), 0);
     }
 }

@@ -55,6 +55,8 @@ pub struct SupNode {
     pub addr: String,
     pub data_dir: PathBuf,
     pub log: PathBuf,
+    /// Started with `--join` (waits to be added) instead of a peer list.
+    pub joiner: bool,
     child: Option<Child>,
 }
 
@@ -73,6 +75,7 @@ impl SupNode {
 /// A cluster of supervisor processes on loopback.
 pub struct SupervisorCluster {
     pub nodes: Vec<SupNode>,
+    extra_args: Vec<String>,
     bin: PathBuf,
     /// Holds the run directory; removed on drop unless `RAILGUARD_KEEP` is set.
     dir: Option<tempfile::TempDir>,
@@ -83,6 +86,11 @@ impl SupervisorCluster {
     /// Starts `n` supervisors (ids 1..=n), each knowing the others as peers.
     /// The cluster still has to be initialised ([`Self::init`]).
     pub fn start(n: usize) -> anyhow::Result<Self> {
+        Self::start_with(n, &[])
+    }
+
+    /// Like [`Self::start`], passing `extra_args` to every supervisor.
+    pub fn start_with(n: usize, extra_args: &[&str]) -> anyhow::Result<Self> {
         let bin = bin_path("railguard-supervisor")?;
         let dir = tempfile::Builder::new().prefix("railguard-chaos-").tempdir()?;
         let run_dir = dir.path().to_path_buf();
@@ -94,11 +102,13 @@ impl SupervisorCluster {
                 addr: format!("127.0.0.1:{port}"),
                 data_dir: run_dir.join(format!("s{id}")),
                 log: run_dir.join(format!("s{id}.log")),
+                joiner: false,
                 child: None,
             });
         }
         let mut c = Self {
             nodes,
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             bin,
             dir: Some(dir),
             run_dir,
@@ -127,10 +137,11 @@ impl SupervisorCluster {
         if self.node(id).is_running() {
             return Ok(());
         }
+        // Founding members know each other; later members join empty.
         let peers: Vec<String> = self
             .nodes
             .iter()
-            .filter(|n| n.id != id)
+            .filter(|n| n.id != id && !n.joiner)
             .map(|n| format!("{}={}", n.id, n.addr))
             .collect();
         let node = self.node(id);
@@ -146,9 +157,14 @@ impl SupervisorCluster {
             .arg(&node.addr)
             .arg("--data-dir")
             .arg(&node.data_dir);
-        for p in &peers {
-            cmd.arg("--peer").arg(p);
+        if node.joiner {
+            cmd.arg("--join");
+        } else {
+            for p in &peers {
+                cmd.arg("--peer").arg(p);
+            }
         }
+        cmd.args(&self.extra_args);
         cmd.env("RUST_LOG", std::env::var("RAILGUARD_SUP_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
             .env_remove("RUST_BACKTRACE")
             .stdin(Stdio::null())
@@ -160,6 +176,23 @@ impl SupervisorCluster {
         tracing::debug!(id, pid = child.id(), "supervisor started");
         self.node_mut(id).child = Some(child);
         Ok(())
+    }
+
+    /// Starts one more supervisor with `--join` (not yet a member; add it
+    /// with `cluster add-member`). Returns its id.
+    pub fn spawn_joiner(&mut self) -> anyhow::Result<u64> {
+        let id = self.nodes.len() as u64 + 1;
+        let port = free_port()?;
+        self.nodes.push(SupNode {
+            id,
+            addr: format!("127.0.0.1:{port}"),
+            data_dir: self.run_dir.join(format!("s{id}")),
+            log: self.run_dir.join(format!("s{id}.log")),
+            joiner: true,
+            child: None,
+        });
+        self.restart(id)?;
+        Ok(id)
     }
 
     /// SIGKILLs member `id` and reaps it.
@@ -214,7 +247,10 @@ impl SupervisorCluster {
             for n in self.nodes.iter().filter(|n| n.is_running()) {
                 let c = self.client_for(n.id, Duration::from_millis(500))?;
                 if let Ok(AdminReply::Status(s)) = c.call(AdminRequest::Status, true).await {
-                    seen.push((n.id, s.leader));
+                    // A node that has not joined yet knows no members.
+                    if !s.members.is_empty() {
+                        seen.push((n.id, s.leader));
+                    }
                 }
             }
             if let Some((_, Some(l))) = seen.first() {

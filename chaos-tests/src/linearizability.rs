@@ -159,11 +159,40 @@ pub fn check<M: Model>(
         }
     };
 
+    // Candidates at a point of the search: every call before the first
+    // return still in the list (a later call cannot precede that return's
+    // operation). Operations with a known outcome are tried first; those
+    // with an unknown outcome never block anything, so trying them only
+    // when nothing else explains what follows keeps the search small.
+    let candidates = |entries: &Vec<Entry>| -> Vec<usize> {
+        let mut known = Vec::new();
+        let mut unknown = Vec::new();
+        let mut i = entries[0].next;
+        while i != NIL && entries[i].is_call {
+            if ops[entries[i].op].ret.is_some() {
+                known.push(i);
+            } else {
+                unknown.push(i);
+            }
+            i = entries[i].next;
+        }
+        known.extend(unknown);
+        known
+    };
+
+    struct Frame<S> {
+        entry: usize,
+        prev_state: S,
+        cands: Vec<usize>,
+        next: usize,
+    }
+
     let mut cache: HashSet<(Bits, M::State)> = HashSet::new();
-    let mut calls: Vec<(usize, M::State)> = Vec::new();
+    let mut stack: Vec<Frame<M::State>> = Vec::new();
     let mut linearized = Bits::new(n);
     let mut state = model.init();
-    let mut entry = entries[0].next;
+    let mut cands = candidates(&entries);
+    let mut next = 0usize;
     let mut best = 0usize;
     let mut steps = 0u64;
     while entries[0].next != NIL {
@@ -171,35 +200,39 @@ pub fn check<M: Model>(
         if steps > max_steps {
             return Verdict::Undecided;
         }
-        let e = entries[entry];
-        if e.is_call {
-            let op = &ops[e.op];
-            match model.step(&state, &op.input, op.output.as_ref()) {
-                Some(new_state) => {
-                    let mut nl = linearized.clone();
-                    nl.set(e.op);
-                    if cache.insert((nl.clone(), new_state.clone())) {
-                        calls.push((entry, state));
-                        state = new_state;
-                        linearized = nl;
-                        best = best.max(calls.len());
-                        lift(&mut entries, entry);
-                        entry = entries[0].next;
-                    } else {
-                        entry = e.next;
-                    }
-                }
-                None => entry = e.next,
+        if next < cands.len() {
+            let entry = cands[next];
+            next += 1;
+            let op = &ops[entries[entry].op];
+            let Some(new_state) = model.step(&state, &op.input, op.output.as_ref()) else {
+                continue;
+            };
+            let mut nl = linearized.clone();
+            nl.set(entries[entry].op);
+            if !cache.insert((nl.clone(), new_state.clone())) {
+                continue; // this (set, state) was explored already
             }
+            lift(&mut entries, entry);
+            stack.push(Frame {
+                entry,
+                prev_state: std::mem::replace(&mut state, new_state),
+                cands: std::mem::take(&mut cands),
+                next,
+            });
+            linearized = nl;
+            best = best.max(stack.len());
+            cands = candidates(&entries);
+            next = 0;
         } else {
-            // A return whose call is not linearized yet: backtrack.
-            let Some((call_entry, prev_state)) = calls.pop() else {
+            // Every candidate failed here: undo the last choice.
+            let Some(f) = stack.pop() else {
                 return Verdict::NotLinearizable { best_prefix: best };
             };
-            state = prev_state;
-            linearized.clear(entries[call_entry].op);
-            unlift(&mut entries, call_entry);
-            entry = entries[call_entry].next;
+            unlift(&mut entries, f.entry);
+            linearized.clear(entries[f.entry].op);
+            state = f.prev_state;
+            cands = f.cands;
+            next = f.next;
         }
     }
     debug_assert_eq!(linearized.count(), n);

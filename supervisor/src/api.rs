@@ -76,6 +76,10 @@ pub struct StatusView {
     pub term: u64,
     pub commit_index: u64,
     pub applied_index: u64,
+    /// Last log index covered by this node's latest snapshot.
+    pub snapshot_index: Option<u64>,
+    /// Log entries up to this index have been compacted away on this node.
+    pub purged_index: Option<u64>,
     pub members: Vec<MemberView>,
     pub hosts_by_status: BTreeMap<String, usize>,
     pub open_incidents: Vec<Incident>,

@@ -48,6 +48,9 @@ pub struct FileConfig {
     pub peers: BTreeMap<String, String>,
     #[serde(default)]
     pub raft: Option<RaftTuning>,
+    /// Start uninitialised and wait to be added to an existing cluster.
+    #[serde(default)]
+    pub join: bool,
 }
 
 /// The resolved, validated configuration.
@@ -59,6 +62,8 @@ pub struct SupervisorConfig {
     /// Other initial voters (never contains `id`).
     pub peers: BTreeMap<NodeId, SocketAddr>,
     pub raft: RaftTuning,
+    /// Never self-initialise; wait for `railguard cluster add-member`.
+    pub join: bool,
 }
 
 /// A configuration problem, with what to do about it.
@@ -84,6 +89,8 @@ pub struct Overrides {
     pub data_dir: Option<PathBuf>,
     /// `ID=ADDR` strings.
     pub peers: Vec<String>,
+    pub join: bool,
+    pub snapshot_every: Option<u64>,
 }
 
 fn parse_addr(what: &str, s: &str) -> Result<SocketAddr, ConfigError> {
@@ -156,7 +163,16 @@ impl SupervisorConfig {
                 "another peer uses this node's listen address {listen}"
             )));
         }
-        let raft = fc.raft.unwrap_or_default();
+        let mut raft = fc.raft.unwrap_or_default();
+        if let Some(n) = over.snapshot_every {
+            raft.snapshot_every = n;
+        }
+        let join = over.join || fc.join;
+        if join && !peers.is_empty() {
+            return Err(ConfigError::Invalid(
+                "--join starts a node that waits to be added; it takes no peers".into(),
+            ));
+        }
         if raft.heartbeat_ms == 0 || raft.election_min_ms <= raft.heartbeat_ms || raft.election_max_ms <= raft.election_min_ms {
             return Err(ConfigError::Invalid(
                 "raft timings need 0 < heartbeat_ms < election_min_ms < election_max_ms".into(),
@@ -165,7 +181,7 @@ impl SupervisorConfig {
         if raft.snapshot_every == 0 {
             return Err(ConfigError::Invalid("raft.snapshot_every must be positive".into()));
         }
-        Ok(Self { id, listen, data_dir, peers, raft })
+        Ok(Self { id, listen, data_dir, peers, raft, join })
     }
 }
 

@@ -37,7 +37,7 @@ pub async fn run(
             addr: config.listen.to_string(),
             source,
         })?;
-    let single = config.peers.is_empty();
+    let single = config.peers.is_empty() && !config.join;
     let sup: Arc<Supervisor> = Supervisor::start(config).await?;
     if single {
         match sup.raft.is_initialized().await {

@@ -78,7 +78,8 @@ impl Supervisor {
             election_timeout_min: config.raft.election_min_ms,
             election_timeout_max: config.raft.election_max_ms,
             snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(config.raft.snapshot_every),
-            max_in_snapshot_log_to_keep: 1_000,
+            // Keep a tail for slow followers, never more than one interval.
+            max_in_snapshot_log_to_keep: config.raft.snapshot_every.min(1_000),
             max_payload_entries: 256,
             ..Default::default()
         }

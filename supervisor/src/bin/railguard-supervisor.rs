@@ -27,6 +27,13 @@ struct Args {
     /// Another initial voter, as ID=IP:PORT (repeatable).
     #[arg(long = "peer", value_name = "ID=ADDR")]
     peers: Vec<String>,
+    /// Start uninitialised and wait to be added to an existing cluster with
+    /// `railguard cluster add-member ID ADDR` (no auto-init, no peers).
+    #[arg(long)]
+    join: bool,
+    /// Build a snapshot and compact the log every N entries (default 20000).
+    #[arg(long, value_name = "N")]
+    snapshot_every: Option<u64>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -67,6 +74,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
             listen: args.listen,
             data_dir: args.data_dir,
             peers: args.peers,
+            join: args.join,
+            snapshot_every: args.snapshot_every,
         },
     )
     .context("invalid configuration")?;

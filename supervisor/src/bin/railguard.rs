@@ -297,6 +297,11 @@ fn render(reply: &AdminReply) {
             );
             println!("term:        {}", s.term);
             println!("commit:      {} (applied {})", s.commit_index, s.applied_index);
+            println!(
+                "snapshot:    {} (log compacted through {})",
+                s.snapshot_index.map(|i| i.to_string()).unwrap_or_else(|| "none".into()),
+                s.purged_index.map(|i| i.to_string()).unwrap_or_else(|| "-".into())
+            );
             println!("members:");
             for m in &s.members {
                 println!(

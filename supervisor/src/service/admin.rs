@@ -193,6 +193,8 @@ fn status(sup: &Supervisor) -> StatusView {
         term: m.current_term,
         commit_index: commit,
         applied_index: applied,
+        snapshot_index: m.snapshot.as_ref().map(|l| l.index),
+        purged_index: m.purged.as_ref().map(|l| l.index),
         members,
         hosts_by_status,
         open_incidents,

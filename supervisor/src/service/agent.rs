@@ -248,9 +248,21 @@ impl Agent for AgentService {
                     host: h.clone(),
                     events: batch,
                 };
-                let valid = sup.read(|st| st.validate(&cmd));
-                if let Err(e) = valid {
-                    let _ = ack_tx.send(Err(Status::from(ApiError::from(e)))).await;
+                // A command the state refuses (unknown host or NIC) ends the
+                // stream with a final ack naming the last applied sequence.
+                let valid = sup.read(|st| {
+                    st.validate(&cmd)
+                        .map_err(|e| (e, st.hosts.get(&h).map(|x| x.last_event_seq).unwrap_or(0)))
+                });
+                if let Err((e, last)) = valid {
+                    // Let earlier batches' acks go out first.
+                    drop(pending_tx);
+                    let _ = ack_tx
+                        .send(Ok(EventAck {
+                            acked_through: last,
+                            error: e.to_string(),
+                        }))
+                        .await;
                     return;
                 }
                 if !sup.is_leader() {

@@ -1,0 +1,327 @@
+//! The supervisor's APIs against a real process: bad input gets a clear
+//! error and changes nothing; the agent event stream applies every event
+//! exactly once; the data directory is exclusive; compaction and restart
+//! keep the state.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::Sup;
+use proto::v1::admin_client::AdminClient as AdminGrpc;
+use proto::v1::agent_client::AgentClient;
+use proto::v1::raft_peer_client::RaftPeerClient;
+use proto::v1::{agent_event, AgentEvent, Blob, Nic, NicStateChange, RegisterHost};
+use supervisor::api::{AdminReply, AdminRequest, ErrorKind};
+use supervisor::model::{AdminOp, NicState};
+
+async fn agent(addr: &str) -> AgentClient<tonic::transport::Channel> {
+    AgentClient::new(supervisor::network::channel(addr).unwrap())
+}
+
+fn nics() -> Vec<Nic> {
+    vec![
+        Nic { name: "rail0".into(), rail: Some(0), backup: "rail1".into(), rdma_device: String::new() },
+        Nic { name: "rail1".into(), rail: Some(1), backup: "rail0".into(), rdma_device: String::new() },
+    ]
+}
+
+async fn register(addr: &str, host: &str) {
+    agent(addr)
+        .await
+        .register(RegisterHost { host: host.into(), nics: nics(), labels: Default::default(), agent_version: "test".into() })
+        .await
+        .expect("register");
+}
+
+fn ev(host: &str, seq: u64, nic: &str, up: bool) -> AgentEvent {
+    AgentEvent {
+        host: host.into(),
+        seq,
+        at_unix_ns: 0,
+        kind: Some(agent_event::Kind::NicState(NicStateChange {
+            nic: nic.into(),
+            state: if up { proto::v1::NicState::Up as i32 } else { proto::v1::NicState::Down as i32 },
+            carrier_changes: seq,
+            flaps: 0,
+            damping_penalty: 0.0,
+        })),
+    }
+}
+
+/// Sends `events` on a fresh stream, closes it, and returns every ack.
+async fn send_events(addr: &str, events: Vec<AgentEvent>) -> Vec<proto::v1::EventAck> {
+    let mut c = agent(addr).await;
+    let stream = tokio_stream::iter(events);
+    let mut acks = c.report(stream).await.expect("open stream").into_inner();
+    let mut out = Vec::new();
+    while let Ok(Some(a)) = tokio::time::timeout(Duration::from_secs(5), acks.message()).await.expect("ack in time") {
+        out.push(a);
+    }
+    out
+}
+
+/// Everything an admin can observe, to compare before and after a refusal.
+async fn observe(sup: &Sup) -> String {
+    let c = sup.client();
+    let hosts = c.call(AdminRequest::NodeList, false).await.unwrap();
+    let events = c.call(AdminRequest::Events { since: 0, limit: 5000 }, false).await.unwrap();
+    let history = c.call(AdminRequest::AdminHistory { limit: 5000 }, false).await.unwrap();
+    serde_json::to_string(&(hosts, events, history)).unwrap()
+}
+
+fn write(op: AdminOp) -> AdminRequest {
+    AdminRequest::Write { op }
+}
+
+#[tokio::test]
+async fn unknown_names_are_not_found_and_change_nothing() {
+    let sup = Sup::start(&[]).await;
+    register(&sup.addr, "h0").await;
+    let before = observe(&sup).await;
+    let c = sup.client();
+    for op in [
+        AdminOp::Cordon { host: "ghost".into() },
+        AdminOp::Drain { host: "ghost".into(), reason: "x".into(), deadline_ms: None },
+        AdminOp::SetLabels { host: "ghost".into(), set: BTreeMap::from([("a".into(), "b".into())]), remove: vec![] },
+    ] {
+        let e = c.call(write(op), false).await.unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotFound, "{e}");
+        assert!(e.message.contains("\"ghost\""), "error names the host: {e}");
+    }
+    let e = c.call(AdminRequest::NodeShow { host: "ghost".into() }, false).await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NotFound);
+    // An event for an unknown NIC is refused with the last applied sequence.
+    let acks = send_events(&sup.addr, vec![ev("h0", 1, "eth9", false)]).await;
+    assert_eq!(acks.len(), 1);
+    assert_eq!(acks[0].acked_through, 0);
+    assert!(acks[0].error.contains("h0/eth9"), "{:?}", acks[0]);
+    assert_eq!(observe(&sup).await, before, "refused commands must not change state");
+}
+
+#[tokio::test]
+async fn drain_needs_a_reason_and_uncordon_respects_drain() {
+    let sup = Sup::start(&[]).await;
+    register(&sup.addr, "h0").await;
+    let before = observe(&sup).await;
+    let c = sup.client();
+    let e = c
+        .call(write(AdminOp::Drain { host: "h0".into(), reason: " ".into(), deadline_ms: None }), false)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument);
+    assert!(e.message.contains("reason"), "{e}");
+    // The CLI refuses too: clap requires --reason, and an empty one exits 2.
+    let out = sup.cli(&["node", "drain", "h0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--reason"));
+    let out = sup.cli(&["node", "drain", "h0", "--reason", ""]);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(observe(&sup).await, before);
+
+    let out = sup.cli(&["node", "drain", "h0", "--reason", "bad optics", "--deadline", "10m"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // No jobs on h0: the reconciler completes the drain through an intent.
+    let mut drained = false;
+    for _ in 0..100 {
+        if let Ok(AdminReply::Host { host, .. }) = c.call(AdminRequest::NodeShow { host: "h0".into() }, false).await {
+            if host.status() == supervisor::model::HostStatus::Drained {
+                drained = true;
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(drained, "host reaches Drained");
+    let out = sup.cli(&["node", "uncordon", "h0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("undrain"));
+    let out = sup.cli(&["-o", "json", "history"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("bad optics") && text.contains("\"actor\""), "admin history records who and what: {text}");
+}
+
+#[tokio::test]
+async fn malformed_and_oversized_messages_are_refused() {
+    let sup = Sup::start(&[]).await;
+    register(&sup.addr, "h0").await;
+    let before = observe(&sup).await;
+    let ch = supervisor::network::channel(&sup.addr).unwrap();
+
+    let mut admin = AdminGrpc::new(ch.clone()).max_encoding_message_size(64 << 20);
+    let s = admin.call(Blob { body: b"{not json".to_vec() }).await.unwrap_err();
+    assert_eq!(s.code(), tonic::Code::InvalidArgument);
+    assert!(s.message().contains("malformed admin call"), "{}", s.message());
+    let s = admin.call(Blob { body: vec![b'x'; 5 << 20] }).await.unwrap_err();
+    assert!(matches!(s.code(), tonic::Code::ResourceExhausted | tonic::Code::OutOfRange), "{s:?}");
+
+    let mut peer = RaftPeerClient::new(ch.clone());
+    let s = peer.append_entries(Blob { body: vec![0xff; 16] }).await.unwrap_err();
+    assert_eq!(s.code(), tonic::Code::InvalidArgument);
+    assert!(s.message().contains("malformed peer message"));
+    let s = peer.forward(Blob { body: b"[]".to_vec() }).await.unwrap_err();
+    assert_eq!(s.code(), tonic::Code::InvalidArgument);
+
+    let mut ag = AgentClient::new(ch.clone()).max_encoding_message_size(64 << 20);
+    let huge = BTreeMap::from([("k".to_string(), "v".repeat(300 << 10))]).into_iter().collect();
+    let s = ag
+        .register(RegisterHost { host: "h1".into(), nics: nics(), labels: huge, agent_version: String::new() })
+        .await
+        .unwrap_err();
+    assert!(matches!(s.code(), tonic::Code::ResourceExhausted | tonic::Code::OutOfRange), "{s:?}");
+    let s = ag
+        .register(RegisterHost { host: "bad name".into(), nics: nics(), labels: Default::default(), agent_version: String::new() })
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), tonic::Code::InvalidArgument);
+    let dup = vec![nics()[0].clone(), nics()[0].clone()];
+    let s = ag
+        .register(RegisterHost { host: "h2".into(), nics: dup, labels: Default::default(), agent_version: String::new() })
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), tonic::Code::InvalidArgument);
+    // An event without a kind, or with sequence 0, ends the stream with an error.
+    let mut no_kind = ev("h0", 1, "rail0", true);
+    no_kind.kind = None;
+    let mut c = agent(&sup.addr).await;
+    let mut acks = c.report(tokio_stream::iter(vec![no_kind])).await.unwrap().into_inner();
+    let s = acks.message().await.unwrap_err();
+    assert_eq!(s.code(), tonic::Code::InvalidArgument);
+    let mut acks = c.report(tokio_stream::iter(vec![ev("h0", 0, "rail0", true)])).await.unwrap().into_inner();
+    assert_eq!(acks.message().await.unwrap_err().code(), tonic::Code::InvalidArgument);
+
+    assert_eq!(observe(&sup).await, before, "refused messages must not change state");
+    // And the supervisor still works.
+    sup.client().call(write(AdminOp::Cordon { host: "h0".into() }), false).await.unwrap();
+}
+
+#[tokio::test]
+async fn events_apply_exactly_once_in_order_across_reconnects() {
+    let sup = Sup::start(&[]).await;
+    register(&sup.addr, "h0").await;
+    let acks = send_events(&sup.addr, (1..=3).map(|s| ev("h0", s, "rail0", s % 2 == 0)).collect()).await;
+    assert_eq!(acks.last().unwrap().acked_through, 3);
+    assert!(acks.windows(2).all(|w| w[0].acked_through <= w[1].acked_through), "acks are cumulative");
+    // Reconnect and resend 1..=5 (as an agent does after losing its acks).
+    let acks = send_events(&sup.addr, (1..=5).map(|s| ev("h0", s, "rail0", s % 2 == 0)).collect()).await;
+    assert_eq!(acks.last().unwrap().acked_through, 5);
+    // Re-registration reports where to resume.
+    let r = agent(&sup.addr)
+        .await
+        .register(RegisterHost { host: "h0".into(), nics: nics(), labels: Default::default(), agent_version: "test".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.last_applied_seq, 5);
+    let c = sup.client();
+    let AdminReply::Host { host, .. } = c.call(AdminRequest::NodeShow { host: "h0".into() }, false).await.unwrap() else {
+        panic!("host reply")
+    };
+    assert_eq!(host.last_event_seq, 5);
+    assert_eq!(host.nics["rail0"].state, NicState::Down, "seq 5 is odd: down");
+    // Exactly once: 5 transitions applied, each logged once.
+    let AdminReply::Events { events } = c.call(AdminRequest::Events { since: 0, limit: 1000 }, false).await.unwrap() else {
+        panic!()
+    };
+    let transitions = events.iter().filter(|e| e.what.starts_with("NIC rail0:")).count();
+    assert_eq!(transitions, 5, "{events:#?}");
+    let AdminReply::Incidents { incidents } = c.call(AdminRequest::Incidents { open_only: false }, false).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!(incidents.iter().filter(|i| i.kind == "nic_down").count(), 3);
+    assert_eq!(incidents.iter().filter(|i| i.closed_ms.is_none()).count(), 1);
+    // A gap is refused, naming the last applied sequence; nothing applies.
+    let acks = send_events(&sup.addr, vec![ev("h0", 7, "rail0", true)]).await;
+    assert_eq!(acks.len(), 1);
+    assert_eq!(acks[0].acked_through, 5);
+    assert!(acks[0].error.contains("gap"), "{:?}", acks[0]);
+}
+
+#[tokio::test]
+async fn second_process_on_a_data_dir_gets_a_clear_error() {
+    let sup = Sup::start(&[]).await;
+    let out = std::process::Command::new(common::SUPERVISOR)
+        .args(["--listen", &format!("127.0.0.1:{}", common::free_port()), "--data-dir"])
+        .arg(sup.data_dir())
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("in use by another process"), "{err}");
+    assert!(err.contains(&sup.child.as_ref().unwrap().id().to_string()), "names the holder pid: {err}");
+    // Bad flags are refused before anything starts.
+    let out = std::process::Command::new(common::SUPERVISOR).args(["--listen", "nonsense"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not an IP:port"));
+    let out = std::process::Command::new(common::SUPERVISOR).args(["--peer", "2"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ID=IP:PORT"));
+}
+
+#[tokio::test]
+async fn cli_reports_errors_with_exit_codes() {
+    let sup = Sup::start(&[]).await;
+    register(&sup.addr, "h0").await;
+    let out = sup.cli(&["node", "show", "nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "one-line error: {err}");
+    assert!(err.contains("\"nope\" not found"), "{err}");
+    let dead = format!("127.0.0.1:{}", common::free_port());
+    let out = common::cli(&dead, &["status"]);
+    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = common::cli("not-an-addr", &["status"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = sup.cli(&["-o", "json", "node", "list"]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["hosts"][0]["name"], "h0");
+    let out = sup.cli(&["node", "label", "h0", "rack=r1", "--remove", "old"]);
+    assert!(out.status.success());
+    let out = sup.cli(&["--stale", "node", "show", "h0"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("rack=r1"));
+}
+
+#[tokio::test]
+async fn follow_streams_new_events() {
+    let sup = Sup::start(&[]).await;
+    register(&sup.addr, "h0").await;
+    let c = sup.client();
+    let follower = tokio::spawn({
+        let c = c.clone();
+        async move {
+            let mut seen = Vec::new();
+            c.follow(0, |e| {
+                seen.push(e.what.clone());
+                !e.what.starts_with("cordoned")
+            })
+            .await
+            .unwrap();
+            seen
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    c.call(write(AdminOp::Cordon { host: "h0".into() }), false).await.unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(10), follower).await.unwrap().unwrap();
+    assert!(seen[0].contains("registered"), "{seen:?}");
+    assert!(seen.last().unwrap().starts_with("cordoned"), "{seen:?}");
+}
+
+#[tokio::test]
+async fn log_compaction_and_restart_keep_every_write() {
+    let mut sup = Sup::start(&["--snapshot-every", "20"]).await;
+    register(&sup.addr, "h0").await;
+    let c = sup.client();
+    for i in 0..120u32 {
+        let set = BTreeMap::from([(format!("k{}", i % 7), i.to_string())]);
+        c.call(write(AdminOp::SetLabels { host: "h0".into(), set, remove: vec![] }), false).await.unwrap();
+    }
+    let AdminReply::Status(st) = c.call(AdminRequest::Status, false).await.unwrap() else { panic!() };
+    assert!(st.snapshot_index.unwrap_or(0) >= 100, "snapshots follow the log: {st:?}");
+    assert!(st.purged_index.is_some(), "the log was compacted: {st:?}");
+    let before = observe(&sup).await;
+    sup.kill(); // SIGKILL
+    sup.spawn().await;
+    assert_eq!(observe(&sup).await, before, "state after restart equals state before");
+}

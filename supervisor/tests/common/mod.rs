@@ -1,0 +1,113 @@
+//! Shared fixtures: a real `railguard-supervisor` process (one-node cluster)
+//! on a free loopback port with its own data directory, killed on drop.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use supervisor::api::{AdminReply, AdminRequest};
+use supervisor::client::AdminClient;
+
+pub const SUPERVISOR: &str = env!("CARGO_BIN_EXE_railguard-supervisor");
+pub const CLI: &str = env!("CARGO_BIN_EXE_railguard");
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct Sup {
+    pub child: Option<Child>,
+    pub addr: String,
+    pub dir: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl Sup {
+    /// Starts a one-node supervisor and waits until it leads.
+    pub async fn start(extra: &[&str]) -> Sup {
+        let dir = tempfile::tempdir().unwrap();
+        let addr = format!("127.0.0.1:{}", free_port());
+        let mut s = Sup {
+            child: None,
+            addr,
+            dir,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        s.spawn().await;
+        s
+    }
+
+    pub async fn spawn(&mut self) {
+        let log = std::fs::File::create(self.dir.path().join("sup.log")).unwrap();
+        let child = Command::new(SUPERVISOR)
+            .args(["--listen", &self.addr, "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args(&self.extra)
+            .env_remove("RUST_BACKTRACE")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        self.wait_leader().await;
+    }
+
+    pub async fn wait_leader(&self) {
+        let c = self.client();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Ok(AdminReply::Status(s)) = c.call(AdminRequest::Status, true).await {
+                if s.leader.is_some() {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "supervisor did not become leader");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn client(&self) -> AdminClient {
+        AdminClient::new(std::slice::from_ref(&self.addr), "test", Duration::from_secs(5)).unwrap()
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn data_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Runs the CLI against this supervisor.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        cli(&self.addr, args)
+    }
+}
+
+impl Drop for Sup {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn cli(addr: &str, args: &[&str]) -> Output {
+    Command::new(CLI)
+        .args(["--supervisor", addr])
+        .args(args)
+        .env_remove("RAILGUARD_SUPERVISORS")
+        .output()
+        .unwrap()
+}
+
+pub fn exists(p: &Path) -> bool {
+    p.exists()
+}
