@@ -126,12 +126,22 @@ async fn client_loop(
             _ => HostOp::Read,
         };
         let request = match &input {
-            HostOp::Cordon => AdminRequest::Write { op: AdminOp::Cordon { host: host.clone() } },
-            HostOp::Uncordon => AdminRequest::Write { op: AdminOp::Uncordon { host: host.clone() } },
-            HostOp::Drain => AdminRequest::Write {
-                op: AdminOp::Drain { host: host.clone(), reason: format!("chaos client {id}"), deadline_ms: None },
+            HostOp::Cordon => AdminRequest::Write {
+                op: AdminOp::Cordon { host: host.clone() },
             },
-            HostOp::Undrain => AdminRequest::Write { op: AdminOp::Undrain { host: host.clone() } },
+            HostOp::Uncordon => AdminRequest::Write {
+                op: AdminOp::Uncordon { host: host.clone() },
+            },
+            HostOp::Drain => AdminRequest::Write {
+                op: AdminOp::Drain {
+                    host: host.clone(),
+                    reason: format!("chaos client {id}"),
+                    deadline_ms: None,
+                },
+            },
+            HostOp::Undrain => AdminRequest::Write {
+                op: AdminOp::Undrain { host: host.clone() },
+            },
             HostOp::SetLabel(k, v) => AdminRequest::Write {
                 op: AdminOp::SetLabels {
                     host: host.clone(),
@@ -148,7 +158,10 @@ async fn client_loop(
             Ok(AdminReply::Host { host, .. }) => (Some(HostResult::Read(view(&host))), Some(ret)),
             Ok(AdminReply::Committed { .. }) => (Some(HostResult::Ok), Some(ret)),
             Ok(other) => {
-                rec.unexpected.lock().unwrap().push(format!("unexpected reply {other:?}"));
+                rec.unexpected
+                    .lock()
+                    .unwrap()
+                    .push(format!("unexpected reply {other:?}"));
                 continue;
             }
             Err(e) if e.kind == ErrorKind::FailedPrecondition && input == HostOp::Uncordon => {
@@ -165,17 +178,29 @@ async fn client_loop(
                 (None, None)
             }
             Err(e) => {
-                rec.unexpected.lock().unwrap().push(format!("{input:?} on {host}: {e}"));
+                rec.unexpected
+                    .lock()
+                    .unwrap()
+                    .push(format!("{input:?} on {host}: {e}"));
                 continue;
             }
         };
         if output.is_some() {
-            rec.successes.lock().unwrap().push(ret.unwrap_or(0) / 1_000_000);
+            rec.successes
+                .lock()
+                .unwrap()
+                .push(ret.unwrap_or(0) / 1_000_000);
         }
         if let (HostOp::SetLabel(k, v), Some(HostResult::Ok)) = (&input, &output) {
             rec.acked_labels.lock().unwrap().push((hi, k.clone(), *v));
         }
-        rec.ops[hi].lock().unwrap().push(Operation { client: id, input, call, ret, output });
+        rec.ops[hi].lock().unwrap().push(Operation {
+            client: id,
+            input,
+            call,
+            ret,
+            output,
+        });
     }
 }
 
@@ -198,7 +223,11 @@ pub fn max_gap_ms(mut successes: Vec<u64>) -> u64 {
 
 /// Runs the scenario and returns its report.
 pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
-    let scenario = if cfg.whole_cluster { "cluster-crash" } else { "leader-kill" };
+    let scenario = if cfg.whole_cluster {
+        "cluster-crash"
+    } else {
+        "leader-kill"
+    };
     eprintln!("[{scenario}] starting 3 supervisors");
     let mut cluster = SupervisorCluster::start(3)?;
     cluster.init().await.context("initialise the cluster")?;
@@ -206,7 +235,11 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
     for h in &hosts {
         crate::agentsim::register_host(&cluster.addrs(), h).await?;
     }
-    eprintln!("[{scenario}] registered {} hosts; {} clients start", hosts.len(), cfg.clients);
+    eprintln!(
+        "[{scenario}] registered {} hosts; {} clients start",
+        hosts.len(),
+        cfg.clients
+    );
     let rec = Arc::new(Recorder {
         ops: (0..cfg.hosts).map(|_| Mutex::new(Vec::new())).collect(),
         ..Default::default()
@@ -264,7 +297,10 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
         let mut attempt = 0;
         let v = loop {
             let call = ns_since(start);
-            match reader.call(AdminRequest::NodeShow { host: h.clone() }, false).await {
+            match reader
+                .call(AdminRequest::NodeShow { host: h.clone() }, false)
+                .await
+            {
                 Ok(AdminReply::Host { host, .. }) => {
                     let v = view(&host);
                     rec.ops[hi].lock().unwrap().push(Operation {
@@ -315,7 +351,7 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
         verdicts.push(v);
     }
     let linearizable = verdicts.iter().all(|v| *v == Verdict::Linearizable);
-    let undecided = verdicts.iter().any(|v| *v == Verdict::Undecided);
+    let undecided = verdicts.contains(&Verdict::Undecided);
     let unexpected = rec.unexpected.lock().unwrap().clone();
     for u in unexpected.iter().take(5) {
         eprintln!("[{scenario}] unexpected: {u}");
@@ -324,7 +360,10 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
     let ok = linearizable && lost_ops == 0 && unexpected.is_empty() && acked > 0;
     if !ok {
         let dir = cluster.keep();
-        eprintln!("[{scenario}] FAILED; supervisor logs kept in {}", dir.display());
+        eprintln!(
+            "[{scenario}] FAILED; supervisor logs kept in {}",
+            dir.display()
+        );
     }
     Ok(HistoryReport {
         ok,
@@ -357,7 +396,11 @@ mod tests {
     fn durability_checker_counts_missing_acked_writes() {
         let mut v = HostView::default();
         v.labels.insert("c0".into(), 3);
-        let acked = vec![(0, "c0".into(), 2), (0, "c0".into(), 3), (0, "c1".into(), 1)];
+        let acked = vec![
+            (0, "c0".into(), 2),
+            (0, "c0".into(), 3),
+            (0, "c1".into(), 1),
+        ];
         assert_eq!(check_durability(&acked, &[v.clone()]), 1, "c1=1 is missing");
         let acked = vec![(0, "c0".into(), 4)];
         assert_eq!(check_durability(&acked, &[v]), 1, "final 3 < acked 4");

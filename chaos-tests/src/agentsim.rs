@@ -66,7 +66,11 @@ pub fn nic_event(host: &str, seq: u64, nic: &str, up: bool) -> AgentEvent {
         at_unix_ns: 0,
         kind: Some(agent_event::Kind::NicState(NicStateChange {
             nic: nic.into(),
-            state: if up { NicState::Up as i32 } else { NicState::Down as i32 },
+            state: if up {
+                NicState::Up as i32
+            } else {
+                NicState::Down as i32
+            },
             carrier_changes: seq,
             flaps: 0,
             damping_penalty: 0.0,

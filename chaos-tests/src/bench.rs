@@ -67,7 +67,12 @@ fn summarise(clients: usize, mut lat_us: Vec<u64>, errors: u64, secs: f64) -> Le
     }
 }
 
-async fn event_level(addr: &str, hosts: &[String], seqs: &mut [u64], secs: f64) -> anyhow::Result<Level> {
+async fn event_level(
+    addr: &str,
+    hosts: &[String],
+    seqs: &mut [u64],
+    secs: f64,
+) -> anyhow::Result<Level> {
     let warmup = Duration::from_millis(500);
     let window = Duration::from_secs_f64(secs);
     let start = Instant::now() + warmup;
@@ -91,7 +96,7 @@ async fn event_level(addr: &str, hosts: &[String], seqs: &mut [u64], secs: f64) 
             while Instant::now() < end {
                 seq += 1;
                 let t0 = Instant::now();
-                let up = seq % 2 == 0;
+                let up = seq.is_multiple_of(2);
                 if s.tx.send(nic_event(&host, seq, "rail0", up)).await.is_err() {
                     errors += 1;
                     break;
@@ -123,7 +128,12 @@ async fn event_level(addr: &str, hosts: &[String], seqs: &mut [u64], secs: f64) 
     Ok(summarise(hosts.len(), lat, errors, secs))
 }
 
-async fn admin_level(cluster: &SupervisorCluster, leader: u64, hosts: &[String], secs: f64) -> anyhow::Result<Level> {
+async fn admin_level(
+    cluster: &SupervisorCluster,
+    leader: u64,
+    hosts: &[String],
+    secs: f64,
+) -> anyhow::Result<Level> {
     let warmup = Duration::from_millis(500);
     let start = Instant::now() + warmup;
     let end = start + Duration::from_secs_f64(secs);
@@ -201,7 +211,10 @@ pub async fn raft_commit(levels: &[usize], secs: f64) -> anyhow::Result<RaftComm
     }
     let top = events.iter().find(|l| l.clients == 256);
     let goal_met = top.is_some_and(|l| l.per_s >= 20_000.0 && l.p99_ms <= 20.0);
-    let ok = events.iter().chain(&admin_writes).all(|l| l.errors == 0 && l.committed > 0);
+    let ok = events
+        .iter()
+        .chain(&admin_writes)
+        .all(|l| l.errors == 0 && l.committed > 0);
     Ok(RaftCommitReport {
         ok,
         bench: "raft-commit",

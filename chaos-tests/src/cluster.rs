@@ -92,7 +92,9 @@ impl SupervisorCluster {
     /// Like [`Self::start`], passing `extra_args` to every supervisor.
     pub fn start_with(n: usize, extra_args: &[&str]) -> anyhow::Result<Self> {
         let bin = bin_path("railguard-supervisor")?;
-        let dir = tempfile::Builder::new().prefix("railguard-chaos-").tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("railguard-chaos-")
+            .tempdir()?;
         let run_dir = dir.path().to_path_buf();
         let mut nodes = Vec::new();
         for id in 1..=n as u64 {
@@ -165,11 +167,14 @@ impl SupervisorCluster {
             }
         }
         cmd.args(&self.extra_args);
-        cmd.env("RUST_LOG", std::env::var("RAILGUARD_SUP_LOG").unwrap_or_else(|_| "info,openraft=warn".into()))
-            .env_remove("RUST_BACKTRACE")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
+        cmd.env(
+            "RUST_LOG",
+            std::env::var("RAILGUARD_SUP_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
+        )
+        .env_remove("RUST_BACKTRACE")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
         let child = cmd
             .spawn()
             .with_context(|| format!("spawn {}", self.bin.display()))?;
@@ -209,7 +214,12 @@ impl SupervisorCluster {
 
     /// A client that tries members in the given rotation (so different
     /// clients start at different supervisors).
-    pub fn client(&self, actor: &str, rotate: usize, timeout: Duration) -> anyhow::Result<AdminClient> {
+    pub fn client(
+        &self,
+        actor: &str,
+        rotate: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<AdminClient> {
         let mut addrs = self.addrs();
         let len = addrs.len();
         addrs.rotate_left(rotate % len);
@@ -218,7 +228,11 @@ impl SupervisorCluster {
 
     /// A client for one member only.
     pub fn client_for(&self, id: u64, timeout: Duration) -> anyhow::Result<AdminClient> {
-        Ok(AdminClient::new(&[self.node(id).addr.clone()], "chaos", timeout)?)
+        Ok(AdminClient::new(
+            &[self.node(id).addr.clone()],
+            "chaos",
+            timeout,
+        )?)
     }
 
     /// Initialises the cluster through member 1 and waits for a leader.
@@ -261,7 +275,10 @@ impl SupervisorCluster {
                 }
             }
             if Instant::now() > deadline {
-                bail!("no agreed leader within {within:?}; saw {seen:?}; logs in {}", self.run_dir.display());
+                bail!(
+                    "no agreed leader within {within:?}; saw {seen:?}; logs in {}",
+                    self.run_dir.display()
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

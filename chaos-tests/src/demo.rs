@@ -40,7 +40,8 @@ fn cli(addrs: &[String], args: &[&str]) -> anyhow::Result<String> {
         .args(args)
         .output()
         .context("run railguard")?;
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
         bail!("railguard {} failed: {text}", args.join(" "));
     }
@@ -67,16 +68,37 @@ pub async fn run() -> anyhow::Result<DemoReport> {
     let addrs = cluster.addrs();
     show("status", &cli(&addrs, &["status"])?);
     // Send the drain to a follower on purpose: it forwards to the leader.
-    let follower = cluster.nodes.iter().find(|n| n.id != leader).map(|n| n.addr.clone()).unwrap_or_default();
-    t.say(&format!("admin drains h1 through follower {follower} (forwarded to the leader)"));
+    let follower = cluster
+        .nodes
+        .iter()
+        .find(|n| n.id != leader)
+        .map(|n| n.addr.clone())
+        .unwrap_or_default();
+    t.say(&format!(
+        "admin drains h1 through follower {follower} (forwarded to the leader)"
+    ));
     let t_drain = Instant::now();
     show(
         "node drain h1 --reason 'replace optics'",
-        &cli(&[follower.clone()], &["node", "drain", "h1", "--reason", "replace optics", "--deadline", "30m"])?,
+        &cli(
+            std::slice::from_ref(&follower),
+            &[
+                "node",
+                "drain",
+                "h1",
+                "--reason",
+                "replace optics",
+                "--deadline",
+                "30m",
+            ],
+        )?,
     );
     let client = cluster.client("demo", 0, Duration::from_secs(2))?;
     let drained_ms = loop {
-        if let Ok(AdminReply::Host { host, .. }) = client.call(AdminRequest::NodeShow { host: "h1".into() }, false).await {
+        if let Ok(AdminReply::Host { host, .. }) = client
+            .call(AdminRequest::NodeShow { host: "h1".into() }, false)
+            .await
+        {
             if host.status() == HostStatus::Drained {
                 break t_drain.elapsed().as_millis() as u64;
             }
@@ -86,20 +108,31 @@ pub async fn run() -> anyhow::Result<DemoReport> {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    t.say(&format!("h1 is Drained after {drained_ms} ms (no jobs on it; the reconciler's intent completed it)"));
+    t.say(&format!(
+        "h1 is Drained after {drained_ms} ms (no jobs on it; the reconciler's intent completed it)"
+    ));
     show("node list", &cli(&addrs, &["node", "list"])?);
     t.say(&format!("SIGKILL the leader (supervisor {leader})"));
     let t_kill = Instant::now();
     cluster.kill(leader);
     let new_leader = cluster.wait_leader(Duration::from_secs(10)).await?;
     let failover_ms = t_kill.elapsed().as_millis() as u64;
-    t.say(&format!("supervisor {new_leader} leads after {failover_ms} ms"));
-    let live: Vec<String> = cluster.nodes.iter().filter(|n| n.is_running()).map(|n| n.addr.clone()).collect();
+    t.say(&format!(
+        "supervisor {new_leader} leads after {failover_ms} ms"
+    ));
+    let live: Vec<String> = cluster
+        .nodes
+        .iter()
+        .filter(|n| n.is_running())
+        .map(|n| n.addr.clone())
+        .collect();
     let show_h1 = cli(&live, &["node", "show", "h1"])?;
     show("node show h1", &show_h1);
     let survived = show_h1.contains("Drained");
     cluster.restart(leader)?;
-    t.say(&format!("supervisor {leader} restarted on its data dir and rejoins"));
+    t.say(&format!(
+        "supervisor {leader} restarted on its data dir and rejoins"
+    ));
     cluster.wait_leader(Duration::from_secs(10)).await?;
     show("events", &cli(&addrs, &["events"])?);
     show("node undrain h1", &cli(&addrs, &["node", "undrain", "h1"])?);

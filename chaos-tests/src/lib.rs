@@ -7,7 +7,7 @@
 //! - [`agentsim`]: a client of the agent API (stands in for the agent).
 //! - [`linearizability`]: porcupine-style checker and the host model.
 //! - [`admin_history`]: `leader-kill` and `cluster-crash` scenarios.
-//! - [`bench`]: `raft-commit`.
+//! - [`bench`]: the `raft-commit` benchmark.
 //! - [`demo`]: the README's first command.
 
 pub mod admin_history;

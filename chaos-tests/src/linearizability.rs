@@ -48,7 +48,9 @@ pub enum Verdict {
     Linearizable,
     /// No linearization exists. Holds the longest prefix (by number of
     /// operations) the search managed to linearize, to help debugging.
-    NotLinearizable { best_prefix: usize },
+    NotLinearizable {
+        best_prefix: usize,
+    },
     /// The step budget ran out before a decision.
     Undecided,
 }
@@ -318,12 +320,28 @@ impl Model for HostModel {
 mod tests {
     use super::*;
 
-    fn op(client: usize, input: HostOp, call: u64, ret: u64, out: HostResult) -> Operation<HostOp, HostResult> {
-        Operation { client, input, call, ret: Some(ret), output: Some(out) }
+    fn op(
+        client: usize,
+        input: HostOp,
+        call: u64,
+        ret: u64,
+        out: HostResult,
+    ) -> Operation<HostOp, HostResult> {
+        Operation {
+            client,
+            input,
+            call,
+            ret: Some(ret),
+            output: Some(out),
+        }
     }
 
     fn read(cordoned: bool, draining: bool) -> HostResult {
-        HostResult::Read(HostView { cordoned, draining, labels: BTreeMap::new() })
+        HostResult::Read(HostView {
+            cordoned,
+            draining,
+            labels: BTreeMap::new(),
+        })
     }
 
     const BUDGET: u64 = 1_000_000;
@@ -348,7 +366,10 @@ mod tests {
             op(0, HostOp::Cordon, 0, 10, HostResult::Ok),
             op(1, HostOp::Read, 20, 30, read(false, false)),
         ];
-        assert!(matches!(check(&HostModel, &h, BUDGET), Verdict::NotLinearizable { .. }));
+        assert!(matches!(
+            check(&HostModel, &h, BUDGET),
+            Verdict::NotLinearizable { .. }
+        ));
     }
 
     #[test]
@@ -358,7 +379,11 @@ mod tests {
                 op(0, HostOp::Cordon, 0, 10, HostResult::Ok),
                 op(1, HostOp::Read, 5, 15, read(seen, false)),
             ];
-            assert_eq!(check(&HostModel, &h, BUDGET), Verdict::Linearizable, "seen={seen}");
+            assert_eq!(
+                check(&HostModel, &h, BUDGET),
+                Verdict::Linearizable,
+                "seen={seen}"
+            );
         }
     }
 
@@ -371,22 +396,41 @@ mod tests {
             op(1, HostOp::Read, 10, 20, read(true, false)),
             op(2, HostOp::Read, 30, 40, read(false, false)),
         ];
-        assert!(matches!(check(&HostModel, &h, BUDGET), Verdict::NotLinearizable { .. }));
+        assert!(matches!(
+            check(&HostModel, &h, BUDGET),
+            Verdict::NotLinearizable { .. }
+        ));
     }
 
     #[test]
     fn unknown_outcome_may_or_may_not_apply() {
-        let unknown = Operation { client: 0, input: HostOp::Cordon, call: 0, ret: None, output: None };
+        let unknown = Operation {
+            client: 0,
+            input: HostOp::Cordon,
+            call: 0,
+            ret: None,
+            output: None,
+        };
         for seen in [false, true] {
-            let h = vec![unknown.clone(), op(1, HostOp::Read, 50, 60, read(seen, false))];
-            assert_eq!(check(&HostModel, &h, BUDGET), Verdict::Linearizable, "seen={seen}");
+            let h = vec![
+                unknown.clone(),
+                op(1, HostOp::Read, 50, 60, read(seen, false)),
+            ];
+            assert_eq!(
+                check(&HostModel, &h, BUDGET),
+                Verdict::Linearizable,
+                "seen={seen}"
+            );
         }
     }
 
     #[test]
     fn refused_uncordon_requires_a_drain() {
         let h = vec![op(0, HostOp::Uncordon, 0, 1, HostResult::Refused)];
-        assert!(matches!(check(&HostModel, &h, BUDGET), Verdict::NotLinearizable { .. }));
+        assert!(matches!(
+            check(&HostModel, &h, BUDGET),
+            Verdict::NotLinearizable { .. }
+        ));
     }
 
     #[test]
@@ -395,7 +439,10 @@ mod tests {
             op(0, HostOp::SetLabel("c0".into(), 1), 0, 1, HostResult::Ok),
             op(1, HostOp::Read, 2, 3, read(false, false)),
         ];
-        assert!(matches!(check(&HostModel, &h, BUDGET), Verdict::NotLinearizable { .. }));
+        assert!(matches!(
+            check(&HostModel, &h, BUDGET),
+            Verdict::NotLinearizable { .. }
+        ));
     }
 
     #[test]

@@ -24,6 +24,9 @@
 //! holds an exclusive lock file (see the supervisor's `datadir` module), and
 //! sled additionally refuses a second opener in the same process tree.
 
+// openraft dictates `StorageError` (large) as the error of every storage call.
+#![allow(clippy::result_large_err)]
+
 mod log_store;
 mod state_machine;
 

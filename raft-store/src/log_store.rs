@@ -73,15 +73,9 @@ where
         &self,
         key: &[u8],
     ) -> Result<Option<T>, StorageError<C::NodeId>> {
-        match self
-            .meta
-            .get(key)
-            .map_err(|e| StorageIOError::read(&e))?
-        {
+        match self.meta.get(key).map_err(|e| StorageIOError::read(&e))? {
             None => Ok(None),
-            Some(bytes) => Ok(Some(
-                decode(&bytes).map_err(|e| StorageIOError::read(&*e))?,
-            )),
+            Some(bytes) => Ok(Some(decode(&bytes).map_err(|e| StorageIOError::read(&*e))?)),
         }
     }
 
@@ -112,8 +106,8 @@ where
         let mut out = Vec::new();
         for kv in iter {
             let (k, v) = kv.map_err(|e| StorageIOError::read_logs(&e))?;
-            let entry: Entry<C> = decode(&v)
-                .map_err(|e| StorageIOError::read_log_at_index(key_index(&k), &*e))?;
+            let entry: Entry<C> =
+                decode(&v).map_err(|e| StorageIOError::read_log_at_index(key_index(&k), &*e))?;
             out.push(entry);
         }
         Ok(out)
@@ -177,7 +171,9 @@ where
     async fn read_committed(
         &mut self,
     ) -> Result<Option<LogId<C::NodeId>>, StorageError<C::NodeId>> {
-        Ok(self.read_meta::<Option<LogId<C::NodeId>>>(KEY_COMMITTED)?.flatten())
+        Ok(self
+            .read_meta::<Option<LogId<C::NodeId>>>(KEY_COMMITTED)?
+            .flatten())
     }
 
     async fn append<I>(

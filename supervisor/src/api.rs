@@ -91,14 +91,30 @@ pub struct StatusView {
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum AdminReply {
     Status(StatusView),
-    Members { members: Vec<MemberView> },
-    Hosts { hosts: Vec<Host> },
-    Host { host: Host, jobs: Vec<String> },
-    Incidents { incidents: Vec<Incident> },
-    Events { events: Vec<ClusterEvent> },
-    History { records: Vec<AdminRecord> },
+    Members {
+        members: Vec<MemberView>,
+    },
+    Hosts {
+        hosts: Vec<Host>,
+    },
+    Host {
+        host: Host,
+        jobs: Vec<String>,
+    },
+    Incidents {
+        incidents: Vec<Incident>,
+    },
+    Events {
+        events: Vec<ClusterEvent>,
+    },
+    History {
+        records: Vec<AdminRecord>,
+    },
     /// A write was committed at this log index.
-    Committed { log_index: u64, detail: String },
+    Committed {
+        log_index: u64,
+        detail: String,
+    },
 }
 
 /// Error categories, mapped onto gRPC status codes on the wire.
@@ -186,7 +202,11 @@ pub const ERROR_KIND_HEADER: &str = "rg-error-kind";
 
 impl From<tonic::Status> for ApiError {
     fn from(s: tonic::Status) -> Self {
-        let from_server = s.metadata().get(ERROR_KIND_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let from_server = s
+            .metadata()
+            .get(ERROR_KIND_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         if let Some(kind) = from_server {
             let kind = match kind.as_str() {
                 "InvalidArgument" => ErrorKind::InvalidArgument,
@@ -201,9 +221,9 @@ impl From<tonic::Status> for ApiError {
         // Errors tonic raises itself for bad messages (decode failure, size
         // limits) are definite: the handler never ran.
         let kind = match s.code() {
-            tonic::Code::InvalidArgument | tonic::Code::OutOfRange | tonic::Code::ResourceExhausted => {
-                ErrorKind::InvalidArgument
-            }
+            tonic::Code::InvalidArgument
+            | tonic::Code::OutOfRange
+            | tonic::Code::ResourceExhausted => ErrorKind::InvalidArgument,
             _ => ErrorKind::Unknown,
         };
         ApiError::new(kind, s.message().to_string())

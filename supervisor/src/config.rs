@@ -128,11 +128,16 @@ impl SupervisorConfig {
         };
         let id = over.id.or(fc.id).unwrap_or(1);
         if id == 0 {
-            return Err(ConfigError::Invalid("node id must be a positive integer".into()));
+            return Err(ConfigError::Invalid(
+                "node id must be a positive integer".into(),
+            ));
         }
         let listen = parse_addr(
             "listen address",
-            over.listen.as_deref().or(fc.listen.as_deref()).unwrap_or(DEFAULT_LISTEN),
+            over.listen
+                .as_deref()
+                .or(fc.listen.as_deref())
+                .unwrap_or(DEFAULT_LISTEN),
         )?;
         if listen.port() == 0 {
             return Err(ConfigError::Invalid("listen port must not be 0".into()));
@@ -173,15 +178,27 @@ impl SupervisorConfig {
                 "--join starts a node that waits to be added; it takes no peers".into(),
             ));
         }
-        if raft.heartbeat_ms == 0 || raft.election_min_ms <= raft.heartbeat_ms || raft.election_max_ms <= raft.election_min_ms {
+        if raft.heartbeat_ms == 0
+            || raft.election_min_ms <= raft.heartbeat_ms
+            || raft.election_max_ms <= raft.election_min_ms
+        {
             return Err(ConfigError::Invalid(
                 "raft timings need 0 < heartbeat_ms < election_min_ms < election_max_ms".into(),
             ));
         }
         if raft.snapshot_every == 0 {
-            return Err(ConfigError::Invalid("raft.snapshot_every must be positive".into()));
+            return Err(ConfigError::Invalid(
+                "raft.snapshot_every must be positive".into(),
+            ));
         }
-        Ok(Self { id, listen, data_dir, peers, raft, join })
+        Ok(Self {
+            id,
+            listen,
+            data_dir,
+            peers,
+            raft,
+            join,
+        })
     }
 }
 
@@ -203,7 +220,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let f = dir.path().join("s.toml");
         std::fs::write(&f, "id = 2\nlisten = \"127.0.0.1:7402\"\n[peers]\n1 = \"127.0.0.1:7401\"\n2 = \"127.0.0.1:7402\"\n").unwrap();
-        let c = SupervisorConfig::load(Some(&f), Overrides { peers: vec!["3=127.0.0.1:7403".into()], ..Default::default() }).unwrap();
+        let c = SupervisorConfig::load(
+            Some(&f),
+            Overrides {
+                peers: vec!["3=127.0.0.1:7403".into()],
+                ..Default::default()
+            },
+        )
+        .unwrap();
         assert_eq!(c.id, 2);
         assert_eq!(c.peers.len(), 2, "self is dropped from peers");
         std::fs::write(&f, "id = 2\nlisten = \"nonsense\"\n").unwrap();
@@ -212,7 +236,14 @@ mod tests {
         std::fs::write(&f, "idd = 2\n").unwrap();
         let e = SupervisorConfig::load(Some(&f), Overrides::default()).unwrap_err();
         assert!(e.to_string().contains("unknown field"), "{e}");
-        let e = SupervisorConfig::load(None, Overrides { peers: vec!["x".into()], ..Default::default() }).unwrap_err();
+        let e = SupervisorConfig::load(
+            None,
+            Overrides {
+                peers: vec!["x".into()],
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("ID=IP:PORT"), "{e}");
     }
 }

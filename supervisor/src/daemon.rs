@@ -42,7 +42,10 @@ pub async fn run(
     if single {
         match sup.raft.is_initialized().await {
             Ok(false) => {
-                tracing::info!(id = sup.id, "no peers configured: initialising a one-node cluster");
+                tracing::info!(
+                    id = sup.id,
+                    "no peers configured: initialising a one-node cluster"
+                );
                 if let Err(e) = sup.initialize().await {
                     tracing::warn!(error = %e, "one-node initialisation failed");
                 }

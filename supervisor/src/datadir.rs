@@ -64,7 +64,11 @@ pub fn lock(dir: &Path) -> Result<DataDirLock, DataDirError> {
             let holder = holder.trim();
             return Err(DataDirError::InUse {
                 path: dir.display().to_string(),
-                holder: if holder.is_empty() { "unknown".into() } else { holder.into() },
+                holder: if holder.is_empty() {
+                    "unknown".into()
+                } else {
+                    holder.into()
+                },
             });
         }
         return Err(lock_err(err));

@@ -181,8 +181,12 @@ impl Action {
 pub enum Outcome {
     Done,
     /// Nothing to do any more (e.g. the host was undrained meanwhile).
-    Cancelled { why: String },
-    Failed { error: String },
+    Cancelled {
+        why: String,
+    },
+    Failed {
+        error: String,
+    },
 }
 
 /// Successful command results.
@@ -190,11 +194,17 @@ pub enum Outcome {
 pub enum CmdOk {
     Done,
     /// Registration applied; the agent resends events after this sequence.
-    Registered { last_applied_seq: u64 },
+    Registered {
+        last_applied_seq: u64,
+    },
     /// Events applied (or already applied) through this sequence.
-    Acked { through: u64 },
+    Acked {
+        through: u64,
+    },
     /// Intent recorded (or the same action was already open under this id).
-    IntentOpened { id: u64 },
+    IntentOpened {
+        id: u64,
+    },
 }
 
 /// Why a command was refused. Nothing was changed.
@@ -400,7 +410,9 @@ pub struct ClusterState {
 
 fn check_name(what: &str, s: &str) -> Result<(), CmdError> {
     if s.is_empty() {
-        return Err(CmdError::InvalidArgument(format!("{what} must not be empty")));
+        return Err(CmdError::InvalidArgument(format!(
+            "{what} must not be empty"
+        )));
     }
     if s.len() > MAX_NAME_LEN {
         return Err(CmdError::InvalidArgument(format!(
@@ -489,7 +501,10 @@ impl ClusterState {
                 }
             }
             Command::AgentEvents { host, events } => {
-                let h = self.hosts.get(host).ok_or_else(|| not_found("host", host))?;
+                let h = self
+                    .hosts
+                    .get(host)
+                    .ok_or_else(|| not_found("host", host))?;
                 for e in events {
                     match &e.kind {
                         AgentEventKind::NicState { nic, .. } => {
@@ -581,7 +596,11 @@ impl ClusterState {
                 let changed = existing.as_ref() != Some(&h);
                 self.hosts.insert(host.clone(), h);
                 if existing.is_none() {
-                    self.log_event(at_ms, Some(host), format!("host registered with {} NICs", nics.len()));
+                    self.log_event(
+                        at_ms,
+                        Some(host),
+                        format!("host registered with {} NICs", nics.len()),
+                    );
                 } else if changed {
                     self.log_event(at_ms, Some(host), "host re-registered".into());
                 }
@@ -668,7 +687,11 @@ impl ClusterState {
                         closed_ms: None,
                     },
                 );
-                self.log_event(at_ms, Some(action.host()), format!("intent {id} opened: {action:?}"));
+                self.log_event(
+                    at_ms,
+                    Some(action.host()),
+                    format!("intent {id} opened: {action:?}"),
+                );
                 Ok(CmdOk::IntentOpened { id })
             }
             Command::CloseIntent { id, outcome } => {
@@ -795,7 +818,13 @@ impl ClusterState {
             self.close_incident(at_ms, id, "nic_recovered");
         }
         if let Some(kind) = open_new {
-            let id = self.open_incident(at_ms, kind, host, Some(nic_name), format!("{prev:?} -> {state:?}"));
+            let id = self.open_incident(
+                at_ms,
+                kind,
+                host,
+                Some(nic_name),
+                format!("{prev:?} -> {state:?}"),
+            );
             self.hosts
                 .get_mut(host)
                 .and_then(|h| h.nics.get_mut(nic_name))
@@ -805,7 +834,14 @@ impl ClusterState {
         }
     }
 
-    fn open_incident(&mut self, at_ms: u64, kind: &str, host: &str, nic: Option<&str>, detail: String) -> u64 {
+    fn open_incident(
+        &mut self,
+        at_ms: u64,
+        kind: &str,
+        host: &str,
+        nic: Option<&str>,
+        detail: String,
+    ) -> u64 {
         self.next_incident_id += 1;
         let id = self.next_incident_id;
         self.incidents.insert(
@@ -834,7 +870,11 @@ impl ClusterState {
         i.closed_ms = Some(at_ms);
         let host = i.host.clone();
         let kind = i.kind.clone();
-        self.log_event(at_ms, Some(&host), format!("incident {id} ({kind}) closed: {why}"));
+        self.log_event(
+            at_ms,
+            Some(&host),
+            format!("incident {id} ({kind}) closed: {why}"),
+        );
         self.closed_incidents.push_back(id);
         while self.closed_incidents.len() > MAX_CLOSED_RECORDS {
             if let Some(old) = self.closed_incidents.pop_front() {
@@ -864,7 +904,7 @@ impl ClusterState {
         let host = host.to_owned();
         self.jobs
             .values()
-            .filter(move |j| j.placement.iter().any(|h| *h == host))
+            .filter(move |j| j.placement.contains(&host))
     }
 }
 
@@ -926,8 +966,18 @@ mod tests {
             cmds: vec![Command::RegisterHost {
                 host: host.into(),
                 nics: vec![
-                    NicSpec { name: "rail0".into(), rail: Some(0), backup: Some("rail1".into()), rdma_device: None },
-                    NicSpec { name: "rail1".into(), rail: Some(1), backup: Some("rail0".into()), rdma_device: None },
+                    NicSpec {
+                        name: "rail0".into(),
+                        rail: Some(0),
+                        backup: Some("rail1".into()),
+                        rdma_device: None,
+                    },
+                    NicSpec {
+                        name: "rail1".into(),
+                        rail: Some(1),
+                        backup: Some("rail0".into()),
+                        rdma_device: None,
+                    },
                 ],
                 labels: BTreeMap::new(),
             }],
@@ -936,7 +986,10 @@ mod tests {
     }
 
     fn admin(op: AdminOp) -> Command {
-        Command::Admin { actor: "alice".into(), op }
+        Command::Admin {
+            actor: "alice".into(),
+            op,
+        }
     }
 
     #[test]
@@ -944,8 +997,22 @@ mod tests {
         let mut st = ClusterState::default();
         register(&mut st, "h0");
         let before = st.clone();
-        let r = st.apply_proposal(&lid(2), &Proposal { at_ms: 2, cmds: vec![admin(AdminOp::Cordon { host: "nope".into() })] });
-        assert_eq!(r[0], Err(CmdError::NotFound { kind: "host".into(), name: "nope".into() }));
+        let r = st.apply_proposal(
+            &lid(2),
+            &Proposal {
+                at_ms: 2,
+                cmds: vec![admin(AdminOp::Cordon {
+                    host: "nope".into(),
+                })],
+            },
+        );
+        assert_eq!(
+            r[0],
+            Err(CmdError::NotFound {
+                kind: "host".into(),
+                name: "nope".into()
+            })
+        );
         // Only the applied index moves.
         let mut after = st.clone();
         after.last_log_index = before.last_log_index;
@@ -956,16 +1023,39 @@ mod tests {
     fn drain_requires_reason_and_blocks_uncordon() {
         let mut st = ClusterState::default();
         register(&mut st, "h0");
-        let bad = admin(AdminOp::Drain { host: "h0".into(), reason: "  ".into(), deadline_ms: None });
-        assert!(matches!(st.validate(&bad), Err(CmdError::InvalidArgument(_))));
-        let good = admin(AdminOp::Drain { host: "h0".into(), reason: "bad psu".into(), deadline_ms: None });
-        st.apply_proposal(&lid(2), &Proposal { at_ms: 2, cmds: vec![good] });
+        let bad = admin(AdminOp::Drain {
+            host: "h0".into(),
+            reason: "  ".into(),
+            deadline_ms: None,
+        });
+        assert!(matches!(
+            st.validate(&bad),
+            Err(CmdError::InvalidArgument(_))
+        ));
+        let good = admin(AdminOp::Drain {
+            host: "h0".into(),
+            reason: "bad psu".into(),
+            deadline_ms: None,
+        });
+        st.apply_proposal(
+            &lid(2),
+            &Proposal {
+                at_ms: 2,
+                cmds: vec![good],
+            },
+        );
         assert_eq!(st.hosts["h0"].status(), HostStatus::Draining);
         assert!(matches!(
             st.validate(&admin(AdminOp::Uncordon { host: "h0".into() })),
             Err(CmdError::FailedPrecondition(_))
         ));
-        st.apply_proposal(&lid(3), &Proposal { at_ms: 3, cmds: vec![admin(AdminOp::Undrain { host: "h0".into() })] });
+        st.apply_proposal(
+            &lid(3),
+            &Proposal {
+                at_ms: 3,
+                cmds: vec![admin(AdminOp::Undrain { host: "h0".into() })],
+            },
+        );
         assert_eq!(st.hosts["h0"].status(), HostStatus::Ready);
         assert_eq!(st.admin_history.len(), 2);
         assert_eq!(st.admin_history[0].actor, "alice");
@@ -975,13 +1065,44 @@ mod tests {
     fn drain_intent_completes_once() {
         let mut st = ClusterState::default();
         register(&mut st, "h0");
-        st.apply_proposal(&lid(2), &Proposal { at_ms: 2, cmds: vec![admin(AdminOp::Drain { host: "h0".into(), reason: "r".into(), deadline_ms: None })] });
-        let open = Command::OpenIntent { action: Action::CompleteDrain { host: "h0".into() } };
-        let r = st.apply_proposal(&lid(3), &Proposal { at_ms: 3, cmds: vec![open.clone(), open] });
+        st.apply_proposal(
+            &lid(2),
+            &Proposal {
+                at_ms: 2,
+                cmds: vec![admin(AdminOp::Drain {
+                    host: "h0".into(),
+                    reason: "r".into(),
+                    deadline_ms: None,
+                })],
+            },
+        );
+        let open = Command::OpenIntent {
+            action: Action::CompleteDrain { host: "h0".into() },
+        };
+        let r = st.apply_proposal(
+            &lid(3),
+            &Proposal {
+                at_ms: 3,
+                cmds: vec![open.clone(), open],
+            },
+        );
         assert_eq!(r[0], Ok(CmdOk::IntentOpened { id: 1 }));
-        assert_eq!(r[1], Ok(CmdOk::IntentOpened { id: 1 }), "same action dedups to the open intent");
-        let close = Command::CloseIntent { id: 1, outcome: Outcome::Done };
-        st.apply_proposal(&lid(4), &Proposal { at_ms: 4, cmds: vec![close.clone(), close] });
+        assert_eq!(
+            r[1],
+            Ok(CmdOk::IntentOpened { id: 1 }),
+            "same action dedups to the open intent"
+        );
+        let close = Command::CloseIntent {
+            id: 1,
+            outcome: Outcome::Done,
+        };
+        st.apply_proposal(
+            &lid(4),
+            &Proposal {
+                at_ms: 4,
+                cmds: vec![close.clone(), close],
+            },
+        );
         assert_eq!(st.hosts["h0"].status(), HostStatus::Drained);
         assert_eq!(st.open_intents().count(), 0);
     }
@@ -993,20 +1114,64 @@ mod tests {
         let ev = |seq, state| AgentEvent {
             seq,
             at_unix_ns: 0,
-            kind: AgentEventKind::NicState { nic: "rail0".into(), state, carrier_changes: seq, flaps: 0, damping_penalty: 0.0 },
+            kind: AgentEventKind::NicState {
+                nic: "rail0".into(),
+                state,
+                carrier_changes: seq,
+                flaps: 0,
+                damping_penalty: 0.0,
+            },
         };
-        let cmd = |events| Command::AgentEvents { host: "h0".into(), events };
-        let r = st.apply_proposal(&lid(2), &Proposal { at_ms: 2, cmds: vec![cmd(vec![ev(1, NicState::Up), ev(2, NicState::Down)])] });
+        let cmd = |events| Command::AgentEvents {
+            host: "h0".into(),
+            events,
+        };
+        let r = st.apply_proposal(
+            &lid(2),
+            &Proposal {
+                at_ms: 2,
+                cmds: vec![cmd(vec![ev(1, NicState::Up), ev(2, NicState::Down)])],
+            },
+        );
         assert_eq!(r[0], Ok(CmdOk::Acked { through: 2 }));
-        assert_eq!(st.incidents.values().filter(|i| i.kind == "nic_down").count(), 1);
+        assert_eq!(
+            st.incidents
+                .values()
+                .filter(|i| i.kind == "nic_down")
+                .count(),
+            1
+        );
         // A resend of 1..2 plus 3 applies only 3.
-        let r = st.apply_proposal(&lid(3), &Proposal { at_ms: 3, cmds: vec![cmd(vec![ev(1, NicState::Up), ev(2, NicState::Down), ev(3, NicState::Up)])] });
+        let r = st.apply_proposal(
+            &lid(3),
+            &Proposal {
+                at_ms: 3,
+                cmds: vec![cmd(vec![
+                    ev(1, NicState::Up),
+                    ev(2, NicState::Down),
+                    ev(3, NicState::Up),
+                ])],
+            },
+        );
         assert_eq!(r[0], Ok(CmdOk::Acked { through: 3 }));
         assert_eq!(st.hosts["h0"].nics["rail0"].state, NicState::Up);
         assert!(st.incidents.values().all(|i| i.closed_ms.is_some()));
         // A gap is refused.
-        let r = st.apply_proposal(&lid(4), &Proposal { at_ms: 4, cmds: vec![cmd(vec![ev(5, NicState::Down)])] });
-        assert!(matches!(r[0], Err(CmdError::SequenceGap { expected: 4, got: 5, .. })));
+        let r = st.apply_proposal(
+            &lid(4),
+            &Proposal {
+                at_ms: 4,
+                cmds: vec![cmd(vec![ev(5, NicState::Down)])],
+            },
+        );
+        assert!(matches!(
+            r[0],
+            Err(CmdError::SequenceGap {
+                expected: 4,
+                got: 5,
+                ..
+            })
+        ));
         assert_eq!(st.hosts["h0"].last_event_seq, 3);
     }
 
@@ -1016,32 +1181,96 @@ mod tests {
     #[test]
     fn every_command_roundtrips_through_bincode() {
         let cmds = vec![
-            Command::RegisterHost { host: "h".into(), nics: vec![NicSpec { name: "n".into(), rail: Some(1), backup: None, rdma_device: Some("mlx5_0".into()) }], labels: BTreeMap::from([("a".into(), "b".into())]) },
+            Command::RegisterHost {
+                host: "h".into(),
+                nics: vec![NicSpec {
+                    name: "n".into(),
+                    rail: Some(1),
+                    backup: None,
+                    rdma_device: Some("mlx5_0".into()),
+                }],
+                labels: BTreeMap::from([("a".into(), "b".into())]),
+            },
             admin(AdminOp::Cordon { host: "h".into() }),
             admin(AdminOp::Uncordon { host: "h".into() }),
-            admin(AdminOp::Drain { host: "h".into(), reason: "r".into(), deadline_ms: Some(5) }),
+            admin(AdminOp::Drain {
+                host: "h".into(),
+                reason: "r".into(),
+                deadline_ms: Some(5),
+            }),
             admin(AdminOp::Undrain { host: "h".into() }),
-            admin(AdminOp::SetLabels { host: "h".into(), set: BTreeMap::from([("k".into(), "v".into())]), remove: vec!["x".into()] }),
-            Command::AgentEvents { host: "h".into(), events: vec![AgentEvent { seq: 1, at_unix_ns: 2, kind: AgentEventKind::NicState { nic: "n".into(), state: NicState::Flapping, carrier_changes: 3, flaps: 4, damping_penalty: 1.5 } }] },
-            Command::OpenIntent { action: Action::CompleteDrain { host: "h".into() } },
-            Command::CloseIntent { id: 1, outcome: Outcome::Done },
-            Command::CloseIntent { id: 1, outcome: Outcome::Cancelled { why: "w".into() } },
-            Command::CloseIntent { id: 1, outcome: Outcome::Failed { error: "e".into() } },
+            admin(AdminOp::SetLabels {
+                host: "h".into(),
+                set: BTreeMap::from([("k".into(), "v".into())]),
+                remove: vec!["x".into()],
+            }),
+            Command::AgentEvents {
+                host: "h".into(),
+                events: vec![AgentEvent {
+                    seq: 1,
+                    at_unix_ns: 2,
+                    kind: AgentEventKind::NicState {
+                        nic: "n".into(),
+                        state: NicState::Flapping,
+                        carrier_changes: 3,
+                        flaps: 4,
+                        damping_penalty: 1.5,
+                    },
+                }],
+            },
+            Command::OpenIntent {
+                action: Action::CompleteDrain { host: "h".into() },
+            },
+            Command::CloseIntent {
+                id: 1,
+                outcome: Outcome::Done,
+            },
+            Command::CloseIntent {
+                id: 1,
+                outcome: Outcome::Cancelled { why: "w".into() },
+            },
+            Command::CloseIntent {
+                id: 1,
+                outcome: Outcome::Failed { error: "e".into() },
+            },
         ];
         let p = Proposal { at_ms: 9, cmds };
         let bytes = bincode::serialize(&p).unwrap();
         let back: Proposal = bincode::deserialize(&bytes).unwrap();
         assert_eq!(back.cmds, p.cmds);
         let results: Vec<CmdResult> = vec![
-            Ok(CmdOk::Done), Ok(CmdOk::Registered { last_applied_seq: 1 }), Ok(CmdOk::Acked { through: 2 }), Ok(CmdOk::IntentOpened { id: 3 }),
-            Err(not_found("host", "h")), Err(CmdError::InvalidArgument("x".into())), Err(CmdError::FailedPrecondition("y".into())),
-            Err(CmdError::SequenceGap { host: "h".into(), expected: 1, got: 3, acked: 0 }),
+            Ok(CmdOk::Done),
+            Ok(CmdOk::Registered {
+                last_applied_seq: 1,
+            }),
+            Ok(CmdOk::Acked { through: 2 }),
+            Ok(CmdOk::IntentOpened { id: 3 }),
+            Err(not_found("host", "h")),
+            Err(CmdError::InvalidArgument("x".into())),
+            Err(CmdError::FailedPrecondition("y".into())),
+            Err(CmdError::SequenceGap {
+                host: "h".into(),
+                expected: 1,
+                got: 3,
+                acked: 0,
+            }),
         ];
-        let back: Vec<CmdResult> = bincode::deserialize(&bincode::serialize(&results).unwrap()).unwrap();
+        let back: Vec<CmdResult> =
+            bincode::deserialize(&bincode::serialize(&results).unwrap()).unwrap();
         assert_eq!(back, results);
         let mut st = ClusterState::default();
         register(&mut st, "h0");
-        st.apply_proposal(&lid(2), &Proposal { at_ms: 2, cmds: vec![admin(AdminOp::Drain { host: "h0".into(), reason: "r".into(), deadline_ms: None })] });
+        st.apply_proposal(
+            &lid(2),
+            &Proposal {
+                at_ms: 2,
+                cmds: vec![admin(AdminOp::Drain {
+                    host: "h0".into(),
+                    reason: "r".into(),
+                    deadline_ms: None,
+                })],
+            },
+        );
         let back: ClusterState = bincode::deserialize(&bincode::serialize(&st).unwrap()).unwrap();
         assert_eq!(back, st);
     }

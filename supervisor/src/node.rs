@@ -172,13 +172,10 @@ impl Supervisor {
         &self,
         f: impl FnOnce(&ClusterState) -> T,
     ) -> Result<T, ApiError> {
-        self.raft
-            .ensure_linearizable()
-            .await
-            .map_err(|e| match e {
-                RaftError::APIError(e) => ApiError::unavailable(format!("not the leader: {e}")),
-                RaftError::Fatal(e) => ApiError::internal(format!("raft stopped: {e}")),
-            })?;
+        self.raft.ensure_linearizable().await.map_err(|e| match e {
+            RaftError::APIError(e) => ApiError::unavailable(format!("not the leader: {e}")),
+            RaftError::Fatal(e) => ApiError::internal(format!("raft stopped: {e}")),
+        })?;
         Ok(self.read(f))
     }
 
@@ -246,7 +243,12 @@ impl Supervisor {
         let mut nodes = BTreeMap::new();
         nodes.insert(self.id, BasicNode { addr: self.addr() });
         for (id, addr) in &self.config.peers {
-            nodes.insert(*id, BasicNode { addr: addr.to_string() });
+            nodes.insert(
+                *id,
+                BasicNode {
+                    addr: addr.to_string(),
+                },
+            );
         }
         self.raft.initialize(nodes).await.map_err(|e| {
             ApiError::new(

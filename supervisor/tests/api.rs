@@ -22,15 +22,30 @@ async fn agent(addr: &str) -> AgentClient<tonic::transport::Channel> {
 
 fn nics() -> Vec<Nic> {
     vec![
-        Nic { name: "rail0".into(), rail: Some(0), backup: "rail1".into(), rdma_device: String::new() },
-        Nic { name: "rail1".into(), rail: Some(1), backup: "rail0".into(), rdma_device: String::new() },
+        Nic {
+            name: "rail0".into(),
+            rail: Some(0),
+            backup: "rail1".into(),
+            rdma_device: String::new(),
+        },
+        Nic {
+            name: "rail1".into(),
+            rail: Some(1),
+            backup: "rail0".into(),
+            rdma_device: String::new(),
+        },
     ]
 }
 
 async fn register(addr: &str, host: &str) {
     agent(addr)
         .await
-        .register(RegisterHost { host: host.into(), nics: nics(), labels: Default::default(), agent_version: "test".into() })
+        .register(RegisterHost {
+            host: host.into(),
+            nics: nics(),
+            labels: Default::default(),
+            agent_version: "test".into(),
+        })
         .await
         .expect("register");
 }
@@ -42,7 +57,11 @@ fn ev(host: &str, seq: u64, nic: &str, up: bool) -> AgentEvent {
         at_unix_ns: 0,
         kind: Some(agent_event::Kind::NicState(NicStateChange {
             nic: nic.into(),
-            state: if up { proto::v1::NicState::Up as i32 } else { proto::v1::NicState::Down as i32 },
+            state: if up {
+                proto::v1::NicState::Up as i32
+            } else {
+                proto::v1::NicState::Down as i32
+            },
             carrier_changes: seq,
             flaps: 0,
             damping_penalty: 0.0,
@@ -56,7 +75,10 @@ async fn send_events(addr: &str, events: Vec<AgentEvent>) -> Vec<proto::v1::Even
     let stream = tokio_stream::iter(events);
     let mut acks = c.report(stream).await.expect("open stream").into_inner();
     let mut out = Vec::new();
-    while let Ok(Some(a)) = tokio::time::timeout(Duration::from_secs(5), acks.message()).await.expect("ack in time") {
+    while let Ok(Some(a)) = tokio::time::timeout(Duration::from_secs(5), acks.message())
+        .await
+        .expect("ack in time")
+    {
         out.push(a);
     }
     out
@@ -66,8 +88,20 @@ async fn send_events(addr: &str, events: Vec<AgentEvent>) -> Vec<proto::v1::Even
 async fn observe(sup: &Sup) -> String {
     let c = sup.client();
     let hosts = c.call(AdminRequest::NodeList, false).await.unwrap();
-    let events = c.call(AdminRequest::Events { since: 0, limit: 5000 }, false).await.unwrap();
-    let history = c.call(AdminRequest::AdminHistory { limit: 5000 }, false).await.unwrap();
+    let events = c
+        .call(
+            AdminRequest::Events {
+                since: 0,
+                limit: 5000,
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    let history = c
+        .call(AdminRequest::AdminHistory { limit: 5000 }, false)
+        .await
+        .unwrap();
     serde_json::to_string(&(hosts, events, history)).unwrap()
 }
 
@@ -82,22 +116,44 @@ async fn unknown_names_are_not_found_and_change_nothing() {
     let before = observe(&sup).await;
     let c = sup.client();
     for op in [
-        AdminOp::Cordon { host: "ghost".into() },
-        AdminOp::Drain { host: "ghost".into(), reason: "x".into(), deadline_ms: None },
-        AdminOp::SetLabels { host: "ghost".into(), set: BTreeMap::from([("a".into(), "b".into())]), remove: vec![] },
+        AdminOp::Cordon {
+            host: "ghost".into(),
+        },
+        AdminOp::Drain {
+            host: "ghost".into(),
+            reason: "x".into(),
+            deadline_ms: None,
+        },
+        AdminOp::SetLabels {
+            host: "ghost".into(),
+            set: BTreeMap::from([("a".into(), "b".into())]),
+            remove: vec![],
+        },
     ] {
         let e = c.call(write(op), false).await.unwrap_err();
         assert_eq!(e.kind, ErrorKind::NotFound, "{e}");
         assert!(e.message.contains("\"ghost\""), "error names the host: {e}");
     }
-    let e = c.call(AdminRequest::NodeShow { host: "ghost".into() }, false).await.unwrap_err();
+    let e = c
+        .call(
+            AdminRequest::NodeShow {
+                host: "ghost".into(),
+            },
+            false,
+        )
+        .await
+        .unwrap_err();
     assert_eq!(e.kind, ErrorKind::NotFound);
     // An event for an unknown NIC is refused with the last applied sequence.
     let acks = send_events(&sup.addr, vec![ev("h0", 1, "eth9", false)]).await;
     assert_eq!(acks.len(), 1);
     assert_eq!(acks[0].acked_through, 0);
     assert!(acks[0].error.contains("h0/eth9"), "{:?}", acks[0]);
-    assert_eq!(observe(&sup).await, before, "refused commands must not change state");
+    assert_eq!(
+        observe(&sup).await,
+        before,
+        "refused commands must not change state"
+    );
 }
 
 #[tokio::test]
@@ -107,7 +163,14 @@ async fn drain_needs_a_reason_and_uncordon_respects_drain() {
     let before = observe(&sup).await;
     let c = sup.client();
     let e = c
-        .call(write(AdminOp::Drain { host: "h0".into(), reason: " ".into(), deadline_ms: None }), false)
+        .call(
+            write(AdminOp::Drain {
+                host: "h0".into(),
+                reason: " ".into(),
+                deadline_ms: None,
+            }),
+            false,
+        )
         .await
         .unwrap_err();
     assert_eq!(e.kind, ErrorKind::InvalidArgument);
@@ -120,12 +183,27 @@ async fn drain_needs_a_reason_and_uncordon_respects_drain() {
     assert_eq!(out.status.code(), Some(2));
     assert_eq!(observe(&sup).await, before);
 
-    let out = sup.cli(&["node", "drain", "h0", "--reason", "bad optics", "--deadline", "10m"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = sup.cli(&[
+        "node",
+        "drain",
+        "h0",
+        "--reason",
+        "bad optics",
+        "--deadline",
+        "10m",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // No jobs on h0: the reconciler completes the drain through an intent.
     let mut drained = false;
     for _ in 0..100 {
-        if let Ok(AdminReply::Host { host, .. }) = c.call(AdminRequest::NodeShow { host: "h0".into() }, false).await {
+        if let Ok(AdminReply::Host { host, .. }) = c
+            .call(AdminRequest::NodeShow { host: "h0".into() }, false)
+            .await
+        {
             if host.status() == supervisor::model::HostStatus::Drained {
                 drained = true;
                 break;
@@ -139,7 +217,10 @@ async fn drain_needs_a_reason_and_uncordon_respects_drain() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("undrain"));
     let out = sup.cli(&["-o", "json", "history"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("bad optics") && text.contains("\"actor\""), "admin history records who and what: {text}");
+    assert!(
+        text.contains("bad optics") && text.contains("\"actor\""),
+        "admin history records who and what: {text}"
+    );
 }
 
 #[tokio::test]
@@ -150,34 +231,87 @@ async fn malformed_and_oversized_messages_are_refused() {
     let ch = supervisor::network::channel(&sup.addr).unwrap();
 
     let mut admin = AdminGrpc::new(ch.clone()).max_encoding_message_size(64 << 20);
-    let s = admin.call(Blob { body: b"{not json".to_vec() }).await.unwrap_err();
+    let s = admin
+        .call(Blob {
+            body: b"{not json".to_vec(),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
-    assert!(s.message().contains("malformed admin call"), "{}", s.message());
-    let s = admin.call(Blob { body: vec![b'x'; 5 << 20] }).await.unwrap_err();
-    assert!(matches!(s.code(), tonic::Code::ResourceExhausted | tonic::Code::OutOfRange), "{s:?}");
+    assert!(
+        s.message().contains("malformed admin call"),
+        "{}",
+        s.message()
+    );
+    let s = admin
+        .call(Blob {
+            body: vec![b'x'; 5 << 20],
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            s.code(),
+            tonic::Code::ResourceExhausted | tonic::Code::OutOfRange
+        ),
+        "{s:?}"
+    );
 
     let mut peer = RaftPeerClient::new(ch.clone());
-    let s = peer.append_entries(Blob { body: vec![0xff; 16] }).await.unwrap_err();
+    let s = peer
+        .append_entries(Blob {
+            body: vec![0xff; 16],
+        })
+        .await
+        .unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
     assert!(s.message().contains("malformed peer message"));
-    let s = peer.forward(Blob { body: b"[]".to_vec() }).await.unwrap_err();
+    let s = peer
+        .forward(Blob {
+            body: b"[]".to_vec(),
+        })
+        .await
+        .unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
 
     let mut ag = AgentClient::new(ch.clone()).max_encoding_message_size(64 << 20);
-    let huge = BTreeMap::from([("k".to_string(), "v".repeat(300 << 10))]).into_iter().collect();
+    let huge = BTreeMap::from([("k".to_string(), "v".repeat(300 << 10))])
+        .into_iter()
+        .collect();
     let s = ag
-        .register(RegisterHost { host: "h1".into(), nics: nics(), labels: huge, agent_version: String::new() })
+        .register(RegisterHost {
+            host: "h1".into(),
+            nics: nics(),
+            labels: huge,
+            agent_version: String::new(),
+        })
         .await
         .unwrap_err();
-    assert!(matches!(s.code(), tonic::Code::ResourceExhausted | tonic::Code::OutOfRange), "{s:?}");
+    assert!(
+        matches!(
+            s.code(),
+            tonic::Code::ResourceExhausted | tonic::Code::OutOfRange
+        ),
+        "{s:?}"
+    );
     let s = ag
-        .register(RegisterHost { host: "bad name".into(), nics: nics(), labels: Default::default(), agent_version: String::new() })
+        .register(RegisterHost {
+            host: "bad name".into(),
+            nics: nics(),
+            labels: Default::default(),
+            agent_version: String::new(),
+        })
         .await
         .unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
     let dup = vec![nics()[0].clone(), nics()[0].clone()];
     let s = ag
-        .register(RegisterHost { host: "h2".into(), nics: dup, labels: Default::default(), agent_version: String::new() })
+        .register(RegisterHost {
+            host: "h2".into(),
+            nics: dup,
+            labels: Default::default(),
+            agent_version: String::new(),
+        })
         .await
         .unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
@@ -185,52 +319,115 @@ async fn malformed_and_oversized_messages_are_refused() {
     let mut no_kind = ev("h0", 1, "rail0", true);
     no_kind.kind = None;
     let mut c = agent(&sup.addr).await;
-    let mut acks = c.report(tokio_stream::iter(vec![no_kind])).await.unwrap().into_inner();
+    let mut acks = c
+        .report(tokio_stream::iter(vec![no_kind]))
+        .await
+        .unwrap()
+        .into_inner();
     let s = acks.message().await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
-    let mut acks = c.report(tokio_stream::iter(vec![ev("h0", 0, "rail0", true)])).await.unwrap().into_inner();
-    assert_eq!(acks.message().await.unwrap_err().code(), tonic::Code::InvalidArgument);
+    let mut acks = c
+        .report(tokio_stream::iter(vec![ev("h0", 0, "rail0", true)]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        acks.message().await.unwrap_err().code(),
+        tonic::Code::InvalidArgument
+    );
 
-    assert_eq!(observe(&sup).await, before, "refused messages must not change state");
+    assert_eq!(
+        observe(&sup).await,
+        before,
+        "refused messages must not change state"
+    );
     // And the supervisor still works.
-    sup.client().call(write(AdminOp::Cordon { host: "h0".into() }), false).await.unwrap();
+    sup.client()
+        .call(write(AdminOp::Cordon { host: "h0".into() }), false)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
 async fn events_apply_exactly_once_in_order_across_reconnects() {
     let sup = Sup::start(&[]).await;
     register(&sup.addr, "h0").await;
-    let acks = send_events(&sup.addr, (1..=3).map(|s| ev("h0", s, "rail0", s % 2 == 0)).collect()).await;
+    let acks = send_events(
+        &sup.addr,
+        (1..=3).map(|s| ev("h0", s, "rail0", s % 2 == 0)).collect(),
+    )
+    .await;
     assert_eq!(acks.last().unwrap().acked_through, 3);
-    assert!(acks.windows(2).all(|w| w[0].acked_through <= w[1].acked_through), "acks are cumulative");
+    assert!(
+        acks.windows(2)
+            .all(|w| w[0].acked_through <= w[1].acked_through),
+        "acks are cumulative"
+    );
     // Reconnect and resend 1..=5 (as an agent does after losing its acks).
-    let acks = send_events(&sup.addr, (1..=5).map(|s| ev("h0", s, "rail0", s % 2 == 0)).collect()).await;
+    let acks = send_events(
+        &sup.addr,
+        (1..=5).map(|s| ev("h0", s, "rail0", s % 2 == 0)).collect(),
+    )
+    .await;
     assert_eq!(acks.last().unwrap().acked_through, 5);
     // Re-registration reports where to resume.
     let r = agent(&sup.addr)
         .await
-        .register(RegisterHost { host: "h0".into(), nics: nics(), labels: Default::default(), agent_version: "test".into() })
+        .register(RegisterHost {
+            host: "h0".into(),
+            nics: nics(),
+            labels: Default::default(),
+            agent_version: "test".into(),
+        })
         .await
         .unwrap()
         .into_inner();
     assert_eq!(r.last_applied_seq, 5);
     let c = sup.client();
-    let AdminReply::Host { host, .. } = c.call(AdminRequest::NodeShow { host: "h0".into() }, false).await.unwrap() else {
+    let AdminReply::Host { host, .. } = c
+        .call(AdminRequest::NodeShow { host: "h0".into() }, false)
+        .await
+        .unwrap()
+    else {
         panic!("host reply")
     };
     assert_eq!(host.last_event_seq, 5);
-    assert_eq!(host.nics["rail0"].state, NicState::Down, "seq 5 is odd: down");
+    assert_eq!(
+        host.nics["rail0"].state,
+        NicState::Down,
+        "seq 5 is odd: down"
+    );
     // Exactly once: 5 transitions applied, each logged once.
-    let AdminReply::Events { events } = c.call(AdminRequest::Events { since: 0, limit: 1000 }, false).await.unwrap() else {
+    let AdminReply::Events { events } = c
+        .call(
+            AdminRequest::Events {
+                since: 0,
+                limit: 1000,
+            },
+            false,
+        )
+        .await
+        .unwrap()
+    else {
         panic!()
     };
-    let transitions = events.iter().filter(|e| e.what.starts_with("NIC rail0:")).count();
+    let transitions = events
+        .iter()
+        .filter(|e| e.what.starts_with("NIC rail0:"))
+        .count();
     assert_eq!(transitions, 5, "{events:#?}");
-    let AdminReply::Incidents { incidents } = c.call(AdminRequest::Incidents { open_only: false }, false).await.unwrap() else {
+    let AdminReply::Incidents { incidents } = c
+        .call(AdminRequest::Incidents { open_only: false }, false)
+        .await
+        .unwrap()
+    else {
         panic!()
     };
     assert_eq!(incidents.iter().filter(|i| i.kind == "nic_down").count(), 3);
-    assert_eq!(incidents.iter().filter(|i| i.closed_ms.is_none()).count(), 1);
+    assert_eq!(
+        incidents.iter().filter(|i| i.closed_ms.is_none()).count(),
+        1
+    );
     // A gap is refused, naming the last applied sequence; nothing applies.
     let acks = send_events(&sup.addr, vec![ev("h0", 7, "rail0", true)]).await;
     assert_eq!(acks.len(), 1);
@@ -242,7 +439,11 @@ async fn events_apply_exactly_once_in_order_across_reconnects() {
 async fn second_process_on_a_data_dir_gets_a_clear_error() {
     let sup = Sup::start(&[]).await;
     let out = std::process::Command::new(common::SUPERVISOR)
-        .args(["--listen", &format!("127.0.0.1:{}", common::free_port()), "--data-dir"])
+        .args([
+            "--listen",
+            &format!("127.0.0.1:{}", common::free_port()),
+            "--data-dir",
+        ])
         .arg(sup.data_dir())
         .env_remove("RUST_BACKTRACE")
         .output()
@@ -250,12 +451,21 @@ async fn second_process_on_a_data_dir_gets_a_clear_error() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("in use by another process"), "{err}");
-    assert!(err.contains(&sup.child.as_ref().unwrap().id().to_string()), "names the holder pid: {err}");
+    assert!(
+        err.contains(&sup.child.as_ref().unwrap().id().to_string()),
+        "names the holder pid: {err}"
+    );
     // Bad flags are refused before anything starts.
-    let out = std::process::Command::new(common::SUPERVISOR).args(["--listen", "nonsense"]).output().unwrap();
+    let out = std::process::Command::new(common::SUPERVISOR)
+        .args(["--listen", "nonsense"])
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("not an IP:port"));
-    let out = std::process::Command::new(common::SUPERVISOR).args(["--peer", "2"]).output().unwrap();
+    let out = std::process::Command::new(common::SUPERVISOR)
+        .args(["--peer", "2"])
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("ID=IP:PORT"));
 }
 
@@ -270,7 +480,12 @@ async fn cli_reports_errors_with_exit_codes() {
     assert!(err.contains("\"nope\" not found"), "{err}");
     let dead = format!("127.0.0.1:{}", common::free_port());
     let out = common::cli(&dead, &["status"]);
-    assert_eq!(out.status.code(), Some(3), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = common::cli("not-an-addr", &["status"]);
     assert_eq!(out.status.code(), Some(2));
     let out = sup.cli(&["-o", "json", "node", "list"]);
@@ -302,8 +517,13 @@ async fn follow_streams_new_events() {
         }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    c.call(write(AdminOp::Cordon { host: "h0".into() }), false).await.unwrap();
-    let seen = tokio::time::timeout(Duration::from_secs(10), follower).await.unwrap().unwrap();
+    c.call(write(AdminOp::Cordon { host: "h0".into() }), false)
+        .await
+        .unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(10), follower)
+        .await
+        .unwrap()
+        .unwrap();
     assert!(seen[0].contains("registered"), "{seen:?}");
     assert!(seen.last().unwrap().starts_with("cordoned"), "{seen:?}");
 }
@@ -315,13 +535,31 @@ async fn log_compaction_and_restart_keep_every_write() {
     let c = sup.client();
     for i in 0..120u32 {
         let set = BTreeMap::from([(format!("k{}", i % 7), i.to_string())]);
-        c.call(write(AdminOp::SetLabels { host: "h0".into(), set, remove: vec![] }), false).await.unwrap();
+        c.call(
+            write(AdminOp::SetLabels {
+                host: "h0".into(),
+                set,
+                remove: vec![],
+            }),
+            false,
+        )
+        .await
+        .unwrap();
     }
-    let AdminReply::Status(st) = c.call(AdminRequest::Status, false).await.unwrap() else { panic!() };
-    assert!(st.snapshot_index.unwrap_or(0) >= 100, "snapshots follow the log: {st:?}");
+    let AdminReply::Status(st) = c.call(AdminRequest::Status, false).await.unwrap() else {
+        panic!()
+    };
+    assert!(
+        st.snapshot_index.unwrap_or(0) >= 100,
+        "snapshots follow the log: {st:?}"
+    );
     assert!(st.purged_index.is_some(), "the log was compacted: {st:?}");
     let before = observe(&sup).await;
     sup.kill(); // SIGKILL
     sup.spawn().await;
-    assert_eq!(observe(&sup).await, before, "state after restart equals state before");
+    assert_eq!(
+        observe(&sup).await,
+        before,
+        "state after restart equals state before"
+    );
 }

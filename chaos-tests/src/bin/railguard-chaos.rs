@@ -93,18 +93,40 @@ fn main() {
                 let r = chaos_tests::demo::run().await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
             }
-            Cmd::Scenario(Scenario::LeaderKill { rounds, hosts, clients, load_ms, seed }) => {
+            Cmd::Scenario(Scenario::LeaderKill {
+                rounds,
+                hosts,
+                clients,
+                load_ms,
+                seed,
+            }) => {
                 let r = chaos_tests::admin_history::run(chaos_tests::admin_history::HistoryRun {
-                    rounds, hosts, clients, whole_cluster: false,
-                    load_per_round: std::time::Duration::from_millis(load_ms), seed,
-                }).await?;
+                    rounds,
+                    hosts,
+                    clients,
+                    whole_cluster: false,
+                    load_per_round: std::time::Duration::from_millis(load_ms),
+                    seed,
+                })
+                .await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
             }
-            Cmd::Scenario(Scenario::ClusterCrash { rounds, hosts, clients, load_ms, seed }) => {
+            Cmd::Scenario(Scenario::ClusterCrash {
+                rounds,
+                hosts,
+                clients,
+                load_ms,
+                seed,
+            }) => {
                 let r = chaos_tests::admin_history::run(chaos_tests::admin_history::HistoryRun {
-                    rounds, hosts, clients, whole_cluster: true,
-                    load_per_round: std::time::Duration::from_millis(load_ms), seed,
-                }).await?;
+                    rounds,
+                    hosts,
+                    clients,
+                    whole_cluster: true,
+                    load_per_round: std::time::Duration::from_millis(load_ms),
+                    seed,
+                })
+                .await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
             }
             Cmd::Bench(Bench::RaftCommit { seconds, clients }) => {
@@ -123,7 +145,10 @@ fn main() {
         Ok((ok, v)) => finish(ok, &v),
         Err(e) => {
             eprintln!("error: {e:#}");
-            finish(false, &serde_json::json!({"ok": false, "error": format!("{e:#}")}))
+            finish(
+                false,
+                &serde_json::json!({"ok": false, "error": format!("{e:#}")}),
+            )
         }
     }
 }

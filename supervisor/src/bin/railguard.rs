@@ -20,7 +20,14 @@ use supervisor::model::{AdminOp, ClusterEvent, Host, Incident};
 #[command(version, about, long_about = None)]
 struct Cli {
     /// Supervisor addresses (IP:port, comma-separated); tried in order.
-    #[arg(long, short = 's', global = true, env = "RAILGUARD_SUPERVISORS", value_delimiter = ',', default_value = "127.0.0.1:7400")]
+    #[arg(
+        long,
+        short = 's',
+        global = true,
+        env = "RAILGUARD_SUPERVISORS",
+        value_delimiter = ',',
+        default_value = "127.0.0.1:7400"
+    )]
     supervisor: Vec<String>,
     /// Output format.
     #[arg(long, short = 'o', global = true, value_enum, default_value = "table")]
@@ -185,16 +192,33 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Node(n) => match n {
             NodeCmd::List => AdminRequest::NodeList,
             NodeCmd::Show { host } => AdminRequest::NodeShow { host },
-            NodeCmd::Cordon { host } => AdminRequest::Write { op: AdminOp::Cordon { host } },
-            NodeCmd::Uncordon { host } => AdminRequest::Write { op: AdminOp::Uncordon { host } },
-            NodeCmd::Drain { host, reason, deadline } => {
+            NodeCmd::Cordon { host } => AdminRequest::Write {
+                op: AdminOp::Cordon { host },
+            },
+            NodeCmd::Uncordon { host } => AdminRequest::Write {
+                op: AdminOp::Uncordon { host },
+            },
+            NodeCmd::Drain {
+                host,
+                reason,
+                deadline,
+            } => {
                 if reason.trim().is_empty() {
                     bail!(ApiError::invalid("drain needs a non-empty --reason"));
                 }
-                let deadline_ms = deadline.map(|d| supervisor::node::now_ms() + d.as_millis() as u64);
-                AdminRequest::Write { op: AdminOp::Drain { host, reason, deadline_ms } }
+                let deadline_ms =
+                    deadline.map(|d| supervisor::node::now_ms() + d.as_millis() as u64);
+                AdminRequest::Write {
+                    op: AdminOp::Drain {
+                        host,
+                        reason,
+                        deadline_ms,
+                    },
+                }
             }
-            NodeCmd::Undrain { host } => AdminRequest::Write { op: AdminOp::Undrain { host } },
+            NodeCmd::Undrain { host } => AdminRequest::Write {
+                op: AdminOp::Undrain { host },
+            },
             NodeCmd::Label { host, set, remove } => {
                 let mut map = BTreeMap::new();
                 for kv in set {
@@ -204,13 +228,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     map.insert(k.to_string(), v.to_string());
                 }
                 if map.is_empty() && remove.is_empty() {
-                    bail!(ApiError::invalid("give KEY=VALUE labels to set or --remove KEY"));
+                    bail!(ApiError::invalid(
+                        "give KEY=VALUE labels to set or --remove KEY"
+                    ));
                 }
-                AdminRequest::Write { op: AdminOp::SetLabels { host, set: map, remove } }
+                AdminRequest::Write {
+                    op: AdminOp::SetLabels {
+                        host,
+                        set: map,
+                        remove,
+                    },
+                }
             }
         },
         Cmd::Incidents { open } => AdminRequest::Incidents { open_only: open },
-        Cmd::Events { follow: true, since, .. } => {
+        Cmd::Events {
+            follow: true,
+            since,
+            ..
+        } => {
             return follow(&client, since, json).await;
         }
         Cmd::Events { since, limit, .. } => AdminRequest::Events { since, limit },
@@ -253,7 +289,10 @@ fn print_incidents(incidents: &[Incident]) {
         println!("no incidents");
         return;
     }
-    println!("{:>5}  {:<14} {:<10} {:<8} {:<26} {:<26} DETAIL", "ID", "KIND", "HOST", "NIC", "OPENED", "CLOSED");
+    println!(
+        "{:>5}  {:<14} {:<10} {:<8} {:<26} {:<26} DETAIL",
+        "ID", "KIND", "HOST", "NIC", "OPENED", "CLOSED"
+    );
     for i in incidents {
         println!(
             "{:>5}  {:<14} {:<10} {:<8} {:<26} {:<26} {}",
@@ -273,7 +312,10 @@ fn print_hosts(hosts: &[Host]) {
         println!("no hosts registered");
         return;
     }
-    println!("{:<14} {:<10} {:<9} {:>5}  LABELS", "HOST", "STATUS", "LIVENESS", "NICS");
+    println!(
+        "{:<14} {:<10} {:<9} {:>5}  LABELS",
+        "HOST", "STATUS", "LIVENESS", "NICS"
+    );
     for h in hosts {
         let labels: Vec<String> = h.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!(
@@ -293,14 +335,23 @@ fn render(reply: &AdminReply) {
             println!("answered by: supervisor {}", s.answered_by);
             println!(
                 "leader:      {}",
-                s.leader.map(|l| format!("supervisor {l}")).unwrap_or_else(|| "none (election in progress?)".into())
+                s.leader
+                    .map(|l| format!("supervisor {l}"))
+                    .unwrap_or_else(|| "none (election in progress?)".into())
             );
             println!("term:        {}", s.term);
-            println!("commit:      {} (applied {})", s.commit_index, s.applied_index);
+            println!(
+                "commit:      {} (applied {})",
+                s.commit_index, s.applied_index
+            );
             println!(
                 "snapshot:    {} (log compacted through {})",
-                s.snapshot_index.map(|i| i.to_string()).unwrap_or_else(|| "none".into()),
-                s.purged_index.map(|i| i.to_string()).unwrap_or_else(|| "-".into())
+                s.snapshot_index
+                    .map(|i| i.to_string())
+                    .unwrap_or_else(|| "none".into()),
+                s.purged_index
+                    .map(|i| i.to_string())
+                    .unwrap_or_else(|| "-".into())
             );
             println!("members:");
             for m in &s.members {
@@ -312,11 +363,28 @@ fn render(reply: &AdminReply) {
                     if m.leader { " leader" } else { "" }
                 );
             }
-            let by: Vec<String> = s.hosts_by_status.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            println!("hosts:       {}", if by.is_empty() { "none".into() } else { by.join(" ") });
+            let by: Vec<String> = s
+                .hosts_by_status
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            println!(
+                "hosts:       {}",
+                if by.is_empty() {
+                    "none".into()
+                } else {
+                    by.join(" ")
+                }
+            );
             println!("open incidents: {}", s.open_incidents.len());
             for i in &s.open_incidents {
-                println!("  #{} {} on {}{}", i.id, i.kind, i.host, i.nic.as_ref().map(|n| format!("/{n}")).unwrap_or_default());
+                println!(
+                    "  #{} {} on {}{}",
+                    i.id,
+                    i.kind,
+                    i.host,
+                    i.nic.as_ref().map(|n| format!("/{n}")).unwrap_or_default()
+                );
             }
             if !s.open_intents.is_empty() {
                 println!("open intents: {}", s.open_intents.len());
@@ -326,7 +394,10 @@ fn render(reply: &AdminReply) {
             }
         }
         AdminReply::Members { members } => {
-            println!("{:>4}  {:<22} {:<8} {:<7} MATCHED", "ID", "ADDRESS", "ROLE", "LEADER");
+            println!(
+                "{:>4}  {:<22} {:<8} {:<7} MATCHED",
+                "ID", "ADDRESS", "ROLE", "LEADER"
+            );
             for m in members {
                 println!(
                     "{:>4}  {:<22} {:<8} {:<7} {}",
@@ -334,7 +405,9 @@ fn render(reply: &AdminReply) {
                     m.addr,
                     if m.voter { "voter" } else { "learner" },
                     if m.leader { "yes" } else { "" },
-                    m.matched.map(|x| x.to_string()).unwrap_or_else(|| "-".into())
+                    m.matched
+                        .map(|x| x.to_string())
+                        .unwrap_or_else(|| "-".into())
                 );
             }
         }
@@ -351,15 +424,38 @@ fn render(reply: &AdminReply) {
                     fmt_ms(d.since_ms),
                     d.by,
                     d.reason,
-                    d.deadline_ms.map(|x| format!(" (deadline {})", fmt_ms(x))).unwrap_or_default()
+                    d.deadline_ms
+                        .map(|x| format!(" (deadline {})", fmt_ms(x)))
+                        .unwrap_or_default()
                 );
             }
-            let labels: Vec<String> = host.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            println!("labels:     {}", if labels.is_empty() { "-".into() } else { labels.join(",") });
-            println!("jobs:       {}", if jobs.is_empty() { "-".into() } else { jobs.join(",") });
+            let labels: Vec<String> = host
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            println!(
+                "labels:     {}",
+                if labels.is_empty() {
+                    "-".into()
+                } else {
+                    labels.join(",")
+                }
+            );
+            println!(
+                "jobs:       {}",
+                if jobs.is_empty() {
+                    "-".into()
+                } else {
+                    jobs.join(",")
+                }
+            );
             println!("events:     applied through seq {}", host.last_event_seq);
             println!("NICS:");
-            println!("  {:<8} {:>4} {:<8} {:<10} {:>6} {:>8}  LAST CHANGE", "NIC", "RAIL", "BACKUP", "STATE", "FLAPS", "PENALTY");
+            println!(
+                "  {:<8} {:>4} {:<8} {:<10} {:>6} {:>8}  LAST CHANGE",
+                "NIC", "RAIL", "BACKUP", "STATE", "FLAPS", "PENALTY"
+            );
             for n in host.nics.values() {
                 println!(
                     "  {:<8} {:>4} {:<8} {:<10} {:>6} {:>8.0}  {}",
@@ -384,7 +480,13 @@ fn render(reply: &AdminReply) {
         }
         AdminReply::History { records } => {
             for r in records {
-                println!("{}  {:<10} {:>8}  {:?}", fmt_ms(r.at_ms), r.actor, r.log_index, r.op);
+                println!(
+                    "{}  {:<10} {:>8}  {:?}",
+                    fmt_ms(r.at_ms),
+                    r.actor,
+                    r.log_index,
+                    r.op
+                );
             }
         }
         AdminReply::Committed { log_index, detail } => {

@@ -1,7 +1,7 @@
 //! `Admin`: every CLI operation. Writes and linearizable reads run on the
-//! leader; a follower forwards the call there (one hop). `Status` and
-//! `ClusterMembers` describe the answering node's own view and are never
-//! forwarded.
+//! leader; a follower forwards the call there (one hop). `Status` describes
+//! the answering node's own view and is never forwarded; `ClusterMembers`
+//! is the leader's view unless `--stale`.
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -30,7 +30,7 @@ pub const MAX_EVENTS_PER_CALL: u32 = 5_000;
 pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply, ApiError> {
     let local_only = matches!(
         call.request,
-        AdminRequest::Status | AdminRequest::ClusterMembers | AdminRequest::ClusterInit
+        AdminRequest::Status | AdminRequest::ClusterInit
     );
     let needs_leader = !local_only && (call.request.is_write() || !call.stale);
     if needs_leader && !sup.is_leader() {
@@ -241,7 +241,10 @@ async fn transfer_leader(sup: &Arc<Supervisor>, to: u64) -> Result<AdminReply, A
     }
     let members = sup.members();
     let target = members.iter().find(|m| m.id == to).ok_or_else(|| {
-        ApiError::new(ErrorKind::NotFound, format!("supervisor {to} is not a member"))
+        ApiError::new(
+            ErrorKind::NotFound,
+            format!("supervisor {to} is not a member"),
+        )
     })?;
     if !target.voter {
         return Err(ApiError::new(
@@ -253,7 +256,11 @@ async fn transfer_leader(sup: &Arc<Supervisor>, to: u64) -> Result<AdminReply, A
     let caught_up_by = Instant::now() + Duration::from_secs(2);
     loop {
         let last = sup.raft.metrics().borrow().last_log_index;
-        let matched = sup.members().into_iter().find(|m| m.id == to).and_then(|m| m.matched);
+        let matched = sup
+            .members()
+            .into_iter()
+            .find(|m| m.id == to)
+            .and_then(|m| m.matched);
         if matched >= last {
             break;
         }

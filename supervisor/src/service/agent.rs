@@ -80,7 +80,9 @@ fn convert(e: &PbEvent, host: &str) -> Result<AgentEvent, ApiError> {
         None => return Err(ApiError::invalid(format!("event {} has no kind", e.seq))),
         Some(agent_event::Kind::NicState(n)) => {
             if !n.damping_penalty.is_finite() || n.damping_penalty < 0.0 {
-                return Err(ApiError::invalid("damping penalty must be a finite number >= 0"));
+                return Err(ApiError::invalid(
+                    "damping penalty must be a finite number >= 0",
+                ));
             }
             AgentEventKind::NicState {
                 nic: n.nic.clone(),
@@ -186,12 +188,14 @@ impl Agent for AgentService {
                         }),
                         false,
                     ),
-                    Ok(Ok(other)) => (Err(Status::internal(format!("unexpected reply {other:?}"))), true),
+                    Ok(Ok(other)) => (
+                        Err(Status::internal(format!("unexpected reply {other:?}"))),
+                        true,
+                    ),
                     Ok(Err(e)) if e.is_definite() => {
                         let host = host_for_acks.lock().expect("host slot").clone();
-                        let last = sup_for_acks.read(|st| {
-                            st.hosts.get(&host).map(|h| h.last_event_seq).unwrap_or(0)
-                        });
+                        let last = sup_for_acks
+                            .read(|st| st.hosts.get(&host).map(|h| h.last_event_seq).unwrap_or(0));
                         (
                             Ok(EventAck {
                                 acked_through: last,

@@ -67,13 +67,21 @@ impl Sup {
                     return;
                 }
             }
-            assert!(Instant::now() < deadline, "supervisor did not become leader");
+            assert!(
+                Instant::now() < deadline,
+                "supervisor did not become leader"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
     pub fn client(&self) -> AdminClient {
-        AdminClient::new(std::slice::from_ref(&self.addr), "test", Duration::from_secs(5)).unwrap()
+        AdminClient::new(
+            std::slice::from_ref(&self.addr),
+            "test",
+            Duration::from_secs(5),
+        )
+        .unwrap()
     }
 
     pub fn kill(&mut self) {

@@ -1,0 +1,197 @@
+//! Multi-process supervisor clusters on loopback: membership changes,
+//! snapshot catch-up, and short forms of the `leader-kill` and
+//! `cluster-crash` scenarios (the long forms run from `railguard-chaos`).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use chaos_tests::admin_history::{run, HistoryRun};
+use chaos_tests::agentsim::register_host;
+use chaos_tests::cluster::SupervisorCluster;
+use supervisor::api::{AdminReply, AdminRequest, ErrorKind};
+use supervisor::model::AdminOp;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_short() {
+    let r = run(HistoryRun {
+        rounds: 3,
+        hosts: 3,
+        clients: 4,
+        whole_cluster: false,
+        load_per_round: Duration::from_millis(800),
+        seed: 1,
+    })
+    .await
+    .unwrap();
+    assert!(r.ok, "{r:?}");
+    assert_eq!(r.lost_ops, 0);
+    assert!(r.linearizable);
+    assert!(r.acked_ops > 50, "{r:?}");
+    assert_eq!(r.kills, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_cluster_crash_short() {
+    let r = run(HistoryRun {
+        rounds: 2,
+        hosts: 3,
+        clients: 4,
+        whole_cluster: true,
+        load_per_round: Duration::from_millis(800),
+        seed: 2,
+    })
+    .await
+    .unwrap();
+    assert!(r.ok, "{r:?}");
+    assert_eq!(r.lost_ops, 0);
+    assert_eq!(r.kills, 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn membership_add_promote_transfer_remove() {
+    let mut c = SupervisorCluster::start(3).unwrap();
+    let first_leader = c.init().await.unwrap();
+    let new_id = c.spawn_joiner().unwrap();
+    let new_addr = c.nodes[(new_id - 1) as usize].addr.clone();
+    let client = c.client("test", 0, Duration::from_secs(15)).unwrap();
+
+    let e = client
+        .call(
+            AdminRequest::AddMember {
+                id: 9,
+                addr: "nowhere".into(),
+            },
+            false,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+    client
+        .call(
+            AdminRequest::AddMember {
+                id: new_id,
+                addr: new_addr,
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    let AdminReply::Members { members } = client
+        .call(AdminRequest::ClusterMembers, false)
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(members.iter().filter(|m| m.voter).count(), 4, "{members:?}");
+
+    let e = client
+        .call(AdminRequest::TransferLeader { id: 99 }, false)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NotFound);
+    client
+        .call(AdminRequest::TransferLeader { id: new_id }, false)
+        .await
+        .unwrap();
+    assert_eq!(
+        c.wait_leader(Duration::from_secs(10)).await.unwrap(),
+        new_id
+    );
+
+    let e = client
+        .call(AdminRequest::RemoveMember { id: 99 }, false)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::NotFound);
+    client
+        .call(AdminRequest::RemoveMember { id: first_leader }, false)
+        .await
+        .unwrap();
+    let AdminReply::Members { members } = client
+        .call(AdminRequest::ClusterMembers, false)
+        .await
+        .unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(members.len(), 3, "{members:?}");
+    assert!(members.iter().all(|m| m.id != first_leader));
+    c.kill(first_leader);
+
+    // The reshaped cluster still commits writes.
+    let live: Vec<String> = c
+        .nodes
+        .iter()
+        .filter(|n| n.is_running())
+        .map(|n| n.addr.clone())
+        .collect();
+    register_host(&live, "h0").await.unwrap();
+    let live_client =
+        supervisor::client::AdminClient::new(&live, "test", Duration::from_secs(5)).unwrap();
+    live_client
+        .call(
+            AdminRequest::Write {
+                op: AdminOp::Cordon { host: "h0".into() },
+            },
+            false,
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lagging_follower_catches_up_from_a_snapshot() {
+    let mut c = SupervisorCluster::start_with(3, &["--snapshot-every", "50"]).unwrap();
+    let leader = c.init().await.unwrap();
+    register_host(&c.addrs(), "h0").await.unwrap();
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    c.kill(follower);
+    let client = c
+        .client("test", (leader - 1) as usize, Duration::from_secs(5))
+        .unwrap();
+    for i in 0..300u32 {
+        let set = BTreeMap::from([("n".to_string(), i.to_string())]);
+        client
+            .call(
+                AdminRequest::Write {
+                    op: AdminOp::SetLabels {
+                        host: "h0".into(),
+                        set,
+                        remove: vec![],
+                    },
+                },
+                false,
+            )
+            .await
+            .unwrap();
+    }
+    c.restart(follower).unwrap();
+    let fc = c.client_for(follower, Duration::from_secs(2)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(AdminReply::Host { host, .. }) = fc
+            .call(AdminRequest::NodeShow { host: "h0".into() }, true)
+            .await
+        {
+            if host.labels.get("n").map(String::as_str) == Some("299") {
+                break;
+            }
+        }
+        assert!(Instant::now() < deadline, "follower did not catch up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let AdminReply::Status(s) = fc.call(AdminRequest::Status, true).await.unwrap() else {
+        panic!()
+    };
+    assert!(
+        s.snapshot_index.unwrap_or(0) >= 250,
+        "follower holds a recent snapshot: {s:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_end_to_end() {
+    let r = chaos_tests::demo::run().await.unwrap();
+    assert!(r.ok && r.drain_survived_failover, "{r:?}");
+}

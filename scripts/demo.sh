@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The README's first command: builds railguard and runs the demo (a real
+# three-supervisor cluster on loopback, a drain through a leader crash, a
+# printed timeline). The last line is the demo's JSON summary.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+cargo build --release --workspace --bins
+exec target/release/railguard-chaos demo

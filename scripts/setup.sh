@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what building and testing railguard needs on Debian, if missing.
+# Idempotent; needs root (or sudo) only when something must be installed.
+set -euo pipefail
+
+# Debian packages: a C toolchain for -sys crates, pkg-config, and iproute2
+# (network namespaces for the testbed). protoc is vendored by the build.
+PACKAGES=(build-essential pkg-config iproute2)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: cargo not found; install Rust (https://rustup.rs) first" >&2
+  exit 1
+fi
+for c in rustfmt clippy; do
+  if ! cargo "${c/rustfmt/fmt}" --version >/dev/null 2>&1; then
+    rustup component add "$c"
+  fi
+done

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The README's second command (and CI's): installs what is missing, checks
+# formatting and lints, builds every binary (the scenario tests start real
+# supervisor processes from target/debug), then runs the whole test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+cargo build --workspace --bins --all-features
+cargo test --workspace --all-features
