@@ -78,3 +78,78 @@ impl
 fn openraft_storage_suite_all_cases() {
     Suite::test_all(SledBuilder).expect("every Suite case passes");
 }
+
+fn log_id(term: u64, index: u64) -> LogId<u64> {
+    LogId::new(openraft::CommittedLeaderId::new(term, 1), index)
+}
+
+fn put(term: u64, index: u64) -> openraft::Entry<TestConfig> {
+    openraft::Entry {
+        log_id: log_id(term, index),
+        payload: openraft::EntryPayload::Normal(Put {
+            key: format!("k{index}"),
+            value: format!("v{index}"),
+        }),
+    }
+}
+
+/// Log, vote, purge marker, applied model and snapshot all come back after
+/// the store is closed and reopened on the same directory.
+#[test]
+fn reopen_restores_log_vote_purge_and_snapshot() {
+    use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+    use openraft::{RaftLogReader, RaftSnapshotBuilder, Vote};
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (mut log, mut sm) = raft_store::open::<TestConfig, KvModel>(dir.path()).unwrap();
+        log.blocking_append((1..=10).map(|i| put(1, i)))
+            .await
+            .unwrap();
+        log.save_vote(&Vote::new_committed(1, 1)).await.unwrap();
+        log.save_committed(Some(log_id(1, 10))).await.unwrap();
+        sm.apply((1..=6).map(|i| put(1, i))).await.unwrap();
+        let snap = sm
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        assert_eq!(snap.meta.last_log_id, Some(log_id(1, 6)));
+        log.purge(log_id(1, 3)).await.unwrap();
+    });
+    rt.block_on(async {
+        let (mut log, mut sm) = raft_store::open::<TestConfig, KvModel>(dir.path()).unwrap();
+        let st = log.get_log_state().await.unwrap();
+        assert_eq!(st.last_log_id, Some(log_id(1, 10)));
+        assert_eq!(st.last_purged_log_id, Some(log_id(1, 3)));
+        let entries = log.try_get_log_entries(0..100).await.unwrap();
+        assert_eq!(
+            entries.iter().map(|e| e.log_id.index).collect::<Vec<_>>(),
+            (4..=10).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            log.read_vote().await.unwrap(),
+            Some(Vote::new_committed(1, 1))
+        );
+        assert_eq!(log.read_committed().await.unwrap(), Some(log_id(1, 10)));
+        let (applied, _) = sm.applied_state().await.unwrap();
+        assert_eq!(
+            applied,
+            Some(log_id(1, 6)),
+            "model restored from the snapshot"
+        );
+        let shared = sm.shared();
+        assert_eq!(
+            shared
+                .read()
+                .unwrap()
+                .model
+                .kv
+                .get("k6")
+                .map(String::as_str),
+            Some("v6")
+        );
+        assert!(sm.get_current_snapshot().await.unwrap().is_some());
+    });
+}

@@ -95,3 +95,147 @@ async fn step(sup: &Arc<Supervisor>) -> Result<(), crate::api::ApiError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{AdminOp, NicSpec, Proposal};
+    use openraft::{CommittedLeaderId, LogId};
+
+    fn apply(st: &mut ClusterState, i: u64, cmd: Command) -> crate::model::CmdResult {
+        let lid = LogId::new(CommittedLeaderId::new(1, 1), i);
+        st.apply_proposal(
+            &lid,
+            &Proposal {
+                at_ms: i,
+                cmds: vec![cmd],
+            },
+        )
+        .remove(0)
+    }
+
+    fn drained_state() -> ClusterState {
+        let mut st = ClusterState::default();
+        apply(
+            &mut st,
+            1,
+            Command::RegisterHost {
+                host: "h0".into(),
+                nics: vec![NicSpec {
+                    name: "rail0".into(),
+                    rail: Some(0),
+                    backup: None,
+                    rdma_device: None,
+                }],
+                labels: Default::default(),
+            },
+        )
+        .unwrap();
+        apply(
+            &mut st,
+            2,
+            Command::Admin {
+                actor: "a".into(),
+                op: AdminOp::Drain {
+                    host: "h0".into(),
+                    reason: "r".into(),
+                    deadline_ms: None,
+                },
+            },
+        )
+        .unwrap();
+        st
+    }
+
+    /// A leader that died between committing an intent and closing it leaves
+    /// the intent open in the replicated state; the next leader neither opens
+    /// a second one nor forgets it, and closing it is idempotent.
+    #[test]
+    fn new_leader_resumes_an_open_intent_once() {
+        let mut st = drained_state();
+        let wanted = wanted_actions(&st);
+        assert_eq!(wanted, vec![Action::CompleteDrain { host: "h0".into() }]);
+        apply(
+            &mut st,
+            3,
+            Command::OpenIntent {
+                action: wanted[0].clone(),
+            },
+        )
+        .unwrap();
+        // --- old leader dies here; the state is all the new leader has ---
+        assert!(
+            wanted_actions(&st).is_empty(),
+            "no second intent for the same action"
+        );
+        let open: Vec<_> = st.open_intents().cloned().collect();
+        assert_eq!(open.len(), 1);
+        let outcome = evaluate(&st, &open[0], 10).expect("no jobs: drain completes");
+        assert_eq!(outcome, Outcome::Done);
+        apply(
+            &mut st,
+            4,
+            Command::CloseIntent {
+                id: open[0].id,
+                outcome: outcome.clone(),
+            },
+        )
+        .unwrap();
+        apply(
+            &mut st,
+            5,
+            Command::CloseIntent {
+                id: open[0].id,
+                outcome,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            st.hosts["h0"].drain.as_ref().unwrap().phase,
+            DrainPhase::Drained
+        );
+        assert_eq!(
+            st.events
+                .iter()
+                .filter(|e| e.what.starts_with("drained"))
+                .count(),
+            1
+        );
+    }
+
+    #[test]
+    fn drain_waits_for_jobs_and_is_cancelled_by_undrain() {
+        let mut st = drained_state();
+        st.jobs.insert(
+            "j".into(),
+            crate::model::Job {
+                name: "j".into(),
+                placement: vec!["h0".into()],
+                incarnation: 1,
+            },
+        );
+        apply(
+            &mut st,
+            3,
+            Command::OpenIntent {
+                action: Action::CompleteDrain { host: "h0".into() },
+            },
+        )
+        .unwrap();
+        let intent = st.open_intents().next().unwrap().clone();
+        assert_eq!(evaluate(&st, &intent, 10), None, "a job still runs on h0");
+        apply(
+            &mut st,
+            4,
+            Command::Admin {
+                actor: "a".into(),
+                op: AdminOp::Undrain { host: "h0".into() },
+            },
+        )
+        .unwrap();
+        assert!(matches!(
+            evaluate(&st, &intent, 10),
+            Some(Outcome::Cancelled { .. })
+        ));
+    }
+}
