@@ -1,3 +1,10 @@
-//! The railguard node agent. Not built yet: the agent issue (netlink link
-//! tracker, flap damping, reliable report stream) fills this crate. Until
-//! then the supervisor's agent API is exercised by test clients.
+//! The railguard node agent (being built by the agent issue).
+//!
+//! # Layout
+//! - [`damper`]: RFC 2439-style flap damping (`FlapDamper`).
+//!
+//! Still to come with the agent issue: the netlink link tracker, the
+//! reliable report stream and the `railguard-agent` daemon. Until then the
+//! supervisor's agent API is exercised by `chaos_tests::agentsim`.
+
+pub mod damper;
