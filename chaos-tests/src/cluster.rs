@@ -179,6 +179,7 @@ impl SupervisorCluster {
             .spawn()
             .with_context(|| format!("spawn {}", self.bin.display()))?;
         tracing::debug!(id, pid = child.id(), "supervisor started");
+        crate::testbed::register_pid(child.id());
         self.node_mut(id).child = Some(child);
         Ok(())
     }
@@ -208,6 +209,7 @@ impl SupervisorCluster {
                 libc::kill(child.id() as i32, libc::SIGKILL);
             }
             let _ = child.wait();
+            crate::testbed::unregister_pid(child.id());
             tracing::debug!(id, "supervisor killed");
         }
     }

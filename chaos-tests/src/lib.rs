@@ -9,6 +9,7 @@
 //! - [`admin_history`]: `leader-kill` and `cluster-crash` scenarios.
 //! - [`bench`]: the `raft-commit` benchmark.
 //! - [`demo`]: the README's first command.
+//! - [`testbed`]: network namespaces, cables, fault injectors, cleanup.
 
 pub mod admin_history;
 pub mod agentsim;
@@ -16,3 +17,4 @@ pub mod bench;
 pub mod cluster;
 pub mod demo;
 pub mod linearizability;
+pub mod testbed;

@@ -88,6 +88,14 @@ fn main() {
         .init();
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let result: anyhow::Result<(bool, serde_json::Value)> = rt.block_on(async {
+        // Ctrl-C: kill what this run started and remove its namespaces.
+        tokio::spawn(async {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                eprintln!("interrupted: cleaning up");
+                chaos_tests::testbed::cleanup_all_live();
+                std::process::exit(130);
+            }
+        });
         match cli.cmd {
             Cmd::Demo => {
                 let r = chaos_tests::demo::run().await?;

@@ -1,0 +1,561 @@
+//! The netns testbed (TESTBED.md): one namespace per node, a fabric
+//! namespace with bridges, veth "cables", addresses, all made through
+//! netlink; fault injectors for every row of TESTBED.md's fault table; a
+//! cleanup guard that runs on drop (also on panic), a registry that Ctrl-C
+//! handlers can flush, and a sweeper for leftovers of dead runs.
+//!
+//! Topology for `TestbedSpec { supervisors: S, hosts: N }`, prefix `rgXXXXX-`:
+//! - `<p>fab`: bridges `mgmt`, `rail0`, `rail1`; fabric-side cable ends
+//!   `s<i>m`, `h<i>m`, `h<i>r0`, `h<i>r1`.
+//! - `<p>s<i>`: `mgmt0` = 10.200.0.(i+1)/16.
+//! - `<p>h<i>`: `mgmt0` = 10.200.1.i/16, `rail0` = 10.201.0.(i+1)/16,
+//!   `rail1` = 10.202.0.(i+1)/16 (each rail the other's backup).
+
+pub mod netns;
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::process::{Child, Command};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use futures::TryStreamExt;
+use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, State};
+use rtnetlink::{Handle, LinkBridge, LinkMessageBuilder, LinkUnspec, LinkVeth};
+
+pub use netns::Netns;
+
+/// Directory of owner files: `<prefix>.owner` holds the creating pid.
+pub const OWNER_DIR: &str = "/run/railguard-testbed";
+/// Every testbed namespace starts with this.
+pub const NS_PREFIX: &str = "rg";
+
+/// Root is needed for namespaces. Returns `Ok(false)` to skip (printing
+/// `SKIPPED (needs root): name`) outside CI; fails when `CI` is set.
+pub fn require_root(test_name: &str) -> anyhow::Result<bool> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        return Ok(true);
+    }
+    if std::env::var_os("CI").is_some() {
+        bail!("{test_name} needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and CI is set: failing instead of skipping");
+    }
+    eprintln!("SKIPPED (needs root): {test_name}");
+    Ok(false)
+}
+
+/// What to build.
+#[derive(Debug, Clone, Copy)]
+pub struct TestbedSpec {
+    pub supervisors: usize,
+    pub hosts: usize,
+}
+
+/// A node of the testbed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Node {
+    Supervisor(usize),
+    Host(usize),
+}
+
+/// Addresses of the plan.
+pub fn mgmt_addr(node: Node) -> Ipv4Addr {
+    match node {
+        Node::Supervisor(i) => Ipv4Addr::new(10, 200, 0, i as u8 + 1),
+        Node::Host(i) => Ipv4Addr::new(10, 200, 1, i as u8),
+    }
+}
+
+/// Address of host `i`'s `rail<r>`.
+pub fn rail_addr(host: usize, rail: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 201 + rail as u8, 0, host as u8 + 1)
+}
+
+/// Namespaces and processes of live testbeds, for Ctrl-C handlers.
+static LIVE: Mutex<Vec<(Vec<String>, Vec<u32>)>> = Mutex::new(Vec::new());
+
+/// Other processes of this run (e.g. loopback supervisors) to kill on Ctrl-C.
+static LIVE_PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// Registers a process for [`cleanup_all_live`].
+pub fn register_pid(pid: u32) {
+    LIVE_PIDS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(pid);
+}
+
+/// Forgets a process that was reaped.
+pub fn unregister_pid(pid: u32) {
+    LIVE_PIDS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|p| *p != pid);
+}
+
+/// Kills every registered process and deletes every registered namespace
+/// (for a SIGINT handler; `Drop` does the same for one testbed).
+pub fn cleanup_all_live() {
+    for pid in std::mem::take(&mut *LIVE_PIDS.lock().unwrap_or_else(|e| e.into_inner())) {
+        // SAFETY: signalling a process this run started.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    let live = std::mem::take(&mut *LIVE.lock().unwrap_or_else(|e| e.into_inner()));
+    for (names, pids) in live {
+        for pid in pids {
+            // SAFETY: signalling processes this run started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        for n in names {
+            let _ = netns::delete(&n);
+        }
+    }
+}
+
+fn pid_alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks existence.
+    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+}
+
+/// Removes `rg*-` namespaces whose owning process is gone (or unknown).
+/// Returns the names removed.
+pub fn sweep() -> Vec<String> {
+    let mut removed = Vec::new();
+    for name in netns::list(NS_PREFIX) {
+        let Some((prefix, _)) = name.split_once('-') else {
+            continue;
+        };
+        let owner = std::fs::read_to_string(format!("{OWNER_DIR}/{prefix}.owner"))
+            .ok()
+            .and_then(|s| s.trim().parse::<i32>().ok());
+        if owner.is_some_and(pid_alive) {
+            continue;
+        }
+        if netns::delete(&name).is_ok() {
+            removed.push(name);
+        }
+    }
+    // Owner files of prefixes that have no namespace left.
+    if let Ok(rd) = std::fs::read_dir(OWNER_DIR) {
+        for e in rd.flatten() {
+            let f = e.file_name().to_string_lossy().to_string();
+            if let Some(prefix) = f.strip_suffix(".owner") {
+                let any = !netns::list(&format!("{prefix}-")).is_empty();
+                let alive = std::fs::read_to_string(e.path())
+                    .ok()
+                    .and_then(|s| s.trim().parse::<i32>().ok())
+                    .is_some_and(pid_alive);
+                if !any && !alive {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+    }
+    removed
+}
+
+/// A built testbed. Dropping it kills its processes and removes its
+/// namespaces (with everything in them).
+pub struct Testbed {
+    pub prefix: String,
+    pub spec: TestbedSpec,
+    pub fab: Netns,
+    pub supervisors: Vec<Netns>,
+    pub hosts: Vec<Netns>,
+    handles: BTreeMap<String, Handle>,
+    children: Mutex<Vec<(Node, Child)>>,
+    torn_down: bool,
+}
+
+async fn link_index(h: &Handle, name: &str) -> anyhow::Result<u32> {
+    let mut links = h.link().get().match_name(name.to_string()).execute();
+    match links
+        .try_next()
+        .await
+        .with_context(|| format!("find link {name}"))?
+    {
+        Some(l) => Ok(l.header.index),
+        None => bail!("no link {name}"),
+    }
+}
+
+async fn set_up(h: &Handle, name: &str, up: bool) -> anyhow::Result<()> {
+    let idx = link_index(h, name).await?;
+    let b = LinkUnspec::new_with_index(idx);
+    let msg = if up { b.up() } else { b.down() }.build();
+    h.link()
+        .set(msg)
+        .execute()
+        .await
+        .with_context(|| format!("set {name} {}", if up { "up" } else { "down" }))
+}
+
+/// Which end of a host's cable a flap is made on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The host's own NIC set admin down (the host sees it down).
+    Host,
+    /// The fabric-side veth set down (the host sees carrier loss).
+    Fabric,
+}
+
+/// A flap storm on one cable (bounded: at most 10,000 cycles).
+#[derive(Debug, Clone, Copy)]
+pub struct FlapPattern {
+    pub host: usize,
+    pub rail: usize,
+    pub side: Side,
+    pub count: usize,
+    /// How long each flap keeps the link down.
+    pub down: Duration,
+    /// Pause between flaps, plus a random 0..jitter.
+    pub gap: Duration,
+    pub jitter: Duration,
+}
+
+/// Link state as netlink reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkStatus {
+    pub admin_up: bool,
+    pub oper_up: bool,
+    pub carrier: bool,
+    pub carrier_changes: u32,
+}
+
+impl Testbed {
+    /// Builds the topology. On any error everything made so far is removed.
+    pub async fn build(spec: TestbedSpec) -> anyhow::Result<Testbed> {
+        if spec.hosts > 200 || spec.supervisors > 9 {
+            bail!("testbed too large: at most 200 hosts and 9 supervisors");
+        }
+        sweep();
+        let suffix: u32 = rand::random::<u32>() % 36u32.pow(5);
+        let prefix = format!("{NS_PREFIX}{}", radix36(suffix));
+        std::fs::create_dir_all(OWNER_DIR)?;
+        std::fs::write(
+            format!("{OWNER_DIR}/{prefix}.owner"),
+            std::process::id().to_string(),
+        )?;
+        let fab = Netns::create(&format!("{prefix}-fab")).context("create fabric namespace")?;
+        let mut tb = Testbed {
+            prefix: prefix.clone(),
+            spec,
+            fab,
+            supervisors: Vec::new(),
+            hosts: Vec::new(),
+            handles: BTreeMap::new(),
+            children: Mutex::new(Vec::new()),
+            torn_down: false,
+        };
+        tb.register();
+        // From here on, Drop cleans up whatever fails.
+        for i in 0..spec.supervisors {
+            let ns = Netns::create(&format!("{prefix}-s{i}"))?;
+            tb.supervisors.push(ns);
+            tb.register();
+        }
+        for i in 0..spec.hosts {
+            let ns = Netns::create(&format!("{prefix}-h{i}"))?;
+            tb.hosts.push(ns);
+            tb.register();
+        }
+        tb.wire().await?;
+        Ok(tb)
+    }
+
+    fn register(&self) {
+        let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+        live.retain(|(names, _)| names.first().is_none_or(|n| *n != self.fab.name));
+        live.push((self.namespace_names(), self.pids()));
+    }
+
+    fn pids(&self) -> Vec<u32> {
+        self.children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(_, c)| c.id())
+            .collect()
+    }
+
+    /// Every namespace of this testbed (fabric first).
+    pub fn namespace_names(&self) -> Vec<String> {
+        std::iter::once(self.fab.name.clone())
+            .chain(self.supervisors.iter().map(|n| n.name.clone()))
+            .chain(self.hosts.iter().map(|n| n.name.clone()))
+            .collect()
+    }
+
+    /// The namespace of `node`.
+    pub fn ns(&self, node: Node) -> &Netns {
+        match node {
+            Node::Supervisor(i) => &self.supervisors[i],
+            Node::Host(i) => &self.hosts[i],
+        }
+    }
+
+    fn handle(&mut self, ns_name: &str) -> anyhow::Result<Handle> {
+        if let Some(h) = self.handles.get(ns_name) {
+            return Ok(h.clone());
+        }
+        let ns = Netns::open(ns_name)?;
+        let h = ns.netlink()?;
+        self.handles.insert(ns_name.to_string(), h.clone());
+        Ok(h)
+    }
+
+    async fn wire(&mut self) -> anyhow::Result<()> {
+        let fab_name = self.fab.name.clone();
+        let fab = self.handle(&fab_name)?;
+        set_up(&fab, "lo", true).await?;
+        for br in ["mgmt", "rail0", "rail1"] {
+            fab.link()
+                .add(LinkBridge::new(br).build())
+                .execute()
+                .await
+                .with_context(|| format!("create bridge {br}"))?;
+            set_up(&fab, br, true).await?;
+        }
+        let mut cables: Vec<(Node, String, String, String, Ipv4Addr)> = Vec::new();
+        for i in 0..self.spec.supervisors {
+            cables.push((
+                Node::Supervisor(i),
+                format!("s{i}m"),
+                "mgmt0".into(),
+                "mgmt".into(),
+                mgmt_addr(Node::Supervisor(i)),
+            ));
+        }
+        for i in 0..self.spec.hosts {
+            cables.push((
+                Node::Host(i),
+                format!("h{i}m"),
+                "mgmt0".into(),
+                "mgmt".into(),
+                mgmt_addr(Node::Host(i)),
+            ));
+            for r in 0..2 {
+                cables.push((
+                    Node::Host(i),
+                    format!("h{i}r{r}"),
+                    format!("rail{r}"),
+                    format!("rail{r}"),
+                    rail_addr(i, r),
+                ));
+            }
+        }
+        for (node, fab_end, node_end, bridge, addr) in cables {
+            let node_ns_name = self.ns(node).name.clone();
+            let node_fd = self.ns(node).fd();
+            // Create the pair in the fabric with the node's end placed
+            // directly in the node's namespace under its final name.
+            let peer = LinkMessageBuilder::<LinkUnspec>::new()
+                .name(node_end.clone())
+                .setns_by_fd(node_fd)
+                .build();
+            let msg = LinkMessageBuilder::<LinkVeth>::new_with_info_kind(InfoKind::Veth)
+                .name(fab_end.clone())
+                .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
+                .build();
+            fab.link()
+                .add(msg)
+                .execute()
+                .await
+                .with_context(|| format!("create cable {fab_end} <-> {node_ns_name}/{node_end}"))?;
+            let br_idx = link_index(&fab, &bridge).await?;
+            let idx = link_index(&fab, &fab_end).await?;
+            fab.link()
+                .set(
+                    LinkUnspec::new_with_index(idx)
+                        .controller(br_idx)
+                        .up()
+                        .build(),
+                )
+                .execute()
+                .await
+                .with_context(|| format!("attach {fab_end} to {bridge}"))?;
+            let nh = self.handle(&node_ns_name)?;
+            let nidx = link_index(&nh, &node_end).await?;
+            nh.address()
+                .add(nidx, addr.into(), 16)
+                .execute()
+                .await
+                .with_context(|| format!("address {addr} on {node_ns_name}/{node_end}"))?;
+            set_up(&nh, &node_end, true).await?;
+        }
+        for n in self.namespace_names().into_iter().skip(1) {
+            let h = self.handle(&n)?;
+            set_up(&h, "lo", true).await?;
+        }
+        Ok(())
+    }
+
+    /// Reads a link's state in a namespace.
+    pub async fn link_status(&mut self, ns_name: &str, link: &str) -> anyhow::Result<LinkStatus> {
+        let h = self.handle(ns_name)?;
+        let mut links = h.link().get().match_name(link.to_string()).execute();
+        let Some(l) = links.try_next().await? else {
+            bail!("no link {link} in {ns_name}")
+        };
+        let mut s = LinkStatus {
+            admin_up: l
+                .header
+                .flags
+                .contains(netlink_packet_route::link::LinkFlags::Up),
+            oper_up: false,
+            carrier: false,
+            carrier_changes: 0,
+        };
+        for a in l.attributes {
+            match a {
+                LinkAttribute::OperState(st) => s.oper_up = st == State::Up,
+                LinkAttribute::Carrier(c) => s.carrier = c != 0,
+                LinkAttribute::CarrierChanges(c) => s.carrier_changes = c,
+                _ => {}
+            }
+        }
+        Ok(s)
+    }
+
+    // ---- fault injectors (TESTBED.md's table) ----
+
+    /// NIC flap, host side: the host's `rail<r>` admin down or up.
+    pub async fn set_host_nic(&mut self, host: usize, rail: usize, up: bool) -> anyhow::Result<()> {
+        let ns = self.hosts[host].name.clone();
+        let h = self.handle(&ns)?;
+        set_up(&h, &format!("rail{rail}"), up).await
+    }
+
+    /// Link/cable flap, fabric side: the host sees carrier loss.
+    pub async fn set_fabric_link(
+        &mut self,
+        host: usize,
+        rail: usize,
+        up: bool,
+    ) -> anyhow::Result<()> {
+        let fab = self.fab.name.clone();
+        let h = self.handle(&fab)?;
+        set_up(&h, &format!("h{host}r{rail}"), up).await
+    }
+
+    /// Management partition: the node's `mgmt0` fabric end down or up.
+    pub async fn set_mgmt(&mut self, node: Node, up: bool) -> anyhow::Result<()> {
+        let fab = self.fab.name.clone();
+        let h = self.handle(&fab)?;
+        let name = match node {
+            Node::Supervisor(i) => format!("s{i}m"),
+            Node::Host(i) => format!("h{i}m"),
+        };
+        set_up(&h, &name, up).await
+    }
+
+    /// A NIC flap on either side of the cable.
+    pub async fn set_cable(
+        &mut self,
+        host: usize,
+        rail: usize,
+        side: Side,
+        up: bool,
+    ) -> anyhow::Result<()> {
+        match side {
+            Side::Host => self.set_host_nic(host, rail, up).await,
+            Side::Fabric => self.set_fabric_link(host, rail, up).await,
+        }
+    }
+
+    /// A flapping storm: `count` down/up cycles of one cable.
+    pub async fn flap_storm(&mut self, p: &FlapPattern) -> anyhow::Result<()> {
+        for _ in 0..p.count.min(10_000) {
+            self.set_cable(p.host, p.rail, p.side, false).await?;
+            tokio::time::sleep(p.down).await;
+            self.set_cable(p.host, p.rail, p.side, true).await?;
+            let j = if p.jitter.is_zero() {
+                Duration::ZERO
+            } else {
+                Duration::from_micros(rand::random::<u64>() % (p.jitter.as_micros() as u64).max(1))
+            };
+            tokio::time::sleep(p.gap + j).await;
+        }
+        Ok(())
+    }
+
+    /// Host loss: kill every process started in the host and set all its
+    /// cables down (fabric side).
+    pub async fn lose_host(&mut self, host: usize) -> anyhow::Result<()> {
+        self.kill_node(Node::Host(host));
+        self.set_mgmt(Node::Host(host), false).await?;
+        for r in 0..2 {
+            self.set_fabric_link(host, r, false).await?;
+        }
+        Ok(())
+    }
+
+    // ---- processes ----
+
+    /// A `Command` for `program` inside `node` (spawn it with [`Self::spawn_command`]).
+    pub fn command(&self, node: Node, program: &str) -> anyhow::Result<Command> {
+        Ok(self.ns(node).command(program)?)
+    }
+
+    /// Spawns a prepared command and tracks it: it is killed when the
+    /// testbed is torn down (or by [`Self::kill_node`]).
+    pub fn spawn_command(&self, node: Node, mut cmd: Command) -> anyhow::Result<u32> {
+        let child = cmd.spawn().context("spawn in namespace")?;
+        let pid = child.id();
+        self.children
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((node, child));
+        self.register();
+        Ok(pid)
+    }
+
+    /// SIGKILLs every process started in `node` (supervisor crash, host loss).
+    pub fn kill_node(&self, node: Node) {
+        let mut ch = self.children.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, c) in ch.iter_mut().filter(|(n, _)| *n == node) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        ch.retain(|(n, _)| *n != node);
+    }
+
+    /// Kills all processes and removes all namespaces. Idempotent.
+    pub fn teardown(&mut self) {
+        if self.torn_down {
+            return;
+        }
+        self.torn_down = true;
+        let mut ch = std::mem::take(&mut *self.children.lock().unwrap_or_else(|e| e.into_inner()));
+        for (_, c) in ch.iter_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        self.handles.clear();
+        for n in self.namespace_names() {
+            if let Err(e) = netns::delete(&n) {
+                eprintln!("testbed: cannot delete namespace {n}: {e}");
+            }
+        }
+        let _ = std::fs::remove_file(format!("{OWNER_DIR}/{}.owner", self.prefix));
+        let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+        live.retain(|(names, _)| names.first().is_none_or(|n| *n != self.fab.name));
+    }
+}
+
+impl Drop for Testbed {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}
+
+fn radix36(mut n: u32) -> String {
+    let digits = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut s = vec![b'0'; 5];
+    for i in (0..5).rev() {
+        s[i] = digits[(n % 36) as usize];
+        n /= 36;
+    }
+    String::from_utf8(s).expect("ascii")
+}
