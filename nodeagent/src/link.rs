@@ -1,0 +1,399 @@
+//! `LinkTracker`: NIC health from netlink link messages.
+//!
+//! A multicast netlink connection (`RTNLGRP_LINK`) delivers every link
+//! change; the tracker starts from a dump so it knows each NIC's state
+//! before the first change. A NIC is *up* when it is admin up and its
+//! operational state is up, so both an admin-down NIC and a carrier loss at
+//! the far end (the fabric-side cable) count as down.
+//!
+//! The kernel's carrier up/down counters are compared with what was seen:
+//! if a flap was shorter than the time it took to handle the previous
+//! message (or a message was lost to a full socket buffer), the missing
+//! down/up pairs are synthesised, so every flap is counted.
+//!
+//! Per-NIC state (with the [`FlapDamper`]): down and not suppressed → Down;
+//! down and suppressed → Flapping; up and suppressed → Recovering; up and
+//! reusable → Up. [`NicTracker::tick`] moves Recovering to Up once the
+//! damper allows it.
+
+use std::collections::BTreeMap;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use futures::StreamExt;
+use netlink_packet_core::NetlinkPayload;
+use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage, State};
+use netlink_packet_route::RouteNetlinkMessage;
+use tokio::sync::mpsc;
+
+use crate::damper::{DampingConfig, FlapDamper};
+
+/// NIC health as the agent classifies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum NicHealth {
+    Up,
+    Down,
+    Flapping,
+    Recovering,
+}
+
+impl NicHealth {
+    /// Whether traffic may use the NIC.
+    pub fn usable(self) -> bool {
+        self == NicHealth::Up
+    }
+}
+
+/// One netlink observation of a link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinkSample {
+    pub name: String,
+    pub index: u32,
+    pub admin_up: bool,
+    pub oper_up: bool,
+    pub carrier_changes: u32,
+    pub carrier_up_count: u32,
+    pub carrier_down_count: u32,
+}
+
+impl LinkSample {
+    /// Extracts a sample from a link message (None without a name).
+    pub fn from_message(m: &LinkMessage) -> Option<LinkSample> {
+        let mut s = LinkSample {
+            name: String::new(),
+            index: m.header.index,
+            admin_up: m.header.flags.contains(LinkFlags::Up),
+            oper_up: false,
+            carrier_changes: 0,
+            carrier_up_count: 0,
+            carrier_down_count: 0,
+        };
+        for a in &m.attributes {
+            match a {
+                LinkAttribute::IfName(n) => s.name = n.clone(),
+                LinkAttribute::OperState(st) => s.oper_up = *st == State::Up,
+                LinkAttribute::CarrierChanges(c) => s.carrier_changes = *c,
+                LinkAttribute::CarrierUpCount(c) => s.carrier_up_count = *c,
+                LinkAttribute::CarrierDownCount(c) => s.carrier_down_count = *c,
+                _ => {}
+            }
+        }
+        (!s.name.is_empty()).then_some(s)
+    }
+
+    /// Up = admin up and operationally up.
+    pub fn is_up(&self) -> bool {
+        self.admin_up && self.oper_up
+    }
+}
+
+/// A change of a NIC, reported to the supervisor and to local transports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinkTransition {
+    pub nic: String,
+    /// The link itself is up (independent of damping).
+    pub link_up: bool,
+    pub health: NicHealth,
+    pub carrier_changes: u64,
+    pub flaps: u32,
+    pub penalty: f64,
+    /// When the agent saw it (monotonic) and wall-clock ns for the record.
+    pub observed_at: Instant,
+    pub observed_unix_ns: u64,
+    /// Inferred from the kernel's counters rather than seen directly.
+    pub synthesized: bool,
+}
+
+/// Wall-clock nanoseconds since the Unix epoch.
+pub fn unix_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// The tracking state of one NIC.
+#[derive(Debug, Clone)]
+pub struct NicTracker {
+    pub name: String,
+    damper: FlapDamper,
+    link_up: Option<bool>,
+    down_count: u32,
+    carrier_changes: u64,
+    health: Option<NicHealth>,
+}
+
+impl NicTracker {
+    pub fn new(name: &str, damping: DampingConfig) -> Self {
+        Self {
+            name: name.into(),
+            damper: FlapDamper::new(damping),
+            link_up: None,
+            down_count: 0,
+            carrier_changes: 0,
+            health: None,
+        }
+    }
+
+    /// Current classification (None before the first sample).
+    pub fn health(&self) -> Option<NicHealth> {
+        self.health
+    }
+
+    fn classify(&mut self, link_up: bool, now: Instant) -> NicHealth {
+        match (link_up, self.damper.is_suppressed(now)) {
+            (false, false) => NicHealth::Down,
+            (false, true) => NicHealth::Flapping,
+            (true, true) => NicHealth::Recovering,
+            (true, false) => NicHealth::Up,
+        }
+    }
+
+    fn transition(&mut self, link_up: bool, now: Instant, synthesized: bool) -> LinkTransition {
+        if self.link_up == Some(true) && !link_up {
+            self.damper.record_flap(now);
+        }
+        self.link_up = Some(link_up);
+        let health = self.classify(link_up, now);
+        self.health = Some(health);
+        LinkTransition {
+            nic: self.name.clone(),
+            link_up,
+            health,
+            carrier_changes: self.carrier_changes,
+            flaps: self.damper.flaps(),
+            penalty: self.damper.penalty(now),
+            observed_at: now,
+            observed_unix_ns: unix_ns(),
+            synthesized,
+        }
+    }
+
+    /// Feeds one sample; returns the transitions it implies, in order.
+    pub fn observe(&mut self, s: &LinkSample, now: Instant) -> Vec<LinkTransition> {
+        let up = s.is_up();
+        let mut out = Vec::new();
+        self.carrier_changes = s.carrier_changes as u64;
+        let Some(prev) = self.link_up else {
+            self.down_count = s.carrier_down_count;
+            out.push(self.transition(up, now, false));
+            return out;
+        };
+        // Carrier drops the kernel counted that we did not see as a down.
+        let drops = s.carrier_down_count.wrapping_sub(self.down_count);
+        self.down_count = s.carrier_down_count;
+        let seen_drop = u32::from(prev && !up);
+        let missed = drops.saturating_sub(seen_drop).min(1_000);
+        // Each missed drop is a full cycle away from `prev` and back.
+        for _ in 0..missed {
+            out.push(self.transition(!prev, now, true));
+            out.push(self.transition(prev, now, true));
+        }
+        if prev != up {
+            out.push(self.transition(up, now, false));
+        }
+        out
+    }
+
+    /// Re-evaluates damping without a link change (Recovering → Up,
+    /// Flapping → Down once the penalty has decayed).
+    pub fn tick(&mut self, now: Instant) -> Option<LinkTransition> {
+        let link_up = self.link_up?;
+        let health = self.classify(link_up, now);
+        if Some(health) == self.health {
+            return None;
+        }
+        self.health = Some(health);
+        Some(LinkTransition {
+            nic: self.name.clone(),
+            link_up,
+            health,
+            carrier_changes: self.carrier_changes,
+            flaps: self.damper.flaps(),
+            penalty: self.damper.penalty(now),
+            observed_at: now,
+            observed_unix_ns: unix_ns(),
+            synthesized: false,
+        })
+    }
+}
+
+/// Errors starting the tracker.
+#[derive(Debug, thiserror::Error)]
+pub enum TrackerError {
+    #[error("netlink: {0}")]
+    Netlink(String),
+    #[error("NIC {0:?} does not exist in this network namespace")]
+    NoSuchNic(String),
+}
+
+/// Watches the given NICs and sends every transition on `tx` (bounded; the
+/// tracker waits when the consumer is slow, and the kernel counters make
+/// sure no flap is lost meanwhile).
+pub struct LinkTracker {
+    nics: BTreeMap<String, NicTracker>,
+}
+
+impl LinkTracker {
+    pub fn new(nics: &[String], damping: DampingConfig) -> Self {
+        Self {
+            nics: nics
+                .iter()
+                .map(|n| (n.clone(), NicTracker::new(n, damping)))
+                .collect(),
+        }
+    }
+
+    /// Subscribes, dumps, then runs until `tx` closes. Ticks damping every
+    /// 100 ms.
+    pub async fn run(mut self, tx: mpsc::Sender<LinkTransition>) -> Result<(), TrackerError> {
+        let (conn, handle, mut messages) =
+            rtnetlink::new_multicast_connection(&[rtnetlink::MulticastGroup::Link])
+                .map_err(|e| TrackerError::Netlink(e.to_string()))?;
+        tokio::spawn(conn);
+        // Dump after subscribing, so no change falls between the two.
+        let mut dump = handle.link().get().execute();
+        let mut seen = std::collections::BTreeSet::new();
+        while let Some(m) = dump.next().await {
+            let m = m.map_err(|e| TrackerError::Netlink(e.to_string()))?;
+            if let Some(s) = LinkSample::from_message(&m) {
+                seen.insert(s.name.clone());
+                if !self.send(&s, &tx).await {
+                    return Ok(());
+                }
+            }
+        }
+        if let Some(missing) = self.nics.keys().find(|n| !seen.contains(*n)) {
+            return Err(TrackerError::NoSuchNic(missing.clone()));
+        }
+        tracing::info!(nics = self.nics.len(), "link tracker started");
+        let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+        loop {
+            tokio::select! {
+                msg = messages.next() => {
+                    let Some((msg, _)) = msg else {
+                        return Err(TrackerError::Netlink("multicast connection closed".into()));
+                    };
+                    if let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(m)) = msg.payload {
+                        if let Some(s) = LinkSample::from_message(&m) {
+                            if !self.send(&s, &tx).await {
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+                _ = tick.tick() => {
+                    let now = Instant::now();
+                    for t in self.nics.values_mut().filter_map(|n| n.tick(now)).collect::<Vec<_>>() {
+                        if tx.send(t).await.is_err() {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn send(&mut self, s: &LinkSample, tx: &mpsc::Sender<LinkTransition>) -> bool {
+        let Some(n) = self.nics.get_mut(&s.name) else {
+            return true;
+        };
+        let now = Instant::now();
+        for t in n.observe(s, now) {
+            tracing::debug!(nic = %t.nic, link_up = t.link_up, health = ?t.health, synthesized = t.synthesized, "link transition");
+            if tx.send(t).await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn sample(admin: bool, oper: bool, downs: u32) -> LinkSample {
+        LinkSample {
+            name: "rail0".into(),
+            index: 2,
+            admin_up: admin,
+            oper_up: oper,
+            carrier_changes: downs * 2,
+            carrier_up_count: downs,
+            carrier_down_count: downs,
+        }
+    }
+
+    #[test]
+    fn admin_down_and_carrier_loss_are_both_down() {
+        let t0 = Instant::now();
+        let mut n = NicTracker::new("rail0", DampingConfig::default());
+        assert_eq!(
+            n.observe(&sample(true, true, 0), t0)[0].health,
+            NicHealth::Up
+        );
+        let t = n.observe(&sample(true, false, 1), t0 + Duration::from_secs(1));
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].health, NicHealth::Down, "carrier loss, admin up");
+        assert_eq!(
+            n.observe(&sample(true, true, 1), t0 + Duration::from_secs(2))[0].health,
+            NicHealth::Up
+        );
+        let t = n.observe(&sample(false, false, 2), t0 + Duration::from_secs(3));
+        assert_eq!(t[0].health, NicHealth::Down, "admin down");
+    }
+
+    #[test]
+    fn missed_flaps_are_synthesised_from_counters() {
+        let t0 = Instant::now();
+        let mut n = NicTracker::new("rail0", DampingConfig::default());
+        n.observe(&sample(true, true, 5), t0);
+        // Two full down/up cycles happened between messages.
+        let t = n.observe(&sample(true, true, 7), t0 + Duration::from_secs(60));
+        let ups: Vec<bool> = t.iter().map(|x| x.link_up).collect();
+        assert_eq!(ups, vec![false, true, false, true]);
+        assert!(t.iter().all(|x| x.synthesized));
+        // A seen down plus one missed cycle before it.
+        let t = n.observe(&sample(true, false, 9), t0 + Duration::from_secs(120));
+        let ups: Vec<bool> = t.iter().map(|x| x.link_up).collect();
+        assert_eq!(ups, vec![false, true, false]);
+        assert_eq!(t.iter().filter(|x| x.synthesized).count(), 2);
+    }
+
+    #[test]
+    fn storm_goes_flapping_then_recovering_then_up() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut n = NicTracker::new("rail0", DampingConfig::default());
+        n.observe(&sample(true, true, 0), t0);
+        let mut healths = Vec::new();
+        for i in 0..4u32 {
+            let at = t0 + ms(100 * (2 * i as u64 + 1));
+            healths.push(n.observe(&sample(true, false, i + 1), at)[0].health);
+            healths.push(n.observe(&sample(true, true, i + 1), at + ms(50))[0].health);
+        }
+        assert_eq!(
+            healths,
+            vec![
+                NicHealth::Down,
+                NicHealth::Up,
+                NicHealth::Down,
+                NicHealth::Up,
+                NicHealth::Flapping,
+                NicHealth::Recovering,
+                NicHealth::Flapping,
+                NicHealth::Recovering,
+            ]
+        );
+        assert_eq!(
+            n.tick(t0 + Duration::from_secs(5)),
+            None,
+            "still suppressed"
+        );
+        let t = n.tick(t0 + Duration::from_secs(60)).expect("decayed");
+        assert_eq!(t.health, NicHealth::Up);
+        assert!(t.link_up);
+        assert_eq!(n.tick(t0 + Duration::from_secs(61)), None);
+    }
+}
