@@ -74,6 +74,7 @@ pub fn nic_event(host: &str, seq: u64, nic: &str, up: bool) -> AgentEvent {
             carrier_changes: seq,
             flaps: 0,
             damping_penalty: 0.0,
+            coalesced: 0,
         })),
     }
 }

@@ -3,6 +3,7 @@
 //! # Layout
 //! - [`damper`]: RFC 2439-style flap damping (`FlapDamper`).
 //! - [`link`]: `LinkTracker` over rtnetlink multicast, per-NIC health.
+//! - [`outbox`]: persisted, bounded, coalescing outbox of sequenced reports.
 //!
 //! Still to come with the agent issue: the netlink link tracker, the
 //! reliable report stream and the `railguard-agent` daemon. Until then the
@@ -10,3 +11,4 @@
 
 pub mod damper;
 pub mod link;
+pub mod outbox;

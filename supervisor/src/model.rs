@@ -157,6 +157,8 @@ pub enum AgentEventKind {
         carrier_changes: u64,
         flaps: u32,
         damping_penalty: f64,
+        /// Earlier transitions folded into this one by a full agent outbox.
+        coalesced: u32,
     },
 }
 
@@ -756,15 +758,25 @@ impl ClusterState {
                     carrier_changes,
                     flaps,
                     damping_penalty,
-                } => self.apply_nic_state(
-                    at_ms,
-                    host,
-                    nic,
-                    *state,
-                    *carrier_changes,
-                    *flaps,
-                    *damping_penalty,
-                ),
+                    coalesced,
+                } => {
+                    if *coalesced > 0 {
+                        self.log_event(
+                            at_ms,
+                            Some(host),
+                            format!("NIC {nic}: {coalesced} transitions coalesced by the agent's full outbox"),
+                        );
+                    }
+                    self.apply_nic_state(
+                        at_ms,
+                        host,
+                        nic,
+                        *state,
+                        *carrier_changes,
+                        *flaps,
+                        *damping_penalty,
+                    )
+                }
             }
             through = e.seq;
             self.hosts.get_mut(host).expect("validated").last_event_seq = through;
@@ -1120,6 +1132,7 @@ mod tests {
                 carrier_changes: seq,
                 flaps: 0,
                 damping_penalty: 0.0,
+                coalesced: 0,
             },
         };
         let cmd = |events| Command::AgentEvents {
@@ -1215,6 +1228,7 @@ mod tests {
                         carrier_changes: 3,
                         flaps: 4,
                         damping_penalty: 1.5,
+                        coalesced: 2,
                     },
                 }],
             },

@@ -65,6 +65,7 @@ fn ev(host: &str, seq: u64, nic: &str, up: bool) -> AgentEvent {
             carrier_changes: seq,
             flaps: 0,
             damping_penalty: 0.0,
+            coalesced: 0,
         })),
     }
 }

@@ -90,6 +90,7 @@ fn convert(e: &PbEvent, host: &str) -> Result<AgentEvent, ApiError> {
                 carrier_changes: n.carrier_changes,
                 flaps: n.flaps,
                 damping_penalty: n.damping_penalty,
+                coalesced: n.coalesced,
             }
         }
     };
