@@ -5,10 +5,14 @@
 //! - [`link`]: `LinkTracker` over rtnetlink multicast, per-NIC health.
 //! - [`outbox`]: persisted, bounded, coalescing outbox of sequenced reports.
 //!
-//! Still to come with the agent issue: the netlink link tracker, the
-//! reliable report stream and the `railguard-agent` daemon. Until then the
-//! supervisor's agent API is exercised by `chaos_tests::agentsim`.
+//! - [`agent`]: the runtime (tracker → outbox → report stream, heartbeats).
+//! - [`config`]: TOML + flags, NIC discovery.
+//!
+//! RDMA port events (the `rdma` crate's event stream) will feed the same
+//! tracker once that crate exists; today only netlink feeds it.
 
+pub mod agent;
+pub mod config;
 pub mod damper;
 pub mod link;
 pub mod outbox;

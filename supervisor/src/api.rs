@@ -39,6 +39,8 @@ pub enum AdminRequest {
     NodeShow { host: String },
     Write { op: AdminOp },
     Incidents { open_only: bool },
+    /// Every NIC of every host, optionally only those in one state.
+    NicList { state: Option<crate::model::NicState> },
     Events { since: u64, limit: u32 },
     AdminHistory { limit: u32 },
 }

@@ -8,6 +8,7 @@
 //! - [`network`]: Raft RPC between supervisors over gRPC.
 //! - [`service`]: the gRPC services (`Admin`, `Agent`, `RaftPeer`).
 //! - [`reconciler`]: leader-side intents and actions.
+//! - [`liveness`]: Ready/Suspect/Down from heartbeats, with a grace period.
 //! - [`api`] / [`client`]: admin API types and the client the CLI uses.
 //! - [`config`] / [`datadir`]: configuration loading and data-dir locking.
 //! - [`daemon`]: wiring for the `railguard-supervisor` binary.
@@ -17,6 +18,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod datadir;
+pub mod liveness;
 pub mod model;
 pub mod network;
 pub mod node;

@@ -73,6 +73,8 @@ pub enum Command {
         host: String,
         events: Vec<AgentEvent>,
     },
+    /// The leader's liveness detector changes a host's liveness.
+    SetLiveness { host: String, liveness: Liveness },
     /// Record an intent (what is about to be done) before doing it.
     OpenIntent { action: Action },
     /// Record an intent's outcome and apply its effect.
@@ -299,6 +301,8 @@ pub struct Host {
     pub registered_ms: u64,
     /// Last agent event sequence applied for this host (exactly-once).
     pub last_event_seq: u64,
+    /// The open `host_down` incident, if any.
+    pub open_incident: Option<u64>,
 }
 
 impl Host {
@@ -518,6 +522,12 @@ impl ClusterState {
                 }
                 Ok(())
             }
+            Command::SetLiveness { host, .. } => {
+                if !self.hosts.contains_key(host) {
+                    return Err(not_found("host", host));
+                }
+                Ok(())
+            }
             Command::OpenIntent { action } => {
                 let host = action.host();
                 if !self.hosts.contains_key(host) {
@@ -570,6 +580,7 @@ impl ClusterState {
                     liveness: Liveness::Ready,
                     registered_ms: at_ms,
                     last_event_seq: 0,
+                    open_incident: None,
                 });
                 let mut new_nics = BTreeMap::new();
                 for spec in nics {
@@ -669,6 +680,28 @@ impl ClusterState {
                 Ok(CmdOk::Done)
             }
             Command::AgentEvents { host, events } => self.apply_agent_events(at_ms, host, events),
+            Command::SetLiveness { host, liveness } => {
+                let h = self.hosts.get_mut(host).expect("validated");
+                let prev = h.liveness;
+                if prev == *liveness {
+                    return Ok(CmdOk::Done);
+                }
+                h.liveness = *liveness;
+                let open = h.open_incident.take();
+                self.log_event(at_ms, Some(host), format!("host {prev:?} -> {liveness:?}"));
+                match liveness {
+                    Liveness::Down => {
+                        let id = self.open_incident(at_ms, "host_down", host, None, "missed heartbeats".into());
+                        self.hosts.get_mut(host).expect("validated").open_incident = Some(id);
+                    }
+                    _ => {
+                        if let Some(id) = open {
+                            self.close_incident(at_ms, id, "host is back");
+                        }
+                    }
+                }
+                Ok(CmdOk::Done)
+            }
             Command::OpenIntent { action } => {
                 if let Some(existing) = self
                     .intents

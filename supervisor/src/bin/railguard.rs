@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 use supervisor::api::{AdminReply, AdminRequest, ApiError, ErrorKind};
 use supervisor::client::AdminClient;
-use supervisor::model::{AdminOp, ClusterEvent, Host, Incident};
+use supervisor::model::{AdminOp, ClusterEvent, Host, Incident, Nic, NicState};
 
 /// railguard admin CLI.
 ///
@@ -62,6 +62,9 @@ enum Cmd {
     /// GPU hosts: list, show, cordon, drain, labels.
     #[command(subcommand)]
     Node(NodeCmd),
+    /// NICs of all hosts.
+    #[command(subcommand)]
+    Nic(NicCmd),
     /// Incidents (NIC down, flapping, ...).
     Incidents {
         /// Only incidents that are still open.
@@ -85,6 +88,37 @@ enum Cmd {
         #[arg(long, default_value_t = 50)]
         limit: u32,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum NicCmd {
+    /// Every NIC with its state, flap count, damping penalty and last change.
+    List {
+        /// Only NICs in this state.
+        #[arg(long, value_enum)]
+        state: Option<NicStateArg>,
+    },
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug)]
+enum NicStateArg {
+    Unknown,
+    Up,
+    Down,
+    Flapping,
+    Recovering,
+}
+
+impl From<NicStateArg> for NicState {
+    fn from(a: NicStateArg) -> Self {
+        match a {
+            NicStateArg::Unknown => NicState::Unknown,
+            NicStateArg::Up => NicState::Up,
+            NicStateArg::Down => NicState::Down,
+            NicStateArg::Flapping => NicState::Flapping,
+            NicStateArg::Recovering => NicState::Recovering,
+        }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -242,6 +276,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         },
         Cmd::Incidents { open } => AdminRequest::Incidents { open_only: open },
+        Cmd::Nic(NicCmd::List { state }) => AdminRequest::NicList { state: state.map(Into::into) },
         Cmd::Events {
             follow: true,
             since,
@@ -303,6 +338,27 @@ fn print_incidents(incidents: &[Incident]) {
             fmt_ms(i.opened_ms),
             i.closed_ms.map(fmt_ms).unwrap_or_else(|| "open".into()),
             i.detail
+        );
+    }
+}
+
+fn print_nics(nics: &[(String, Nic)]) {
+    if nics.is_empty() {
+        println!("no NICs");
+        return;
+    }
+    println!("{:<14} {:<8} {:>4} {:<8} {:<10} {:>6} {:>8}  LAST CHANGE", "HOST", "NIC", "RAIL", "BACKUP", "STATE", "FLAPS", "PENALTY");
+    for (h, n) in nics {
+        println!(
+            "{:<14} {:<8} {:>4} {:<8} {:<10} {:>6} {:>8.0}  {}",
+            h,
+            n.name,
+            n.rail.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
+            n.backup.as_deref().unwrap_or("-"),
+            format!("{:?}", n.state),
+            n.flaps,
+            n.damping_penalty,
+            fmt_ms(n.last_change_ms)
         );
     }
 }
@@ -470,6 +526,7 @@ fn render(reply: &AdminReply) {
             }
         }
         AdminReply::Incidents { incidents } => print_incidents(incidents),
+        AdminReply::Nics { nics } => print_nics(nics),
         AdminReply::Events { events } => {
             if events.is_empty() {
                 println!("no events");

@@ -104,6 +104,14 @@ pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply
                 .cloned()
                 .collect()),
         }),
+        AdminRequest::NicList { state } => Ok(AdminReply::Nics {
+            nics: read!(|st| st
+                .hosts
+                .values()
+                .flat_map(|h| h.nics.values().map(move |n| (h.name.clone(), n.clone())))
+                .filter(|(_, n)| state.is_none_or(|s| n.state == s))
+                .collect()),
+        }),
         AdminRequest::Events { since, limit } => {
             let limit = limit.clamp(1, MAX_EVENTS_PER_CALL) as usize;
             Ok(AdminReply::Events {

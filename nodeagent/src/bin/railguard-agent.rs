@@ -1,0 +1,78 @@
+//! `railguard-agent`: the node agent of one GPU host.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use futures::TryStreamExt;
+use nodeagent::config::{load, Overrides};
+
+/// railguard node agent: watches the host's data NICs through netlink, damps
+/// flaps, and reports every transition to the supervisor leader
+/// (persisted outbox, exactly-once after commit). Heartbeats every 250 ms.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Args {
+    /// TOML configuration file (flags override its values).
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// This host's name in the cluster (default: the hostname).
+    #[arg(long)]
+    host: Option<String>,
+    /// Supervisor addresses IP:PORT (repeatable or comma-separated).
+    #[arg(long = "supervisor", value_delimiter = ',')]
+    supervisors: Vec<String>,
+    /// A data NIC as NAME[:RAIL[:BACKUP[:RDMA_DEVICE]]] (repeatable).
+    /// Default: every interface named rail<N>, rails 2k/2k+1 backing each other up.
+    #[arg(long = "nic")]
+    nics: Vec<String>,
+    /// Directory for the persisted outbox. Default ./railguard-agent-data.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+async fn link_names() -> anyhow::Result<Vec<String>> {
+    let (conn, handle, _) = rtnetlink::new_connection().context("netlink")?;
+    tokio::spawn(conn);
+    let mut names = Vec::new();
+    let mut links = handle.link().get().execute();
+    while let Some(m) = links.try_next().await.context("list links")? {
+        if let Some(s) = nodeagent::link::LinkSample::from_message(&m) {
+            names.push(s.name);
+        }
+    }
+    Ok(names)
+}
+
+async fn run(args: Args) -> anyhow::Result<()> {
+    let links = link_names().await?;
+    let cfg = load(
+        args.config.as_deref(),
+        Overrides { host: args.host, supervisors: args.supervisors, data_dir: args.data_dir, nics: args.nics },
+        &links,
+    )
+    .context("invalid configuration")?;
+    tracing::info!(host = %cfg.host, nics = ?cfg.nics.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), supervisors = ?cfg.supervisors, "starting agent");
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    };
+    nodeagent::agent::run(cfg, shutdown).await?;
+    Ok(())
+}
+
+fn main() {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,h2=warn,tower=warn")))
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    if let Err(e) = rt.block_on(run(args)) {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
