@@ -113,12 +113,19 @@ impl Backoff {
         let d = self.cur;
         self.cur = (self.cur * 2).min(self.max);
         let jitter = d.as_micros() as u64 / 4;
-        d + Duration::from_micros(if jitter == 0 { 0 } else { rand::random::<u64>() % jitter })
+        d + Duration::from_micros(if jitter == 0 {
+            0
+        } else {
+            rand::random::<u64>() % jitter
+        })
     }
 }
 
 /// Runs the agent until `shutdown` resolves or a fatal error.
-pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = ()>) -> Result<(), AgentError> {
+pub async fn run(
+    cfg: AgentConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> Result<(), AgentError> {
     for a in &cfg.supervisors {
         if a.parse::<std::net::SocketAddr>().is_err() {
             return Err(AgentError::BadAddress(a.clone()));
@@ -127,7 +134,10 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
     std::fs::create_dir_all(&cfg.data_dir).map_err(|e| {
         OutboxError::Corrupt(format!("cannot create {}: {e}", cfg.data_dir.display()))
     })?;
-    let outbox = Arc::new(Mutex::new(Outbox::open(&cfg.data_dir.join("outbox"), OUTBOX_CAPACITY)?));
+    let outbox = Arc::new(Mutex::new(Outbox::open(
+        &cfg.data_dir.join("outbox"),
+        OUTBOX_CAPACITY,
+    )?));
     let fresh = Arc::new(Notify::new());
     let hint = Arc::new(LeaderHint::default());
     let cfg = Arc::new(cfg);
@@ -157,7 +167,12 @@ pub async fn run(cfg: AgentConfig, shutdown: impl std::future::Future<Output = (
         Ok::<(), OutboxError>(())
     });
 
-    let reporter = tokio::spawn(report_loop(cfg.clone(), outbox.clone(), fresh.clone(), hint.clone()));
+    let reporter = tokio::spawn(report_loop(
+        cfg.clone(),
+        outbox.clone(),
+        fresh.clone(),
+        hint.clone(),
+    ));
     let heartbeats = tokio::spawn(heartbeat_loop(cfg.clone(), hint.clone()));
 
     let result = tokio::select! {
@@ -187,7 +202,10 @@ async fn heartbeat_loop(cfg: Arc<AgentConfig>, hint: Arc<LeaderHint>) {
             cfg.supervisors[rotate % cfg.supervisors.len()].clone()
         });
         let Ok(mut c) = client(&addr) else { continue };
-        let req = HeartbeatRequest { host: cfg.host.clone(), sent_unix_ms: crate::link::unix_ns() / 1_000_000 };
+        let req = HeartbeatRequest {
+            host: cfg.host.clone(),
+            sent_unix_ms: crate::link::unix_ns() / 1_000_000,
+        };
         match tokio::time::timeout(HEARTBEAT * 2, c.heartbeat(req)).await {
             Ok(Ok(_)) => hint.set(Some(addr)),
             Ok(Err(s)) => {
@@ -222,10 +240,14 @@ fn register_request(cfg: &AgentConfig) -> RegisterHost {
 async fn connect(cfg: &AgentConfig, hint: &LeaderHint, backoff: &mut Backoff) -> (String, u64) {
     let mut i = 0usize;
     loop {
-        let addr = hint.get().unwrap_or_else(|| cfg.supervisors[i % cfg.supervisors.len()].clone());
+        let addr = hint
+            .get()
+            .unwrap_or_else(|| cfg.supervisors[i % cfg.supervisors.len()].clone());
         i += 1;
         if let Ok(mut c) = client(&addr) {
-            match tokio::time::timeout(Duration::from_secs(3), c.register(register_request(cfg))).await {
+            match tokio::time::timeout(Duration::from_secs(3), c.register(register_request(cfg)))
+                .await
+            {
                 Ok(Ok(r)) => {
                     backoff.reset();
                     hint.set(Some(addr.clone()));
@@ -245,7 +267,12 @@ async fn connect(cfg: &AgentConfig, hint: &LeaderHint, backoff: &mut Backoff) ->
     }
 }
 
-async fn report_loop(cfg: Arc<AgentConfig>, outbox: Arc<Mutex<Outbox>>, fresh: Arc<Notify>, hint: Arc<LeaderHint>) {
+async fn report_loop(
+    cfg: Arc<AgentConfig>,
+    outbox: Arc<Mutex<Outbox>>,
+    fresh: Arc<Notify>,
+    hint: Arc<LeaderHint>,
+) {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
         let (addr, last_applied) = connect(&cfg, &hint, &mut backoff).await;
@@ -277,7 +304,11 @@ async fn stream_once(
         .into_inner();
     let mut sent = acked;
     loop {
-        let pending = outbox.lock().await.pending_after(sent).map_err(|e| e.to_string())?;
+        let pending = outbox
+            .lock()
+            .await
+            .pending_after(sent)
+            .map_err(|e| e.to_string())?;
         for p in pending {
             let ev = AgentEvent {
                 host: cfg.host.clone(),

@@ -47,7 +47,11 @@ pub struct Overrides {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read {path}: {source}")]
-    Read { path: String, #[source] source: std::io::Error },
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{path}: {message}")]
     Parse { path: String, message: String },
     #[error("{0}")]
@@ -58,27 +62,50 @@ pub enum ConfigError {
 pub fn parse_nic(s: &str) -> Result<NicConfig, ConfigError> {
     let parts: Vec<&str> = s.split(':').collect();
     if parts.is_empty() || parts[0].is_empty() || parts.len() > 4 {
-        return Err(ConfigError::Invalid(format!("--nic {s:?} must look like NAME[:RAIL[:BACKUP[:RDMA_DEVICE]]]")));
+        return Err(ConfigError::Invalid(format!(
+            "--nic {s:?} must look like NAME[:RAIL[:BACKUP[:RDMA_DEVICE]]]"
+        )));
     }
     let rail = match parts.get(1) {
         None | Some(&"") => None,
-        Some(r) => Some(r.parse().map_err(|_| ConfigError::Invalid(format!("rail {r:?} in --nic {s:?} is not a number")))?),
+        Some(r) => Some(r.parse().map_err(|_| {
+            ConfigError::Invalid(format!("rail {r:?} in --nic {s:?} is not a number"))
+        })?),
     };
-    let opt = |i: usize| parts.get(i).filter(|x| !x.is_empty()).map(|x| x.to_string());
-    Ok(NicConfig { name: parts[0].into(), rail, backup: opt(2), rdma_device: opt(3) })
+    let opt = |i: usize| {
+        parts
+            .get(i)
+            .filter(|x| !x.is_empty())
+            .map(|x| x.to_string())
+    };
+    Ok(NicConfig {
+        name: parts[0].into(),
+        rail,
+        backup: opt(2),
+        rdma_device: opt(3),
+    })
 }
 
 /// NICs named `rail<N>` among `links`; rails 2k and 2k+1 back each other up.
 pub fn discover(links: &[String]) -> Vec<NicConfig> {
     let mut rails: Vec<(u32, String)> = links
         .iter()
-        .filter_map(|l| l.strip_prefix("rail").and_then(|n| n.parse().ok()).map(|n: u32| (n, l.clone())))
+        .filter_map(|l| {
+            l.strip_prefix("rail")
+                .and_then(|n| n.parse().ok())
+                .map(|n: u32| (n, l.clone()))
+        })
         .collect();
     rails.sort();
     let names: std::collections::BTreeMap<u32, String> = rails.iter().cloned().collect();
     rails
         .into_iter()
-        .map(|(n, name)| NicConfig { name, rail: Some(n), backup: names.get(&(n ^ 1)).cloned(), rdma_device: None })
+        .map(|(n, name)| NicConfig {
+            name,
+            rail: Some(n),
+            backup: names.get(&(n ^ 1)).cloned(),
+            rdma_device: None,
+        })
         .collect()
 }
 
@@ -95,55 +122,106 @@ fn hostname() -> Option<String> {
 
 /// Loads and validates; `links` are the interface names present (used for
 /// discovery and to check configured NICs exist).
-pub fn load(file: Option<&Path>, over: Overrides, links: &[String]) -> Result<AgentConfig, ConfigError> {
+pub fn load(
+    file: Option<&Path>,
+    over: Overrides,
+    links: &[String],
+) -> Result<AgentConfig, ConfigError> {
     let fc: FileConfig = match file {
         None => FileConfig::default(),
         Some(p) => {
-            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read { path: p.display().to_string(), source })?;
-            toml::from_str(&text).map_err(|e| ConfigError::Parse { path: p.display().to_string(), message: e.to_string() })?
+            let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                path: p.display().to_string(),
+                source,
+            })?;
+            toml::from_str(&text).map_err(|e| ConfigError::Parse {
+                path: p.display().to_string(),
+                message: e.to_string(),
+            })?
         }
     };
-    let host = over.host.or(fc.host).or_else(hostname).ok_or_else(|| ConfigError::Invalid("no host name: pass --host".into()))?;
-    if host.is_empty() || host.len() > 253 || host.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        return Err(ConfigError::Invalid(format!("host name {host:?} is not valid")));
+    let host = over
+        .host
+        .or(fc.host)
+        .or_else(hostname)
+        .ok_or_else(|| ConfigError::Invalid("no host name: pass --host".into()))?;
+    if host.is_empty()
+        || host.len() > 253
+        || host.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        return Err(ConfigError::Invalid(format!(
+            "host name {host:?} is not valid"
+        )));
     }
-    let supervisors = if over.supervisors.is_empty() { fc.supervisors } else { over.supervisors };
+    let supervisors = if over.supervisors.is_empty() {
+        fc.supervisors
+    } else {
+        over.supervisors
+    };
     if supervisors.is_empty() {
-        return Err(ConfigError::Invalid("no supervisor address: pass --supervisor IP:PORT".into()));
+        return Err(ConfigError::Invalid(
+            "no supervisor address: pass --supervisor IP:PORT".into(),
+        ));
     }
     for s in &supervisors {
         if s.parse::<std::net::SocketAddr>().is_err() {
-            return Err(ConfigError::Invalid(format!("supervisor address {s:?} is not IP:port")));
+            return Err(ConfigError::Invalid(format!(
+                "supervisor address {s:?} is not IP:port"
+            )));
         }
     }
     let mut nics: Vec<NicConfig> = if !over.nics.is_empty() {
-        over.nics.iter().map(|s| parse_nic(s)).collect::<Result<_, _>>()?
+        over.nics
+            .iter()
+            .map(|s| parse_nic(s))
+            .collect::<Result<_, _>>()?
     } else if !fc.nic.is_empty() {
-        fc.nic.into_iter().map(|n| NicConfig { name: n.name, rail: n.rail, backup: n.backup, rdma_device: n.rdma_device }).collect()
+        fc.nic
+            .into_iter()
+            .map(|n| NicConfig {
+                name: n.name,
+                rail: n.rail,
+                backup: n.backup,
+                rdma_device: n.rdma_device,
+            })
+            .collect()
     } else {
         discover(links)
     };
     if nics.is_empty() {
-        return Err(ConfigError::Invalid("no data NICs configured and none named rail<N> found: pass --nic NAME".into()));
+        return Err(ConfigError::Invalid(
+            "no data NICs configured and none named rail<N> found: pass --nic NAME".into(),
+        ));
     }
     nics.sort_by(|a, b| a.name.cmp(&b.name));
     for n in &nics {
         if !links.contains(&n.name) {
-            return Err(ConfigError::Invalid(format!("NIC {:?} does not exist on this host", n.name)));
+            return Err(ConfigError::Invalid(format!(
+                "NIC {:?} does not exist on this host",
+                n.name
+            )));
         }
         if let Some(b) = &n.backup {
             if !nics.iter().any(|m| &m.name == b) || b == &n.name {
-                return Err(ConfigError::Invalid(format!("backup {b:?} of NIC {:?} is not another configured NIC", n.name)));
+                return Err(ConfigError::Invalid(format!(
+                    "backup {b:?} of NIC {:?} is not another configured NIC",
+                    n.name
+                )));
             }
         }
     }
     let damping = fc.damping.unwrap_or_default();
-    damping.validate().map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    damping
+        .validate()
+        .map_err(|e| ConfigError::Invalid(e.to_string()))?;
     Ok(AgentConfig {
         host,
         supervisors,
         nics,
-        data_dir: over.data_dir.or(fc.data_dir).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+        data_dir: over
+            .data_dir
+            .or(fc.data_dir)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
         damping,
     })
 }
@@ -153,7 +231,10 @@ mod tests {
     use super::*;
 
     fn links() -> Vec<String> {
-        ["lo", "mgmt0", "rail0", "rail1"].iter().map(|s| s.to_string()).collect()
+        ["lo", "mgmt0", "rail0", "rail1"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect()
     }
 
     #[test]
@@ -167,18 +248,62 @@ mod tests {
 
     #[test]
     fn flags_are_validated() {
-        let base = Overrides { host: Some("h0".into()), supervisors: vec!["10.0.0.1:7400".into()], ..Default::default() };
+        let base = Overrides {
+            host: Some("h0".into()),
+            supervisors: vec!["10.0.0.1:7400".into()],
+            ..Default::default()
+        };
         let c = load(None, base.clone(), &links()).unwrap();
         assert_eq!(c.nics.len(), 2);
-        let e = load(None, Overrides { nics: vec!["eth7".into()], ..base.clone() }, &links()).unwrap_err();
+        let e = load(
+            None,
+            Overrides {
+                nics: vec!["eth7".into()],
+                ..base.clone()
+            },
+            &links(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("does not exist"), "{e}");
-        let e = load(None, Overrides { nics: vec!["rail0:x".into()], ..base.clone() }, &links()).unwrap_err();
+        let e = load(
+            None,
+            Overrides {
+                nics: vec!["rail0:x".into()],
+                ..base.clone()
+            },
+            &links(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("not a number"), "{e}");
-        let e = load(None, Overrides { nics: vec!["rail0:0:rail9".into()], ..base.clone() }, &links()).unwrap_err();
+        let e = load(
+            None,
+            Overrides {
+                nics: vec!["rail0:0:rail9".into()],
+                ..base.clone()
+            },
+            &links(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("backup"), "{e}");
-        let e = load(None, Overrides { supervisors: vec!["nowhere".into()], ..base.clone() }, &links()).unwrap_err();
+        let e = load(
+            None,
+            Overrides {
+                supervisors: vec!["nowhere".into()],
+                ..base.clone()
+            },
+            &links(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("IP:port"), "{e}");
-        let e = load(None, Overrides { supervisors: vec![], ..base }, &links()).unwrap_err();
+        let e = load(
+            None,
+            Overrides {
+                supervisors: vec![],
+                ..base
+            },
+            &links(),
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("--supervisor"), "{e}");
     }
 }

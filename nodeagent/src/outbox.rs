@@ -70,7 +70,10 @@ impl Outbox {
     /// Opens (or creates) the outbox in `dir`.
     pub fn open(dir: &Path, capacity: usize) -> Result<Outbox, OutboxError> {
         let path = dir.display().to_string();
-        let e = |source| OutboxError::Sled { path: path.clone(), source };
+        let e = |source| OutboxError::Sled {
+            path: path.clone(),
+            source,
+        };
         let db = sled::Config::new().path(dir).open().map_err(e)?;
         let queue = db.open_tree("queue").map_err(e)?;
         let meta = db.open_tree("meta").map_err(e)?;
@@ -82,11 +85,22 @@ impl Outbox {
             Some(b) => bincode::deserialize(&b).map_err(|x| OutboxError::Corrupt(x.to_string()))?,
             None => BTreeMap::new(),
         };
-        Ok(Outbox { db, queue, meta, path, capacity: capacity.max(1), next_seq, overflow })
+        Ok(Outbox {
+            db,
+            queue,
+            meta,
+            path,
+            capacity: capacity.max(1),
+            next_seq,
+            overflow,
+        })
     }
 
     fn err(&self) -> impl Fn(sled::Error) -> OutboxError + '_ {
-        move |source| OutboxError::Sled { path: self.path.clone(), source }
+        move |source| OutboxError::Sled {
+            path: self.path.clone(),
+            source,
+        }
     }
 
     /// Reports waiting for acknowledgement.
@@ -105,15 +119,21 @@ impl Outbox {
 
     fn enqueue(&mut self, report: NicReport) -> Result<u64, OutboxError> {
         let seq = self.next_seq;
-        let bytes = bincode::serialize(&Sequenced { seq, report }).map_err(|x| OutboxError::Corrupt(x.to_string()))?;
-        self.queue.insert(seq.to_be_bytes(), bytes).map_err(self.err())?;
+        let bytes = bincode::serialize(&Sequenced { seq, report })
+            .map_err(|x| OutboxError::Corrupt(x.to_string()))?;
+        self.queue
+            .insert(seq.to_be_bytes(), bytes)
+            .map_err(self.err())?;
         self.next_seq += 1;
-        self.meta.insert(KEY_NEXT, bincode::serialize(&self.next_seq).expect("u64")).map_err(self.err())?;
+        self.meta
+            .insert(KEY_NEXT, bincode::serialize(&self.next_seq).expect("u64"))
+            .map_err(self.err())?;
         Ok(seq)
     }
 
     fn save_overflow(&self) -> Result<(), OutboxError> {
-        let b = bincode::serialize(&self.overflow).map_err(|x| OutboxError::Corrupt(x.to_string()))?;
+        let b =
+            bincode::serialize(&self.overflow).map_err(|x| OutboxError::Corrupt(x.to_string()))?;
         self.meta.insert(KEY_OVERFLOW, b).map_err(self.err())?;
         Ok(())
     }
@@ -159,7 +179,9 @@ impl Outbox {
         self.queue.apply_batch(batch).map_err(self.err())?;
         let mut moved = false;
         while self.queue.len() < self.capacity {
-            let Some(nic) = self.overflow.keys().next().cloned() else { break };
+            let Some(nic) = self.overflow.keys().next().cloned() else {
+                break;
+            };
             let r = self.overflow.remove(&nic).expect("present");
             self.enqueue(r)?;
             moved = true;
@@ -176,9 +198,15 @@ impl Outbox {
     /// sequence number it has applied (even if local state was lost).
     pub async fn resync(&mut self, last_applied: u64) -> Result<(), OutboxError> {
         if self.next_seq <= last_applied {
-            tracing::warn!(next_seq = self.next_seq, last_applied, "outbox behind the supervisor (lost local state?); skipping ahead");
+            tracing::warn!(
+                next_seq = self.next_seq,
+                last_applied,
+                "outbox behind the supervisor (lost local state?); skipping ahead"
+            );
             self.next_seq = last_applied + 1;
-            self.meta.insert(KEY_NEXT, bincode::serialize(&self.next_seq).expect("u64")).map_err(self.err())?;
+            self.meta
+                .insert(KEY_NEXT, bincode::serialize(&self.next_seq).expect("u64"))
+                .map_err(self.err())?;
         }
         self.ack(last_applied).await
     }
@@ -194,7 +222,15 @@ mod tests {
     use super::*;
 
     fn rep(nic: &str, h: NicHealth, n: u64) -> NicReport {
-        NicReport { nic: nic.into(), health: h, carrier_changes: n, flaps: 0, penalty: 0.0, at_unix_ns: n, coalesced: 0 }
+        NicReport {
+            nic: nic.into(),
+            health: h,
+            carrier_changes: n,
+            flaps: 0,
+            penalty: 0.0,
+            at_unix_ns: n,
+            coalesced: 0,
+        }
     }
 
     #[tokio::test]
@@ -203,17 +239,30 @@ mod tests {
         {
             let mut o = Outbox::open(dir.path(), 100).unwrap();
             for i in 1..=5 {
-                assert_eq!(o.push(rep("rail0", NicHealth::Down, i)).await.unwrap(), Some(i));
+                assert_eq!(
+                    o.push(rep("rail0", NicHealth::Down, i)).await.unwrap(),
+                    Some(i)
+                );
             }
             o.ack(2).await.unwrap();
         }
         let mut o = Outbox::open(dir.path(), 100).unwrap();
         let p = o.pending_after(0).unwrap();
         assert_eq!(p.iter().map(|s| s.seq).collect::<Vec<_>>(), vec![3, 4, 5]);
-        assert_eq!(o.push(rep("rail0", NicHealth::Up, 6)).await.unwrap(), Some(6));
+        assert_eq!(
+            o.push(rep("rail0", NicHealth::Up, 6)).await.unwrap(),
+            Some(6)
+        );
         // The supervisor already applied through 4 (acks were lost).
         o.resync(4).await.unwrap();
-        assert_eq!(o.pending_after(0).unwrap().iter().map(|s| s.seq).collect::<Vec<_>>(), vec![5, 6]);
+        assert_eq!(
+            o.pending_after(0)
+                .unwrap()
+                .iter()
+                .map(|s| s.seq)
+                .collect::<Vec<_>>(),
+            vec![5, 6]
+        );
         // Lost local state must not reuse applied sequences.
         o.resync(10).await.unwrap();
         assert_eq!(o.next_seq(), 11);
@@ -224,18 +273,48 @@ mod tests {
     async fn full_outbox_coalesces_per_nic_without_gaps() {
         let dir = tempfile::tempdir().unwrap();
         let mut o = Outbox::open(dir.path(), 2).unwrap();
-        assert_eq!(o.push(rep("rail0", NicHealth::Down, 1)).await.unwrap(), Some(1));
-        assert_eq!(o.push(rep("rail0", NicHealth::Up, 2)).await.unwrap(), Some(2));
+        assert_eq!(
+            o.push(rep("rail0", NicHealth::Down, 1)).await.unwrap(),
+            Some(1)
+        );
+        assert_eq!(
+            o.push(rep("rail0", NicHealth::Up, 2)).await.unwrap(),
+            Some(2)
+        );
         for i in 3..=7 {
-            assert_eq!(o.push(rep("rail0", if i % 2 == 1 { NicHealth::Down } else { NicHealth::Up }, i)).await.unwrap(), None);
+            assert_eq!(
+                o.push(rep(
+                    "rail0",
+                    if i % 2 == 1 {
+                        NicHealth::Down
+                    } else {
+                        NicHealth::Up
+                    },
+                    i
+                ))
+                .await
+                .unwrap(),
+                None
+            );
         }
-        assert_eq!(o.push(rep("rail1", NicHealth::Down, 8)).await.unwrap(), None);
+        assert_eq!(
+            o.push(rep("rail1", NicHealth::Down, 8)).await.unwrap(),
+            None
+        );
         assert_eq!(o.coalesced_pending(), 2, "one per NIC");
         o.ack(2).await.unwrap();
         let p = o.pending_after(2).unwrap();
-        assert_eq!(p.iter().map(|s| s.seq).collect::<Vec<_>>(), vec![3, 4], "gapless");
+        assert_eq!(
+            p.iter().map(|s| s.seq).collect::<Vec<_>>(),
+            vec![3, 4],
+            "gapless"
+        );
         let r0 = p.iter().find(|s| s.report.nic == "rail0").unwrap();
-        assert_eq!(r0.report.health, NicHealth::Down, "the newest state (7: down)");
+        assert_eq!(
+            r0.report.health,
+            NicHealth::Down,
+            "the newest state (7: down)"
+        );
         assert_eq!(r0.report.coalesced, 4, "stands for 5 transitions");
         assert_eq!(r0.report.carrier_changes, 7);
         assert_eq!(o.coalesced_pending(), 0);

@@ -32,17 +32,37 @@ pub enum AdminRequest {
     Status,
     ClusterInit,
     ClusterMembers,
-    AddMember { id: NodeId, addr: String },
-    RemoveMember { id: NodeId },
-    TransferLeader { id: NodeId },
+    AddMember {
+        id: NodeId,
+        addr: String,
+    },
+    RemoveMember {
+        id: NodeId,
+    },
+    TransferLeader {
+        id: NodeId,
+    },
     NodeList,
-    NodeShow { host: String },
-    Write { op: AdminOp },
-    Incidents { open_only: bool },
+    NodeShow {
+        host: String,
+    },
+    Write {
+        op: AdminOp,
+    },
+    Incidents {
+        open_only: bool,
+    },
     /// Every NIC of every host, optionally only those in one state.
-    NicList { state: Option<crate::model::NicState> },
-    Events { since: u64, limit: u32 },
-    AdminHistory { limit: u32 },
+    NicList {
+        state: Option<crate::model::NicState>,
+    },
+    Events {
+        since: u64,
+        limit: u32,
+    },
+    AdminHistory {
+        limit: u32,
+    },
 }
 
 impl AdminRequest {
@@ -105,6 +125,9 @@ pub enum AdminReply {
     },
     Incidents {
         incidents: Vec<Incident>,
+    },
+    Nics {
+        nics: Vec<(String, crate::model::Nic)>,
     },
     Events {
         events: Vec<ClusterEvent>,

@@ -55,7 +55,10 @@ pub async fn run(
         }
     }
     tokio::spawn(crate::reconciler::run(sup.clone()));
-    tokio::spawn(crate::liveness::run(sup.clone(), crate::liveness::LivenessConfig::default()));
+    tokio::spawn(crate::liveness::run(
+        sup.clone(),
+        crate::liveness::LivenessConfig::default(),
+    ));
     crate::service::serve(sup.clone(), listener, shutdown).await?;
     let _ = sup.raft.shutdown().await;
     Ok(())

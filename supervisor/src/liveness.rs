@@ -24,7 +24,10 @@ pub struct LivenessConfig {
 
 impl Default for LivenessConfig {
     fn default() -> Self {
-        Self { suspect_after: Duration::from_millis(1500), down_after: Duration::from_secs(3) }
+        Self {
+            suspect_after: Duration::from_millis(1500),
+            down_after: Duration::from_secs(3),
+        }
     }
 }
 
@@ -39,13 +42,21 @@ pub fn judge(
     st.hosts
         .values()
         .filter_map(|h| {
-            let last = heartbeats.get(&h.name).copied().unwrap_or(leader_since).max(leader_since);
+            let last = heartbeats
+                .get(&h.name)
+                .copied()
+                .unwrap_or(leader_since)
+                .max(leader_since);
             let silent = now.saturating_duration_since(last);
             let want = if silent >= cfg.down_after {
                 Liveness::Down
             } else if silent >= cfg.suspect_after {
                 // Never move a Down host back to Suspect without a heartbeat.
-                if h.liveness == Liveness::Down { Liveness::Down } else { Liveness::Suspect }
+                if h.liveness == Liveness::Down {
+                    Liveness::Down
+                } else {
+                    Liveness::Suspect
+                }
             } else if heartbeats.get(&h.name).is_some_and(|t| *t >= leader_since) {
                 Liveness::Ready
             } else {
@@ -74,7 +85,11 @@ pub async fn run(sup: Arc<Supervisor>, cfg: LivenessConfig) {
             _ => {
                 let now = Instant::now();
                 leader_since = Some((term, now));
-                tracing::info!(term, grace_ms = cfg.down_after.as_millis() as u64, "leader: liveness grace period starts");
+                tracing::info!(
+                    term,
+                    grace_ms = cfg.down_after.as_millis() as u64,
+                    "leader: liveness grace period starts"
+                );
                 now
             }
         };
@@ -100,10 +115,21 @@ mod tests {
         for (i, h) in hosts.iter().enumerate() {
             let cmd = Command::RegisterHost {
                 host: h.to_string(),
-                nics: vec![NicSpec { name: "rail0".into(), rail: Some(0), backup: None, rdma_device: None }],
+                nics: vec![NicSpec {
+                    name: "rail0".into(),
+                    rail: Some(0),
+                    backup: None,
+                    rdma_device: None,
+                }],
                 labels: Default::default(),
             };
-            st.apply_proposal(&LogId::new(CommittedLeaderId::new(1, 1), i as u64 + 1), &Proposal { at_ms: 1, cmds: vec![cmd] });
+            st.apply_proposal(
+                &LogId::new(CommittedLeaderId::new(1, 1), i as u64 + 1),
+                &Proposal {
+                    at_ms: 1,
+                    cmds: vec![cmd],
+                },
+            );
         }
         st
     }
@@ -117,8 +143,14 @@ mod tests {
         hb.insert("h0".to_string(), t0 + Duration::from_secs(2));
         let at = |s: f64| t0 + Duration::from_secs_f64(s);
         assert!(judge(&st, &hb, t0, at(1.0), cfg).is_empty());
-        assert_eq!(judge(&st, &hb, t0, at(1.6), cfg), vec![("h1".into(), Liveness::Suspect)]);
-        assert_eq!(judge(&st, &hb, t0, at(3.1), cfg), vec![("h1".into(), Liveness::Down)]);
+        assert_eq!(
+            judge(&st, &hb, t0, at(1.6), cfg),
+            vec![("h1".into(), Liveness::Suspect)]
+        );
+        assert_eq!(
+            judge(&st, &hb, t0, at(3.1), cfg),
+            vec![("h1".into(), Liveness::Down)]
+        );
     }
 
     #[test]
@@ -129,9 +161,34 @@ mod tests {
         // The old leader saw heartbeats long ago; this leader has seen none.
         let hb = HashMap::from([("h0".to_string(), t0)]);
         let became_leader = t0 + Duration::from_secs(60);
-        assert!(judge(&st, &hb, became_leader, became_leader + Duration::from_millis(1400), cfg).is_empty());
-        assert_eq!(judge(&st, &hb, became_leader, became_leader + Duration::from_millis(2900), cfg), vec![("h0".into(), Liveness::Suspect)]);
-        assert_eq!(judge(&st, &hb, became_leader, became_leader + Duration::from_secs(3), cfg), vec![("h0".into(), Liveness::Down)]);
+        assert!(judge(
+            &st,
+            &hb,
+            became_leader,
+            became_leader + Duration::from_millis(1400),
+            cfg
+        )
+        .is_empty());
+        assert_eq!(
+            judge(
+                &st,
+                &hb,
+                became_leader,
+                became_leader + Duration::from_millis(2900),
+                cfg
+            ),
+            vec![("h0".into(), Liveness::Suspect)]
+        );
+        assert_eq!(
+            judge(
+                &st,
+                &hb,
+                became_leader,
+                became_leader + Duration::from_secs(3),
+                cfg
+            ),
+            vec![("h0".into(), Liveness::Down)]
+        );
     }
 
     #[test]
@@ -140,8 +197,24 @@ mod tests {
         st.hosts.get_mut("h0").unwrap().liveness = Liveness::Down;
         let t0 = Instant::now();
         let hb = HashMap::from([("h0".to_string(), t0 + Duration::from_secs(10))]);
-        assert_eq!(judge(&st, &hb, t0, t0 + Duration::from_secs(10), LivenessConfig::default()), vec![("h0".into(), Liveness::Ready)]);
+        assert_eq!(
+            judge(
+                &st,
+                &hb,
+                t0,
+                t0 + Duration::from_secs(10),
+                LivenessConfig::default()
+            ),
+            vec![("h0".into(), Liveness::Ready)]
+        );
         // No fresh heartbeat: a Down host stays Down (no flip to Suspect).
-        assert!(judge(&st, &HashMap::new(), t0, t0 + Duration::from_secs(2), LivenessConfig::default()).is_empty());
+        assert!(judge(
+            &st,
+            &HashMap::new(),
+            t0,
+            t0 + Duration::from_secs(2),
+            LivenessConfig::default()
+        )
+        .is_empty());
     }
 }

@@ -691,7 +691,13 @@ impl ClusterState {
                 self.log_event(at_ms, Some(host), format!("host {prev:?} -> {liveness:?}"));
                 match liveness {
                     Liveness::Down => {
-                        let id = self.open_incident(at_ms, "host_down", host, None, "missed heartbeats".into());
+                        let id = self.open_incident(
+                            at_ms,
+                            "host_down",
+                            host,
+                            None,
+                            "missed heartbeats".into(),
+                        );
                         self.hosts.get_mut(host).expect("validated").open_incident = Some(id);
                     }
                     _ => {

@@ -48,13 +48,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let links = link_names().await?;
     let cfg = load(
         args.config.as_deref(),
-        Overrides { host: args.host, supervisors: args.supervisors, data_dir: args.data_dir, nics: args.nics },
+        Overrides {
+            host: args.host,
+            supervisors: args.supervisors,
+            data_dir: args.data_dir,
+            nics: args.nics,
+        },
         &links,
     )
     .context("invalid configuration")?;
     tracing::info!(host = %cfg.host, nics = ?cfg.nics.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), supervisors = ?cfg.supervisors, "starting agent");
     let shutdown = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
@@ -67,7 +73,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
 fn main() {
     let args = Args::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,h2=warn,tower=warn")))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,h2=warn,tower=warn")),
+        )
         .with_writer(std::io::stderr)
         .init();
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");

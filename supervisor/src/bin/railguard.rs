@@ -276,7 +276,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
         },
         Cmd::Incidents { open } => AdminRequest::Incidents { open_only: open },
-        Cmd::Nic(NicCmd::List { state }) => AdminRequest::NicList { state: state.map(Into::into) },
+        Cmd::Nic(NicCmd::List { state }) => AdminRequest::NicList {
+            state: state.map(Into::into),
+        },
         Cmd::Events {
             follow: true,
             since,
@@ -347,7 +349,10 @@ fn print_nics(nics: &[(String, Nic)]) {
         println!("no NICs");
         return;
     }
-    println!("{:<14} {:<8} {:>4} {:<8} {:<10} {:>6} {:>8}  LAST CHANGE", "HOST", "NIC", "RAIL", "BACKUP", "STATE", "FLAPS", "PENALTY");
+    println!(
+        "{:<14} {:<8} {:>4} {:<8} {:<10} {:>6} {:>8}  LAST CHANGE",
+        "HOST", "NIC", "RAIL", "BACKUP", "STATE", "FLAPS", "PENALTY"
+    );
     for (h, n) in nics {
         println!(
             "{:<14} {:<8} {:>4} {:<8} {:<10} {:>6} {:>8.0}  {}",
