@@ -10,6 +10,7 @@
 //! - [`bench`]: the `raft-commit` benchmark.
 //! - [`demo`]: the README's first command.
 //! - [`testbed`]: network namespaces, cables, fault injectors, cleanup.
+//! - [`netcluster`]: supervisors and agents running inside the testbed.
 
 pub mod admin_history;
 pub mod agentsim;
@@ -17,4 +18,5 @@ pub mod bench;
 pub mod cluster;
 pub mod demo;
 pub mod linearizability;
+pub mod netcluster;
 pub mod testbed;

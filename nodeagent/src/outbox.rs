@@ -1,7 +1,7 @@
 //! The agent's persisted, bounded outbox of sequence-numbered reports.
 //!
-//! **Contract.** Every report gets the next sequence number (gapless, from
-//! 1) and is flushed to disk before it may be sent, so an agent restart
+//! **Contract.** Every report gets the next sequence number (gapless,
+//! starting at one) and is flushed to disk before it may be sent, so an agent restart
 //! resends exactly what the supervisor has not acknowledged. On start-up the
 //! outbox is reconciled with the supervisor's last applied sequence
 //! ([`Outbox::resync`]).

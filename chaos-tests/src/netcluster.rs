@@ -1,0 +1,196 @@
+//! A whole railguard cluster inside the netns testbed: supervisors in
+//! `<p>s<i>` listening on their management addresses, one `railguard-agent`
+//! per host namespace watching its real `rail0`/`rail1`, and the admin CLI
+//! run inside a supervisor namespace.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+
+use crate::cluster::bin_path;
+use crate::testbed::{mgmt_addr, Node, Testbed, TestbedSpec};
+
+/// Port every supervisor listens on (inside its own namespace).
+pub const SUP_PORT: u16 = 7400;
+
+/// The running cluster.
+pub struct NetCluster {
+    pub tb: Testbed,
+    pub run_dir: tempfile::TempDir,
+    sup_bin: PathBuf,
+    agent_bin: PathBuf,
+    cli_bin: PathBuf,
+}
+
+impl NetCluster {
+    /// Builds the testbed and starts supervisors (initialised) and agents.
+    pub async fn start(spec: TestbedSpec) -> anyhow::Result<NetCluster> {
+        let tb = Testbed::build(spec).await?;
+        let run_dir = tempfile::Builder::new()
+            .prefix("railguard-net-")
+            .tempdir()?;
+        let c = NetCluster {
+            tb,
+            run_dir,
+            sup_bin: bin_path("railguard-supervisor")?,
+            agent_bin: bin_path("railguard-agent")?,
+            cli_bin: bin_path("railguard")?,
+        };
+        for i in 0..spec.supervisors {
+            c.start_supervisor(i)?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if c.cli(&["cluster", "init"]).is_ok() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("cluster init failed");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        for h in 0..spec.hosts {
+            c.start_agent(h)?;
+        }
+        Ok(c)
+    }
+
+    /// Supervisor addresses (management network).
+    pub fn sup_addrs(&self) -> Vec<String> {
+        (0..self.tb.spec.supervisors)
+            .map(|i| format!("{}:{SUP_PORT}", mgmt_addr(Node::Supervisor(i))))
+            .collect()
+    }
+
+    fn log(&self, name: &str) -> anyhow::Result<std::fs::File> {
+        Ok(std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.run_dir.path().join(name))?)
+    }
+
+    /// (Re)starts supervisor `i` on its data directory.
+    pub fn start_supervisor(&self, i: usize) -> anyhow::Result<u32> {
+        let mut cmd = self.tb.command(
+            Node::Supervisor(i),
+            self.sup_bin.to_str().unwrap_or_default(),
+        )?;
+        cmd.args([
+            "--id",
+            &(i + 1).to_string(),
+            "--listen",
+            &self.sup_addrs()[i],
+            "--data-dir",
+        ])
+        .arg(self.run_dir.path().join(format!("s{i}")));
+        for (j, a) in self.sup_addrs().iter().enumerate() {
+            if j != i {
+                cmd.args(["--peer", &format!("{}={a}", j + 1)]);
+            }
+        }
+        let log = self.log(&format!("s{i}.log"))?;
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .env_remove("RUST_BACKTRACE");
+        self.tb.spawn_command(Node::Supervisor(i), cmd)
+    }
+
+    /// (Re)starts the agent of host `h` (same outbox directory).
+    pub fn start_agent(&self, h: usize) -> anyhow::Result<u32> {
+        let mut cmd = self
+            .tb
+            .command(Node::Host(h), self.agent_bin.to_str().unwrap_or_default())?;
+        cmd.args([
+            "--host",
+            &format!("h{h}"),
+            "--supervisor",
+            &self.sup_addrs().join(","),
+            "--data-dir",
+        ])
+        .arg(self.run_dir.path().join(format!("h{h}")));
+        let log = self.log(&format!("h{h}.log"))?;
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .env_remove("RUST_BACKTRACE");
+        self.tb.spawn_command(Node::Host(h), cmd)
+    }
+
+    /// Runs `railguard ARGS` inside the first running supervisor namespace;
+    /// returns stdout, or the error line.
+    pub fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
+        let mut cmd = self.tb.command(
+            Node::Supervisor(0),
+            self.cli_bin.to_str().unwrap_or_default(),
+        )?;
+        cmd.args([
+            "--supervisor",
+            &self.sup_addrs().join(","),
+            "--timeout",
+            "3s",
+        ])
+        .args(args);
+        let out = cmd.output().context("run railguard")?;
+        if !out.status.success() {
+            bail!(
+                "railguard {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).to_string())
+    }
+
+    /// Runs the CLI with `--output json` and parses the reply.
+    pub fn cli_json(&self, args: &[&str]) -> anyhow::Result<serde_json::Value> {
+        let mut a = vec!["--output", "json"];
+        a.extend_from_slice(args);
+        Ok(serde_json::from_str(&self.cli(&a)?)?)
+    }
+
+    /// The committed state of `host`/`nic` (e.g. "up", "down").
+    pub fn nic_state(&self, host: &str, nic: &str) -> anyhow::Result<String> {
+        let v = self.cli_json(&["node", "show", host])?;
+        Ok(v["host"]["nics"][nic]["state"]
+            .as_str()
+            .unwrap_or("?")
+            .to_string())
+    }
+
+    /// Waits (bounded) until `f` holds, polling every 50 ms.
+    pub async fn wait_until(
+        &self,
+        what: &str,
+        within: Duration,
+        mut f: impl FnMut(&Self) -> bool,
+    ) -> anyhow::Result<Duration> {
+        let t0 = Instant::now();
+        while t0.elapsed() < within {
+            if f(self) {
+                return Ok(t0.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!(
+            "timed out after {within:?} waiting for {what}; logs in {}",
+            self.run_dir.path().display()
+        )
+    }
+
+    /// Which supervisor (index) leads, per the cluster.
+    pub fn leader_index(&self) -> anyhow::Result<usize> {
+        let v = self.cli_json(&["status"])?;
+        let id = v["leader"].as_u64().context("no leader")?;
+        Ok(id as usize - 1)
+    }
+
+    /// Keeps the run directory (logs) after the cluster is dropped.
+    pub fn keep_logs(self) -> PathBuf {
+        let NetCluster { tb, run_dir, .. } = self;
+        drop(tb);
+        run_dir.keep()
+    }
+}
