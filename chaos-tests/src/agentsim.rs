@@ -75,6 +75,7 @@ pub fn nic_event(host: &str, seq: u64, nic: &str, up: bool) -> AgentEvent {
             flaps: 0,
             damping_penalty: 0.0,
             coalesced: 0,
+            link_up: up,
         })),
     }
 }

@@ -154,6 +154,7 @@ pub async fn run(
             let report = NicReport {
                 nic: t.nic.clone(),
                 health: t.health,
+                link_up: t.link_up,
                 carrier_changes: t.carrier_changes,
                 flaps: t.flaps,
                 penalty: t.penalty,
@@ -321,6 +322,7 @@ async fn stream_once(
                     flaps: p.report.flaps,
                     damping_penalty: p.report.penalty,
                     coalesced: p.report.coalesced,
+                    link_up: p.report.link_up,
                 })),
             };
             tx.send(ev).await.map_err(|_| "stream closed".to_string())?;

@@ -24,6 +24,8 @@ use crate::link::NicHealth;
 pub struct NicReport {
     pub nic: String,
     pub health: NicHealth,
+    /// The link itself is up (independent of damping).
+    pub link_up: bool,
     pub carrier_changes: u64,
     pub flaps: u32,
     pub penalty: f64,
@@ -225,6 +227,7 @@ mod tests {
         NicReport {
             nic: nic.into(),
             health: h,
+            link_up: h == NicHealth::Up,
             carrier_changes: n,
             flaps: 0,
             penalty: 0.0,

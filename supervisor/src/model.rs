@@ -161,6 +161,8 @@ pub enum AgentEventKind {
         damping_penalty: f64,
         /// Earlier transitions folded into this one by a full agent outbox.
         coalesced: u32,
+        /// The link itself is up (independent of damping).
+        link_up: bool,
     },
 }
 
@@ -332,6 +334,19 @@ pub struct Nic {
     pub last_change_ms: u64,
     /// Open incidents of this NIC by kind (index into `incidents`).
     pub open_incidents: BTreeMap<String, u64>,
+    /// The link's last reported up/down (None before the first report).
+    pub link_up: Option<bool>,
+    /// How many link up/down changes were committed.
+    pub link_transitions: u64,
+}
+
+/// One NIC report as applied.
+struct NicReport {
+    state: NicState,
+    link_up: bool,
+    carrier_changes: u64,
+    flaps: u32,
+    penalty: f64,
 }
 
 /// A training job (its lifecycle arrives with the jobs issue; drain already
@@ -595,6 +610,8 @@ impl ClusterState {
                         carrier_changes: 0,
                         last_change_ms: at_ms,
                         open_incidents: BTreeMap::new(),
+                        link_up: None,
+                        link_transitions: 0,
                     });
                     nic.rail = spec.rail;
                     nic.backup = spec.backup.clone();
@@ -798,6 +815,7 @@ impl ClusterState {
                     flaps,
                     damping_penalty,
                     coalesced,
+                    link_up,
                 } => {
                     if *coalesced > 0 {
                         self.log_event(
@@ -810,10 +828,13 @@ impl ClusterState {
                         at_ms,
                         host,
                         nic,
-                        *state,
-                        *carrier_changes,
-                        *flaps,
-                        *damping_penalty,
+                        NicReport {
+                            state: *state,
+                            link_up: *link_up,
+                            carrier_changes: *carrier_changes,
+                            flaps: *flaps,
+                            penalty: *damping_penalty,
+                        },
                     )
                 }
             }
@@ -823,48 +844,53 @@ impl ClusterState {
         Ok(CmdOk::Acked { through })
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn apply_nic_state(
-        &mut self,
-        at_ms: u64,
-        host: &str,
-        nic_name: &str,
-        state: NicState,
-        carrier_changes: u64,
-        flaps: u32,
-        penalty: f64,
-    ) {
+    fn apply_nic_state(&mut self, at_ms: u64, host: &str, nic_name: &str, r: NicReport) {
         let nic = self
             .hosts
             .get_mut(host)
             .and_then(|h| h.nics.get_mut(nic_name))
             .expect("validated");
         let prev = nic.state;
-        nic.state = state;
-        nic.carrier_changes = carrier_changes;
-        nic.flaps = flaps;
-        nic.damping_penalty = penalty;
-        if prev == state {
-            return;
+        let state = r.state;
+        let link_changed = nic.link_up != Some(r.link_up);
+        if link_changed {
+            nic.link_up = Some(r.link_up);
+            nic.link_transitions += 1;
         }
-        nic.last_change_ms = at_ms;
+        nic.state = state;
+        nic.carrier_changes = r.carrier_changes;
+        nic.flaps = r.flaps;
+        nic.damping_penalty = r.penalty;
+        let changed = prev != state;
+        if changed {
+            nic.last_change_ms = at_ms;
+        }
         let kind = match state {
             NicState::Down => Some("nic_down"),
             NicState::Flapping => Some("nic_flapping"),
             _ => None,
         };
         // Recovery closes the NIC's open incidents.
-        let to_close = if state == NicState::Up {
+        let to_close = if changed && state == NicState::Up {
             std::mem::take(&mut nic.open_incidents)
         } else {
             BTreeMap::new()
         };
-        let open_new = kind.filter(|k| !nic.open_incidents.contains_key(*k));
-        self.log_event(
-            at_ms,
-            Some(host),
-            format!("NIC {nic_name}: {prev:?} -> {state:?}"),
-        );
+        let open_new = kind.filter(|k| changed && !nic.open_incidents.contains_key(*k));
+        let link = if r.link_up { "up" } else { "down" };
+        if link_changed {
+            self.log_event(
+                at_ms,
+                Some(host),
+                format!("NIC {nic_name}: link {link} ({prev:?} -> {state:?})"),
+            );
+        } else if changed {
+            self.log_event(
+                at_ms,
+                Some(host),
+                format!("NIC {nic_name}: {prev:?} -> {state:?}"),
+            );
+        }
         for id in to_close.into_values() {
             self.close_incident(at_ms, id, "nic_recovered");
         }
@@ -1172,6 +1198,7 @@ mod tests {
                 flaps: 0,
                 damping_penalty: 0.0,
                 coalesced: 0,
+                link_up: state == NicState::Up,
             },
         };
         let cmd = |events| Command::AgentEvents {
@@ -1268,6 +1295,7 @@ mod tests {
                         flaps: 4,
                         damping_penalty: 1.5,
                         coalesced: 2,
+                        link_up: false,
                     },
                 }],
             },

@@ -66,6 +66,7 @@ fn ev(host: &str, seq: u64, nic: &str, up: bool) -> AgentEvent {
             flaps: 0,
             damping_penalty: 0.0,
             coalesced: 0,
+            link_up: up,
         })),
     }
 }

@@ -91,6 +91,7 @@ fn convert(e: &PbEvent, host: &str) -> Result<AgentEvent, ApiError> {
                 flaps: n.flaps,
                 damping_penalty: n.damping_penalty,
                 coalesced: n.coalesced,
+                link_up: n.link_up,
             }
         }
     };
