@@ -11,6 +11,7 @@
 //! - [`demo`]: the README's first command.
 //! - [`testbed`]: network namespaces, cables, fault injectors, cleanup.
 //! - [`netcluster`]: supervisors and agents running inside the testbed.
+//! - [`nic_flap`]: the `nic-flap` scenario and its transition checker.
 
 pub mod admin_history;
 pub mod agentsim;
@@ -19,4 +20,5 @@ pub mod cluster;
 pub mod demo;
 pub mod linearizability;
 pub mod netcluster;
+pub mod nic_flap;
 pub mod testbed;

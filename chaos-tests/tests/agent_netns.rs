@@ -111,3 +111,25 @@ async fn nic_flaps_reach_the_cluster_through_agents_and_failures() {
         );
     }
 }
+
+/// Short form of `railguard-chaos scenario nic-flap`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nic_flap_scenario_short() {
+    if !require_root("agent_netns::nic_flap_short").unwrap() {
+        return;
+    }
+    let r = chaos_tests::nic_flap::run(chaos_tests::nic_flap::NicFlapRun {
+        hosts: 2,
+        flaps: 15,
+        seed: 5,
+        wait_quiet: true,
+    })
+    .await
+    .unwrap();
+    assert!(r.ok, "{r:?}");
+    assert_eq!((r.lost, r.duplicated, r.out_of_order), (0, 0, 0));
+    assert_eq!(r.transitions_committed, r.transitions_injected);
+    assert_eq!(r.agent_restarts, 1);
+    assert_eq!(r.leader_kills, 1);
+    assert_eq!(r.all_up_after_quiet, Some(true));
+}

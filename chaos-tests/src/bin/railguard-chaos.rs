@@ -41,6 +41,20 @@ enum Scenario {
         #[arg(long, default_value_t = 7)]
         seed: u64,
     },
+    /// Random NIC flaps (host and fabric side, storms, overlaps) in a netns
+    /// cluster with an agent and the leader SIGKILLed; every transition must
+    /// commit exactly once, in order. Needs root.
+    NicFlap {
+        #[arg(long, default_value_t = 4)]
+        hosts: usize,
+        #[arg(long, default_value_t = 50)]
+        flaps: usize,
+        #[arg(long, default_value_t = 3)]
+        seed: u64,
+        /// Skip waiting for damping to release every NIC at the end.
+        #[arg(long)]
+        no_quiet: bool,
+    },
     /// The same load while all supervisors are SIGKILLed at once and restarted.
     ClusterCrash {
         #[arg(long, default_value_t = 3)]
@@ -133,6 +147,27 @@ fn main() {
                     whole_cluster: true,
                     load_per_round: std::time::Duration::from_millis(load_ms),
                     seed,
+                })
+                .await?;
+                Ok((r.ok, serde_json::to_value(&r)?))
+            }
+            Cmd::Scenario(Scenario::NicFlap {
+                hosts,
+                flaps,
+                seed,
+                no_quiet,
+            }) => {
+                if !(2..=50).contains(&hosts) || !(1..=10_000).contains(&flaps) {
+                    anyhow::bail!("--hosts takes 2..=50 and --flaps 1..=10000");
+                }
+                if !chaos_tests::testbed::require_root("scenario nic-flap")? {
+                    anyhow::bail!("scenario nic-flap needs root");
+                }
+                let r = chaos_tests::nic_flap::run(chaos_tests::nic_flap::NicFlapRun {
+                    hosts,
+                    flaps,
+                    seed,
+                    wait_quiet: !no_quiet,
                 })
                 .await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
