@@ -8,6 +8,7 @@
 //! - [`linearizability`]: porcupine-style checker and the host model.
 //! - [`admin_history`]: `leader-kill` and `cluster-crash` scenarios.
 //! - [`bench`]: the `raft-commit` benchmark.
+//! - [`detect`]: the `detect` benchmark (flap and host-loss detection times).
 //! - [`demo`]: the README's first command.
 //! - [`testbed`]: network namespaces, cables, fault injectors, cleanup.
 //! - [`netcluster`]: supervisors and agents running inside the testbed.
@@ -18,6 +19,7 @@ pub mod agentsim;
 pub mod bench;
 pub mod cluster;
 pub mod demo;
+pub mod detect;
 pub mod linearizability;
 pub mod netcluster;
 pub mod nic_flap;

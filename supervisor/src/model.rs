@@ -342,6 +342,7 @@ pub struct Nic {
 
 /// One NIC report as applied.
 struct NicReport {
+    observed_unix_ns: u64,
     state: NicState,
     link_up: bool,
     carrier_changes: u64,
@@ -405,6 +406,10 @@ pub struct ClusterEvent {
     pub at_ms: u64,
     pub host: Option<String>,
     pub what: String,
+    /// For events an agent reported: when the agent observed it (its wall
+    /// clock, Unix ns).
+    #[serde(default)]
+    pub observed_unix_ns: Option<u64>,
 }
 
 /// The whole replicated model.
@@ -570,12 +575,23 @@ impl ClusterState {
     }
 
     fn log_event(&mut self, at_ms: u64, host: Option<&str>, what: String) {
+        self.log_observed(at_ms, host, what, None);
+    }
+
+    fn log_observed(
+        &mut self,
+        at_ms: u64,
+        host: Option<&str>,
+        what: String,
+        observed_unix_ns: Option<u64>,
+    ) {
         self.next_event_seq += 1;
         self.events.push_back(ClusterEvent {
             seq: self.next_event_seq,
             at_ms,
             host: host.map(str::to_owned),
             what,
+            observed_unix_ns,
         });
         while self.events.len() > MAX_EVENT_LOG {
             self.events.pop_front();
@@ -829,6 +845,7 @@ impl ClusterState {
                         host,
                         nic,
                         NicReport {
+                            observed_unix_ns: e.at_unix_ns,
                             state: *state,
                             link_up: *link_up,
                             carrier_changes: *carrier_changes,

@@ -72,6 +72,16 @@ enum Scenario {
 
 #[derive(Subcommand, Debug)]
 enum Bench {
+    /// Time from a netlink link change to the agent seeing it and to the
+    /// state being committed; time from host loss to Down. Needs root.
+    Detect {
+        #[arg(long, default_value_t = 200)]
+        flaps: usize,
+        #[arg(long, default_value_t = 10)]
+        host_losses: usize,
+        #[arg(long, default_value_t = 9)]
+        seed: u64,
+    },
     /// Committed events/s and latency of 3 supervisors at 1, 16 and 256 clients.
     RaftCommit {
         /// Seconds measured per concurrency level.
@@ -170,6 +180,16 @@ fn main() {
                     wait_quiet: !no_quiet,
                 })
                 .await?;
+                Ok((r.ok, serde_json::to_value(&r)?))
+            }
+            Cmd::Bench(Bench::Detect { flaps, host_losses, seed }) => {
+                if !(1..=100_000).contains(&flaps) || host_losses > 1000 {
+                    anyhow::bail!("--flaps takes 1..=100000 and --host-losses at most 1000");
+                }
+                if !chaos_tests::testbed::require_root("bench detect")? {
+                    anyhow::bail!("bench detect needs root");
+                }
+                let r = chaos_tests::detect::run(flaps, host_losses, seed).await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
             }
             Cmd::Bench(Bench::RaftCommit { seconds, clients }) => {

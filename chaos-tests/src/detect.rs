@@ -1,0 +1,161 @@
+//! `bench detect`: how fast a link change becomes known.
+//!
+//! For every flap (fabric-side cable down, then up) on random NICs of a
+//! netns cluster, from the injector's netlink call to
+//! (a) the agent's tracker seeing it — the agent's observation timestamp,
+//!     carried with the event (same machine, same wall clock), and
+//! (b) the NIC state committed in Raft — the moment the committed event
+//!     reaches a `railguard events --follow` stream (so (b) also includes
+//!     applying and streaming it: an upper bound).
+//!
+//! And over host losses (agent killed, every cable down): time to Down.
+
+use std::collections::VecDeque;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use supervisor::model::ClusterEvent;
+use tokio::io::AsyncBufReadExt;
+
+use crate::bench::percentile_ms;
+use crate::cluster::bin_path;
+use crate::netcluster::NetCluster;
+use crate::testbed::{Node, Side, TestbedSpec};
+
+#[derive(Debug, Serialize)]
+pub struct DetectReport {
+    pub ok: bool,
+    pub bench: &'static str,
+    pub flaps: usize,
+    pub transitions: usize,
+    pub tracker_p50_ms: f64,
+    pub tracker_p99_ms: f64,
+    pub committed_p50_ms: f64,
+    pub committed_p99_ms: f64,
+    pub host_losses: usize,
+    pub down_p50_ms: f64,
+    pub down_max_ms: f64,
+    pub goals: &'static str,
+    pub goals_met: bool,
+}
+
+type Seen = Arc<Mutex<VecDeque<(ClusterEvent, u64)>>>;
+
+fn unix_ns() -> u64 {
+    nodeagent::link::unix_ns()
+}
+
+/// Waits (bounded) for an event matching `f`, consuming events before it.
+async fn wait_event(seen: &Seen, within: Duration, f: impl Fn(&ClusterEvent) -> bool) -> anyhow::Result<(ClusterEvent, u64)> {
+    let t0 = Instant::now();
+    loop {
+        {
+            let mut q = seen.lock().expect("seen");
+            while let Some((e, at)) = q.pop_front() {
+                if f(&e) {
+                    return Ok((e, at));
+                }
+            }
+        }
+        if t0.elapsed() > within {
+            bail!("expected event did not arrive within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_micros(500)).await;
+    }
+}
+
+pub async fn run(flaps: usize, host_losses: usize, seed: u64) -> anyhow::Result<DetectReport> {
+    let hosts = 4;
+    eprintln!("[detect] building testbed: 3 supervisors, {hosts} hosts");
+    let mut c = NetCluster::start(TestbedSpec { supervisors: 3, hosts }).await?;
+    c.wait_until("every NIC up", Duration::from_secs(20), |c| {
+        c.cli_json(&["nic", "list", "--state", "up"]).map(|v| v["nics"].as_array().map_or(0, |a| a.len()) == hosts * 2).unwrap_or(false)
+    })
+    .await?;
+    // Follow committed events from now on.
+    let since = c.cli_json(&["events", "--limit", "5000"])?["events"].as_array().and_then(|a| a.last()).and_then(|e| e["seq"].as_u64()).unwrap_or(0);
+    let mut cmd = c.tb.command(Node::Supervisor(0), bin_path("railguard")?.to_str().unwrap_or_default())?;
+    cmd.args(["--supervisor", &c.sup_addrs().join(","), "-o", "json", "events", "--follow", "--since", &since.to_string()]);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = tokio::process::Command::from(cmd).kill_on_drop(true).spawn().context("railguard events --follow")?;
+    let stdout = child.stdout.take().context("stdout")?;
+    let seen: Seen = Arc::new(Mutex::new(VecDeque::new()));
+    let sink = seen.clone();
+    tokio::spawn(async move {
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        while let Ok(Some(l)) = lines.next_line().await {
+            let at = unix_ns();
+            if let Ok(e) = serde_json::from_str::<ClusterEvent>(&l) {
+                let mut q = sink.lock().expect("seen");
+                q.push_back((e, at));
+                while q.len() > 100_000 {
+                    q.pop_front();
+                }
+            }
+        }
+    });
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut tracker_us = Vec::new();
+    let mut commit_us = Vec::new();
+    eprintln!("[detect] {flaps} fabric-side flaps");
+    for i in 0..flaps {
+        let h = rng.gen_range(0..hosts);
+        let r = rng.gen_range(0..2);
+        for up in [false, true] {
+            let t_inj = unix_ns();
+            c.tb.set_cable(h, r, Side::Fabric, up).await?;
+            let want = format!("NIC rail{r}: link {}", if up { "up" } else { "down" });
+            let host = format!("h{h}");
+            let (e, arrived) = wait_event(&seen, Duration::from_secs(10), |e| e.host.as_deref() == Some(host.as_str()) && e.what.starts_with(&want))
+                .await
+                .with_context(|| format!("flap {i}: {host} {want}"))?;
+            let observed = e.observed_unix_ns.unwrap_or(arrived);
+            tracker_us.push(observed.saturating_sub(t_inj) / 1000);
+            commit_us.push(arrived.saturating_sub(t_inj) / 1000);
+            tokio::time::sleep(Duration::from_millis(rng.gen_range(20..60))).await;
+        }
+    }
+    eprintln!("[detect] {host_losses} host losses");
+    let mut down_us = Vec::new();
+    for i in 0..host_losses {
+        let h = i % hosts;
+        let host = format!("h{h}");
+        let t0 = unix_ns();
+        c.tb.lose_host(h).await?;
+        let (_, arrived) = wait_event(&seen, Duration::from_secs(15), |e| e.host.as_deref() == Some(host.as_str()) && e.what.ends_with("-> Down") && e.what.starts_with("host"))
+            .await
+            .with_context(|| format!("host loss {i}: {host} never went Down"))?;
+        down_us.push(arrived.saturating_sub(t0) / 1000);
+        c.tb.set_mgmt(Node::Host(h), true).await?;
+        for r in 0..2 {
+            c.tb.set_cable(h, r, Side::Fabric, true).await?;
+        }
+        c.start_agent(h)?;
+        wait_event(&seen, Duration::from_secs(15), |e| e.host.as_deref() == Some(host.as_str()) && e.what.ends_with("-> Ready")).await?;
+    }
+    let _ = child.kill().await;
+    for v in [&mut tracker_us, &mut commit_us, &mut down_us] {
+        v.sort_unstable();
+    }
+    let r = DetectReport {
+        ok: true,
+        bench: "detect",
+        flaps,
+        transitions: tracker_us.len(),
+        tracker_p50_ms: percentile_ms(&tracker_us, 50.0),
+        tracker_p99_ms: percentile_ms(&tracker_us, 99.0),
+        committed_p50_ms: percentile_ms(&commit_us, 50.0),
+        committed_p99_ms: percentile_ms(&commit_us, 99.0),
+        host_losses,
+        down_p50_ms: percentile_ms(&down_us, 50.0),
+        down_max_ms: percentile_ms(&down_us, 100.0),
+        goals: "tracker p99 <= 1 ms, committed p99 <= 10 ms, Down <= 3 s",
+        goals_met: false,
+    };
+    let goals_met = r.tracker_p99_ms <= 1.0 && r.committed_p99_ms <= 10.0 && r.down_max_ms <= 3000.0;
+    Ok(DetectReport { goals_met, ..r })
+}
