@@ -1,7 +1,11 @@
-//! `railguard-chaos demo`: a real three-supervisor cluster on loopback, four
-//! registered hosts, a drain issued with the `railguard` CLI, the leader
-//! SIGKILLed, and the drain still there on the new leader. Prints a
-//! timeline; the NIC-flap demo replaces this once the agent exists.
+//! `railguard-chaos demo`: the README's first command.
+//!
+//! - [`nic_flap`] (default, needs root): three supervisors and four hosts in
+//!   network namespaces with real agents; a cable is pulled and restored, a
+//!   NIC is stormed; a timeline shows the injected fault, when the agent saw
+//!   it, when it was committed, the incident opening and closing.
+//! - [`drain`] (`--drain`): a loopback cluster, a drain issued through a
+//!   follower, the leader SIGKILLed, the drain still there.
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -9,7 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde::Serialize;
 use supervisor::api::{AdminReply, AdminRequest};
-use supervisor::model::HostStatus;
+use supervisor::model::{ClusterEvent, HostStatus};
 
 use crate::cluster::{bin_path, SupervisorCluster};
 
@@ -55,7 +59,8 @@ fn show(cmd: &str, out: &str) {
     }
 }
 
-pub async fn run() -> anyhow::Result<DemoReport> {
+/// The loopback demo: a drain through a leader crash (no root needed).
+pub async fn drain() -> anyhow::Result<DemoReport> {
     let t = Timeline(Instant::now());
     t.say("starting 3 supervisors (Raft over gRPC, sled on disk) on loopback");
     let mut cluster = SupervisorCluster::start(3)?;
@@ -144,5 +149,146 @@ pub async fn run() -> anyhow::Result<DemoReport> {
         drained_ms,
         failover_ms,
         drain_survived_failover: survived,
+    })
+}
+
+#[derive(Debug, Serialize)]
+pub struct NicFlapDemoReport {
+    pub ok: bool,
+    pub demo: &'static str,
+    pub agent_saw_ms: f64,
+    pub committed_ms: f64,
+    pub incident_opened: bool,
+    pub incident_closed: bool,
+    pub storm_suppressed: bool,
+    pub namespaces_left: usize,
+}
+
+fn ms_since(t_ns: u64, at_ns: u64) -> f64 {
+    at_ns.saturating_sub(t_ns) as f64 / 1e6
+}
+
+/// The netns NIC-flap demo.
+pub async fn nic_flap() -> anyhow::Result<NicFlapDemoReport> {
+    use crate::netcluster::NetCluster;
+    use crate::testbed::{Side, TestbedSpec};
+    let t = Timeline(Instant::now());
+    if !crate::testbed::require_root("demo")? {
+        bail!("the NIC-flap demo builds network namespaces and needs root (try `railguard-chaos demo --drain`)");
+    }
+    t.say("building the testbed: namespaces for a fabric, 3 supervisors and 4 GPU hosts (rail0, rail1, mgmt0 each)");
+    let mut c = NetCluster::start(TestbedSpec {
+        supervisors: 3,
+        hosts: 4,
+    })
+    .await?;
+    t.say("supervisors started inside their namespaces and the cluster initialised; agents started on h0..h3");
+    c.wait_until("every NIC up", Duration::from_secs(20), |c| {
+        c.cli_json(&["nic", "list", "--state", "up"])
+            .map(|v| v["nics"].as_array().map_or(0, |a| a.len()) == 8)
+            .unwrap_or(false)
+    })
+    .await?;
+    t.say("all 8 data NICs reported Up by their agents");
+    show("status", &c.cli(&["status"])?);
+    let since = c.cli_json(&["events", "--limit", "5000"])?["events"]
+        .as_array()
+        .and_then(|a| a.last())
+        .and_then(|e| e["seq"].as_u64())
+        .unwrap_or(0);
+    let events_after = |c: &NetCluster, since: u64| -> Vec<ClusterEvent> {
+        c.cli_json(&["events", "--since", &since.to_string(), "--limit", "5000"])
+            .ok()
+            .and_then(|v| serde_json::from_value(v["events"].clone()).ok())
+            .unwrap_or_default()
+    };
+    t.say(
+        "FAULT: pulling the cable of h2/rail0 (fabric-side veth down: the host sees carrier loss)",
+    );
+    let t_inj = nodeagent::link::unix_ns();
+    c.tb.set_cable(2, 0, Side::Fabric, false).await?;
+    c.wait_until("h2/rail0 down", Duration::from_secs(10), |c| {
+        c.nic_state("h2", "rail0").is_ok_and(|s| s == "down")
+    })
+    .await?;
+    let t_seen_committed = nodeagent::link::unix_ns();
+    let evs = events_after(&c, since);
+    let down = evs
+        .iter()
+        .find(|e| e.host.as_deref() == Some("h2") && e.what.starts_with("NIC rail0: link down"));
+    let agent_saw_ms = down
+        .and_then(|e| e.observed_unix_ns)
+        .map(|o| ms_since(t_inj, o))
+        .unwrap_or(f64::NAN);
+    let committed_ms = down
+        .map(|e| ms_since(t_inj, e.at_ms * 1_000_000).max(agent_saw_ms))
+        .unwrap_or(f64::NAN);
+    t.say(&format!(
+        "  agent on h2 saw rail0 go down      +{agent_saw_ms:.3} ms after the netlink change"
+    ));
+    t.say(&format!("  leader batched it into a Raft entry +{committed_ms:.1} ms (committed, seen by the CLI within {:.0} ms)", ms_since(t_inj, t_seen_committed)));
+    let opened = evs
+        .iter()
+        .any(|e| e.host.as_deref() == Some("h2") && e.what.contains("opened: nic_down"));
+    t.say(&format!("  incident nic_down opened: {opened}"));
+    show(
+        "nic list --state down",
+        &c.cli(&["nic", "list", "--state", "down"])?,
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    t.say("REPAIR: cable of h2/rail0 back");
+    c.tb.set_cable(2, 0, Side::Fabric, true).await?;
+    c.wait_until("h2/rail0 up", Duration::from_secs(10), |c| {
+        c.nic_state("h2", "rail0").is_ok_and(|s| s == "up")
+    })
+    .await?;
+    let evs = events_after(&c, since);
+    let closed = evs
+        .iter()
+        .any(|e| e.host.as_deref() == Some("h2") && e.what.contains("(nic_down) closed"));
+    t.say(&format!("  h2/rail0 Up again; incident closed: {closed}"));
+    t.say("STORM: 3 quick flaps of h3/rail1 (host side, admin down/up)");
+    for _ in 0..3 {
+        c.tb.set_cable(3, 1, Side::Host, false).await?;
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        c.tb.set_cable(3, 1, Side::Host, true).await?;
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    let suppressed = c
+        .wait_until("h3/rail1 suppressed", Duration::from_secs(10), |c| {
+            c.nic_state("h3", "rail1").is_ok_and(|s| s == "recovering")
+        })
+        .await
+        .is_ok();
+    t.say(&format!(
+        "  flap damping suppressed h3/rail1 (Recovering until its penalty decays): {suppressed}"
+    ));
+    show("node show h3", &c.cli(&["node", "show", "h3"])?);
+    println!("  $ railguard events   (this run)");
+    for e in events_after(&c, since) {
+        println!(
+            "    {:>5}  {:<4} {}",
+            e.seq,
+            e.host.as_deref().unwrap_or("-"),
+            e.what
+        );
+    }
+    let names = c.tb.namespace_names();
+    t.say("tearing down: every process killed, every namespace removed");
+    drop(c);
+    let left = names
+        .iter()
+        .filter(|n| !crate::testbed::netns::list(n).is_empty())
+        .count();
+    t.say(&format!("namespaces left behind: {left}"));
+    Ok(NicFlapDemoReport {
+        ok: opened && closed && suppressed && left == 0 && agent_saw_ms.is_finite(),
+        demo: "nic-flap",
+        agent_saw_ms,
+        committed_ms,
+        incident_opened: opened,
+        incident_closed: closed,
+        storm_suppressed: suppressed,
+        namespaces_left: left,
     })
 }

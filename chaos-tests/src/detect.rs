@@ -50,7 +50,11 @@ fn unix_ns() -> u64 {
 }
 
 /// Waits (bounded) for an event matching `f`, consuming events before it.
-async fn wait_event(seen: &Seen, within: Duration, f: impl Fn(&ClusterEvent) -> bool) -> anyhow::Result<(ClusterEvent, u64)> {
+async fn wait_event(
+    seen: &Seen,
+    within: Duration,
+    f: impl Fn(&ClusterEvent) -> bool,
+) -> anyhow::Result<(ClusterEvent, u64)> {
     let t0 = Instant::now();
     loop {
         {
@@ -71,17 +75,42 @@ async fn wait_event(seen: &Seen, within: Duration, f: impl Fn(&ClusterEvent) -> 
 pub async fn run(flaps: usize, host_losses: usize, seed: u64) -> anyhow::Result<DetectReport> {
     let hosts = 4;
     eprintln!("[detect] building testbed: 3 supervisors, {hosts} hosts");
-    let mut c = NetCluster::start(TestbedSpec { supervisors: 3, hosts }).await?;
+    let mut c = NetCluster::start(TestbedSpec {
+        supervisors: 3,
+        hosts,
+    })
+    .await?;
     c.wait_until("every NIC up", Duration::from_secs(20), |c| {
-        c.cli_json(&["nic", "list", "--state", "up"]).map(|v| v["nics"].as_array().map_or(0, |a| a.len()) == hosts * 2).unwrap_or(false)
+        c.cli_json(&["nic", "list", "--state", "up"])
+            .map(|v| v["nics"].as_array().map_or(0, |a| a.len()) == hosts * 2)
+            .unwrap_or(false)
     })
     .await?;
     // Follow committed events from now on.
-    let since = c.cli_json(&["events", "--limit", "5000"])?["events"].as_array().and_then(|a| a.last()).and_then(|e| e["seq"].as_u64()).unwrap_or(0);
-    let mut cmd = c.tb.command(Node::Supervisor(0), bin_path("railguard")?.to_str().unwrap_or_default())?;
-    cmd.args(["--supervisor", &c.sup_addrs().join(","), "-o", "json", "events", "--follow", "--since", &since.to_string()]);
+    let since = c.cli_json(&["events", "--limit", "5000"])?["events"]
+        .as_array()
+        .and_then(|a| a.last())
+        .and_then(|e| e["seq"].as_u64())
+        .unwrap_or(0);
+    let mut cmd = c.tb.command(
+        Node::Supervisor(0),
+        bin_path("railguard")?.to_str().unwrap_or_default(),
+    )?;
+    cmd.args([
+        "--supervisor",
+        &c.sup_addrs().join(","),
+        "-o",
+        "json",
+        "events",
+        "--follow",
+        "--since",
+        &since.to_string(),
+    ]);
     cmd.stdout(Stdio::piped()).stderr(Stdio::null());
-    let mut child = tokio::process::Command::from(cmd).kill_on_drop(true).spawn().context("railguard events --follow")?;
+    let mut child = tokio::process::Command::from(cmd)
+        .kill_on_drop(true)
+        .spawn()
+        .context("railguard events --follow")?;
     let stdout = child.stdout.take().context("stdout")?;
     let seen: Seen = Arc::new(Mutex::new(VecDeque::new()));
     let sink = seen.clone();
@@ -110,9 +139,11 @@ pub async fn run(flaps: usize, host_losses: usize, seed: u64) -> anyhow::Result<
             c.tb.set_cable(h, r, Side::Fabric, up).await?;
             let want = format!("NIC rail{r}: link {}", if up { "up" } else { "down" });
             let host = format!("h{h}");
-            let (e, arrived) = wait_event(&seen, Duration::from_secs(10), |e| e.host.as_deref() == Some(host.as_str()) && e.what.starts_with(&want))
-                .await
-                .with_context(|| format!("flap {i}: {host} {want}"))?;
+            let (e, arrived) = wait_event(&seen, Duration::from_secs(10), |e| {
+                e.host.as_deref() == Some(host.as_str()) && e.what.starts_with(&want)
+            })
+            .await
+            .with_context(|| format!("flap {i}: {host} {want}"))?;
             let observed = e.observed_unix_ns.unwrap_or(arrived);
             tracker_us.push(observed.saturating_sub(t_inj) / 1000);
             commit_us.push(arrived.saturating_sub(t_inj) / 1000);
@@ -126,16 +157,23 @@ pub async fn run(flaps: usize, host_losses: usize, seed: u64) -> anyhow::Result<
         let host = format!("h{h}");
         let t0 = unix_ns();
         c.tb.lose_host(h).await?;
-        let (_, arrived) = wait_event(&seen, Duration::from_secs(15), |e| e.host.as_deref() == Some(host.as_str()) && e.what.ends_with("-> Down") && e.what.starts_with("host"))
-            .await
-            .with_context(|| format!("host loss {i}: {host} never went Down"))?;
+        let (_, arrived) = wait_event(&seen, Duration::from_secs(15), |e| {
+            e.host.as_deref() == Some(host.as_str())
+                && e.what.ends_with("-> Down")
+                && e.what.starts_with("host")
+        })
+        .await
+        .with_context(|| format!("host loss {i}: {host} never went Down"))?;
         down_us.push(arrived.saturating_sub(t0) / 1000);
         c.tb.set_mgmt(Node::Host(h), true).await?;
         for r in 0..2 {
             c.tb.set_cable(h, r, Side::Fabric, true).await?;
         }
         c.start_agent(h)?;
-        wait_event(&seen, Duration::from_secs(15), |e| e.host.as_deref() == Some(host.as_str()) && e.what.ends_with("-> Ready")).await?;
+        wait_event(&seen, Duration::from_secs(15), |e| {
+            e.host.as_deref() == Some(host.as_str()) && e.what.ends_with("-> Ready")
+        })
+        .await?;
     }
     let _ = child.kill().await;
     for v in [&mut tracker_us, &mut commit_us, &mut down_us] {
@@ -156,6 +194,7 @@ pub async fn run(flaps: usize, host_losses: usize, seed: u64) -> anyhow::Result<
         goals: "tracker p99 <= 1 ms, committed p99 <= 10 ms, Down <= 3 s",
         goals_met: false,
     };
-    let goals_met = r.tracker_p99_ms <= 1.0 && r.committed_p99_ms <= 10.0 && r.down_max_ms <= 3000.0;
+    let goals_met =
+        r.tracker_p99_ms <= 1.0 && r.committed_p99_ms <= 10.0 && r.down_max_ms <= 3000.0;
     Ok(DetectReport { goals_met, ..r })
 }

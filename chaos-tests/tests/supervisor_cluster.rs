@@ -192,6 +192,6 @@ async fn lagging_follower_catches_up_from_a_snapshot() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_runs_end_to_end() {
-    let r = chaos_tests::demo::run().await.unwrap();
+    let r = chaos_tests::demo::drain().await.unwrap();
     assert!(r.ok && r.drain_survived_failover, "{r:?}");
 }

@@ -896,10 +896,11 @@ impl ClusterState {
         let open_new = kind.filter(|k| changed && !nic.open_incidents.contains_key(*k));
         let link = if r.link_up { "up" } else { "down" };
         if link_changed {
-            self.log_event(
+            self.log_observed(
                 at_ms,
                 Some(host),
                 format!("NIC {nic_name}: link {link} ({prev:?} -> {state:?})"),
+                Some(r.observed_unix_ns),
             );
         } else if changed {
             self.log_event(
@@ -1230,6 +1231,13 @@ mod tests {
             },
         );
         assert_eq!(r[0], Ok(CmdOk::Acked { through: 2 }));
+        assert!(
+            st.events
+                .iter()
+                .filter(|e| e.what.contains(": link "))
+                .all(|e| e.observed_unix_ns.is_some()),
+            "link events carry the agent's observation time"
+        );
         assert_eq!(
             st.incidents
                 .values()

@@ -15,8 +15,13 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// A real local cluster, a drain through a leader crash, a printed timeline.
-    Demo,
+    /// A real cluster in network namespaces, a NIC flap and a storm, a
+    /// printed timeline (needs root). `--drain`: a loopback drain-through-failover demo.
+    Demo {
+        /// Run the loopback drain demo instead (no root needed).
+        #[arg(long)]
+        drain: bool,
+    },
     /// Run a scenario and check its invariants.
     #[command(subcommand)]
     Scenario(Scenario),
@@ -121,8 +126,12 @@ fn main() {
             }
         });
         match cli.cmd {
-            Cmd::Demo => {
-                let r = chaos_tests::demo::run().await?;
+            Cmd::Demo { drain: true } => {
+                let r = chaos_tests::demo::drain().await?;
+                Ok((r.ok, serde_json::to_value(&r)?))
+            }
+            Cmd::Demo { drain: false } => {
+                let r = chaos_tests::demo::nic_flap().await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
             }
             Cmd::Scenario(Scenario::LeaderKill {
@@ -182,7 +191,11 @@ fn main() {
                 .await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
             }
-            Cmd::Bench(Bench::Detect { flaps, host_losses, seed }) => {
+            Cmd::Bench(Bench::Detect {
+                flaps,
+                host_losses,
+                seed,
+            }) => {
                 if !(1..=100_000).contains(&flaps) || host_losses > 1000 {
                     anyhow::bail!("--flaps takes 1..=100000 and --host-losses at most 1000");
                 }
