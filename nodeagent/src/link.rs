@@ -117,6 +117,10 @@ pub struct NicTracker {
     pub name: String,
     damper: FlapDamper,
     link_up: Option<bool>,
+    /// RDMA port state (true when no RDMA device backs this NIC).
+    port_active: bool,
+    /// The last netdev sample's up state, kept to combine with port events.
+    netdev_up: Option<bool>,
     down_count: u32,
     carrier_changes: u64,
     health: Option<NicHealth>,
@@ -128,6 +132,8 @@ impl NicTracker {
             name: name.into(),
             damper: FlapDamper::new(damping),
             link_up: None,
+            port_active: true,
+            netdev_up: None,
             down_count: 0,
             carrier_changes: 0,
             health: None,
@@ -170,7 +176,8 @@ impl NicTracker {
 
     /// Feeds one sample; returns the transitions it implies, in order.
     pub fn observe(&mut self, s: &LinkSample, now: Instant) -> Vec<LinkTransition> {
-        let up = s.is_up();
+        self.netdev_up = Some(s.is_up());
+        let up = s.is_up() && self.port_active;
         let mut out = Vec::new();
         self.carrier_changes = s.carrier_changes as u64;
         let Some(prev) = self.link_up else {
@@ -192,6 +199,15 @@ impl NicTracker {
             out.push(self.transition(up, now, false));
         }
         out
+    }
+
+    /// Feeds an RDMA port event; the NIC is up only when both its netdev and
+    /// its port are.
+    pub fn observe_port(&mut self, active: bool, now: Instant) -> Option<LinkTransition> {
+        self.port_active = active;
+        let netdev_up = self.netdev_up?;
+        let up = netdev_up && active;
+        (self.link_up != Some(up)).then(|| self.transition(up, now, false))
     }
 
     /// Re-evaluates damping without a link change (Recovering → Up,
@@ -217,6 +233,16 @@ impl NicTracker {
     }
 }
 
+/// An RDMA port event for the netdev it is bound to: the seam through which
+/// the `rdma` crate's async event stream (port active/error, device fatal)
+/// feeds the same tracker as netlink. A port that is not active makes its
+/// NIC down even while netlink says the netdev is up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PortEvent {
+    pub netdev: String,
+    pub active: bool,
+}
+
 /// Errors starting the tracker.
 #[derive(Debug, thiserror::Error)]
 pub enum TrackerError {
@@ -231,6 +257,7 @@ pub enum TrackerError {
 /// sure no flap is lost meanwhile).
 pub struct LinkTracker {
     nics: BTreeMap<String, NicTracker>,
+    ports: Option<mpsc::Receiver<PortEvent>>,
 }
 
 impl LinkTracker {
@@ -240,7 +267,14 @@ impl LinkTracker {
                 .iter()
                 .map(|n| (n.clone(), NicTracker::new(n, damping)))
                 .collect(),
+            ports: None,
         }
+    }
+
+    /// Also consumes RDMA port events (from the `rdma` crate's stream).
+    pub fn with_port_events(mut self, rx: mpsc::Receiver<PortEvent>) -> Self {
+        self.ports = Some(rx);
+        self
     }
 
     /// Subscribes, dumps, then runs until `tx` closes. Ticks damping every
@@ -267,8 +301,17 @@ impl LinkTracker {
         }
         tracing::info!(nics = self.nics.len(), "link tracker started");
         let mut tick = tokio::time::interval(std::time::Duration::from_millis(100));
+        let mut ports = self.ports.take();
         loop {
             tokio::select! {
+                Some(p) = async { match ports.as_mut() { Some(r) => r.recv().await, None => std::future::pending().await } } => {
+                    let now = Instant::now();
+                    if let Some(t) = self.nics.get_mut(&p.netdev).and_then(|n| n.observe_port(p.active, now)) {
+                        if tx.send(t).await.is_err() {
+                            return Ok(());
+                        }
+                    }
+                }
                 msg = messages.next() => {
                     let Some((msg, _)) = msg else {
                         return Err(TrackerError::Netlink("multicast connection closed".into()));
@@ -359,6 +402,28 @@ mod tests {
         let ups: Vec<bool> = t.iter().map(|x| x.link_up).collect();
         assert_eq!(ups, vec![false, true, false]);
         assert_eq!(t.iter().filter(|x| x.synthesized).count(), 2);
+    }
+
+    #[test]
+    fn a_dead_rdma_port_takes_the_nic_down_while_netlink_says_up() {
+        let t0 = Instant::now();
+        let mut n = NicTracker::new("rail0", DampingConfig::default());
+        n.observe(&sample(true, true, 0), t0);
+        let t = n
+            .observe_port(false, t0 + Duration::from_secs(1))
+            .expect("transition");
+        assert!(!t.link_up);
+        assert_eq!(t.health, NicHealth::Down);
+        assert!(
+            n.observe(&sample(true, true, 0), t0 + Duration::from_secs(2))
+                .is_empty(),
+            "netdev up, port still down"
+        );
+        let t = n
+            .observe_port(true, t0 + Duration::from_secs(3))
+            .expect("transition");
+        assert!(t.link_up);
+        assert_eq!(n.observe_port(true, t0 + Duration::from_secs(4)), None);
     }
 
     #[test]
