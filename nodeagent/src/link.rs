@@ -161,6 +161,16 @@ impl NicTracker {
         self.link_up = Some(link_up);
         let health = self.classify(link_up, now);
         self.health = Some(health);
+        self.report(link_up, health, now, synthesized)
+    }
+
+    fn report(
+        &self,
+        link_up: bool,
+        health: NicHealth,
+        now: Instant,
+        synthesized: bool,
+    ) -> LinkTransition {
         LinkTransition {
             nic: self.name.clone(),
             link_up,
@@ -219,17 +229,7 @@ impl NicTracker {
             return None;
         }
         self.health = Some(health);
-        Some(LinkTransition {
-            nic: self.name.clone(),
-            link_up,
-            health,
-            carrier_changes: self.carrier_changes,
-            flaps: self.damper.flaps(),
-            penalty: self.damper.penalty(now),
-            observed_at: now,
-            observed_unix_ns: unix_ns(),
-            synthesized: false,
-        })
+        Some(self.report(link_up, health, now, false))
     }
 }
 

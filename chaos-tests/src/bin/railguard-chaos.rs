@@ -75,6 +75,37 @@ enum Scenario {
     },
 }
 
+impl Scenario {
+    /// The admin-history run of `leader-kill` / `cluster-crash`.
+    fn history_run(&self) -> Option<chaos_tests::admin_history::HistoryRun> {
+        let (rounds, hosts, clients, load_ms, seed, whole_cluster) = match *self {
+            Scenario::LeaderKill {
+                rounds,
+                hosts,
+                clients,
+                load_ms,
+                seed,
+            } => (rounds, hosts, clients, load_ms, seed, false),
+            Scenario::ClusterCrash {
+                rounds,
+                hosts,
+                clients,
+                load_ms,
+                seed,
+            } => (rounds, hosts, clients, load_ms, seed, true),
+            _ => return None,
+        };
+        Some(chaos_tests::admin_history::HistoryRun {
+            rounds,
+            hosts,
+            clients,
+            whole_cluster,
+            load_per_round: std::time::Duration::from_millis(load_ms),
+            seed,
+        })
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Bench {
     /// Time from a netlink link change to the agent seeing it and to the
@@ -134,40 +165,9 @@ fn main() {
                 let r = chaos_tests::demo::nic_flap().await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
             }
-            Cmd::Scenario(Scenario::LeaderKill {
-                rounds,
-                hosts,
-                clients,
-                load_ms,
-                seed,
-            }) => {
-                let r = chaos_tests::admin_history::run(chaos_tests::admin_history::HistoryRun {
-                    rounds,
-                    hosts,
-                    clients,
-                    whole_cluster: false,
-                    load_per_round: std::time::Duration::from_millis(load_ms),
-                    seed,
-                })
-                .await?;
-                Ok((r.ok, serde_json::to_value(&r)?))
-            }
-            Cmd::Scenario(Scenario::ClusterCrash {
-                rounds,
-                hosts,
-                clients,
-                load_ms,
-                seed,
-            }) => {
-                let r = chaos_tests::admin_history::run(chaos_tests::admin_history::HistoryRun {
-                    rounds,
-                    hosts,
-                    clients,
-                    whole_cluster: true,
-                    load_per_round: std::time::Duration::from_millis(load_ms),
-                    seed,
-                })
-                .await?;
+            Cmd::Scenario(s @ (Scenario::LeaderKill { .. } | Scenario::ClusterCrash { .. })) => {
+                let r = chaos_tests::admin_history::run(s.history_run().expect("history scenario"))
+                    .await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
             }
             Cmd::Scenario(Scenario::NicFlap {

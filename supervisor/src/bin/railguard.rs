@@ -344,6 +344,21 @@ fn print_incidents(incidents: &[Incident]) {
     }
 }
 
+/// `k=v` pairs joined by `sep`, or `empty` when there are none.
+fn pairs<K: std::fmt::Display, V: std::fmt::Display>(
+    m: &BTreeMap<K, V>,
+    sep: &str,
+    empty: &str,
+) -> String {
+    if m.is_empty() {
+        return empty.into();
+    }
+    m.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(sep)
+}
+
 fn print_nics(nics: &[(String, Nic)]) {
     if nics.is_empty() {
         println!("no NICs");
@@ -378,14 +393,13 @@ fn print_hosts(hosts: &[Host]) {
         "HOST", "STATUS", "LIVENESS", "NICS"
     );
     for h in hosts {
-        let labels: Vec<String> = h.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         println!(
             "{:<14} {:<10} {:<9} {:>5}  {}",
             h.name,
             h.status().to_string(),
             format!("{:?}", h.liveness),
             h.nics.len(),
-            labels.join(",")
+            pairs(&h.labels, ",", "")
         );
     }
 }
@@ -424,19 +438,7 @@ fn render(reply: &AdminReply) {
                     if m.leader { " leader" } else { "" }
                 );
             }
-            let by: Vec<String> = s
-                .hosts_by_status
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            println!(
-                "hosts:       {}",
-                if by.is_empty() {
-                    "none".into()
-                } else {
-                    by.join(" ")
-                }
-            );
+            println!("hosts:       {}", pairs(&s.hosts_by_status, " ", "none"));
             println!("open incidents: {}", s.open_incidents.len());
             for i in &s.open_incidents {
                 println!(
@@ -490,19 +492,7 @@ fn render(reply: &AdminReply) {
                         .unwrap_or_default()
                 );
             }
-            let labels: Vec<String> = host
-                .labels
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            println!(
-                "labels:     {}",
-                if labels.is_empty() {
-                    "-".into()
-                } else {
-                    labels.join(",")
-                }
-            );
+            println!("labels:     {}", pairs(&host.labels, ",", "-"));
             println!(
                 "jobs:       {}",
                 if jobs.is_empty() {
