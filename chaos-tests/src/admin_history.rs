@@ -347,6 +347,12 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
         let v = check(&HostModel, &ops, CHECK_BUDGET);
         if v != Verdict::Linearizable {
             eprintln!("[{scenario}] host {}: {v:?} ({} ops)", hosts[hi], ops.len());
+            // Keep the history for diagnosis, one operation per line.
+            let path = cluster.run_dir.join(format!("history-{}.txt", hosts[hi]));
+            let text: String = ops.iter().map(|o| format!("{o:?}\n")).collect();
+            if std::fs::write(&path, text).is_ok() {
+                eprintln!("[{scenario}] history written to {}", path.display());
+            }
         }
         verdicts.push(v);
     }

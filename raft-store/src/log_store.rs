@@ -159,12 +159,16 @@ where
         &mut self,
         committed: Option<LogId<C::NodeId>>,
     ) -> Result<(), StorageError<C::NodeId>> {
-        // Not flushed on its own: a lost committed id only means openraft
-        // re-applies less on start-up and learns the rest from the leader.
+        // Flushed: a node whose persisted vote says it leads comes back up
+        // as leader of the same term and serves linearizable reads from
+        // `max(noop, committed)`. A stale committed id after a crash would
+        // let it answer a read before re-applying writes it had already
+        // acknowledged (found by the cluster-crash scenario).
         let bytes = encode(&committed).map_err(|e| StorageIOError::write(&*e))?;
         self.meta
             .insert(KEY_COMMITTED, bytes)
             .map_err(|e| StorageIOError::write(&e))?;
+        self.flush().await.map_err(|e| StorageIOError::write(&e))?;
         Ok(())
     }
 
