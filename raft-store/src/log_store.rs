@@ -159,16 +159,18 @@ where
         &mut self,
         committed: Option<LogId<C::NodeId>>,
     ) -> Result<(), StorageError<C::NodeId>> {
-        // Flushed: a node whose persisted vote says it leads comes back up
-        // as leader of the same term and serves linearizable reads from
-        // `max(noop, committed)`. A stale committed id after a crash would
-        // let it answer a read before re-applying writes it had already
-        // acknowledged (found by the cluster-crash scenario).
+        // Not flushed on its own (a flush here would stall openraft's core on
+        // every commit): after a crash the stored id may be behind, so
+        // openraft re-applies less on start-up and learns the rest from the
+        // cluster. Caution for read-index users: a node restarting as leader
+        // of its old term serves reads from max(noop, committed), which can
+        // then be behind writes it acknowledged; the supervisor's
+        // linearizable read also waits for its whole log (see
+        // `Supervisor::read_linearizable`).
         let bytes = encode(&committed).map_err(|e| StorageIOError::write(&*e))?;
         self.meta
             .insert(KEY_COMMITTED, bytes)
             .map_err(|e| StorageIOError::write(&e))?;
-        self.flush().await.map_err(|e| StorageIOError::write(&e))?;
         Ok(())
     }
 

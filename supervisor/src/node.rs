@@ -172,10 +172,24 @@ impl Supervisor {
         &self,
         f: impl FnOnce(&ClusterState) -> T,
     ) -> Result<T, ApiError> {
+        // Everything in the leader's log when the read starts, which
+        // includes every write acknowledged before it.
+        let last_log = self.raft.metrics().borrow().last_log_index;
         self.raft.ensure_linearizable().await.map_err(|e| match e {
             RaftError::APIError(e) => ApiError::unavailable(format!("not the leader: {e}")),
             RaftError::Fatal(e) => ApiError::internal(format!("raft stopped: {e}")),
         })?;
+        // openraft's read index is max(noop, committed). A leader that
+        // restarts into the same term (its persisted vote says it leads)
+        // reuses its old noop and a committed id that may be stale, so the
+        // read index alone can be behind writes it acknowledged before the
+        // crash (found by the cluster-crash scenario). Waiting for the log
+        // as of the read's start closes that gap without a flush per commit.
+        self.raft
+            .wait(Some(WRITE_TIMEOUT))
+            .applied_index_at_least(last_log, "linearizable read")
+            .await
+            .map_err(|e| ApiError::unavailable(format!("read not served: {e}")))?;
         Ok(self.read(f))
     }
 
