@@ -32,7 +32,7 @@ pub const MAX_BATCH: usize = 2048;
 /// Capacity of the proposal queue; callers wait (bounded) when it is full.
 pub const PROPOSAL_QUEUE: usize = 16_384;
 /// Raft entries proposed but not yet answered.
-pub const MAX_INFLIGHT_PROPOSALS: usize = 8;
+pub const MAX_INFLIGHT_PROPOSALS: usize = 4;
 /// How long a caller waits for its write to commit.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
