@@ -369,18 +369,22 @@ fn print_nics(nics: &[(String, Nic)]) {
         "HOST", "NIC", "RAIL", "BACKUP", "STATE", "FLAPS", "PENALTY"
     );
     for (h, n) in nics {
-        println!(
-            "{:<14} {:<8} {:>4} {:<8} {:<10} {:>6} {:>8.0}  {}",
-            h,
-            n.name,
-            n.rail.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
-            n.backup.as_deref().unwrap_or("-"),
-            format!("{:?}", n.state),
-            n.flaps,
-            n.damping_penalty,
-            fmt_ms(n.last_change_ms)
-        );
+        println!("{h:<14} {}", nic_row(n));
     }
+}
+
+/// One NIC's columns: name, rail, backup, state, flaps, penalty, last change.
+fn nic_row(n: &Nic) -> String {
+    format!(
+        "{:<8} {:>4} {:<8} {:<10} {:>6} {:>8.0}  {}",
+        n.name,
+        n.rail.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
+        n.backup.as_deref().unwrap_or("-"),
+        format!("{:?}", n.state),
+        n.flaps,
+        n.damping_penalty,
+        fmt_ms(n.last_change_ms)
+    )
 }
 
 fn print_hosts(hosts: &[Host]) {
@@ -508,16 +512,7 @@ fn render(reply: &AdminReply) {
                 "NIC", "RAIL", "BACKUP", "STATE", "FLAPS", "PENALTY"
             );
             for n in host.nics.values() {
-                println!(
-                    "  {:<8} {:>4} {:<8} {:<10} {:>6} {:>8.0}  {}",
-                    n.name,
-                    n.rail.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
-                    n.backup.as_deref().unwrap_or("-"),
-                    format!("{:?}", n.state),
-                    n.flaps,
-                    n.damping_penalty,
-                    fmt_ms(n.last_change_ms)
-                );
+                println!("  {}", nic_row(n));
             }
         }
         AdminReply::Incidents { incidents } => print_incidents(incidents),
