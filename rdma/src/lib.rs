@@ -1,3 +1,8 @@
-//! RDMA device model and the resilient connection. Not built yet: the rdma
-//! issue fills this crate (verbs backend over rdma-sys, soft backend over
-//! NIC-bound sockets, queue-pair migration).
+//! RDMA for railguard: the device/port/event model, two backends (`verbs`
+//! over libibverbs, `soft` over NIC-bound sockets) and the resilient
+//! multi-NIC connection a job uses as its transport.
+
+pub mod model;
+pub mod seq;
+#[cfg(feature = "verbs")]
+pub mod verbs;

@@ -1,0 +1,1 @@
+//! Device, port and async-event model (being built).

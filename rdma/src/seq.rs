@@ -1,0 +1,1 @@
+//! Sequencing and replay core of the resilient connection (being built).

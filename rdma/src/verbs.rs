@@ -1,0 +1,1 @@
+//! libibverbs backend (being built).
