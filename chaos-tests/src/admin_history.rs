@@ -249,7 +249,9 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
     let hosts = Arc::new(hosts);
     let mut tasks = Vec::new();
     for id in 0..cfg.clients {
-        let client = cluster.client(&format!("chaos-{id}"), id, Duration::from_secs(3))?;
+        let client = cluster
+            .client(&format!("chaos-{id}"), id, Duration::from_secs(3))?
+            .with_retry_window(Duration::from_secs(10));
         tasks.push(tokio::spawn(client_loop(
             id,
             client,

@@ -22,6 +22,10 @@ pub struct AdminCall {
     /// again (one hop at most).
     #[serde(default)]
     pub forwarded: bool,
+    /// Makes a `Write` retry-safe: the cluster applies a request id at most
+    /// once and answers a retry with the first result.
+    #[serde(default)]
+    pub request_id: Option<crate::model::RequestId>,
     pub request: AdminRequest,
 }
 
@@ -197,6 +201,7 @@ impl From<crate::model::CmdError> for ApiError {
             E::NotFound { .. } => ErrorKind::NotFound,
             E::InvalidArgument(_) => ErrorKind::InvalidArgument,
             E::FailedPrecondition(_) | E::SequenceGap { .. } => ErrorKind::FailedPrecondition,
+            E::RequestForgotten { .. } => ErrorKind::Unknown,
         };
         ApiError::new(kind, e.to_string())
     }

@@ -1,15 +1,22 @@
 //! Client side of the admin API, shared by the `railguard` CLI and the chaos
-//! suite: tries each configured supervisor until one answers, and never
-//! retries a write whose outcome is unknown.
+//! suite: tries each configured supervisor until one answers.
+//!
+//! Host writes carry a request id (a random session id per client and a
+//! serial), which the cluster applies at most once, so a write whose outcome
+//! is unknown (a timeout, a leader that died mid-commit) is retried with the
+//! same id until a definite answer or the retry window ends. Only then is the
+//! outcome reported as unknown.
 
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use proto::v1::admin_client::AdminClient as Grpc;
 use proto::v1::{Blob, FollowRequest};
 use tonic::transport::Channel;
 
 use crate::api::{AdminCall, AdminReply, AdminRequest, ApiError, ErrorKind};
-use crate::model::ClusterEvent;
+use crate::model::{ClusterEvent, RequestId};
 
 /// Default time limit of one call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -20,7 +27,15 @@ pub struct AdminClient {
     targets: Vec<(String, Grpc<Channel>)>,
     actor: String,
     timeout: Duration,
+    /// Session id of this client (and its clones) for retry-safe writes.
+    session: String,
+    serial: Arc<AtomicU64>,
+    retry_for: Duration,
 }
+
+/// First pause between retries of a write; doubles up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
 impl AdminClient {
     /// `addrs` are `IP:port` of supervisors; `actor` is recorded with writes.
@@ -46,24 +61,72 @@ impl AdminClient {
             targets,
             actor: actor.into(),
             timeout,
+            session: format!("{:016x}", rand::random::<u64>()),
+            serial: Arc::new(AtomicU64::new(0)),
+            retry_for: timeout,
         })
     }
 
+    /// How long a write whose outcome is not yet known is retried (default:
+    /// the call timeout).
+    pub fn with_retry_window(mut self, d: Duration) -> Self {
+        self.retry_for = d;
+        self
+    }
+
     /// Sends one request, trying supervisors in order while they are
-    /// unreachable or answer `Unavailable`.
+    /// unreachable or answer `Unavailable`. Host writes are retried (same
+    /// request id) while their outcome is unknown, within the retry window.
     pub async fn call(&self, request: AdminRequest, stale: bool) -> Result<AdminReply, ApiError> {
         let is_write = request.is_write();
+        let request_id = matches!(request, AdminRequest::Write { .. }).then(|| RequestId {
+            client: self.session.clone(),
+            serial: self.serial.fetch_add(1, Ordering::Relaxed) + 1,
+        });
+        let retry_safe = request_id.is_some();
         let call = AdminCall {
             actor: self.actor.clone(),
             stale,
             forwarded: false,
+            request_id,
             request,
         };
         let body = serde_json::to_vec(&call).map_err(|e| ApiError::internal(e.to_string()))?;
+        if !retry_safe {
+            return self.attempt(&body, is_write).await;
+        }
+        let deadline = Instant::now() + self.retry_for;
+        let mut backoff = FIRST_BACKOFF;
+        let mut uncertain: Option<ApiError> = None;
+        loop {
+            let e = match self.attempt(&body, true).await {
+                Ok(r) => return Ok(r),
+                Err(e) if e.kind == ErrorKind::Unavailable => e,
+                Err(e) if !e.is_definite() => {
+                    tracing::debug!(error = %e, "write outcome unknown; retrying with the same request id");
+                    uncertain = Some(e.clone());
+                    e
+                }
+                Err(e) => return Err(e),
+            };
+            if Instant::now() + backoff >= deadline {
+                // Once any attempt may have been applied, "unavailable" no
+                // longer means "not written".
+                return Err(uncertain.unwrap_or(e));
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// One pass over the supervisors.
+    async fn attempt(&self, body: &[u8], is_write: bool) -> Result<AdminReply, ApiError> {
         let mut last = ApiError::unavailable("no supervisor answered");
         for (addr, client) in &self.targets {
             let mut c = client.clone();
-            let fut = c.call(Blob { body: body.clone() });
+            let fut = c.call(Blob {
+                body: body.to_vec(),
+            });
             match tokio::time::timeout(self.timeout, fut).await {
                 Err(_) if is_write => {
                     return Err(ApiError::unknown(format!(

@@ -43,6 +43,10 @@ pub const MAX_NAME_LEN: usize = 253;
 pub const MAX_REASON_LEN: usize = 1024;
 /// Most NICs a host may register.
 pub const MAX_NICS: usize = 64;
+/// Most client sessions remembered (least recently used are forgotten).
+pub const MAX_SESSIONS: usize = 4_096;
+/// Most results remembered per client session (oldest serials forgotten).
+pub const MAX_SESSION_RESULTS: usize = 64;
 
 /// One Raft entry: a batch of commands stamped by the leader.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -66,8 +70,14 @@ pub enum Command {
         nics: Vec<NicSpec>,
         labels: BTreeMap<String, String>,
     },
-    /// An admin operation, recorded with who asked for it.
-    Admin { actor: String, op: AdminOp },
+    /// An admin operation, recorded with who asked for it. With a request
+    /// id it is applied at most once however often it is retried (client
+    /// sessions, Raft dissertation §6.3): a retry gets the first result.
+    Admin {
+        actor: String,
+        op: AdminOp,
+        request: Option<RequestId>,
+    },
     /// A batch of sequence-numbered events from one agent.
     AgentEvents {
         host: String,
@@ -79,6 +89,25 @@ pub enum Command {
     OpenIntent { action: Action },
     /// Record an intent's outcome and apply its effect.
     CloseIntent { id: u64, outcome: Outcome },
+}
+
+/// Identifies one client request across retries: the client's session id
+/// (random per client instance) and a serial unique within it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RequestId {
+    pub client: String,
+    pub serial: u64,
+}
+
+/// What the model remembers of one client session.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Session {
+    /// Leader time of the last request applied in this session.
+    pub last_used_ms: u64,
+    /// Results of the most recent requests, by serial.
+    pub results: BTreeMap<u64, CmdResult>,
+    /// Every serial at or below this one may have been forgotten.
+    pub forgotten_through: u64,
 }
 
 /// Admin operations on hosts.
@@ -222,6 +251,10 @@ pub enum CmdError {
     InvalidArgument(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// A retried request is older than what its session remembers: it may or
+    /// may not have been applied.
+    #[error("request {serial} of client {client:?} is too old to tell whether it was applied")]
+    RequestForgotten { client: String, serial: u64 },
     /// Events must arrive in sequence; the agent resends after `acked`.
     #[error("event sequence gap for host {host:?}: expected {expected}, got {got}")]
     SequenceGap {
@@ -426,6 +459,8 @@ pub struct ClusterState {
     /// Closed intent ids, oldest first (bounds `intents`).
     pub closed_intents: VecDeque<u64>,
     pub admin_history: VecDeque<AdminRecord>,
+    /// Client sessions: results of recent requests, for exactly-once retries.
+    pub sessions: BTreeMap<String, Session>,
     pub events: VecDeque<ClusterEvent>,
     pub next_event_seq: u64,
     pub next_incident_id: u64,
@@ -486,7 +521,16 @@ impl ClusterState {
                 }
                 check_labels(labels, &[])
             }
-            Command::Admin { actor, op } => {
+            Command::Admin {
+                actor, op, request, ..
+            } => {
+                if let Some(r) = request {
+                    if r.client.is_empty() || r.client.len() > MAX_NAME_LEN {
+                        return Err(CmdError::InvalidArgument(
+                            "request client id must be 1..253 bytes".into(),
+                        ));
+                    }
+                }
                 if actor.is_empty() || actor.len() > MAX_NAME_LEN {
                     return Err(CmdError::InvalidArgument(
                         "actor must be 1..253 bytes".into(),
@@ -567,11 +611,63 @@ impl ClusterState {
         self.last_log_index = log_id.index;
         p.cmds
             .iter()
-            .map(|c| match self.validate(c) {
-                Ok(()) => self.apply_valid(log_id.index, p.at_ms, c),
-                Err(e) => Err(e),
+            .map(|c| {
+                let request = match c {
+                    Command::Admin {
+                        request: Some(r), ..
+                    } => Some(r),
+                    _ => None,
+                };
+                if let Some(done) = request.and_then(|r| self.session_result(r)) {
+                    return done;
+                }
+                let res = match self.validate(c) {
+                    Ok(()) => self.apply_valid(log_id.index, p.at_ms, c),
+                    Err(e) => Err(e),
+                };
+                if let Some(r) = request {
+                    self.remember(r, p.at_ms, &res);
+                }
+                res
             })
             .collect()
+    }
+
+    /// The result of a request already applied in its session, if any; a
+    /// request older than what the session remembers gets
+    /// [`CmdError::RequestForgotten`].
+    pub fn session_result(&self, r: &RequestId) -> Option<CmdResult> {
+        let s = self.sessions.get(&r.client)?;
+        match s.results.get(&r.serial) {
+            Some(res) => Some(res.clone()),
+            None if r.serial <= s.forgotten_through => Some(Err(CmdError::RequestForgotten {
+                client: r.client.clone(),
+                serial: r.serial,
+            })),
+            None => None,
+        }
+    }
+
+    fn remember(&mut self, r: &RequestId, at_ms: u64, res: &CmdResult) {
+        if !self.sessions.contains_key(&r.client) && self.sessions.len() >= MAX_SESSIONS {
+            // Forget the least recently used session (ties: smallest id).
+            if let Some(victim) = self
+                .sessions
+                .iter()
+                .min_by_key(|(_, s)| s.last_used_ms)
+                .map(|(k, _)| k.clone())
+            {
+                self.sessions.remove(&victim);
+            }
+        }
+        let s = self.sessions.entry(r.client.clone()).or_default();
+        s.last_used_ms = s.last_used_ms.max(at_ms);
+        s.results.insert(r.serial, res.clone());
+        while s.results.len() > MAX_SESSION_RESULTS {
+            if let Some((old, _)) = s.results.pop_first() {
+                s.forgotten_through = s.forgotten_through.max(old);
+            }
+        }
     }
 
     fn log_event(&mut self, at_ms: u64, host: Option<&str>, what: String) {
@@ -654,7 +750,7 @@ impl ClusterState {
                     last_applied_seq: last,
                 })
             }
-            Command::Admin { actor, op } => {
+            Command::Admin { actor, op, .. } => {
                 let host = self.hosts.get_mut(op.host()).expect("validated");
                 let what = match op {
                     AdminOp::Cordon { .. } => {
@@ -1084,7 +1180,103 @@ mod tests {
         Command::Admin {
             actor: "alice".into(),
             op,
+            request: None,
         }
+    }
+
+    fn admin_req(op: AdminOp, client: &str, serial: u64) -> Command {
+        Command::Admin {
+            actor: "alice".into(),
+            op,
+            request: Some(RequestId {
+                client: client.into(),
+                serial,
+            }),
+        }
+    }
+
+    fn one(st: &mut ClusterState, index: u64, at_ms: u64, cmd: Command) -> CmdResult {
+        let p = Proposal {
+            at_ms,
+            cmds: vec![cmd],
+        };
+        st.apply_proposal(&lid(index), &p).remove(0)
+    }
+
+    #[test]
+    fn retried_request_applies_once_and_returns_the_first_result() {
+        let mut st = ClusterState::default();
+        register(&mut st, "h0");
+        let drain = AdminOp::Drain {
+            host: "h0".into(),
+            reason: "r".into(),
+            deadline_ms: None,
+        };
+        assert_eq!(
+            one(&mut st, 2, 10, admin_req(drain, "c1", 1)),
+            Ok(CmdOk::Done)
+        );
+        let uncordon = AdminOp::Uncordon { host: "h0".into() };
+        let refused = one(&mut st, 3, 11, admin_req(uncordon.clone(), "c1", 2));
+        assert!(matches!(refused, Err(CmdError::FailedPrecondition(_))));
+        let undrain = AdminOp::Undrain { host: "h0".into() };
+        assert_eq!(
+            one(&mut st, 4, 12, admin_req(undrain.clone(), "c1", 3)),
+            Ok(CmdOk::Done)
+        );
+        let history = st.admin_history.len();
+        // Retries, even reordered and after the state moved on, change
+        // nothing and get the first answer.
+        let before = st.hosts.clone();
+        assert_eq!(
+            one(&mut st, 5, 13, admin_req(undrain, "c1", 3)),
+            Ok(CmdOk::Done)
+        );
+        assert_eq!(one(&mut st, 6, 14, admin_req(uncordon, "c1", 2)), refused);
+        assert_eq!(st.hosts, before);
+        assert_eq!(st.admin_history.len(), history);
+        // The same serial in another session is a different request.
+        let cordon = AdminOp::Cordon { host: "h0".into() };
+        assert_eq!(
+            one(&mut st, 7, 15, admin_req(cordon, "c2", 3)),
+            Ok(CmdOk::Done)
+        );
+        assert!(st.hosts["h0"].cordoned);
+    }
+
+    #[test]
+    fn sessions_are_bounded_and_forgotten_requests_say_so() {
+        let mut st = ClusterState::default();
+        register(&mut st, "h0");
+        let n = MAX_SESSION_RESULTS as u64 + 5;
+        for serial in 1..=n {
+            let op = AdminOp::Cordon { host: "h0".into() };
+            one(&mut st, serial + 1, serial, admin_req(op, "c", serial)).unwrap();
+        }
+        assert_eq!(st.sessions["c"].results.len(), MAX_SESSION_RESULTS);
+        let old = RequestId {
+            client: "c".into(),
+            serial: 1,
+        };
+        assert!(matches!(
+            st.session_result(&old),
+            Some(Err(CmdError::RequestForgotten { serial: 1, .. }))
+        ));
+        for i in 0..MAX_SESSIONS + 3 {
+            let op = AdminOp::Cordon { host: "h0".into() };
+            one(
+                &mut st,
+                1000 + i as u64,
+                1000 + i as u64,
+                admin_req(op, &format!("s{i}"), 1),
+            )
+            .unwrap();
+        }
+        assert_eq!(st.sessions.len(), MAX_SESSIONS);
+        assert!(
+            !st.sessions.contains_key("c"),
+            "least recently used goes first"
+        );
     }
 
     #[test]
@@ -1303,6 +1495,7 @@ mod tests {
                 deadline_ms: Some(5),
             }),
             admin(AdminOp::Undrain { host: "h".into() }),
+            admin_req(AdminOp::Undrain { host: "h".into() }, "c", 7),
             admin(AdminOp::SetLabels {
                 host: "h".into(),
                 set: BTreeMap::from([("k".into(), "v".into())]),

@@ -198,11 +198,38 @@ impl Supervisor {
     /// Errors: the command's own validation error (nothing written);
     /// `Unavailable` when this node is not the leader (nothing written);
     /// `Unknown` when the outcome cannot be known (e.g. a timeout).
+    ///
+    /// A command with a request id that was already applied is answered with
+    /// its first result and not proposed again.
     pub async fn propose(&self, cmd: Command) -> Result<CmdOk, ApiError> {
         if !self.is_leader() {
             return Err(ApiError::unavailable("this supervisor is not the leader"));
         }
-        self.read(|st| st.validate(&cmd))?;
+        let request = match &cmd {
+            Command::Admin {
+                request: Some(r), ..
+            } => Some(r.clone()),
+            _ => None,
+        };
+        let checked = self.read(|st| precheck(st, request.as_ref(), &cmd));
+        let checked = match (checked, &request) {
+            (Some(Err(_)), Some(_)) => {
+                // A retry whose first attempt is committed but not yet
+                // applied here would fail validation against the state
+                // before it: catch up with the whole log, then decide.
+                let last_log = self.raft.metrics().borrow().last_log_index;
+                self.raft
+                    .wait(Some(WRITE_TIMEOUT))
+                    .applied_index_at_least(last_log, "retried request")
+                    .await
+                    .map_err(|e| ApiError::unavailable(format!("cannot catch up: {e}")))?;
+                self.read(|st| precheck(st, request.as_ref(), &cmd))
+            }
+            (c, _) => c,
+        };
+        if let Some(done) = checked {
+            return done.map_err(ApiError::from);
+        }
         let rx = self.enqueue(cmd).await?;
         match tokio::time::timeout(WRITE_TIMEOUT, rx).await {
             Err(_) => Err(ApiError::unknown(
@@ -317,6 +344,19 @@ impl Supervisor {
             .await
             .map_err(membership_err)?;
         Ok(r.log_id.index)
+    }
+}
+
+/// What the leader can answer without proposing: the first result of a
+/// request already applied, or a validation error (nothing is written).
+fn precheck(
+    st: &ClusterState,
+    request: Option<&crate::model::RequestId>,
+    cmd: &Command,
+) -> Option<crate::model::CmdResult> {
+    match request.and_then(|r| st.session_result(r)) {
+        Some(done) => Some(done),
+        None => st.validate(cmd).err().map(Err),
     }
 }
 

@@ -141,6 +141,8 @@ mod tests {
                     reason: "r".into(),
                     deadline_ms: None,
                 },
+
+                request: None,
             },
         )
         .unwrap();
@@ -230,6 +232,7 @@ mod tests {
             Command::Admin {
                 actor: "a".into(),
                 op: AdminOp::Undrain { host: "h0".into() },
+                request: None,
             },
         )
         .unwrap();

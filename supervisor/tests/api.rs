@@ -565,3 +565,51 @@ async fn log_compaction_and_restart_keep_every_write() {
         "state after restart equals state before"
     );
 }
+
+/// A write sent again with the same request id (what a client does when it
+/// could not learn the outcome) is applied once and answered with the first
+/// result, even after the state has moved on.
+#[tokio::test]
+async fn retried_write_with_the_same_request_id_applies_once() {
+    let sup = Sup::start(&[]).await;
+    register(&sup.addr, "h0").await;
+    let mut grpc = AdminGrpc::connect(format!("http://{}", sup.addr))
+        .await
+        .unwrap();
+    let send = |op: AdminOp, serial: u64| {
+        let call = supervisor::api::AdminCall {
+            actor: "retry-test".into(),
+            stale: false,
+            forwarded: false,
+            request_id: Some(supervisor::model::RequestId {
+                client: "session-1".into(),
+                serial,
+            }),
+            request: write(op),
+        };
+        Blob {
+            body: serde_json::to_vec(&call).unwrap(),
+        }
+    };
+    let drain = AdminOp::Drain {
+        host: "h0".into(),
+        reason: "retry test".into(),
+        deadline_ms: None,
+    };
+    grpc.call(send(drain.clone(), 1)).await.unwrap();
+    grpc.call(send(AdminOp::Undrain { host: "h0".into() }, 2))
+        .await
+        .unwrap();
+    let before = observe(&sup).await;
+    // The retry of serial 1 must not drain the host again.
+    grpc.call(send(drain, 1)).await.unwrap();
+    assert_eq!(observe(&sup).await, before, "a retry must change nothing");
+    let c = sup.client();
+    let Ok(AdminReply::Host { host, .. }) = c
+        .call(AdminRequest::NodeShow { host: "h0".into() }, false)
+        .await
+    else {
+        panic!("node show failed");
+    };
+    assert!(host.drain.is_none() && !host.cordoned, "{host:?}");
+}

@@ -134,7 +134,8 @@ pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply
         AdminRequest::Write { op } => {
             let detail = format!("{op:?}");
             let actor = call.actor.clone();
-            match sup.propose(Command::Admin { actor, op }).await? {
+            let request = call.request_id.clone();
+            match sup.propose(Command::Admin { actor, op, request }).await? {
                 CmdOk::Done => {}
                 other => tracing::warn!(reply = ?other, "unexpected reply to an admin write"),
             }
