@@ -25,8 +25,12 @@ use crate::cluster::SupervisorCluster;
 #[derive(Debug, Clone, Serialize)]
 pub struct Level {
     pub clients: usize,
+    pub trials: usize,
     pub committed: u64,
+    /// Median over trials.
     pub per_s: f64,
+    /// Every trial's rate, for the spread.
+    pub per_s_trials: Vec<f64>,
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
@@ -38,7 +42,7 @@ pub struct Level {
 pub struct RaftCommitReport {
     pub ok: bool,
     pub bench: &'static str,
-    pub seconds_per_level: f64,
+    pub seconds_per_trial: f64,
     pub events: Vec<Level>,
     pub admin_writes: Vec<Level>,
     pub goal: &'static str,
@@ -54,12 +58,21 @@ pub fn percentile_ms(sorted_us: &[u64], p: f64) -> f64 {
     sorted_us[rank.min(sorted_us.len() - 1)] as f64 / 1000.0
 }
 
-fn summarise(clients: usize, mut lat_us: Vec<u64>, errors: u64, secs: f64) -> Level {
+/// Pools trials: latency percentiles over every sample, rate = median of the
+/// trials' rates.
+fn summarise(clients: usize, trials: Vec<(Vec<u64>, u64)>, secs: f64) -> Level {
+    let mut rates: Vec<f64> = trials.iter().map(|(l, _)| l.len() as f64 / secs).collect();
+    let errors = trials.iter().map(|(_, e)| e).sum();
+    let mut lat_us: Vec<u64> = trials.into_iter().flat_map(|(l, _)| l).collect();
     lat_us.sort_unstable();
+    let per_s_trials = rates.clone();
+    rates.sort_by(f64::total_cmp);
     Level {
         clients,
+        trials: rates.len(),
         committed: lat_us.len() as u64,
-        per_s: lat_us.len() as f64 / secs,
+        per_s: rates.get(rates.len() / 2).copied().unwrap_or(0.0),
+        per_s_trials,
         p50_ms: percentile_ms(&lat_us, 50.0),
         p99_ms: percentile_ms(&lat_us, 99.0),
         max_ms: lat_us.last().map(|x| *x as f64 / 1000.0).unwrap_or(0.0),
@@ -72,7 +85,7 @@ async fn event_level(
     hosts: &[String],
     seqs: &mut [u64],
     secs: f64,
-) -> anyhow::Result<Level> {
+) -> anyhow::Result<(Vec<u64>, u64)> {
     let warmup = Duration::from_millis(500);
     let window = Duration::from_secs_f64(secs);
     let start = Instant::now() + warmup;
@@ -125,7 +138,7 @@ async fn event_level(
         errors += e;
         seqs[i] = last;
     }
-    Ok(summarise(hosts.len(), lat, errors, secs))
+    Ok((lat, errors))
 }
 
 async fn admin_level(
@@ -133,7 +146,7 @@ async fn admin_level(
     leader: u64,
     hosts: &[String],
     secs: f64,
-) -> anyhow::Result<Level> {
+) -> anyhow::Result<(Vec<u64>, u64)> {
     let warmup = Duration::from_millis(500);
     let start = Instant::now() + warmup;
     let end = start + Duration::from_secs_f64(secs);
@@ -162,7 +175,12 @@ async fn admin_level(
                             lat.push(t0.elapsed().as_micros() as u64);
                         }
                     }
-                    Err(_) => errors += 1,
+                    Err(e) => {
+                        if errors == 0 {
+                            eprintln!("[raft-commit] {host}: admin write failed: {e}");
+                        }
+                        errors += 1;
+                    }
                 }
             }
             (lat, errors)
@@ -175,11 +193,15 @@ async fn admin_level(
         lat.extend(l);
         errors += e;
     }
-    Ok(summarise(hosts.len(), lat, errors, secs))
+    Ok((lat, errors))
 }
 
 /// Runs the bench with `levels` client counts for `secs` each.
-pub async fn raft_commit(levels: &[usize], secs: f64) -> anyhow::Result<RaftCommitReport> {
+pub async fn raft_commit(
+    levels: &[usize],
+    secs: f64,
+    trials: usize,
+) -> anyhow::Result<RaftCommitReport> {
     eprintln!("[raft-commit] starting 3 supervisors (sled on disk)");
     let cluster = SupervisorCluster::start(3)?;
     let leader = cluster.init().await.context("initialise")?;
@@ -193,19 +215,27 @@ pub async fn raft_commit(levels: &[usize], secs: f64) -> anyhow::Result<RaftComm
     let mut seqs = vec![0u64; max];
     let mut events = Vec::new();
     for &c in levels {
-        let l = event_level(&leader_addr, &hosts[..c], &mut seqs[..c], secs).await?;
+        let mut runs = Vec::new();
+        for _ in 0..trials {
+            runs.push(event_level(&leader_addr, &hosts[..c], &mut seqs[..c], secs).await?);
+        }
+        let l = summarise(c, runs, secs);
         eprintln!(
-            "[raft-commit] events  clients={:>3}  {:>9.0}/s  p50 {:.2} ms  p99 {:.2} ms  errors {}",
-            c, l.per_s, l.p50_ms, l.p99_ms, l.errors
+            "[raft-commit] events  clients={:>3}  {:>9.0}/s (median of {:?})  p50 {:.2} ms  p99 {:.2} ms  errors {}",
+            c, l.per_s, l.per_s_trials.iter().map(|r| r.round()).collect::<Vec<_>>(), l.p50_ms, l.p99_ms, l.errors
         );
         events.push(l);
     }
     let mut admin_writes = Vec::new();
     for &c in levels {
-        let l = admin_level(&cluster, leader, &hosts[..c], secs).await?;
+        let mut runs = Vec::new();
+        for _ in 0..trials {
+            runs.push(admin_level(&cluster, leader, &hosts[..c], secs).await?);
+        }
+        let l = summarise(c, runs, secs);
         eprintln!(
-            "[raft-commit] admin   clients={:>3}  {:>9.0}/s  p50 {:.2} ms  p99 {:.2} ms  errors {}",
-            c, l.per_s, l.p50_ms, l.p99_ms, l.errors
+            "[raft-commit] admin   clients={:>3}  {:>9.0}/s (median of {:?})  p50 {:.2} ms  p99 {:.2} ms  errors {}",
+            c, l.per_s, l.per_s_trials.iter().map(|r| r.round()).collect::<Vec<_>>(), l.p50_ms, l.p99_ms, l.errors
         );
         admin_writes.push(l);
     }
@@ -218,7 +248,7 @@ pub async fn raft_commit(levels: &[usize], secs: f64) -> anyhow::Result<RaftComm
     Ok(RaftCommitReport {
         ok,
         bench: "raft-commit",
-        seconds_per_level: secs,
+        seconds_per_trial: secs,
         events,
         admin_writes,
         goal: ">= 20000 committed events/s at 256 clients with p99 <= 20 ms",

@@ -1,7 +1,8 @@
 //! The railguard node agent (being built by the agent issue).
 //!
 //! # Layout
-//! - [`damper`]: RFC 2439-style flap damping (`FlapDamper`).
+//! - [`damper`]: RFC 2439-style flap damping (`FlapDamper`), shared with the
+//!   `rdma` crate (a resilient connection fails back only to a reusable NIC).
 //! - [`link`]: `LinkTracker` over rtnetlink multicast, per-NIC health.
 //! - [`outbox`]: persisted, bounded, coalescing outbox of sequenced reports.
 //!
@@ -13,6 +14,6 @@
 
 pub mod agent;
 pub mod config;
-pub mod damper;
+pub use rdma::damper;
 pub mod link;
 pub mod outbox;

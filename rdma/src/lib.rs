@@ -2,7 +2,10 @@
 //! over libibverbs, `soft` over NIC-bound sockets) and the resilient
 //! multi-NIC connection a job uses as its transport.
 
+pub mod damper;
 pub mod model;
+// pub mod resilient; (waits for seq)
+// pub mod soft; (waits for seq)
 pub mod seq;
 #[cfg(feature = "verbs")]
 pub mod verbs;

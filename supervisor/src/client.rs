@@ -82,6 +82,7 @@ impl AdminClient {
         let request_id = matches!(request, AdminRequest::Write { .. }).then(|| RequestId {
             client: self.session.clone(),
             serial: self.serial.fetch_add(1, Ordering::Relaxed) + 1,
+            retry: false,
         });
         let retry_safe = request_id.is_some();
         let call = AdminCall {
@@ -95,11 +96,23 @@ impl AdminClient {
         if !retry_safe {
             return self.attempt(&body, is_write).await;
         }
+        let mut retry_call = call;
+        if let Some(r) = retry_call.request_id.as_mut() {
+            r.retry = true;
+        }
+        let retry_body =
+            serde_json::to_vec(&retry_call).map_err(|e| ApiError::internal(e.to_string()))?;
         let deadline = Instant::now() + self.retry_for;
         let mut backoff = FIRST_BACKOFF;
         let mut uncertain: Option<ApiError> = None;
+        let mut first = true;
         loop {
-            let e = match self.attempt(&body, true).await {
+            let body = if std::mem::take(&mut first) {
+                &body
+            } else {
+                &retry_body
+            };
+            let e = match self.attempt(body, true).await {
                 Ok(r) => return Ok(r),
                 Err(e) if e.kind == ErrorKind::Unavailable => e,
                 Err(e) if !e.is_definite() => {

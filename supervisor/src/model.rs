@@ -97,6 +97,12 @@ pub enum Command {
 pub struct RequestId {
     pub client: String,
     pub serial: u64,
+    /// Set on every attempt after the first. A first attempt cannot have
+    /// been applied before, so it is never refused as forgotten (requests
+    /// of one session may arrive out of order when a client has several in
+    /// flight).
+    #[serde(default)]
+    pub retry: bool,
 }
 
 /// What the model remembers of one client session.
@@ -640,10 +646,12 @@ impl ClusterState {
         let s = self.sessions.get(&r.client)?;
         match s.results.get(&r.serial) {
             Some(res) => Some(res.clone()),
-            None if r.serial <= s.forgotten_through => Some(Err(CmdError::RequestForgotten {
-                client: r.client.clone(),
-                serial: r.serial,
-            })),
+            None if r.retry && r.serial <= s.forgotten_through => {
+                Some(Err(CmdError::RequestForgotten {
+                    client: r.client.clone(),
+                    serial: r.serial,
+                }))
+            }
             None => None,
         }
     }
@@ -1191,6 +1199,7 @@ mod tests {
             request: Some(RequestId {
                 client: client.into(),
                 serial,
+                retry: true,
             }),
         }
     }
@@ -1254,14 +1263,18 @@ mod tests {
             one(&mut st, serial + 1, serial, admin_req(op, "c", serial)).unwrap();
         }
         assert_eq!(st.sessions["c"].results.len(), MAX_SESSION_RESULTS);
-        let old = RequestId {
+        let mut old = RequestId {
             client: "c".into(),
             serial: 1,
+            retry: true,
         };
         assert!(matches!(
             st.session_result(&old),
             Some(Err(CmdError::RequestForgotten { serial: 1, .. }))
         ));
+        // A first attempt that arrives late is simply applied.
+        old.retry = false;
+        assert_eq!(st.session_result(&old), None);
         for i in 0..MAX_SESSIONS + 3 {
             let op = AdminOp::Cordon { host: "h0".into() };
             one(

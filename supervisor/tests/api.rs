@@ -584,6 +584,7 @@ async fn retried_write_with_the_same_request_id_applies_once() {
             request_id: Some(supervisor::model::RequestId {
                 client: "session-1".into(),
                 serial,
+                retry: serial == 1,
             }),
             request: write(op),
         };

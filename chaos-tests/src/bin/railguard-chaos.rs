@@ -126,6 +126,10 @@ enum Bench {
         /// Client counts (comma-separated).
         #[arg(long, value_delimiter = ',', default_value = "1,16,256")]
         clients: Vec<usize>,
+        /// Trials per level: throughput is the median over trials, latency
+        /// percentiles are over every sample of every trial.
+        #[arg(long, default_value_t = 3)]
+        trials: usize,
     },
 }
 
@@ -205,14 +209,21 @@ fn main() {
                 let r = chaos_tests::detect::run(flaps, host_losses, seed).await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
             }
-            Cmd::Bench(Bench::RaftCommit { seconds, clients }) => {
+            Cmd::Bench(Bench::RaftCommit {
+                seconds,
+                clients,
+                trials,
+            }) => {
+                if !(1..=50).contains(&trials) {
+                    anyhow::bail!("--trials takes 1..=50");
+                }
                 if clients.is_empty() || clients.iter().any(|c| *c == 0 || *c > 1024) {
                     anyhow::bail!("--clients takes counts between 1 and 1024");
                 }
                 if !(0.5..=600.0).contains(&seconds) {
                     anyhow::bail!("--seconds must be between 0.5 and 600");
                 }
-                let r = chaos_tests::bench::raft_commit(&clients, seconds).await?;
+                let r = chaos_tests::bench::raft_commit(&clients, seconds, trials).await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
             }
         }
