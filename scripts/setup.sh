@@ -5,7 +5,12 @@ set -euo pipefail
 
 # Debian packages: a C toolchain for -sys crates, pkg-config, and iproute2
 # (network namespaces for the testbed). protoc is vendored by the build.
-PACKAGES=(build-essential pkg-config iproute2)
+# The rdma crate's `verbs` feature: rdma-sys runs bindgen over the
+# libibverbs/librdmacm headers, which needs libclang, and clang's own
+# headers (libclang-common-14-dev, else `stddef.h` is not found). Bookworm's
+# clang 14 works with rdma-sys's old bindgen; clang 16+ does not.
+PACKAGES=(build-essential pkg-config iproute2
+  libibverbs-dev librdmacm-dev libclang-dev libclang-common-14-dev)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

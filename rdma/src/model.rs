@@ -78,23 +78,39 @@ pub struct AsyncEvent {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum AsyncEventKind {
     /// The port became active (can carry traffic).
-    PortActive { port: u8 },
+    PortActive {
+        port: u8,
+    },
     /// The port left the active state (link down, cable pulled).
-    PortError { port: u8 },
+    PortError {
+        port: u8,
+    },
     /// The device is unusable; every resource on it is lost.
     DeviceFatal,
     /// A queue pair went to the error state.
-    QpFatal { qp_num: u32 },
+    QpFatal {
+        qp_num: u32,
+    },
     /// A queue pair's peer reported an invalid request.
-    QpRequestError { qp_num: u32 },
+    QpRequestError {
+        qp_num: u32,
+    },
     /// A queue pair's peer reported an access violation.
-    QpAccessError { qp_num: u32 },
+    QpAccessError {
+        qp_num: u32,
+    },
     /// A completion queue overran or failed.
     CqError,
-    LidChange { port: u8 },
-    GidChange { port: u8 },
+    LidChange {
+        port: u8,
+    },
+    GidChange {
+        port: u8,
+    },
     /// Any other raw event code (`IBV_EVENT_*`), kept for the record.
-    Other { code: u32 },
+    Other {
+        code: u32,
+    },
 }
 
 impl AsyncEventKind {
@@ -114,7 +130,9 @@ impl AsyncEventKind {
 #[derive(Debug, thiserror::Error)]
 pub enum RdmaError {
     /// libibverbs lists no device (or the kernel has no RDMA support).
-    #[error("no RDMA devices found (libibverbs lists none); the soft backend runs over plain NICs")]
+    #[error(
+        "no RDMA devices found (libibverbs lists none); the soft backend runs over plain NICs"
+    )]
     NoDevices,
     /// Devices exist, but not the one asked for.
     #[error("RDMA device {0:?} not found")]
