@@ -2,6 +2,7 @@
 //! over libibverbs, `soft` over NIC-bound sockets) and the resilient
 //! multi-NIC connection a job uses as its transport.
 
+pub mod contract;
 pub mod damper;
 pub mod model;
 // pub mod resilient; (waits for seq)

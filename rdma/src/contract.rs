@@ -1,0 +1,1220 @@
+//! The job contract: how a training job (its ranks, their transports) talks
+//! to the node agent over a Unix stream socket (default
+//! [`DEFAULT_SOCKET`], overridden by `$RAILGUARD_AGENT_SOCKET`).
+//!
+//! **Wire format.** One JSON object per line (`\n`-terminated, at most
+//! [`MAX_LINE`] bytes), each with a `"type"` tag. JSON numbers carry `u64`
+//! ids exactly; clients in languages with 53-bit numbers must keep ids below
+//! 2^53.
+//!
+//! Job → agent (each answered by exactly one `ok` or `error` line, in order):
+//! - `hello {job, rank, pid}`: first message of every connection.
+//! - `conn_up {job, rank, conn_id, nic, peer_host, peer_rank, rail}`: a
+//!   connection exists (or its placement changed); `nic` is the NIC it uses
+//!   now, `rail` its home rail. `conn_id` is unique within the connection to
+//!   the agent.
+//! - `conn_moved {conn_id, nic}`: the transport moved the connection.
+//! - `conn_closed {conn_id}`.
+//! - `order_done {order_id, ok, detail}`: the answer to an order (send
+//!   `conn_moved` for every connection that moved first).
+//!
+//! Agent → job, at any time between replies: `order {order_id, kind}` with
+//! `kind` one of `migrate {conn_ids, to_nic}` (`to_nic` null: any healthy
+//! NIC), `pace {conn_id, bytes_per_s}` (null: unpaced), `checkpoint {step}`
+//! and `stop`. Every order must be answered with `order_done`.
+//!
+//! Example: `{"type":"conn_moved","conn_id":7,"nic":"rail1"}`.
+//!
+//! **Client.** [`ContractClient`] keeps the job's registration (hello and
+//! every live connection) and survives agent restarts: it reconnects with
+//! capped backoff and re-sends `hello` and the current `conn_up`s, so the
+//! job never notices. Calls made while the agent is away are recorded and
+//! answered [`Delivery::Deferred`]; orders are delivered once each on the
+//! [`OrderStream`] even if the agent repeats them.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// Where the agent listens unless configured otherwise.
+pub const DEFAULT_SOCKET: &str = "/run/railguard/agent.sock";
+/// Environment variable that names the socket (set for jobs the agent launches).
+pub const SOCKET_ENV: &str = "RAILGUARD_AGENT_SOCKET";
+/// Longest line accepted in either direction (bytes, without the newline).
+pub const MAX_LINE: usize = 64 << 10;
+/// Longest job, NIC or host name.
+pub const MAX_NAME_LEN: usize = 253;
+/// Longest `order_done` detail (longer ones are cut by the client).
+pub const MAX_DETAIL_LEN: usize = 1024;
+/// Most connection ids in one `migrate` order (larger sets are split, which
+/// keeps every order line far below [`MAX_LINE`]).
+pub const MAX_MIGRATE_CONNS: usize = 1024;
+/// Most connections one client registers.
+pub const MAX_CONNS_PER_CLIENT: usize = 4096;
+
+/// First message of a connection: who is talking.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    pub job: String,
+    pub rank: u32,
+    pub pid: u32,
+}
+
+/// A connection (queue pair) of a rank and where it runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnUp {
+    pub job: String,
+    pub rank: u32,
+    pub conn_id: u64,
+    /// The NIC the connection uses now.
+    pub nic: String,
+    pub peer_host: String,
+    pub peer_rank: u32,
+    /// The connection's home rail.
+    pub rail: u32,
+}
+
+/// Job → agent.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum JobMessage {
+    Hello(Hello),
+    ConnUp(ConnUp),
+    ConnMoved {
+        conn_id: u64,
+        nic: String,
+    },
+    ConnClosed {
+        conn_id: u64,
+    },
+    OrderDone {
+        order_id: u64,
+        ok: bool,
+        #[serde(default)]
+        detail: String,
+    },
+}
+
+/// The `type` tags of [`JobMessage`].
+pub const JOB_MESSAGE_TYPES: &[&str] = &[
+    "hello",
+    "conn_up",
+    "conn_moved",
+    "conn_closed",
+    "order_done",
+];
+
+/// What an order asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OrderKind {
+    /// Move these connections to `to_nic` (None: any healthy NIC).
+    Migrate {
+        conn_ids: Vec<u64>,
+        #[serde(default)]
+        to_nic: Option<String>,
+    },
+    /// Limit a connection's rate (None: no limit).
+    Pace {
+        conn_id: u64,
+        #[serde(default)]
+        bytes_per_s: Option<u64>,
+    },
+    /// Write a checkpoint (at `step`, or the next one).
+    Checkpoint {
+        #[serde(default)]
+        step: Option<u64>,
+    },
+    /// Stop the job.
+    Stop,
+}
+
+/// An order for the job; answer it with [`ContractClient::order_done`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Order {
+    pub order_id: u64,
+    pub kind: OrderKind,
+}
+
+/// Agent → job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AgentMessage {
+    Ok,
+    Error { message: String },
+    Order(Order),
+}
+
+/// The `type` tags of [`AgentMessage`].
+pub const AGENT_MESSAGE_TYPES: &[&str] = &["ok", "error", "order"];
+
+/// Contract failures.
+#[derive(Debug, thiserror::Error)]
+pub enum ContractError {
+    #[error("line longer than {max} bytes")]
+    LineTooLong { max: usize },
+    #[error("malformed message: {0}")]
+    Malformed(String),
+    #[error("unknown message type {found:?} (expected one of {})", expected.join(", "))]
+    UnknownType {
+        found: String,
+        expected: &'static [&'static str],
+    },
+    #[error("invalid message: {0}")]
+    Invalid(String),
+    #[error("agent socket {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Transport(#[from] std::io::Error),
+    #[error("the agent refused: {0}")]
+    Refused(String),
+    #[error("the contract client has stopped")]
+    Closed,
+    #[error("no answer from the agent within {0:?}")]
+    Timeout(Duration),
+}
+
+/// Encodes one message as a line (with its newline).
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, ContractError> {
+    let mut v = serde_json::to_vec(msg).map_err(|e| ContractError::Malformed(e.to_string()))?;
+    if v.len() > MAX_LINE {
+        return Err(ContractError::LineTooLong { max: MAX_LINE });
+    }
+    v.push(b'\n');
+    Ok(v)
+}
+
+fn decode_tagged<T: DeserializeOwned>(
+    line: &[u8],
+    known: &'static [&'static str],
+) -> Result<T, ContractError> {
+    if line.len() > MAX_LINE {
+        return Err(ContractError::LineTooLong { max: MAX_LINE });
+    }
+    let v: serde_json::Value = serde_json::from_slice(line)
+        .map_err(|e| ContractError::Malformed(format!("not JSON: {e}")))?;
+    let Some(obj) = v.as_object() else {
+        return Err(ContractError::Malformed("not a JSON object".into()));
+    };
+    let tag = match obj.get("type") {
+        None => return Err(ContractError::Malformed("no \"type\" field".into())),
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(_) => return Err(ContractError::Malformed("\"type\" is not a string".into())),
+    };
+    if !known.contains(&tag.as_str()) {
+        return Err(ContractError::UnknownType {
+            found: tag,
+            expected: known,
+        });
+    }
+    serde_json::from_value(v).map_err(|e| ContractError::Malformed(format!("{tag}: {e}")))
+}
+
+/// Decodes a job's line (without its newline).
+pub fn decode_job(line: &[u8]) -> Result<JobMessage, ContractError> {
+    decode_tagged(line, JOB_MESSAGE_TYPES)
+}
+
+/// Decodes an agent's line (without its newline).
+pub fn decode_agent(line: &[u8]) -> Result<AgentMessage, ContractError> {
+    decode_tagged(line, AGENT_MESSAGE_TYPES)
+}
+
+/// Checks a name (job, NIC, host): 1..=253 bytes, no whitespace or control
+/// characters.
+pub fn check_name(what: &str, s: &str) -> Result<(), ContractError> {
+    if s.is_empty() || s.len() > MAX_NAME_LEN {
+        return Err(ContractError::Invalid(format!(
+            "{what} must be 1..={MAX_NAME_LEN} bytes"
+        )));
+    }
+    if s.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(ContractError::Invalid(format!(
+            "{what} {s:?} contains whitespace or control characters"
+        )));
+    }
+    Ok(())
+}
+
+impl JobMessage {
+    /// Checks what the types cannot (names, lengths).
+    pub fn validate(&self) -> Result<(), ContractError> {
+        match self {
+            JobMessage::Hello(h) => check_name("job", &h.job),
+            JobMessage::ConnUp(c) => {
+                check_name("job", &c.job)?;
+                check_name("nic", &c.nic)?;
+                check_name("peer_host", &c.peer_host)
+            }
+            JobMessage::ConnMoved { nic, .. } => check_name("nic", nic),
+            JobMessage::ConnClosed { .. } => Ok(()),
+            JobMessage::OrderDone { detail, .. } => {
+                if detail.len() > MAX_DETAIL_LEN {
+                    return Err(ContractError::Invalid(format!(
+                        "detail longer than {MAX_DETAIL_LEN} bytes"
+                    )));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Reads bounded lines from a stream.
+pub struct LineReader<R> {
+    inner: BufReader<R>,
+    buf: Vec<u8>,
+}
+
+impl<R: AsyncRead + Unpin> LineReader<R> {
+    pub fn new(r: R) -> Self {
+        Self {
+            inner: BufReader::new(r),
+            buf: Vec::new(),
+        }
+    }
+
+    /// The next line without its newline (`\r\n` accepted); `None` at a clean
+    /// end of stream. After [`ContractError::LineTooLong`] the stream is out
+    /// of step: close it.
+    pub async fn next_line(&mut self) -> Result<Option<&[u8]>, ContractError> {
+        self.buf.clear();
+        loop {
+            let chunk = self.inner.fill_buf().await?;
+            if chunk.is_empty() {
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                return Err(ContractError::Malformed(
+                    "connection closed in the middle of a line".into(),
+                ));
+            }
+            let (take, done) = match chunk.iter().position(|b| *b == b'\n') {
+                Some(i) => (i, true),
+                None => (chunk.len(), false),
+            };
+            if self.buf.len() + take > MAX_LINE {
+                return Err(ContractError::LineTooLong { max: MAX_LINE });
+            }
+            self.buf.extend_from_slice(&chunk[..take]);
+            self.inner.consume(if done { take + 1 } else { take });
+            if done {
+                if self.buf.last() == Some(&b'\r') {
+                    self.buf.pop();
+                }
+                return Ok(Some(&self.buf));
+            }
+        }
+    }
+}
+
+/// Writes one message line.
+pub async fn write_message<W: AsyncWrite + Unpin, T: Serialize>(
+    w: &mut W,
+    msg: &T,
+) -> Result<(), ContractError> {
+    let line = encode(msg)?;
+    w.write_all(&line).await?;
+    Ok(())
+}
+
+/// Client settings.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// How long [`ContractClient::connect`] keeps trying to reach the agent.
+    pub connect_within: Duration,
+    /// Limit of one call (queueing and the agent's answer).
+    pub call_timeout: Duration,
+    /// Reconnect backoff: first and largest pause.
+    pub backoff_min: Duration,
+    pub backoff_max: Duration,
+    /// Orders delivered but not yet taken from the [`OrderStream`]; when it
+    /// is full, further orders are answered as failed.
+    pub order_queue: usize,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            connect_within: Duration::from_secs(5),
+            call_timeout: Duration::from_secs(5),
+            backoff_min: Duration::from_millis(50),
+            backoff_max: Duration::from_secs(1),
+            order_queue: 64,
+        }
+    }
+}
+
+/// How a call reached the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// The agent accepted it.
+    Acked,
+    /// The agent is away; the client re-sends the registration (or the
+    /// order answer) when it is back.
+    Deferred,
+}
+
+/// Orders from the agent, each delivered once.
+pub struct OrderStream {
+    rx: mpsc::Receiver<Order>,
+}
+
+impl OrderStream {
+    /// The next order; `None` once the client has stopped.
+    pub async fn next(&mut self) -> Option<Order> {
+        self.rx.recv().await
+    }
+
+    /// An order if one is waiting.
+    pub fn try_next(&mut self) -> Option<Order> {
+        self.rx.try_recv().ok()
+    }
+}
+
+/// Most order ids remembered to deliver each order once.
+const SEEN_ORDERS: usize = 1024;
+/// Most calls written but not yet answered.
+const MAX_PENDING: usize = 256;
+/// Most order answers kept while the agent is away.
+const MAX_DEFERRED_DONE: usize = 256;
+
+#[derive(Debug)]
+enum CallError {
+    Disconnected,
+    Refused(String),
+}
+
+struct Call {
+    msg: JobMessage,
+    reply: oneshot::Sender<Result<(), CallError>>,
+}
+
+#[derive(Debug, Clone)]
+struct Done {
+    order_id: u64,
+    ok: bool,
+    detail: String,
+}
+
+struct Shared {
+    path: PathBuf,
+    hello: Hello,
+    opts: ClientOptions,
+    /// Live connections by id: re-sent after every reconnect.
+    conns: Mutex<BTreeMap<u64, ConnUp>>,
+    /// Order answers that have not reached the agent.
+    deferred: Mutex<VecDeque<Done>>,
+    connected: watch::Sender<bool>,
+}
+
+/// The job side of the contract. Cheap to clone; the background connection
+/// stops when the last clone is dropped.
+#[derive(Clone)]
+pub struct ContractClient {
+    shared: Arc<Shared>,
+    calls: mpsc::Sender<Call>,
+}
+
+impl ContractClient {
+    /// Connects to the agent at `path` and says hello (retrying for
+    /// [`ClientOptions::connect_within`]).
+    pub async fn connect(
+        path: impl AsRef<Path>,
+        hello: Hello,
+    ) -> Result<(ContractClient, OrderStream), ContractError> {
+        Self::connect_with(path, hello, ClientOptions::default()).await
+    }
+
+    /// [`Self::connect`] with explicit options.
+    pub async fn connect_with(
+        path: impl AsRef<Path>,
+        hello: Hello,
+        opts: ClientOptions,
+    ) -> Result<(ContractClient, OrderStream), ContractError> {
+        JobMessage::Hello(hello.clone()).validate()?;
+        let (calls, calls_rx) = mpsc::channel(MAX_PENDING);
+        let (orders_tx, orders_rx) = mpsc::channel(opts.order_queue.max(1));
+        let (first_tx, first_rx) = oneshot::channel();
+        let shared = Arc::new(Shared {
+            path: path.as_ref().to_path_buf(),
+            hello,
+            opts,
+            conns: Mutex::new(BTreeMap::new()),
+            deferred: Mutex::new(VecDeque::new()),
+            connected: watch::channel(false).0,
+        });
+        tokio::spawn(run_client(shared.clone(), calls_rx, orders_tx, first_tx));
+        match first_rx.await {
+            Ok(Ok(())) => Ok((
+                ContractClient { shared, calls },
+                OrderStream { rx: orders_rx },
+            )),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(ContractError::Closed),
+        }
+    }
+
+    /// Whether the client is connected to the agent right now.
+    pub fn is_connected(&self) -> bool {
+        *self.shared.connected.borrow()
+    }
+
+    /// Waits (bounded) until the client is connected and has said hello.
+    pub async fn wait_connected(&self, within: Duration) -> bool {
+        let mut rx = self.shared.connected.subscribe();
+        tokio::time::timeout(within, rx.wait_for(|c| *c))
+            .await
+            .is_ok_and(|r| r.is_ok())
+    }
+
+    /// The connections registered now (what a reconnect re-sends).
+    pub fn registered(&self) -> Vec<ConnUp> {
+        lock(&self.shared.conns).values().cloned().collect()
+    }
+
+    async fn call(&self, msg: JobMessage) -> Result<Delivery, ContractError> {
+        let t = self.shared.opts.call_timeout;
+        let (reply, rx) = oneshot::channel();
+        tokio::time::timeout(t, self.calls.send(Call { msg, reply }))
+            .await
+            .map_err(|_| ContractError::Timeout(t))?
+            .map_err(|_| ContractError::Closed)?;
+        match tokio::time::timeout(t, rx).await {
+            Err(_) => Err(ContractError::Timeout(t)),
+            Ok(Err(_)) => Err(ContractError::Closed),
+            Ok(Ok(Ok(()))) => Ok(Delivery::Acked),
+            Ok(Ok(Err(CallError::Disconnected))) => Ok(Delivery::Deferred),
+            Ok(Ok(Err(CallError::Refused(m)))) => Err(ContractError::Refused(m)),
+        }
+    }
+
+    /// Registers a connection (or updates its placement). A connection the
+    /// agent refuses is not kept.
+    pub async fn conn_up(&self, conn: ConnUp) -> Result<Delivery, ContractError> {
+        let msg = JobMessage::ConnUp(conn.clone());
+        msg.validate()?;
+        if conn.job != self.shared.hello.job {
+            return Err(ContractError::Invalid(format!(
+                "connection of job {:?} on the client of job {:?}",
+                conn.job, self.shared.hello.job
+            )));
+        }
+        let previous = {
+            let mut conns = lock(&self.shared.conns);
+            if !conns.contains_key(&conn.conn_id) && conns.len() >= MAX_CONNS_PER_CLIENT {
+                return Err(ContractError::Invalid(format!(
+                    "at most {MAX_CONNS_PER_CLIENT} connections per client"
+                )));
+            }
+            conns.insert(conn.conn_id, conn.clone())
+        };
+        let r = self.call(msg).await;
+        if let Err(ContractError::Refused(_)) = &r {
+            let mut conns = lock(&self.shared.conns);
+            match previous {
+                Some(p) => conns.insert(conn.conn_id, p),
+                None => conns.remove(&conn.conn_id),
+            };
+        }
+        r
+    }
+
+    /// Reports that the transport moved a connection to `nic`.
+    pub async fn conn_moved(&self, conn_id: u64, nic: &str) -> Result<Delivery, ContractError> {
+        let msg = JobMessage::ConnMoved {
+            conn_id,
+            nic: nic.into(),
+        };
+        msg.validate()?;
+        match lock(&self.shared.conns).get_mut(&conn_id) {
+            Some(c) => c.nic = nic.into(),
+            None => {
+                return Err(ContractError::Invalid(format!(
+                    "connection {conn_id} is not registered"
+                )))
+            }
+        }
+        self.call(msg).await
+    }
+
+    /// Reports that a connection is gone.
+    pub async fn conn_closed(&self, conn_id: u64) -> Result<Delivery, ContractError> {
+        if lock(&self.shared.conns).remove(&conn_id).is_none() {
+            return Err(ContractError::Invalid(format!(
+                "connection {conn_id} is not registered"
+            )));
+        }
+        self.call(JobMessage::ConnClosed { conn_id }).await
+    }
+
+    /// Answers an order (`detail` is cut to [`MAX_DETAIL_LEN`] bytes). An
+    /// answer the agent cannot take now is kept and sent after reconnecting.
+    pub async fn order_done(
+        &self,
+        order_id: u64,
+        ok: bool,
+        detail: &str,
+    ) -> Result<Delivery, ContractError> {
+        self.call(JobMessage::OrderDone {
+            order_id,
+            ok,
+            detail: truncate(detail, MAX_DETAIL_LEN).to_owned(),
+        })
+        .await
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `s` cut to at most `max` bytes at a character boundary.
+pub fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+fn defer_done(shared: &Shared, d: Done) {
+    let mut q = lock(&shared.deferred);
+    if q.len() >= MAX_DEFERRED_DONE {
+        if let Some(old) = q.pop_front() {
+            tracing::warn!(
+                order_id = old.order_id,
+                "too many order answers waiting for the agent; dropping the oldest"
+            );
+        }
+    }
+    q.push_back(d);
+}
+
+/// Orders already delivered (bounded), so a repeated order is delivered once.
+#[derive(Default)]
+struct Seen {
+    order: VecDeque<u64>,
+    set: HashSet<u64>,
+}
+
+impl Seen {
+    /// True the first time `id` is seen.
+    fn first(&mut self, id: u64) -> bool {
+        if !self.set.insert(id) {
+            return false;
+        }
+        self.order.push_back(id);
+        if self.order.len() > SEEN_ORDERS {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+        true
+    }
+}
+
+enum Pending {
+    Hello,
+    /// Re-sent registration: the answer only gets logged.
+    Resync,
+    /// A deferred order answer or an automatic refusal.
+    Done(Done),
+    Call {
+        reply: oneshot::Sender<Result<(), CallError>>,
+        done: Option<Done>,
+    },
+}
+
+enum SessionEnd {
+    ClientGone,
+    HelloRefused(String),
+    Lost(String),
+}
+
+async fn run_client(
+    shared: Arc<Shared>,
+    mut calls: mpsc::Receiver<Call>,
+    orders: mpsc::Sender<Order>,
+    first: oneshot::Sender<Result<(), ContractError>>,
+) {
+    let mut first = Some(first);
+    let mut seen = Seen::default();
+    let deadline = Instant::now() + shared.opts.connect_within;
+    let mut backoff = shared.opts.backoff_min;
+    let path = shared.path.display().to_string();
+    loop {
+        let mut last_error = match UnixStream::connect(&shared.path).await {
+            Ok(s) => {
+                let mut said_hello = false;
+                let end = session(
+                    &shared,
+                    s,
+                    &mut calls,
+                    &orders,
+                    &mut first,
+                    &mut seen,
+                    &mut said_hello,
+                )
+                .await;
+                shared.connected.send_replace(false);
+                if said_hello {
+                    backoff = shared.opts.backoff_min;
+                }
+                match end {
+                    SessionEnd::ClientGone => return,
+                    SessionEnd::HelloRefused(m) => {
+                        if let Some(f) = first.take() {
+                            let _ = f.send(Err(ContractError::Refused(m)));
+                            return;
+                        }
+                        tracing::warn!(socket = %path, error = %m, "the agent refused hello; retrying");
+                        ContractError::Refused(m)
+                    }
+                    SessionEnd::Lost(m) => {
+                        tracing::info!(socket = %path, reason = %m, "lost the agent; reconnecting");
+                        ContractError::Malformed(m)
+                    }
+                }
+            }
+            Err(source) => ContractError::Io {
+                path: path.clone(),
+                source,
+            },
+        };
+        if first.is_some() && Instant::now() >= deadline {
+            if let Some(f) = first.take() {
+                let _ = f.send(Err(std::mem::replace(
+                    &mut last_error,
+                    ContractError::Closed,
+                )));
+            }
+            return;
+        }
+        // Wait before reconnecting; calls meanwhile are recorded (done by
+        // the caller) and answered as deferred.
+        let pause = tokio::time::sleep(backoff);
+        tokio::pin!(pause);
+        loop {
+            tokio::select! {
+                _ = &mut pause => break,
+                c = calls.recv() => match c {
+                    None => return,
+                    Some(c) => answer_disconnected(&shared, c),
+                },
+            }
+        }
+        backoff = (backoff * 2).min(shared.opts.backoff_max);
+    }
+}
+
+fn answer_disconnected(shared: &Shared, c: Call) {
+    if let JobMessage::OrderDone {
+        order_id,
+        ok,
+        detail,
+    } = c.msg
+    {
+        defer_done(
+            shared,
+            Done {
+                order_id,
+                ok,
+                detail,
+            },
+        );
+    }
+    let _ = c.reply.send(Err(CallError::Disconnected));
+}
+
+async fn session(
+    shared: &Shared,
+    stream: UnixStream,
+    calls: &mut mpsc::Receiver<Call>,
+    orders: &mpsc::Sender<Order>,
+    first: &mut Option<oneshot::Sender<Result<(), ContractError>>>,
+    seen: &mut Seen,
+    said_hello: &mut bool,
+) -> SessionEnd {
+    let (rd, mut wr) = stream.into_split();
+    let mut reader = LineReader::new(rd);
+    let mut pending: VecDeque<Pending> = VecDeque::new();
+    let end = 'session: {
+        // Re-register: hello, every live connection, unsent order answers.
+        let conns: Vec<ConnUp> = lock(&shared.conns).values().cloned().collect();
+        let dones: Vec<Done> = lock(&shared.deferred).drain(..).collect();
+        let mut resync = vec![(JobMessage::Hello(shared.hello.clone()), Pending::Hello)];
+        resync.extend(
+            conns
+                .into_iter()
+                .map(|c| (JobMessage::ConnUp(c), Pending::Resync)),
+        );
+        resync.extend(dones.into_iter().map(|d| {
+            (
+                JobMessage::OrderDone {
+                    order_id: d.order_id,
+                    ok: d.ok,
+                    detail: d.detail.clone(),
+                },
+                Pending::Done(d),
+            )
+        }));
+        for (msg, p) in resync {
+            // Register the pending entry first: a write failure hands a
+            // deferred answer back to the queue.
+            pending.push_back(p);
+            if let Err(e) = write_message(&mut wr, &msg).await {
+                break 'session SessionEnd::Lost(e.to_string());
+            }
+        }
+        loop {
+            tokio::select! {
+                line = reader.next_line() => {
+                    let msg = match line {
+                        Ok(Some(l)) => decode_agent(l),
+                        Ok(None) => break 'session SessionEnd::Lost("the agent closed the connection".into()),
+                        Err(e) => break 'session SessionEnd::Lost(e.to_string()),
+                    };
+                    let msg = match msg {
+                        Ok(m) => m,
+                        Err(e) => break 'session SessionEnd::Lost(format!("bad line from the agent: {e}")),
+                    };
+                    match msg {
+                        AgentMessage::Ok | AgentMessage::Error { .. } => {
+                            let refused = match msg {
+                                AgentMessage::Error { message } => Some(message),
+                                _ => None,
+                            };
+                            match pending.pop_front() {
+                                None => break 'session SessionEnd::Lost("an answer nobody asked for".into()),
+                                Some(Pending::Hello) => match refused {
+                                    Some(m) => break 'session SessionEnd::HelloRefused(m),
+                                    None => {
+                                        *said_hello = true;
+                                        shared.connected.send_replace(true);
+                                        if let Some(f) = first.take() {
+                                            let _ = f.send(Ok(()));
+                                        }
+                                    }
+                                },
+                                Some(Pending::Resync) | Some(Pending::Done(_)) => {
+                                    if let Some(m) = refused {
+                                        tracing::warn!(error = %m, "the agent refused a re-sent registration");
+                                    }
+                                }
+                                Some(Pending::Call { reply, .. }) => {
+                                    let _ = reply.send(match refused {
+                                        Some(m) => Err(CallError::Refused(m)),
+                                        None => Ok(()),
+                                    });
+                                }
+                            }
+                        }
+                        AgentMessage::Order(o) => {
+                            if !seen.first(o.order_id) {
+                                tracing::debug!(order_id = o.order_id, "order repeated by the agent; already delivered");
+                                continue;
+                            }
+                            let id = o.order_id;
+                            let refusal = match orders.try_send(o) {
+                                Ok(()) => None,
+                                Err(mpsc::error::TrySendError::Full(_)) => Some("the job's order queue is full"),
+                                Err(mpsc::error::TrySendError::Closed(_)) => Some("the job takes no orders"),
+                            };
+                            if let Some(why) = refusal {
+                                let d = Done { order_id: id, ok: false, detail: why.into() };
+                                let msg = JobMessage::OrderDone { order_id: id, ok: false, detail: d.detail.clone() };
+                                pending.push_back(Pending::Done(d));
+                                if let Err(e) = write_message(&mut wr, &msg).await {
+                                    break 'session SessionEnd::Lost(e.to_string());
+                                }
+                            }
+                        }
+                    }
+                }
+                c = calls.recv(), if pending.len() < MAX_PENDING => {
+                    let Some(c) = c else { break 'session SessionEnd::ClientGone };
+                    let done = match &c.msg {
+                        JobMessage::OrderDone { order_id, ok, detail } => Some(Done { order_id: *order_id, ok: *ok, detail: detail.clone() }),
+                        _ => None,
+                    };
+                    let line = encode(&c.msg);
+                    pending.push_back(Pending::Call { reply: c.reply, done });
+                    let written = match line {
+                        Ok(l) => wr.write_all(&l).await.map_err(|e| e.to_string()),
+                        Err(e) => Err(e.to_string()),
+                    };
+                    if let Err(e) = written {
+                        break 'session SessionEnd::Lost(e);
+                    }
+                }
+            }
+        }
+    };
+    // Whatever was not answered: callers hear "deferred"; order answers wait
+    // for the next connection.
+    for p in pending {
+        match p {
+            Pending::Done(d) => defer_done(shared, d),
+            Pending::Call { reply, done } => {
+                if let Some(d) = done {
+                    defer_done(shared, d);
+                }
+                let _ = reply.send(Err(CallError::Disconnected));
+            }
+            Pending::Hello | Pending::Resync => {}
+        }
+    }
+    end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::UnixListener;
+
+    fn conn(id: u64, nic: &str) -> ConnUp {
+        ConnUp {
+            job: "j".into(),
+            rank: 0,
+            conn_id: id,
+            nic: nic.into(),
+            peer_host: "h1".into(),
+            peer_rank: 1,
+            rail: 0,
+        }
+    }
+
+    #[test]
+    fn every_message_roundtrips_with_a_type_tag() {
+        let msgs = vec![
+            JobMessage::Hello(Hello {
+                job: "j".into(),
+                rank: 3,
+                pid: 42,
+            }),
+            JobMessage::ConnUp(conn(u64::MAX, "rail0")),
+            JobMessage::ConnMoved {
+                conn_id: 7,
+                nic: "rail1".into(),
+            },
+            JobMessage::ConnClosed { conn_id: 7 },
+            JobMessage::OrderDone {
+                order_id: 9,
+                ok: false,
+                detail: "d".into(),
+            },
+        ];
+        for m in msgs {
+            let line = encode(&m).unwrap();
+            assert_eq!(line.last(), Some(&b'\n'));
+            let v: serde_json::Value = serde_json::from_slice(&line).unwrap();
+            assert!(v["type"].is_string(), "{v}");
+            assert_eq!(decode_job(&line[..line.len() - 1]).unwrap(), m);
+        }
+        let orders = vec![
+            AgentMessage::Ok,
+            AgentMessage::Error {
+                message: "no".into(),
+            },
+            AgentMessage::Order(Order {
+                order_id: 1,
+                kind: OrderKind::Migrate {
+                    conn_ids: vec![1, 2],
+                    to_nic: Some("rail1".into()),
+                },
+            }),
+            AgentMessage::Order(Order {
+                order_id: 2,
+                kind: OrderKind::Pace {
+                    conn_id: 1,
+                    bytes_per_s: None,
+                },
+            }),
+            AgentMessage::Order(Order {
+                order_id: 3,
+                kind: OrderKind::Checkpoint { step: Some(100) },
+            }),
+            AgentMessage::Order(Order {
+                order_id: 4,
+                kind: OrderKind::Stop,
+            }),
+        ];
+        for m in orders {
+            let line = encode(&m).unwrap();
+            assert_eq!(decode_agent(&line[..line.len() - 1]).unwrap(), m);
+        }
+        // The documented shape, written by hand (another language's job).
+        let m = decode_job(br#"{"type":"conn_moved","conn_id":7,"nic":"rail1"}"#).unwrap();
+        assert_eq!(
+            m,
+            JobMessage::ConnMoved {
+                conn_id: 7,
+                nic: "rail1".into()
+            }
+        );
+        let o = decode_agent(
+            br#"{"type":"order","order_id":5,"kind":{"type":"migrate","conn_ids":[7]}}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            o,
+            AgentMessage::Order(Order {
+                kind: OrderKind::Migrate { to_nic: None, .. },
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn garbage_unknown_types_and_bad_fields_get_clear_errors() {
+        let e = decode_job(b"hello there").unwrap_err();
+        assert!(e.to_string().contains("not JSON"), "{e}");
+        let e = decode_job(b"[1,2]").unwrap_err();
+        assert!(e.to_string().contains("not a JSON object"), "{e}");
+        let e = decode_job(br#"{"job":"j"}"#).unwrap_err();
+        assert!(e.to_string().contains("no \"type\""), "{e}");
+        let e = decode_job(br#"{"type":"conn_teleported","conn_id":1}"#).unwrap_err();
+        assert!(matches!(e, ContractError::UnknownType { .. }), "{e}");
+        assert!(e.to_string().contains("conn_teleported"), "{e}");
+        assert!(e.to_string().contains("conn_moved"), "lists the known: {e}");
+        let e = decode_job(br#"{"type":"conn_moved","conn_id":"x","nic":"a"}"#).unwrap_err();
+        assert!(
+            e.to_string().starts_with("malformed message: conn_moved"),
+            "{e}"
+        );
+        let e = decode_job(br#"{"type":"conn_up","job":"j"}"#).unwrap_err();
+        assert!(e.to_string().contains("missing field"), "{e}");
+        // Well-formed but invalid names.
+        let m = JobMessage::ConnMoved {
+            conn_id: 1,
+            nic: "rail 0".into(),
+        };
+        assert!(m.validate().unwrap_err().to_string().contains("whitespace"));
+        let m = JobMessage::Hello(Hello {
+            job: String::new(),
+            rank: 0,
+            pid: 0,
+        });
+        assert!(m.validate().is_err());
+        let m = JobMessage::OrderDone {
+            order_id: 1,
+            ok: true,
+            detail: "x".repeat(MAX_DETAIL_LEN + 1),
+        };
+        assert!(m.validate().is_err());
+    }
+
+    #[tokio::test]
+    async fn oversized_lines_are_refused_and_normal_ones_read() {
+        let (mut a, b) = tokio::io::duplex(1 << 20);
+        let mut r = LineReader::new(b);
+        a.write_all(b"{\"type\":\"ok\"}\r\n").await.unwrap();
+        let mut big = vec![b'x'; MAX_LINE + 1];
+        big.push(b'\n');
+        a.write_all(&big).await.unwrap();
+        let l = r.next_line().await.unwrap().unwrap().to_vec();
+        assert_eq!(decode_agent(&l).unwrap(), AgentMessage::Ok);
+        let e = r.next_line().await.unwrap_err();
+        assert!(
+            matches!(e, ContractError::LineTooLong { max: MAX_LINE }),
+            "{e}"
+        );
+        assert!(e.to_string().contains("65536"), "{e}");
+        // Exactly the limit is fine.
+        let (mut a, b) = tokio::io::duplex(1 << 20);
+        let mut r = LineReader::new(b);
+        let mut ok = vec![b'y'; MAX_LINE];
+        ok.push(b'\n');
+        a.write_all(&ok).await.unwrap();
+        drop(a);
+        assert_eq!(r.next_line().await.unwrap().unwrap().len(), MAX_LINE);
+        assert!(r.next_line().await.unwrap().is_none(), "clean end");
+        // Encoding refuses what the other side would refuse.
+        let m = JobMessage::OrderDone {
+            order_id: 1,
+            ok: true,
+            detail: "z".repeat(MAX_LINE),
+        };
+        assert!(matches!(encode(&m), Err(ContractError::LineTooLong { .. })));
+        assert_eq!(truncate("aé", 2), "a");
+    }
+
+    /// A scripted agent: answers every line `ok` (or `error` for conn ids
+    /// in `refuse`), records what it got, and pushes what it is told to.
+    async fn fake_agent(
+        listener: UnixListener,
+        got: mpsc::UnboundedSender<JobMessage>,
+        mut push: mpsc::UnboundedReceiver<AgentMessage>,
+        refuse: u64,
+    ) {
+        let Ok((s, _)) = listener.accept().await else {
+            return;
+        };
+        let (rd, mut wr) = s.into_split();
+        let mut r = LineReader::new(rd);
+        loop {
+            tokio::select! {
+                l = r.next_line() => {
+                    let Ok(Some(l)) = l else { return };
+                    let m = decode_job(l).unwrap();
+                    let reply = match &m {
+                        JobMessage::ConnUp(c) if c.conn_id == refuse => AgentMessage::Error { message: "no such NIC".into() },
+                        _ => AgentMessage::Ok,
+                    };
+                    let _ = got.send(m);
+                    if write_message(&mut wr, &reply).await.is_err() { return; }
+                }
+                Some(p) = push.recv() => {
+                    if write_message(&mut wr, &p).await.is_err() { return; }
+                }
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn client_survives_an_agent_restart_and_delivers_orders_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("agent.sock");
+        let (got_tx, mut got) = mpsc::unbounded_channel();
+        let (push_tx, push_rx) = mpsc::unbounded_channel();
+        let agent1 = tokio::spawn(fake_agent(
+            UnixListener::bind(&sock).unwrap(),
+            got_tx.clone(),
+            push_rx,
+            99,
+        ));
+        let hello = Hello {
+            job: "j".into(),
+            rank: 0,
+            pid: std::process::id(),
+        };
+        let opts = ClientOptions {
+            backoff_max: Duration::from_millis(100),
+            ..Default::default()
+        };
+        let (c, mut orders) = ContractClient::connect_with(&sock, hello.clone(), opts)
+            .await
+            .unwrap();
+        assert_eq!(got.recv().await, Some(JobMessage::Hello(hello.clone())));
+        assert_eq!(c.conn_up(conn(1, "rail0")).await.unwrap(), Delivery::Acked);
+        assert_eq!(c.conn_up(conn(2, "rail0")).await.unwrap(), Delivery::Acked);
+        let e = c.conn_up(conn(99, "rail7")).await.unwrap_err();
+        assert!(matches!(e, ContractError::Refused(_)), "{e}");
+        assert_eq!(c.registered().len(), 2, "a refused connection is not kept");
+        assert_eq!(c.conn_moved(2, "rail1").await.unwrap(), Delivery::Acked);
+        for _ in 0..4 {
+            got.recv().await.unwrap();
+        }
+        // The same order twice reaches the job once.
+        let order = AgentMessage::Order(Order {
+            order_id: 5,
+            kind: OrderKind::Migrate {
+                conn_ids: vec![1],
+                to_nic: Some("rail1".into()),
+            },
+        });
+        push_tx.send(order.clone()).unwrap();
+        push_tx.send(order).unwrap();
+        let o = orders.next().await.unwrap();
+        assert_eq!(o.order_id, 5);
+
+        // The agent goes away: calls are recorded and deferred.
+        agent1.abort();
+        let _ = agent1.await;
+        std::fs::remove_file(&sock).unwrap();
+        let mut deferred = false;
+        for _ in 0..50 {
+            if c.conn_moved(1, "rail1").await.unwrap() == Delivery::Deferred {
+                deferred = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(deferred, "calls without an agent are deferred, not failed");
+        assert_eq!(
+            c.order_done(5, true, "moved").await.unwrap(),
+            Delivery::Deferred
+        );
+        // A new agent: hello, both connections (as moved), the answer.
+        let (push_tx2, push_rx2) = mpsc::unbounded_channel();
+        let _agent2 = tokio::spawn(fake_agent(
+            UnixListener::bind(&sock).unwrap(),
+            got_tx,
+            push_rx2,
+            99,
+        ));
+        let mut resent = Vec::new();
+        while resent.len() < 4 {
+            let m = tokio::time::timeout(Duration::from_secs(5), got.recv())
+                .await
+                .expect("resync within 5 s")
+                .unwrap();
+            // Messages of the first agent still queued are skipped.
+            if resent.is_empty() && !matches!(m, JobMessage::Hello(_)) {
+                continue;
+            }
+            resent.push(m);
+        }
+        assert_eq!(resent[0], JobMessage::Hello(hello));
+        assert_eq!(resent[1], JobMessage::ConnUp(conn(1, "rail1")));
+        assert_eq!(resent[2], JobMessage::ConnUp(conn(2, "rail1")));
+        assert_eq!(
+            resent[3],
+            JobMessage::OrderDone {
+                order_id: 5,
+                ok: true,
+                detail: "moved".into()
+            }
+        );
+        assert!(c.wait_connected(Duration::from_secs(5)).await);
+        // The new agent repeats the open order: not delivered again.
+        push_tx2
+            .send(AgentMessage::Order(Order {
+                order_id: 5,
+                kind: OrderKind::Stop,
+            }))
+            .unwrap();
+        push_tx2
+            .send(AgentMessage::Order(Order {
+                order_id: 6,
+                kind: OrderKind::Checkpoint { step: None },
+            }))
+            .unwrap();
+        assert_eq!(orders.next().await.unwrap().order_id, 6);
+        assert!(orders.try_next().is_none());
+    }
+
+    #[tokio::test]
+    async fn connect_fails_clearly_without_an_agent() {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = ClientOptions {
+            connect_within: Duration::from_millis(200),
+            ..Default::default()
+        };
+        let hello = Hello {
+            job: "j".into(),
+            rank: 0,
+            pid: 1,
+        };
+        let e = ContractClient::connect_with(dir.path().join("none.sock"), hello, opts)
+            .await
+            .err()
+            .expect("no agent");
+        assert!(e.to_string().contains("none.sock"), "{e}");
+    }
+}
