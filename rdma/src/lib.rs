@@ -5,6 +5,7 @@
 pub mod contract;
 pub mod damper;
 pub mod model;
+pub mod netdev;
 // pub mod resilient; (waits for seq)
 // pub mod soft; (waits for seq)
 pub mod seq;
