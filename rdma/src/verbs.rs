@@ -22,6 +22,7 @@ use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::raw::c_int;
 use std::ptr::{addr_of, NonNull};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -166,6 +167,8 @@ fn verbs_err(op: &'static str, device: &str, rc: c_int) -> RdmaError {
 pub struct Context {
     ctx: NonNull<ffi::ibv_context>,
     name: String,
+    /// An event stream reads the async fd (at most one at a time).
+    watched: AtomicBool,
 }
 
 // SAFETY: libibverbs contexts are thread-safe (the library locks
@@ -207,6 +210,7 @@ impl Context {
         Ok(Context {
             ctx,
             name: name.into(),
+            watched: AtomicBool::new(false),
         })
     }
 
@@ -301,11 +305,22 @@ impl Context {
     /// The async events of this context: port and device events, plus
     /// events of the QPs and CQs created through it. Must be called within a
     /// tokio runtime. If the event fd fails, the stream yields `DeviceFatal`
-    /// (the device can no longer be watched) and ends.
+    /// (the device can no longer be watched) and ends. One stream per
+    /// context at a time (events are consumed when read); another call
+    /// while one is alive is an `InvalidArgument`.
     pub fn events(self: &Arc<Self>) -> Result<EventStream, RdmaError> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(RdmaError::NoRuntime("verbs events"));
         }
+        if self.watched.swap(true, Ordering::AcqRel) {
+            return Err(RdmaError::InvalidArgument(format!(
+                "{}: an event stream already reads this context",
+                self.name
+            )));
+        }
+        // From here on, dropping `guard` (or the `AsyncFd` holding it)
+        // releases the context for another stream.
+        let guard = EventFd(Arc::clone(self));
         let fd = self.async_fd();
         set_nonblocking(fd).map_err(|source| RdmaError::Os {
             op: "fcntl(async_fd, O_NONBLOCK)",
@@ -315,14 +330,14 @@ impl Context {
         // SAFETY: the fd is the context's async fd, open until the context
         // is closed; `EventFd` holds an `Arc` of the context, so it stays
         // open (and the same fd) for as long as the `AsyncFd` exists.
-        let afd = unsafe {
-            AsyncFd::register_with_interest(EventFd(Arc::clone(self)), Interest::READABLE)
-        }
-        .map_err(|e| RdmaError::Os {
-            op: "register async_fd",
-            device: self.name.clone(),
-            source: e.into(),
-        })?;
+        let afd =
+            unsafe { AsyncFd::register_with_interest(guard, Interest::READABLE) }.map_err(|e| {
+                RdmaError::Os {
+                    op: "register async_fd",
+                    device: self.name.clone(),
+                    source: e.into(),
+                }
+            })?;
         tracing::debug!(device = %self.name, fd, "watching verbs async events");
         let stream = futures::stream::unfold(Some(afd), |state| async move {
             let afd = state?;
@@ -330,6 +345,7 @@ impl Context {
             loop {
                 let result = match afd.readable().await {
                     Ok(mut guard) => match guard.try_io(|a| a.get_ref().0.get_async_event()) {
+                        Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => continue,
                         Ok(r) => r,
                         Err(_would_block) => continue,
                     },
@@ -411,8 +427,15 @@ impl Drop for Context {
     }
 }
 
-/// The async event fd of a context, for [`AsyncFd`] (keeps the context open).
+/// The async event fd of a context, for [`AsyncFd`]: keeps the context
+/// open and marks it watched until dropped.
 struct EventFd(Arc<Context>);
+
+impl Drop for EventFd {
+    fn drop(&mut self) {
+        self.0.watched.store(false, Ordering::Release);
+    }
+}
 
 impl AsRawFd for EventFd {
     fn as_raw_fd(&self) -> RawFd {
