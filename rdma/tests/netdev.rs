@@ -223,6 +223,40 @@ fn events_report_each_change_once() {
 }
 
 #[test]
+fn a_flap_storm_yields_alternating_events_ending_in_the_final_state() {
+    in_own_netns(|| async {
+        let h = rtnl();
+        veth(&h, "rg0", "rg0p").await;
+        set_up(&h, "rg0", true).await;
+        set_up(&h, "rg0p", true).await;
+        let b = NetdevBackend::new(vec!["rg0".into()]);
+        wait_state(&b, "rg0", PortState::Active).await;
+        let mut events = b.events().expect("events");
+        for _ in 0..25 {
+            set_up(&h, "rg0p", false).await;
+            set_up(&h, "rg0p", true).await;
+        }
+        wait_state(&b, "rg0", PortState::Active).await;
+        let mut kinds = Vec::new();
+        while let Ok(Some(e)) =
+            tokio::time::timeout(Duration::from_millis(1500), events.next()).await
+        {
+            assert_eq!(e.device, "rg0");
+            kinds.push(e.kind);
+        }
+        let err = AsyncEventKind::PortError { port: 1 };
+        let act = AsyncEventKind::PortActive { port: 1 };
+        assert!(kinds.len() >= 2, "the storm was seen: {kinds:?}");
+        assert_eq!(kinds[0], err, "starts from the active baseline");
+        assert_eq!(kinds.last(), Some(&act), "ends in the final state");
+        assert!(
+            kinds.windows(2).all(|w| w[0] != w[1]),
+            "deduplicated, alternating: {kinds:?}"
+        );
+    });
+}
+
+#[test]
 fn events_need_existing_nics_and_a_runtime() {
     // Outside a runtime: a clear error, no panic (needs no privileges).
     match NetdevBackend::new(vec!["lo".into()]).events() {
