@@ -80,8 +80,37 @@ fn summarise(clients: usize, trials: Vec<(Vec<u64>, u64)>, secs: f64) -> Level {
     }
 }
 
-async fn event_level(
+/// Opens one report stream per host (retrying a few times: 256 connects
+/// at once can overflow a listen backlog).
+async fn open_streams(
     addr: &str,
+    hosts: &[String],
+) -> anyhow::Result<Vec<crate::agentsim::EventStream>> {
+    let mut tasks = Vec::new();
+    for _ in hosts {
+        let addr = addr.to_string();
+        tasks.push(tokio::spawn(async move {
+            let mut last = None;
+            for attempt in 0..5u64 {
+                match open_stream(&addr).await {
+                    Ok(s) => return Ok(s),
+                    Err(e) => last = Some(e),
+                }
+                tokio::time::sleep(Duration::from_millis(100 * (attempt + 1))).await;
+            }
+            Err(last.expect("at least one attempt"))
+        }));
+    }
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await??);
+    }
+    Ok(out)
+}
+
+/// One trial: every client sends one event at a time on its own stream.
+async fn event_level(
+    streams: &mut Vec<crate::agentsim::EventStream>,
     hosts: &[String],
     seqs: &mut [u64],
     secs: f64,
@@ -91,21 +120,16 @@ async fn event_level(
     let start = Instant::now() + warmup;
     let end = start + window;
     let mut tasks = Vec::new();
-    for (i, host) in hosts.iter().enumerate() {
-        let addr = addr.to_string();
-        let host = host.clone();
-        let first = seqs[i] + 1;
+    for ((host, mut s), first) in hosts
+        .iter()
+        .cloned()
+        .zip(std::mem::take(streams))
+        .zip(seqs.iter().map(|q| q + 1))
+    {
         tasks.push(tokio::spawn(async move {
             let mut lat = Vec::new();
             let mut errors = 0u64;
             let mut seq = first - 1;
-            let mut s = match open_stream(&addr).await {
-                Ok(s) => s,
-                Err(e) => {
-                    eprintln!("[raft-commit] {host}: cannot open stream: {e:#}");
-                    return (lat, 1, seq);
-                }
-            };
             while Instant::now() < end {
                 seq += 1;
                 let t0 = Instant::now();
@@ -127,16 +151,17 @@ async fn event_level(
                     }
                 }
             }
-            (lat, errors, seq)
+            (lat, errors, seq, s)
         }));
     }
     let mut lat = Vec::new();
     let mut errors = 0;
     for (i, t) in tasks.into_iter().enumerate() {
-        let (l, e, last) = t.await?;
+        let (l, e, last, s) = t.await?;
         lat.extend(l);
         errors += e;
         seqs[i] = last;
+        streams.push(s);
     }
     Ok((lat, errors))
 }
@@ -215,9 +240,10 @@ pub async fn raft_commit(
     let mut seqs = vec![0u64; max];
     let mut events = Vec::new();
     for &c in levels {
+        let mut streams = open_streams(&leader_addr, &hosts[..c]).await?;
         let mut runs = Vec::new();
         for _ in 0..trials {
-            runs.push(event_level(&leader_addr, &hosts[..c], &mut seqs[..c], secs).await?);
+            runs.push(event_level(&mut streams, &hosts[..c], &mut seqs[..c], secs).await?);
         }
         let l = summarise(c, runs, secs);
         eprintln!(
