@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{AdminOp, AdminRecord, ClusterEvent, Host, Incident, Intent, NodeId};
+use crate::model::{AdminOp, AdminRecord, ClusterEvent, Host, Incident, Intent, NodeId, Qp};
 
 /// One admin call.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -67,6 +67,20 @@ pub enum AdminRequest {
     AdminHistory {
         limit: u32,
     },
+    /// Connection placements, optionally of one host and/or one job.
+    QpList {
+        host: Option<String>,
+        job: Option<String>,
+    },
+    /// Intents, most recent last.
+    Intents {
+        open_only: bool,
+        limit: u32,
+    },
+    /// One intent (e.g. to wait for an order's outcome).
+    IntentShow {
+        id: u64,
+    },
 }
 
 impl AdminRequest {
@@ -112,6 +126,14 @@ pub struct StatusView {
     pub open_intents: Vec<Intent>,
 }
 
+/// A connection placement with its host.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct QpView {
+    pub host: String,
+    #[serde(flatten)]
+    pub qp: Qp,
+}
+
 /// Every reply body.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
@@ -141,6 +163,23 @@ pub enum AdminReply {
     },
     /// A write was committed at this log index.
     Committed {
+        log_index: u64,
+        detail: String,
+    },
+    Qps {
+        qps: Vec<QpView>,
+        /// More matched than one reply carries.
+        truncated: bool,
+    },
+    Intents {
+        intents: Vec<Intent>,
+    },
+    Intent {
+        intent: Intent,
+    },
+    /// A write that opened an intent (an order) was committed.
+    IntentOpened {
+        id: u64,
         log_index: u64,
         detail: String,
     },

@@ -8,6 +8,7 @@
 //! - [`network`]: Raft RPC between supervisors over gRPC.
 //! - [`service`]: the gRPC services (`Admin`, `Agent`, `RaftPeer`).
 //! - [`reconciler`]: leader-side intents and actions.
+//! - [`orders`]: the leader's order streams to agents (failover/failback).
 //! - [`liveness`]: Ready/Suspect/Down from heartbeats, with a grace period.
 //! - [`api`] / [`client`]: admin API types and the client the CLI uses.
 //! - [`config`] / [`datadir`]: configuration loading and data-dir locking.
@@ -22,5 +23,6 @@ pub mod liveness;
 pub mod model;
 pub mod network;
 pub mod node;
+pub mod orders;
 pub mod reconciler;
 pub mod service;

@@ -47,6 +47,9 @@ pub const MAX_NICS: usize = 64;
 pub const MAX_SESSIONS: usize = 4_096;
 /// Most results remembered per client session (oldest serials forgotten).
 pub const MAX_SESSION_RESULTS: usize = 64;
+/// Most connection (QP) placements kept per host; further ones are not
+/// recorded (an event says so).
+pub const MAX_QPS_PER_HOST: usize = 4_096;
 
 /// One Raft entry: a batch of commands stamped by the leader.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -89,6 +92,15 @@ pub enum Command {
     OpenIntent { action: Action },
     /// Record an intent's outcome and apply its effect.
     CloseIntent { id: u64, outcome: Outcome },
+    /// A host's agent answers an order (a `Failover`/`Failback` intent):
+    /// closes the intent Done or Failed with the agent's detail. Only the
+    /// host the order was for may answer it; answering twice is a no-op.
+    OrderDone {
+        host: String,
+        id: u64,
+        ok: bool,
+        detail: String,
+    },
 }
 
 /// Identifies one client request across retries: the client's session id
@@ -138,6 +150,16 @@ pub enum AdminOp {
         set: BTreeMap<String, String>,
         remove: Vec<String>,
     },
+    /// Move every connection off a NIC, to `to` (default: the NIC's backup).
+    /// Opens a `Failover` intent; the leader orders the host's agent.
+    NicFailover {
+        host: String,
+        nic: String,
+        to: Option<String>,
+    },
+    /// Move the connections whose home is the NIC back to it (a `Failback`
+    /// intent).
+    NicFailback { host: String, nic: String },
 }
 
 impl AdminOp {
@@ -148,7 +170,9 @@ impl AdminOp {
             | AdminOp::Uncordon { host }
             | AdminOp::Drain { host, .. }
             | AdminOp::Undrain { host }
-            | AdminOp::SetLabels { host, .. } => host,
+            | AdminOp::SetLabels { host, .. }
+            | AdminOp::NicFailover { host, .. }
+            | AdminOp::NicFailback { host, .. } => host,
         }
     }
 }
@@ -199,6 +223,28 @@ pub enum AgentEventKind {
         /// The link itself is up (independent of damping).
         link_up: bool,
     },
+    /// Where a job's connection runs (or that it closed).
+    QpPlacement {
+        job: String,
+        rank: u32,
+        conn_id: u64,
+        nic: String,
+        peer_host: String,
+        peer_rank: u32,
+        rail: u32,
+        moved: bool,
+        closed: bool,
+    },
+    /// The agent (re)started: forget the host's placements (live jobs
+    /// register theirs again).
+    QpReset,
+    /// The agent's reflex ordered the connections off a NIC that went down.
+    ReflexDone {
+        nic: String,
+        conns: u32,
+        ok: bool,
+        detail: String,
+    },
 }
 
 /// Things the reconciler does; each is recorded as an intent first.
@@ -207,13 +253,30 @@ pub enum Action {
     /// Finish draining a host once no work remains on it (or its deadline
     /// passed and the remaining work was stopped).
     CompleteDrain { host: String },
+    /// Order the host's agent to move every connection off `nic` to `to`
+    /// (resolved when the intent opens: `--to` or the NIC's backup).
+    Failover {
+        host: String,
+        nic: String,
+        to: String,
+    },
+    /// Order the host's agent to move connections whose home is `nic` back.
+    Failback { host: String, nic: String },
 }
 
 impl Action {
-    fn host(&self) -> &str {
+    /// The host the action concerns.
+    pub fn host(&self) -> &str {
         match self {
-            Action::CompleteDrain { host } => host,
+            Action::CompleteDrain { host }
+            | Action::Failover { host, .. }
+            | Action::Failback { host, .. } => host,
         }
+    }
+
+    /// Whether the action is carried out by the host's agent (an order).
+    pub fn is_order(&self) -> bool {
+        matches!(self, Action::Failover { .. } | Action::Failback { .. })
     }
 }
 
@@ -427,6 +490,35 @@ pub struct Intent {
     pub status: IntentStatus,
     pub opened_ms: u64,
     pub closed_ms: Option<u64>,
+    /// What the outcome's author said (an agent's order answer).
+    #[serde(default)]
+    pub detail: String,
+}
+
+/// Identifies a connection on a host: job, rank, connection id.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QpKey {
+    pub job: String,
+    pub rank: u32,
+    pub conn_id: u64,
+}
+
+/// Where a job's connection (queue pair) runs, as its host's agent reported.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Qp {
+    pub job: String,
+    pub rank: u32,
+    pub conn_id: u64,
+    /// The NIC it uses now.
+    pub nic: String,
+    pub peer_host: String,
+    pub peer_rank: u32,
+    /// Its home rail.
+    pub rail: u32,
+    /// Off its home rail's NIC.
+    pub moved: bool,
+    /// Leader time of the last NIC change (or of registration).
+    pub since_ms: u64,
 }
 
 /// One admin operation as recorded (who, when, what).
@@ -473,6 +565,10 @@ pub struct ClusterState {
     pub next_intent_id: u64,
     /// Index of the last applied log entry (for status output).
     pub last_log_index: u64,
+    /// Connection placements per host (each host bounded by
+    /// [`MAX_QPS_PER_HOST`]).
+    #[serde(default)]
+    pub qps: BTreeMap<String, BTreeMap<QpKey, Qp>>,
 }
 
 fn check_name(what: &str, s: &str) -> Result<(), CmdError> {
@@ -489,6 +585,59 @@ fn check_name(what: &str, s: &str) -> Result<(), CmdError> {
     if s.chars().any(|c| c.is_control() || c.is_whitespace()) {
         return Err(CmdError::InvalidArgument(format!(
             "{what} {s:?} contains whitespace or control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// The NIC a failover of `host`/`nic` moves to: `to`, else the NIC's
+/// backup. Refuses an unknown NIC, a target that is the NIC itself or not a
+/// NIC of the host, a NIC without backup (and no `to`), and a target that
+/// is down.
+fn failover_target(host: &Host, nic: &str, to: Option<&str>) -> Result<String, CmdError> {
+    let n = host
+        .nics
+        .get(nic)
+        .ok_or_else(|| not_found("NIC", &format!("{}/{nic}", host.name)))?;
+    let target = match to {
+        Some(t) if t == nic => {
+            return Err(CmdError::InvalidArgument(format!(
+                "--to {t:?} is the NIC being failed over"
+            )))
+        }
+        Some(t) if !host.nics.contains_key(t) => {
+            return Err(CmdError::InvalidArgument(format!(
+                "--to {t:?} is not a NIC of host {:?}",
+                host.name
+            )))
+        }
+        Some(t) => t.to_owned(),
+        None => n.backup.clone().ok_or_else(|| {
+            CmdError::FailedPrecondition(format!(
+                "NIC {}/{nic} has no backup configured; pass --to NIC",
+                host.name
+            ))
+        })?,
+    };
+    match host.nics.get(&target).map(|t| t.state) {
+        Some(s @ (NicState::Down | NicState::Flapping)) => Err(CmdError::FailedPrecondition(
+            format!("target NIC {}/{target} is {s:?}", host.name),
+        )),
+        Some(_) => Ok(target),
+        None => Err(not_found("NIC", &format!("{}/{target}", host.name))),
+    }
+}
+
+/// Refuses a failback to an unknown NIC or one that is down.
+fn check_failback(host: &Host, nic: &str) -> Result<(), CmdError> {
+    let n = host
+        .nics
+        .get(nic)
+        .ok_or_else(|| not_found("NIC", &format!("{}/{nic}", host.name)))?;
+    if matches!(n.state, NicState::Down | NicState::Flapping) {
+        return Err(CmdError::FailedPrecondition(format!(
+            "NIC {}/{nic} is {:?}; fail back once it is up",
+            host.name, n.state
         )));
     }
     Ok(())
@@ -573,6 +722,10 @@ impl ClusterState {
                         }
                         check_labels(set, &[&host.labels])
                     }
+                    AdminOp::NicFailover { nic, to, .. } => {
+                        failover_target(host, nic, to.as_deref()).map(|_| ())
+                    }
+                    AdminOp::NicFailback { nic, .. } => check_failback(host, nic),
                     _ => Ok(()),
                 }
             }
@@ -588,6 +741,25 @@ impl ClusterState {
                                 return Err(not_found("NIC", &format!("{host}/{nic}")));
                             }
                         }
+                        AgentEventKind::QpPlacement {
+                            job,
+                            nic,
+                            peer_host,
+                            ..
+                        } => {
+                            check_name("job name", job)?;
+                            check_name("NIC name", nic)?;
+                            check_name("peer host", peer_host)?;
+                        }
+                        AgentEventKind::QpReset => {}
+                        AgentEventKind::ReflexDone { nic, detail, .. } => {
+                            check_name("NIC name", nic)?;
+                            if detail.len() > MAX_REASON_LEN {
+                                return Err(CmdError::InvalidArgument(format!(
+                                    "reflex detail is longer than {MAX_REASON_LEN} bytes"
+                                )));
+                            }
+                        }
                     }
                 }
                 Ok(())
@@ -599,16 +771,41 @@ impl ClusterState {
                 Ok(())
             }
             Command::OpenIntent { action } => {
-                let host = action.host();
-                if !self.hosts.contains_key(host) {
-                    return Err(not_found("host", host));
+                let host = self
+                    .hosts
+                    .get(action.host())
+                    .ok_or_else(|| not_found("host", action.host()))?;
+                match action {
+                    Action::CompleteDrain { .. } => Ok(()),
+                    Action::Failover { nic, to, .. } => {
+                        failover_target(host, nic, Some(to)).map(|_| ())
+                    }
+                    Action::Failback { nic, .. } => check_failback(host, nic),
                 }
-                Ok(())
             }
             Command::CloseIntent { id, .. } => match self.intents.get(id) {
                 None => Err(not_found("intent", &id.to_string())),
                 Some(_) => Ok(()),
             },
+            Command::OrderDone {
+                host, id, detail, ..
+            } => {
+                if detail.len() > MAX_REASON_LEN {
+                    return Err(CmdError::InvalidArgument(format!(
+                        "order detail is longer than {MAX_REASON_LEN} bytes"
+                    )));
+                }
+                let intent = self
+                    .intents
+                    .get(id)
+                    .ok_or_else(|| not_found("intent", &id.to_string()))?;
+                if !intent.action.is_order() || intent.action.host() != host {
+                    return Err(CmdError::InvalidArgument(format!(
+                        "intent {id} is not an order for host {host:?}"
+                    )));
+                }
+                Ok(())
+            }
         }
     }
 
@@ -760,6 +957,7 @@ impl ClusterState {
             }
             Command::Admin { actor, op, .. } => {
                 let host = self.hosts.get_mut(op.host()).expect("validated");
+                let mut order = None;
                 let what = match op {
                     AdminOp::Cordon { .. } => {
                         host.cordoned = true;
@@ -802,6 +1000,23 @@ impl ClusterState {
                         }
                         format!("labels: {} set, {} removed", set.len(), remove.len())
                     }
+                    AdminOp::NicFailover { nic, to, .. } => {
+                        let target = failover_target(host, nic, to.as_deref()).expect("validated");
+                        let what = format!("failover of NIC {nic} to {target} ordered");
+                        order = Some(Action::Failover {
+                            host: host.name.clone(),
+                            nic: nic.clone(),
+                            to: target,
+                        });
+                        what
+                    }
+                    AdminOp::NicFailback { nic, .. } => {
+                        order = Some(Action::Failback {
+                            host: host.name.clone(),
+                            nic: nic.clone(),
+                        });
+                        format!("failback to NIC {nic} ordered")
+                    }
                 };
                 let host_name = op.host().to_owned();
                 self.admin_history.push_back(AdminRecord {
@@ -814,7 +1029,12 @@ impl ClusterState {
                     self.admin_history.pop_front();
                 }
                 self.log_event(at_ms, Some(&host_name), format!("{what} (by {actor})"));
-                Ok(CmdOk::Done)
+                match order {
+                    Some(action) => Ok(CmdOk::IntentOpened {
+                        id: self.open_intent(at_ms, &action),
+                    }),
+                    None => Ok(CmdOk::Done),
+                }
             }
             Command::AgentEvents { host, events } => self.apply_agent_events(at_ms, host, events),
             Command::SetLiveness { host, liveness } => {
@@ -845,72 +1065,104 @@ impl ClusterState {
                 }
                 Ok(CmdOk::Done)
             }
-            Command::OpenIntent { action } => {
-                if let Some(existing) = self
-                    .intents
-                    .values()
-                    .find(|i| i.status == IntentStatus::Open && &i.action == action)
-                {
-                    return Ok(CmdOk::IntentOpened { id: existing.id });
-                }
-                self.next_intent_id += 1;
-                let id = self.next_intent_id;
-                self.intents.insert(
-                    id,
-                    Intent {
-                        id,
-                        action: action.clone(),
-                        status: IntentStatus::Open,
-                        opened_ms: at_ms,
-                        closed_ms: None,
-                    },
-                );
-                self.log_event(
-                    at_ms,
-                    Some(action.host()),
-                    format!("intent {id} opened: {action:?}"),
-                );
-                Ok(CmdOk::IntentOpened { id })
-            }
+            Command::OpenIntent { action } => Ok(CmdOk::IntentOpened {
+                id: self.open_intent(at_ms, action),
+            }),
             Command::CloseIntent { id, outcome } => {
-                let intent = self.intents.get(id).expect("validated").clone();
-                if intent.status != IntentStatus::Open {
-                    // Idempotent by id: closing twice changes nothing.
-                    return Ok(CmdOk::Done);
-                }
-                let mut outcome = outcome.clone();
-                if outcome == Outcome::Done {
-                    match &intent.action {
-                        Action::CompleteDrain { host } => {
-                            let h = self.hosts.get_mut(host).expect("validated");
-                            match &mut h.drain {
-                                Some(d) if d.phase == DrainPhase::Draining => {
-                                    d.phase = DrainPhase::Drained;
-                                }
-                                _ => {
-                                    outcome = Outcome::Cancelled {
-                                        why: "host is no longer draining".into(),
-                                    }
-                                }
+                self.close_intent(at_ms, *id, outcome.clone(), "")
+            }
+            Command::OrderDone { id, ok, detail, .. } => {
+                let outcome = if *ok {
+                    Outcome::Done
+                } else {
+                    Outcome::Failed {
+                        error: detail.clone(),
+                    }
+                };
+                self.close_intent(at_ms, *id, outcome, detail)
+            }
+        }
+    }
+
+    /// Records an intent (or finds the open one for the same action).
+    fn open_intent(&mut self, at_ms: u64, action: &Action) -> u64 {
+        if let Some(existing) = self
+            .intents
+            .values()
+            .find(|i| i.status == IntentStatus::Open && &i.action == action)
+        {
+            return existing.id;
+        }
+        self.next_intent_id += 1;
+        let id = self.next_intent_id;
+        self.intents.insert(
+            id,
+            Intent {
+                id,
+                action: action.clone(),
+                status: IntentStatus::Open,
+                opened_ms: at_ms,
+                closed_ms: None,
+                detail: String::new(),
+            },
+        );
+        self.log_event(
+            at_ms,
+            Some(action.host()),
+            format!("intent {id} opened: {action:?}"),
+        );
+        id
+    }
+
+    /// Closes an open intent with its outcome and applies the effect;
+    /// closing a closed intent changes nothing.
+    fn close_intent(&mut self, at_ms: u64, id: u64, outcome: Outcome, detail: &str) -> CmdResult {
+        let intent = self.intents.get(&id).expect("validated").clone();
+        if intent.status != IntentStatus::Open {
+            // Idempotent by id: closing twice changes nothing.
+            return Ok(CmdOk::Done);
+        }
+        let mut outcome = outcome;
+        if outcome == Outcome::Done {
+            match &intent.action {
+                Action::CompleteDrain { host } => {
+                    let h = self.hosts.get_mut(host).expect("validated");
+                    match &mut h.drain {
+                        Some(d) if d.phase == DrainPhase::Draining => {
+                            d.phase = DrainPhase::Drained;
+                        }
+                        _ => {
+                            outcome = Outcome::Cancelled {
+                                why: "host is no longer draining".into(),
                             }
                         }
                     }
                 }
-                let host = intent.action.host().to_owned();
-                let e = self.intents.get_mut(id).expect("validated");
-                e.status = IntentStatus::Closed(outcome.clone());
-                e.closed_ms = Some(at_ms);
-                self.prune_closed_intents(*id);
-                let what = match (&intent.action, &outcome) {
-                    (Action::CompleteDrain { .. }, Outcome::Done) => {
-                        format!("drained (intent {id})")
-                    }
-                    (_, o) => format!("intent {id} closed: {o:?}"),
-                };
-                self.log_event(at_ms, Some(&host), what);
-                Ok(CmdOk::Done)
+                // The agent moved the connections; their placements arrive
+                // as agent events.
+                Action::Failover { .. } | Action::Failback { .. } => {}
             }
         }
+        let host = intent.action.host().to_owned();
+        let e = self.intents.get_mut(&id).expect("validated");
+        e.status = IntentStatus::Closed(outcome.clone());
+        e.closed_ms = Some(at_ms);
+        e.detail = detail.to_owned();
+        self.prune_closed_intents(id);
+        let what = match (&intent.action, &outcome) {
+            (Action::CompleteDrain { .. }, Outcome::Done) => {
+                format!("drained (intent {id})")
+            }
+            (Action::Failover { nic, to, .. }, Outcome::Done) => {
+                format!("failover of NIC {nic} to {to} done (intent {id}): {detail}")
+            }
+            (Action::Failback { nic, .. }, Outcome::Done) => {
+                format!("failback to NIC {nic} done (intent {id}): {detail}")
+            }
+            (_, o) => format!("intent {id} closed: {o:?}"),
+        };
+        self.log_event(at_ms, Some(&host), what);
+        Ok(CmdOk::Done)
     }
 
     fn apply_agent_events(&mut self, at_ms: u64, host: &str, events: &[AgentEvent]) -> CmdResult {
@@ -958,11 +1210,93 @@ impl ClusterState {
                         },
                     )
                 }
+                AgentEventKind::QpPlacement {
+                    job,
+                    rank,
+                    conn_id,
+                    nic,
+                    peer_host,
+                    peer_rank,
+                    rail,
+                    moved,
+                    closed,
+                } => {
+                    let qp = Qp {
+                        job: job.clone(),
+                        rank: *rank,
+                        conn_id: *conn_id,
+                        nic: nic.clone(),
+                        peer_host: peer_host.clone(),
+                        peer_rank: *peer_rank,
+                        rail: *rail,
+                        moved: *moved,
+                        since_ms: at_ms,
+                    };
+                    self.apply_qp(at_ms, host, qp, *closed)
+                }
+                AgentEventKind::QpReset => {
+                    let n = self.qps.remove(host).map_or(0, |t| t.len());
+                    if n > 0 {
+                        self.log_event(
+                            at_ms,
+                            Some(host),
+                            format!("agent restarted: {n} connection placements forgotten until their jobs register again"),
+                        );
+                    }
+                }
+                AgentEventKind::ReflexDone {
+                    nic,
+                    conns,
+                    ok,
+                    detail,
+                } => {
+                    let how = if *ok { "done" } else { "failed" };
+                    self.log_observed(
+                        at_ms,
+                        Some(host),
+                        format!("reflex: NIC {nic} down, {conns} connections ordered off it: {how}: {detail}"),
+                        Some(e.at_unix_ns),
+                    );
+                }
             }
             through = e.seq;
             self.hosts.get_mut(host).expect("validated").last_event_seq = through;
         }
         Ok(CmdOk::Acked { through })
+    }
+
+    /// Records (or with `closed` removes) one connection's placement.
+    fn apply_qp(&mut self, at_ms: u64, host: &str, mut qp: Qp, closed: bool) {
+        let key = QpKey {
+            job: qp.job.clone(),
+            rank: qp.rank,
+            conn_id: qp.conn_id,
+        };
+        let table = self.qps.entry(host.to_owned()).or_default();
+        if closed {
+            table.remove(&key);
+            if table.is_empty() {
+                self.qps.remove(host);
+            }
+            return;
+        }
+        match table.get(&key) {
+            Some(prev) if prev.nic == qp.nic => qp.since_ms = prev.since_ms,
+            Some(_) => {}
+            None if table.len() >= MAX_QPS_PER_HOST => {
+                self.log_event(
+                    at_ms,
+                    Some(host),
+                    format!(
+                        "connection {}/{}/{} not recorded: the host already has {MAX_QPS_PER_HOST}",
+                        key.job, key.rank, key.conn_id
+                    ),
+                );
+                return;
+            }
+            None => {}
+        }
+        table.insert(key, qp);
     }
 
     fn apply_nic_state(&mut self, at_ms: u64, host: &str, nic_name: &str, r: NicReport) {
@@ -1545,6 +1879,74 @@ mod tests {
                 id: 1,
                 outcome: Outcome::Failed { error: "e".into() },
             },
+            admin(AdminOp::NicFailover {
+                host: "h".into(),
+                nic: "n".into(),
+                to: Some("m".into()),
+            }),
+            admin(AdminOp::NicFailover {
+                host: "h".into(),
+                nic: "n".into(),
+                to: None,
+            }),
+            admin(AdminOp::NicFailback {
+                host: "h".into(),
+                nic: "n".into(),
+            }),
+            Command::OpenIntent {
+                action: Action::Failover {
+                    host: "h".into(),
+                    nic: "n".into(),
+                    to: "m".into(),
+                },
+            },
+            Command::OpenIntent {
+                action: Action::Failback {
+                    host: "h".into(),
+                    nic: "n".into(),
+                },
+            },
+            Command::OrderDone {
+                host: "h".into(),
+                id: 4,
+                ok: false,
+                detail: "d".into(),
+            },
+            Command::AgentEvents {
+                host: "h".into(),
+                events: vec![
+                    AgentEvent {
+                        seq: 2,
+                        at_unix_ns: 3,
+                        kind: AgentEventKind::QpPlacement {
+                            job: "j".into(),
+                            rank: 1,
+                            conn_id: u64::MAX,
+                            nic: "n".into(),
+                            peer_host: "p".into(),
+                            peer_rank: 2,
+                            rail: 3,
+                            moved: true,
+                            closed: false,
+                        },
+                    },
+                    AgentEvent {
+                        seq: 3,
+                        at_unix_ns: 4,
+                        kind: AgentEventKind::QpReset,
+                    },
+                    AgentEvent {
+                        seq: 4,
+                        at_unix_ns: 5,
+                        kind: AgentEventKind::ReflexDone {
+                            nic: "n".into(),
+                            conns: 7,
+                            ok: true,
+                            detail: "d".into(),
+                        },
+                    },
+                ],
+            },
         ];
         let p = Proposal { at_ms: 9, cmds };
         let bytes = bincode::serialize(&p).unwrap();
@@ -1558,6 +1960,7 @@ mod tests {
             Ok(CmdOk::Acked { through: 2 }),
             Ok(CmdOk::IntentOpened { id: 3 }),
             Err(not_found("host", "h")),
+            Err(not_found("NIC", "h/n")),
             Err(CmdError::InvalidArgument("x".into())),
             Err(CmdError::FailedPrecondition("y".into())),
             Err(CmdError::SequenceGap {
@@ -1583,8 +1986,370 @@ mod tests {
                 })],
             },
         );
+        // Placements and order intents are part of snapshots too.
+        qp_event(&mut st, 3, 1, qp_kind("j", 1, "rail0", false)).unwrap();
+        one(
+            &mut st,
+            4,
+            4,
+            admin(AdminOp::NicFailover {
+                host: "h0".into(),
+                nic: "rail0".into(),
+                to: None,
+            }),
+        )
+        .unwrap();
+        assert!(!st.qps.is_empty() && st.open_intents().count() == 1);
         let back: ClusterState = bincode::deserialize(&bincode::serialize(&st).unwrap()).unwrap();
         assert_eq!(back, st);
+    }
+
+    fn qp_kind(job: &str, conn_id: u64, nic: &str, closed: bool) -> AgentEventKind {
+        AgentEventKind::QpPlacement {
+            job: job.into(),
+            rank: 0,
+            conn_id,
+            nic: nic.into(),
+            peer_host: "h9".into(),
+            peer_rank: 1,
+            rail: 0,
+            moved: nic != "rail0",
+            closed,
+        }
+    }
+
+    fn qp_event(st: &mut ClusterState, index: u64, seq: u64, kind: AgentEventKind) -> CmdResult {
+        one(
+            st,
+            index,
+            index,
+            Command::AgentEvents {
+                host: "h0".into(),
+                events: vec![AgentEvent {
+                    seq,
+                    at_unix_ns: 0,
+                    kind,
+                }],
+            },
+        )
+    }
+
+    #[test]
+    fn qp_placements_are_recorded_moved_closed_and_reset() {
+        let mut st = ClusterState::default();
+        register(&mut st, "h0");
+        qp_event(&mut st, 2, 1, qp_kind("j", 1, "rail0", false)).unwrap();
+        qp_event(&mut st, 3, 2, qp_kind("j", 2, "rail0", false)).unwrap();
+        qp_event(&mut st, 4, 3, qp_kind("k", 1, "rail1", false)).unwrap();
+        let t = &st.qps["h0"];
+        assert_eq!(t.len(), 3, "same conn id in two jobs is two connections");
+        let key = |job: &str, conn_id| QpKey {
+            job: job.into(),
+            rank: 0,
+            conn_id,
+        };
+        assert_eq!(t[&key("j", 1)].since_ms, 2);
+        // A move updates the placement and its time; a repeat keeps the time.
+        qp_event(&mut st, 5, 4, qp_kind("j", 1, "rail1", false)).unwrap();
+        qp_event(&mut st, 6, 5, qp_kind("j", 1, "rail1", false)).unwrap();
+        let q = &st.qps["h0"][&key("j", 1)];
+        assert_eq!((q.nic.as_str(), q.moved, q.since_ms), ("rail1", true, 5));
+        // Closing removes it; a resent (already applied) event changes nothing.
+        qp_event(&mut st, 7, 6, qp_kind("j", 2, "rail0", true)).unwrap();
+        assert!(!st.qps["h0"].contains_key(&key("j", 2)));
+        let before = st.qps.clone();
+        qp_event(&mut st, 8, 2, qp_kind("j", 2, "rail0", false)).unwrap();
+        assert_eq!(st.qps, before, "exactly once");
+        // Bad names are refused with nothing changed.
+        let r = qp_event(&mut st, 9, 7, qp_kind("bad job", 3, "rail0", false));
+        assert!(matches!(r, Err(CmdError::InvalidArgument(_))), "{r:?}");
+        assert_eq!(st.hosts["h0"].last_event_seq, 6);
+        // An agent restart forgets the host's placements.
+        qp_event(&mut st, 10, 7, AgentEventKind::QpReset).unwrap();
+        assert!(!st.qps.contains_key("h0"));
+        assert!(st
+            .events
+            .iter()
+            .any(|e| e.what.contains("2 connection placements forgotten")));
+    }
+
+    #[test]
+    fn qp_placements_are_bounded_per_host() {
+        let mut st = ClusterState::default();
+        register(&mut st, "h0");
+        let events: Vec<AgentEvent> = (1..=MAX_QPS_PER_HOST as u64 + 2)
+            .map(|i| AgentEvent {
+                seq: i,
+                at_unix_ns: 0,
+                kind: qp_kind("j", i, "rail0", false),
+            })
+            .collect();
+        let r = one(
+            &mut st,
+            2,
+            2,
+            Command::AgentEvents {
+                host: "h0".into(),
+                events,
+            },
+        );
+        assert_eq!(
+            r,
+            Ok(CmdOk::Acked {
+                through: MAX_QPS_PER_HOST as u64 + 2
+            }),
+            "never stalls the agent's stream"
+        );
+        assert_eq!(st.qps["h0"].len(), MAX_QPS_PER_HOST);
+        assert!(st.events.iter().any(|e| e.what.contains("not recorded")));
+        // Updates of recorded connections still apply when full.
+        qp_event(
+            &mut st,
+            3,
+            MAX_QPS_PER_HOST as u64 + 3,
+            qp_kind("j", 1, "rail1", false),
+        )
+        .unwrap();
+        assert_eq!(
+            st.qps["h0"][&QpKey {
+                job: "j".into(),
+                rank: 0,
+                conn_id: 1
+            }]
+                .nic,
+            "rail1"
+        );
+    }
+
+    #[test]
+    fn failover_and_failback_open_intents_closed_by_the_hosts_answer() {
+        let mut st = ClusterState::default();
+        register(&mut st, "h0");
+        register(&mut st, "h1");
+        let failover = admin(AdminOp::NicFailover {
+            host: "h0".into(),
+            nic: "rail0".into(),
+            to: None,
+        });
+        assert_eq!(
+            one(&mut st, 2, 2, failover.clone()),
+            Ok(CmdOk::IntentOpened { id: 1 })
+        );
+        assert_eq!(
+            st.intents[&1].action,
+            Action::Failover {
+                host: "h0".into(),
+                nic: "rail0".into(),
+                to: "rail1".into()
+            },
+            "the target resolves to the NIC's backup"
+        );
+        assert_eq!(
+            one(&mut st, 3, 3, failover),
+            Ok(CmdOk::IntentOpened { id: 1 }),
+            "the same order while open is the same intent"
+        );
+        assert_eq!(st.admin_history.len(), 2, "both requests are recorded");
+        // Only the host the order is for may answer it.
+        let wrong = Command::OrderDone {
+            host: "h1".into(),
+            id: 1,
+            ok: true,
+            detail: "x".into(),
+        };
+        assert!(matches!(
+            one(&mut st, 4, 4, wrong),
+            Err(CmdError::InvalidArgument(_))
+        ));
+        assert_eq!(st.open_intents().count(), 1);
+        let done = Command::OrderDone {
+            host: "h0".into(),
+            id: 1,
+            ok: true,
+            detail: "moved 3 connections".into(),
+        };
+        assert_eq!(one(&mut st, 5, 5, done.clone()), Ok(CmdOk::Done));
+        assert_eq!(st.intents[&1].status, IntentStatus::Closed(Outcome::Done));
+        assert_eq!(st.intents[&1].detail, "moved 3 connections");
+        // A repeated answer changes nothing, not even a different one.
+        let failed = Command::OrderDone {
+            host: "h0".into(),
+            id: 1,
+            ok: false,
+            detail: "late".into(),
+        };
+        let before = st.clone();
+        assert_eq!(one(&mut st, 6, 6, done), Ok(CmdOk::Done));
+        assert_eq!(one(&mut st, 7, 7, failed), Ok(CmdOk::Done));
+        assert_eq!(st.intents, before.intents);
+        assert_eq!(st.events, before.events);
+        // A failback, answered as failed.
+        let failback = admin(AdminOp::NicFailback {
+            host: "h0".into(),
+            nic: "rail0".into(),
+        });
+        assert_eq!(
+            one(&mut st, 8, 8, failback),
+            Ok(CmdOk::IntentOpened { id: 2 })
+        );
+        let r = one(
+            &mut st,
+            9,
+            9,
+            Command::OrderDone {
+                host: "h0".into(),
+                id: 2,
+                ok: false,
+                detail: "job j rank 0 did not answer".into(),
+            },
+        );
+        assert_eq!(r, Ok(CmdOk::Done));
+        assert_eq!(
+            st.intents[&2].status,
+            IntentStatus::Closed(Outcome::Failed {
+                error: "job j rank 0 did not answer".into()
+            })
+        );
+        // Answers to what is not an order are refused.
+        let mut drain = st.clone();
+        one(
+            &mut drain,
+            10,
+            10,
+            admin(AdminOp::Drain {
+                host: "h0".into(),
+                reason: "r".into(),
+                deadline_ms: None,
+            }),
+        )
+        .unwrap();
+        one(
+            &mut drain,
+            11,
+            11,
+            Command::OpenIntent {
+                action: Action::CompleteDrain { host: "h0".into() },
+            },
+        )
+        .unwrap();
+        let r = one(
+            &mut drain,
+            12,
+            12,
+            Command::OrderDone {
+                host: "h0".into(),
+                id: 3,
+                ok: true,
+                detail: String::new(),
+            },
+        );
+        assert!(matches!(r, Err(CmdError::InvalidArgument(_))), "{r:?}");
+    }
+
+    #[test]
+    fn bad_failover_and_failback_requests_change_nothing() {
+        let mut st = ClusterState::default();
+        register(&mut st, "h0");
+        // A NIC without a backup.
+        one(
+            &mut st,
+            2,
+            2,
+            Command::RegisterHost {
+                host: "h1".into(),
+                nics: vec![
+                    NicSpec {
+                        name: "rail0".into(),
+                        rail: Some(0),
+                        backup: None,
+                        rdma_device: None,
+                    },
+                    NicSpec {
+                        name: "rail1".into(),
+                        rail: Some(1),
+                        backup: None,
+                        rdma_device: None,
+                    },
+                ],
+                labels: BTreeMap::new(),
+            },
+        )
+        .unwrap();
+        // rail1 of h0 is down.
+        one(
+            &mut st,
+            3,
+            3,
+            Command::AgentEvents {
+                host: "h0".into(),
+                events: vec![AgentEvent {
+                    seq: 1,
+                    at_unix_ns: 0,
+                    kind: AgentEventKind::NicState {
+                        nic: "rail1".into(),
+                        state: NicState::Down,
+                        carrier_changes: 1,
+                        flaps: 0,
+                        damping_penalty: 0.0,
+                        coalesced: 0,
+                        link_up: false,
+                    },
+                }],
+            },
+        )
+        .unwrap();
+        let fo = |host: &str, nic: &str, to: Option<&str>| {
+            admin(AdminOp::NicFailover {
+                host: host.into(),
+                nic: nic.into(),
+                to: to.map(Into::into),
+            })
+        };
+        let fb = |nic: &str| {
+            admin(AdminOp::NicFailback {
+                host: "h0".into(),
+                nic: nic.into(),
+            })
+        };
+        let before = st.clone();
+        let cases: Vec<(Command, CmdError)> = vec![
+            (fo("nope", "rail0", None), not_found("host", "nope")),
+            (fo("h0", "rail9", None), not_found("NIC", "h0/rail9")),
+            (
+                fo("h0", "rail0", Some("rail0")),
+                CmdError::InvalidArgument("--to \"rail0\" is the NIC being failed over".into()),
+            ),
+            (
+                fo("h0", "rail0", Some("eth7")),
+                CmdError::InvalidArgument("--to \"eth7\" is not a NIC of host \"h0\"".into()),
+            ),
+            (
+                fo("h1", "rail0", None),
+                CmdError::FailedPrecondition(
+                    "NIC h1/rail0 has no backup configured; pass --to NIC".into(),
+                ),
+            ),
+            (
+                fo("h0", "rail0", None),
+                CmdError::FailedPrecondition("target NIC h0/rail1 is Down".into()),
+            ),
+            (fb("rail9"), not_found("NIC", "h0/rail9")),
+            (
+                fb("rail1"),
+                CmdError::FailedPrecondition(
+                    "NIC h0/rail1 is Down; fail back once it is up".into(),
+                ),
+            ),
+        ];
+        for (i, (cmd, want)) in cases.into_iter().enumerate() {
+            assert_eq!(st.validate(&cmd), Err(want.clone()), "case {i}");
+            assert_eq!(one(&mut st, 10 + i as u64, 10, cmd), Err(want), "case {i}");
+        }
+        let mut after = st.clone();
+        after.last_log_index = before.last_log_index;
+        assert_eq!(after, before, "nothing written, not even history");
+        // An explicit healthy target works where the backup does not.
+        assert!(st.validate(&fo("h1", "rail0", Some("rail1"))).is_ok());
     }
 
     #[test]

@@ -57,6 +57,8 @@ pub struct Supervisor {
     peer_clients: std::sync::Mutex<std::collections::HashMap<String, RaftPeerClient<Channel>>>,
     /// Leader memory: when each host last sent a heartbeat (not replicated).
     pub heartbeats: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// Leader memory: agents' open `Orders` streams.
+    pub orders: crate::orders::OrderHub,
 }
 
 /// Start-up failures.
@@ -106,6 +108,7 @@ impl Supervisor {
             proposals: tx,
             peer_clients: Default::default(),
             heartbeats: Default::default(),
+            orders: Default::default(),
         });
         tokio::spawn(run_batcher(raft, rx));
         Ok(sup)

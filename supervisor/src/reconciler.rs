@@ -11,6 +11,14 @@
 //! Drain is the first user: a Draining host gets a `CompleteDrain` intent
 //! that closes (host → Drained) once no job runs on it. Stopping work at the
 //! drain deadline and moving jobs arrive with the jobs issue.
+//!
+//! Orders are the second: `nic failover`/`nic failback` commit a
+//! `Failover`/`Failback` intent (the admin write itself); every tick the
+//! reconciler hands the open ones to the [`crate::orders::OrderHub`], which
+//! sends them to the host's agent (and again until answered). The agent's
+//! answer (`Agent.OrderDone`) closes the intent Done or Failed; the
+//! reconciler closes what can no longer happen (host or NIC gone: Cancelled)
+//! or got no answer within [`ORDER_DEADLINE_MS`] (Failed).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +28,8 @@ use crate::node::{now_ms, Supervisor};
 
 /// How often the leader re-examines the state.
 pub const TICK: Duration = Duration::from_millis(50);
+/// An order without an answer this long after its intent opened fails.
+pub const ORDER_DEADLINE_MS: u64 = 30_000;
 
 /// Runs until the process exits; acts only while this node leads.
 pub async fn run(sup: Arc<Supervisor>) {
@@ -28,6 +38,7 @@ pub async fn run(sup: Arc<Supervisor>) {
     loop {
         tick.tick().await;
         if !sup.is_leader() {
+            sup.orders.clear();
             continue;
         }
         if let Err(e) = step(&sup).await {
@@ -75,6 +86,36 @@ pub fn evaluate(st: &ClusterState, intent: &Intent, now_ms: u64) -> Option<Outco
             }
             None
         }
+        Action::Failover { host, nic, .. } | Action::Failback { host, nic } => {
+            let Some(h) = st.hosts.get(host) else {
+                return Some(Outcome::Cancelled {
+                    why: "host no longer exists".into(),
+                });
+            };
+            if !h.nics.contains_key(nic) {
+                return Some(Outcome::Cancelled {
+                    why: format!("NIC {nic} is no longer registered"),
+                });
+            }
+            if let Action::Failover { to, .. } = &intent.action {
+                if !h.nics.contains_key(to) {
+                    return Some(Outcome::Cancelled {
+                        why: format!("NIC {to} is no longer registered"),
+                    });
+                }
+            }
+            // The agent answers (Agent.OrderDone); a host that is away gets
+            // the order when it is back, within the deadline.
+            if now_ms >= intent.opened_ms.saturating_add(ORDER_DEADLINE_MS) {
+                return Some(Outcome::Failed {
+                    error: format!(
+                        "the agent of {host} did not answer within {} s",
+                        ORDER_DEADLINE_MS / 1000
+                    ),
+                });
+            }
+            None
+        }
     }
 }
 
@@ -93,6 +134,8 @@ async fn step(sup: &Arc<Supervisor>) -> Result<(), crate::api::ApiError> {
         tracing::info!(intent = id, outcome = ?outcome, "closing intent");
         sup.propose(Command::CloseIntent { id, outcome }).await?;
     }
+    let open = sup.read(crate::orders::open_orders);
+    sup.orders.dispatch(&open, std::time::Instant::now());
     Ok(())
 }
 
@@ -203,6 +246,71 @@ mod tests {
                 .count(),
             1
         );
+    }
+
+    /// An order intent stays open (and is resent) until the agent answers;
+    /// it fails after the deadline and is cancelled when its NIC is gone.
+    #[test]
+    fn order_intents_wait_for_the_agent_then_fail_or_cancel() {
+        let mut st = ClusterState::default();
+        let nic = |name: &str, backup: &str| NicSpec {
+            name: name.into(),
+            rail: None,
+            backup: Some(backup.into()),
+            rdma_device: None,
+        };
+        let register = |nics| Command::RegisterHost {
+            host: "h0".into(),
+            nics,
+            labels: Default::default(),
+        };
+        apply(
+            &mut st,
+            1,
+            register(vec![nic("rail0", "rail1"), nic("rail1", "rail0")]),
+        )
+        .unwrap();
+        let r = apply(
+            &mut st,
+            2,
+            Command::Admin {
+                actor: "a".into(),
+                op: AdminOp::NicFailover {
+                    host: "h0".into(),
+                    nic: "rail0".into(),
+                    to: None,
+                },
+                request: None,
+            },
+        );
+        assert_eq!(r, Ok(crate::model::CmdOk::IntentOpened { id: 1 }));
+        assert!(wanted_actions(&st).is_empty(), "orders come from admins");
+        let intent = st.open_intents().next().unwrap().clone();
+        let orders = crate::orders::open_orders(&st);
+        assert_eq!(orders.len(), 1);
+        assert_eq!(orders[0].0, "h0");
+        assert_eq!(orders[0].1.order_id, 1);
+        assert_eq!(evaluate(&st, &intent, intent.opened_ms + 1_000), None);
+        assert!(matches!(
+            evaluate(&st, &intent, intent.opened_ms + ORDER_DEADLINE_MS),
+            Some(Outcome::Failed { .. })
+        ));
+        // The agent re-registers without rail1 (and rail0 without backup).
+        apply(
+            &mut st,
+            3,
+            register(vec![NicSpec {
+                name: "rail0".into(),
+                rail: None,
+                backup: None,
+                rdma_device: None,
+            }]),
+        )
+        .unwrap();
+        assert!(matches!(
+            evaluate(&st, &intent, intent.opened_ms + 1_000),
+            Some(Outcome::Cancelled { .. })
+        ));
     }
 
     #[test]

@@ -2,20 +2,24 @@
 //! forwarded to the leader; reads are linearizable unless `--stale`.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
-use supervisor::api::{AdminReply, AdminRequest, ApiError, ErrorKind};
+use supervisor::api::{AdminReply, AdminRequest, ApiError, ErrorKind, QpView};
 use supervisor::client::AdminClient;
-use supervisor::model::{AdminOp, ClusterEvent, Host, Incident, Nic, NicState};
+use supervisor::model::{
+    Action, AdminOp, ClusterEvent, Host, Incident, Intent, IntentStatus, Nic, NicState, Outcome,
+};
 
 /// railguard admin CLI.
 ///
 /// Every command prints a human table by default or JSON with `--output json`,
-/// and exits non-zero with a one-line error on failure (exit 2: bad input or
-/// refused; 3: cluster unavailable; 4: outcome unknown).
+/// and exits non-zero with a one-line error on failure (exit 2: bad input,
+/// refused, or an order that failed or was cancelled; 3: cluster
+/// unavailable; 4: outcome unknown, e.g. an order still open when
+/// `--wait-timeout` ran out).
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
 struct Cli {
@@ -62,9 +66,22 @@ enum Cmd {
     /// GPU hosts: list, show, cordon, drain, labels.
     #[command(subcommand)]
     Node(NodeCmd),
-    /// NICs of all hosts.
+    /// NICs of all hosts; failover and failback orders.
     #[command(subcommand)]
     Nic(NicCmd),
+    /// Jobs' connections (queue pairs) and the NICs they use.
+    #[command(subcommand)]
+    Qp(QpCmd),
+    /// Intents: what the leader is doing or did (drains, failover and
+    /// failback orders), with their outcome.
+    Intents {
+        /// Only intents that are still open.
+        #[arg(long)]
+        open: bool,
+        /// At most this many (the most recent).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
     /// Incidents (NIC down, flapping, ...).
     Incidents {
         /// Only incidents that are still open.
@@ -97,6 +114,60 @@ enum NicCmd {
         /// Only NICs in this state.
         #[arg(long, value_enum)]
         state: Option<NicStateArg>,
+    },
+    /// Move every connection of HOST off NIC (e.g. before maintenance).
+    ///
+    /// Commits a Failover intent first and prints its id; the leader then
+    /// orders the host's agent, which tells the jobs' transports to move.
+    /// Waits for the outcome unless --no-wait.
+    Failover {
+        host: String,
+        nic: String,
+        /// Where to move (default: the NIC's configured backup).
+        #[arg(long)]
+        to: Option<String>,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Move the connections whose home is NIC on HOST back to it.
+    ///
+    /// Commits a Failback intent first and prints its id; waits for the
+    /// outcome unless --no-wait.
+    Failback {
+        host: String,
+        nic: String,
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+struct WaitArgs {
+    /// Return once the intent is committed instead of waiting for the outcome.
+    #[arg(long)]
+    no_wait: bool,
+    /// How long to wait for the outcome (exit 4 if it is still open then).
+    #[arg(long, default_value = "40s", value_parser = parse_duration)]
+    wait_timeout: Duration,
+}
+
+impl WaitArgs {
+    fn wait(&self) -> Option<Duration> {
+        (!self.no_wait).then_some(self.wait_timeout)
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum QpCmd {
+    /// Connections with host, job, rank, id, NIC, home rail, peer and
+    /// whether they moved off their home rail.
+    List {
+        /// Only connections on this host.
+        #[arg(long)]
+        host: Option<String>,
+        /// Only connections of this job.
+        #[arg(long)]
+        job: Option<String>,
     },
 }
 
@@ -279,6 +350,24 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Nic(NicCmd::List { state }) => AdminRequest::NicList {
             state: state.map(Into::into),
         },
+        Cmd::Nic(NicCmd::Failover {
+            host,
+            nic,
+            to,
+            wait,
+        }) => {
+            let op = AdminOp::NicFailover { host, nic, to };
+            return order(&client, op, wait.wait(), json).await;
+        }
+        Cmd::Nic(NicCmd::Failback { host, nic, wait }) => {
+            let op = AdminOp::NicFailback { host, nic };
+            return order(&client, op, wait.wait(), json).await;
+        }
+        Cmd::Qp(QpCmd::List { host, job }) => AdminRequest::QpList { host, job },
+        Cmd::Intents { open, limit } => AdminRequest::Intents {
+            open_only: open,
+            limit,
+        },
         Cmd::Events {
             follow: true,
             since,
@@ -295,6 +384,164 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     render(&reply);
     Ok(())
+}
+
+/// Commits an order (failover/failback) and, with `wait`, polls its intent
+/// until it closes; a failed or cancelled order is an error (exit 2), one
+/// still open when `wait` runs out is an unknown outcome (exit 4).
+async fn order(
+    client: &AdminClient,
+    op: AdminOp,
+    wait: Option<Duration>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let reply = client.call(AdminRequest::Write { op }, false).await?;
+    let AdminReply::IntentOpened { id, log_index, .. } = reply else {
+        bail!(ApiError::internal(format!(
+            "unexpected reply to an order: {reply:?}"
+        )));
+    };
+    let Some(wait) = wait else {
+        if json {
+            return print_json(&reply);
+        }
+        println!("intent {id} opened (log index {log_index}); follow it with `railguard intents`");
+        return Ok(());
+    };
+    if !json {
+        println!(
+            "intent {id} opened (log index {log_index}); waiting up to {wait:?} for the agent"
+        );
+    }
+    let deadline = Instant::now() + wait;
+    loop {
+        match client.call(AdminRequest::IntentShow { id }, false).await {
+            Ok(AdminReply::Intent { intent }) => {
+                if let IntentStatus::Closed(outcome) = &intent.status {
+                    if json {
+                        print_json(&intent)?;
+                    } else {
+                        println!("{}", intent_line(&intent));
+                    }
+                    return match outcome {
+                        Outcome::Done => Ok(()),
+                        Outcome::Failed { error } => Err(ApiError::new(
+                            ErrorKind::FailedPrecondition,
+                            format!("intent {id} failed: {error}"),
+                        )
+                        .into()),
+                        Outcome::Cancelled { why } => Err(ApiError::new(
+                            ErrorKind::FailedPrecondition,
+                            format!("intent {id} was cancelled: {why}"),
+                        )
+                        .into()),
+                    };
+                }
+            }
+            Ok(other) => bail!(ApiError::internal(format!("unexpected reply {other:?}"))),
+            // A leader election: keep asking until the deadline.
+            Err(e) if e.kind == ErrorKind::Unavailable => {}
+            Err(e) => return Err(e.into()),
+        }
+        if Instant::now() + Duration::from_millis(200) >= deadline {
+            bail!(ApiError::unknown(format!(
+                "intent {id} is still open after {wait:?}; follow it with `railguard intents`"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn describe_action(a: &Action) -> String {
+    match a {
+        Action::CompleteDrain { host } => format!("complete drain of {host}"),
+        Action::Failover { host, nic, to } => format!("failover of {host}/{nic} to {to}"),
+        Action::Failback { host, nic } => format!("failback to {host}/{nic}"),
+    }
+}
+
+fn intent_status(i: &Intent) -> String {
+    match &i.status {
+        IntentStatus::Open => "open".into(),
+        IntentStatus::Closed(Outcome::Done) => "done".into(),
+        IntentStatus::Closed(Outcome::Failed { .. }) => "failed".into(),
+        IntentStatus::Closed(Outcome::Cancelled { .. }) => "cancelled".into(),
+    }
+}
+
+/// `intent 7: failover of h0/rail0 to rail1: done (moved 3 connections)`.
+fn intent_line(i: &Intent) -> String {
+    let why = match &i.status {
+        IntentStatus::Closed(Outcome::Failed { error }) => error.clone(),
+        IntentStatus::Closed(Outcome::Cancelled { why }) => why.clone(),
+        _ => i.detail.clone(),
+    };
+    let why = if why.is_empty() {
+        String::new()
+    } else {
+        format!(" ({why})")
+    };
+    format!(
+        "intent {}: {}: {}{why}",
+        i.id,
+        describe_action(&i.action),
+        intent_status(i)
+    )
+}
+
+fn print_intents(intents: &[Intent]) {
+    if intents.is_empty() {
+        println!("no intents");
+        return;
+    }
+    println!(
+        "{:>5}  {:<36} {:<9} {:<26} {:<26} DETAIL",
+        "ID", "ACTION", "STATUS", "OPENED", "CLOSED"
+    );
+    for i in intents {
+        let detail = match &i.status {
+            IntentStatus::Closed(Outcome::Failed { error }) => error.as_str(),
+            IntentStatus::Closed(Outcome::Cancelled { why }) => why.as_str(),
+            _ => i.detail.as_str(),
+        };
+        println!(
+            "{:>5}  {:<36} {:<9} {:<26} {:<26} {}",
+            i.id,
+            describe_action(&i.action),
+            intent_status(i),
+            fmt_ms(i.opened_ms),
+            i.closed_ms.map(fmt_ms).unwrap_or_else(|| "-".into()),
+            detail
+        );
+    }
+}
+
+fn print_qps(qps: &[QpView], truncated: bool) {
+    if qps.is_empty() {
+        println!("no connections");
+        return;
+    }
+    println!(
+        "{:<14} {:<16} {:>5} {:>20} {:<8} {:>4} {:<20} MOVED",
+        "HOST", "JOB", "RANK", "CONN", "NIC", "RAIL", "PEER"
+    );
+    for v in qps {
+        let q = &v.qp;
+        println!(
+            "{:<14} {:<16} {:>5} {:>20} {:<8} {:>4} {:<20} {}",
+            v.host,
+            q.job,
+            q.rank,
+            q.conn_id,
+            q.nic,
+            q.rail,
+            format!("{}/{}", q.peer_host, q.peer_rank),
+            if q.moved { "yes" } else { "no" }
+        );
+    }
+    if truncated {
+        println!("(more connections match; narrow with --host or --job)");
+    }
 }
 
 async fn follow(client: &AdminClient, since: u64, json: bool) -> anyhow::Result<()> {
@@ -543,5 +790,13 @@ fn render(reply: &AdminReply) {
                 println!("ok: {detail}");
             }
         }
+        AdminReply::Qps { qps, truncated } => print_qps(qps, *truncated),
+        AdminReply::Intents { intents } => print_intents(intents),
+        AdminReply::Intent { intent } => println!("{}", intent_line(intent)),
+        AdminReply::IntentOpened {
+            id,
+            log_index,
+            detail,
+        } => println!("intent {id} opened (log index {log_index}): {detail}"),
     }
 }

@@ -13,7 +13,7 @@ use proto::v1::admin_server::Admin;
 use proto::v1::{Blob, FollowRequest};
 use tonic::{Request, Response, Status};
 
-use crate::api::{AdminCall, AdminReply, AdminRequest, ApiError, ErrorKind, StatusView};
+use crate::api::{AdminCall, AdminReply, AdminRequest, ApiError, ErrorKind, QpView, StatusView};
 use crate::model::{ClusterEvent, CmdOk, Command, IntentStatus};
 use crate::network::encode;
 use crate::node::Supervisor;
@@ -25,6 +25,8 @@ pub struct AdminService {
 
 /// Most events returned by one `events` call.
 pub const MAX_EVENTS_PER_CALL: u32 = 5_000;
+/// Most connection placements returned by one `qp list` call.
+pub const MAX_QPS_PER_CALL: usize = 10_000;
 
 /// Runs one admin call on this node, forwarding to the leader if needed.
 pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply, ApiError> {
@@ -131,18 +133,82 @@ pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply
                     .collect()),
             })
         }
+        AdminRequest::QpList { host, job } => {
+            let (qps, truncated) = read!(|st| -> Result<_, ApiError> {
+                if let Some(h) = &host {
+                    if !st.hosts.contains_key(h) {
+                        return Err(ApiError::new(
+                            ErrorKind::NotFound,
+                            format!("host {h:?} not found"),
+                        ));
+                    }
+                }
+                let mut all = st
+                    .qps
+                    .iter()
+                    .filter(|(h, _)| host.as_ref().is_none_or(|x| x == *h))
+                    .flat_map(|(h, t)| {
+                        t.values()
+                            .filter(|q| job.as_ref().is_none_or(|j| *j == q.job))
+                            .map(move |q| QpView {
+                                host: h.clone(),
+                                qp: q.clone(),
+                            })
+                    });
+                let qps: Vec<QpView> = all.by_ref().take(MAX_QPS_PER_CALL).collect();
+                Ok((qps, all.next().is_some()))
+            })?;
+            Ok(AdminReply::Qps { qps, truncated })
+        }
+        AdminRequest::Intents { open_only, limit } => {
+            let limit = limit.clamp(1, MAX_EVENTS_PER_CALL) as usize;
+            Ok(AdminReply::Intents {
+                intents: read!(|st| {
+                    let mut v: Vec<_> = st
+                        .intents
+                        .values()
+                        .rev()
+                        .filter(|i| !open_only || i.status == IntentStatus::Open)
+                        .take(limit)
+                        .cloned()
+                        .collect();
+                    v.reverse();
+                    v
+                }),
+            })
+        }
+        AdminRequest::IntentShow { id } => {
+            let intent = read!(|st| st.intents.get(&id).cloned()).ok_or_else(|| {
+                ApiError::new(
+                    ErrorKind::NotFound,
+                    format!("intent {id} not found (unknown, or closed long ago)"),
+                )
+            })?;
+            Ok(AdminReply::Intent { intent })
+        }
         AdminRequest::Write { op } => {
             let detail = format!("{op:?}");
             let actor = call.actor.clone();
             let request = call.request_id.clone();
-            match sup.propose(Command::Admin { actor, op, request }).await? {
-                CmdOk::Done => {}
-                other => tracing::warn!(reply = ?other, "unexpected reply to an admin write"),
-            }
+            let opened = match sup.propose(Command::Admin { actor, op, request }).await? {
+                CmdOk::IntentOpened { id } => Some(id),
+                CmdOk::Done => None,
+                other => {
+                    tracing::warn!(reply = ?other, "unexpected reply to an admin write");
+                    None
+                }
+            };
             let idx = sup.read(|st| st.last_log_index);
-            Ok(AdminReply::Committed {
-                log_index: idx,
-                detail,
+            Ok(match opened {
+                Some(id) => AdminReply::IntentOpened {
+                    id,
+                    log_index: idx,
+                    detail,
+                },
+                None => AdminReply::Committed {
+                    log_index: idx,
+                    detail,
+                },
             })
         }
     }

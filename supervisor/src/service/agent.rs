@@ -10,6 +10,10 @@
 //! applied, so resending after a reconnect is safe: every event takes effect
 //! exactly once. A gap is refused with the last applied sequence; the agent
 //! resends from there.
+//!
+//! **Orders.** `Orders` streams the host's open orders (see
+//! [`crate::orders`]); `OrderDone` commits the agent's answer and replies
+//! once it is applied (answering twice is harmless).
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,8 +22,8 @@ use std::time::Instant;
 use futures::{FutureExt, Stream, StreamExt};
 use proto::v1::agent_server::Agent;
 use proto::v1::{
-    agent_event, AgentEvent as PbEvent, EventAck, HeartbeatReply, HeartbeatRequest, RegisterHost,
-    RegisterReply,
+    agent_event, AgentEvent as PbEvent, AgentOrder, EventAck, HeartbeatReply, HeartbeatRequest,
+    OrderResult, OrderResultReply, OrdersRequest, RegisterHost, RegisterReply,
 };
 use tonic::{Request, Response, Status, Streaming};
 
@@ -94,6 +98,24 @@ fn convert(e: &PbEvent, host: &str) -> Result<AgentEvent, ApiError> {
                 link_up: n.link_up,
             }
         }
+        Some(agent_event::Kind::Qp(q)) => AgentEventKind::QpPlacement {
+            job: q.job.clone(),
+            rank: q.rank,
+            conn_id: q.conn_id,
+            nic: q.nic.clone(),
+            peer_host: q.peer_host.clone(),
+            peer_rank: q.peer_rank,
+            rail: q.rail,
+            moved: q.moved,
+            closed: q.closed,
+        },
+        Some(agent_event::Kind::QpReset(_)) => AgentEventKind::QpReset,
+        Some(agent_event::Kind::Reflex(r)) => AgentEventKind::ReflexDone {
+            nic: r.nic.clone(),
+            conns: r.conns,
+            ok: r.ok,
+            detail: r.detail.clone(),
+        },
     };
     Ok(AgentEvent {
         seq: e.seq,
@@ -157,6 +179,44 @@ impl Agent for AgentService {
         Ok(Response::new(HeartbeatReply {
             leader_id: self.sup.id,
         }))
+    }
+
+    type OrdersStream = Pin<Box<dyn Stream<Item = Result<AgentOrder, Status>> + Send>>;
+
+    async fn orders(
+        &self,
+        req: Request<OrdersRequest>,
+    ) -> Result<Response<Self::OrdersStream>, Status> {
+        self.require_leader()?;
+        let host = req.into_inner().host;
+        if !self.sup.read(|st| st.hosts.contains_key(&host)) {
+            return Err(Status::from(ApiError::new(
+                crate::api::ErrorKind::NotFound,
+                format!("host {host:?} is not registered; register first"),
+            )));
+        }
+        let rx = self.sup.orders.subscribe(&host);
+        // The open orders go out on the next reconciler tick.
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn order_done(
+        &self,
+        req: Request<OrderResult>,
+    ) -> Result<Response<OrderResultReply>, Status> {
+        self.require_leader()?;
+        let r = req.into_inner();
+        tracing::info!(host = %r.host, order = r.order_id, ok = r.ok, detail = %r.detail, "order answered");
+        let cmd = Command::OrderDone {
+            host: r.host,
+            id: r.order_id,
+            ok: r.ok,
+            detail: r.detail,
+        };
+        self.sup.propose(cmd).await.map_err(Status::from)?;
+        Ok(Response::new(OrderResultReply {}))
     }
 
     type ReportStream = Pin<Box<dyn Stream<Item = Result<EventAck, Status>> + Send>>;

@@ -1,0 +1,194 @@
+//! Orders to agents: the leader's side of `Agent.Orders`.
+//!
+//! An order is an open `Failover`/`Failback` intent; its id is the intent
+//! id. Each agent keeps an `Orders` stream open to the leader; the
+//! reconciler hands the open orders to the [`OrderHub`] every tick, and the
+//! hub sends each to the host's streams — at once on a new stream, and again
+//! every [`RESEND_EVERY`] while the intent stays open (the agent executes an
+//! id at most once and answers a repeat with the outcome it stored). The
+//! agent answers with `Agent.OrderDone`, which commits the outcome. A new
+//! leader starts with an empty hub and resends every open intent when the
+//! agents reconnect, so leader changes lose nothing and repeat nothing.
+//!
+//! The hub is leader memory only (like heartbeats); losing it loses nothing.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use proto::v1::{agent_order, AgentOrder, NicFailback, NicFailover};
+use tokio::sync::mpsc;
+use tonic::Status;
+
+use crate::model::{Action, ClusterState};
+
+/// How often an unanswered order is sent again on the same stream.
+pub const RESEND_EVERY: Duration = Duration::from_secs(3);
+/// Orders queued per stream (a stream that falls behind gets them on the
+/// next resend).
+pub const STREAM_QUEUE: usize = 64;
+/// Streams kept per host (the newest win; an agent has one).
+pub const MAX_STREAMS_PER_HOST: usize = 4;
+
+type Tx = mpsc::Sender<Result<AgentOrder, Status>>;
+
+struct Subscriber {
+    id: u64,
+    tx: Tx,
+    /// When each open order was last sent on this stream.
+    sent: HashMap<u64, Instant>,
+}
+
+/// The leader's open `Orders` streams by host.
+#[derive(Default)]
+pub struct OrderHub {
+    streams: Mutex<HashMap<String, Vec<Subscriber>>>,
+    next_id: AtomicU64,
+}
+
+/// The wire form of an intent's action if it is an order: (host, order).
+pub fn order_of(id: u64, action: &Action) -> Option<(String, AgentOrder)> {
+    let kind = match action {
+        Action::Failover { nic, to, .. } => agent_order::Kind::Failover(NicFailover {
+            nic: nic.clone(),
+            to: to.clone(),
+        }),
+        Action::Failback { nic, .. } => {
+            agent_order::Kind::Failback(NicFailback { nic: nic.clone() })
+        }
+        Action::CompleteDrain { .. } => return None,
+    };
+    Some((
+        action.host().to_owned(),
+        AgentOrder {
+            order_id: id,
+            kind: Some(kind),
+        },
+    ))
+}
+
+/// Every open order in the state: (host, order), oldest first.
+pub fn open_orders(st: &ClusterState) -> Vec<(String, AgentOrder)> {
+    st.open_intents()
+        .filter_map(|i| order_of(i.id, &i.action))
+        .collect()
+}
+
+impl OrderHub {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Subscriber>>> {
+        self.streams.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new stream for `host`'s agent. The oldest stream of the host is
+    /// closed when it has too many.
+    pub fn subscribe(&self, host: &str) -> mpsc::Receiver<Result<AgentOrder, Status>> {
+        let (tx, rx) = mpsc::channel(STREAM_QUEUE);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut streams = self.lock();
+        let subs = streams.entry(host.to_owned()).or_default();
+        subs.retain(|s| !s.tx.is_closed());
+        if subs.len() >= MAX_STREAMS_PER_HOST {
+            subs.remove(0);
+        }
+        subs.push(Subscriber {
+            id,
+            tx,
+            sent: HashMap::new(),
+        });
+        tracing::debug!(host = %host, stream = id, "agent subscribed to orders");
+        rx
+    }
+
+    /// Sends every order in `open` that a stream of its host has not had
+    /// (or not for [`RESEND_EVERY`]). Returns how many were sent.
+    pub fn dispatch(&self, open: &[(String, AgentOrder)], now: Instant) -> usize {
+        let mut sent = 0;
+        let mut streams = self.lock();
+        streams.retain(|_, subs| {
+            subs.retain(|s| !s.tx.is_closed());
+            !subs.is_empty()
+        });
+        for subs in streams.values_mut() {
+            for s in subs.iter_mut() {
+                // Forget orders that are no longer open.
+                s.sent
+                    .retain(|id, _| open.iter().any(|(_, o)| o.order_id == *id));
+            }
+        }
+        for (host, order) in open {
+            let Some(subs) = streams.get_mut(host) else {
+                continue;
+            };
+            for s in subs.iter_mut() {
+                let due = s
+                    .sent
+                    .get(&order.order_id)
+                    .is_none_or(|t| now.duration_since(*t) >= RESEND_EVERY);
+                if due && s.tx.try_send(Ok(order.clone())).is_ok() {
+                    tracing::info!(host = %host, order = order.order_id, stream = s.id, "order sent to agent");
+                    s.sent.insert(order.order_id, now);
+                    sent += 1;
+                }
+            }
+        }
+        sent
+    }
+
+    /// Ends every stream (this node stopped leading; agents reconnect to
+    /// the new leader).
+    pub fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// Open streams of `host`.
+    pub fn streams_of(&self, host: &str) -> usize {
+        self.lock()
+            .get(host)
+            .map_or(0, |v| v.iter().filter(|s| !s.tx.is_closed()).count())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failover(id: u64, host: &str) -> (String, AgentOrder) {
+        order_of(
+            id,
+            &Action::Failover {
+                host: host.into(),
+                nic: "rail0".into(),
+                to: "rail1".into(),
+            },
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn orders_go_to_their_host_once_then_again_after_the_resend_period() {
+        let hub = OrderHub::default();
+        let mut h0 = hub.subscribe("h0");
+        let mut h1 = hub.subscribe("h1");
+        let t0 = Instant::now();
+        let open = vec![failover(7, "h0")];
+        assert_eq!(hub.dispatch(&open, t0), 1);
+        assert_eq!(h0.recv().await.unwrap().unwrap().order_id, 7);
+        assert!(h1.try_recv().is_err(), "another host's order");
+        assert_eq!(hub.dispatch(&open, t0 + Duration::from_secs(1)), 0);
+        assert!(h0.try_recv().is_err(), "not again before the resend period");
+        assert_eq!(hub.dispatch(&open, t0 + RESEND_EVERY), 1);
+        assert_eq!(h0.recv().await.unwrap().unwrap().order_id, 7);
+        // A new stream (agent reconnected) gets the open order at once.
+        let mut h0b = hub.subscribe("h0");
+        drop(h0);
+        assert_eq!(hub.dispatch(&open, t0 + RESEND_EVERY), 1);
+        assert_eq!(h0b.recv().await.unwrap().unwrap().order_id, 7);
+        assert_eq!(hub.streams_of("h0"), 1, "the closed stream is gone");
+        // Closed intents are not sent; drains are not orders.
+        assert!(order_of(1, &Action::CompleteDrain { host: "h0".into() }).is_none());
+        assert_eq!(hub.dispatch(&[], t0 + RESEND_EVERY * 3), 0);
+        hub.clear();
+        assert!(h0b.recv().await.is_none(), "clear ends the streams");
+    }
+}
