@@ -6,8 +6,8 @@ pub mod contract;
 pub mod damper;
 pub mod model;
 pub mod netdev;
-// pub mod resilient; (waits for seq)
-// pub mod soft; (waits for seq)
+pub mod resilient;
+pub mod soft;
 pub mod seq;
 #[cfg(feature = "verbs")]
 pub mod verbs;
