@@ -6,8 +6,11 @@
 //! A forward probe (A→B, sent at A-time `t = tx_A`) gives
 //! `d_f = rx_B - tx_A = owd_AB + offset(t)`; a reverse probe (B→A, received
 //! at A-time `t = rx_A`) gives `d_r = rx_A - tx_B = owd_BA - offset(t)`.
-//! (The offset moves by `drift·owd` during a probe's flight: 200 ppm × 100 µs
-//! = 20 ps, ignored.) One-way delays are at least some unknown floor, so
+//! The offset moves by `drift·owd` during a probe's flight (200 ppm × 100 µs
+//! = 20 ns), but with forward probes placed at their send time and reverse
+//! probes at their receive time (both A-side events) it cancels exactly:
+//! both delays come out as `owd·(1 + rate error of B)`, so the drift only
+//! scales the half-gap, not the midline. One-way delays are at least some unknown floor, so
 //! the points `(t, d_f)` lie on or above the line `offset(t) + floor_AB`
 //! and the points `(t, -d_r)` on or below `offset(t) - floor_BA`.
 //!
@@ -220,13 +223,13 @@ pub struct Estimate {
 impl Estimate {
     /// The fitted offset at A-time `t_ns`.
     pub fn offset_at(&self, t_ns: i64) -> f64 {
-        self.offset_ns + self.drift_ppb * 1e-9 * (t_ns as f64 - self.at_ns as f64)
+        self.offset_ns + self.drift_ppb * 1e-9 * crate::ns_diff(t_ns, self.at_ns)
     }
 
     /// The error bound at A-time `t_ns` (grows with the drift's error away
     /// from `at_ns`).
     pub fn error_at(&self, t_ns: i64) -> f64 {
-        self.error_bound_ns + self.drift_error_ppb * 1e-9 * (t_ns as f64 - self.at_ns as f64).abs()
+        self.error_bound_ns + self.drift_error_ppb * 1e-9 * crate::ns_diff(t_ns, self.at_ns).abs()
     }
 }
 
