@@ -30,7 +30,7 @@
 //! that instant reads `at_ns + x_a`, where `x_a` is `a`'s offset being
 //! solved for. Starting from `x = 0`, fixed-point passes make the
 //! misalignment negligible (each pass shrinks it by the drift, ≤ 1e-3;
-//! passes stop when no offset moves by more than 1e-6 ns, at most 6). An
+//! passes stop when no offset moves by more than 1e-6 ns, at most 8). An
 //! edge's error grows with its drift error times its distance from that
 //! instant.
 //!
@@ -49,7 +49,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use crate::linalg::Cholesky;
+use crate::linalg::{Cholesky, CovFactor};
 use crate::pair::Estimate;
 use crate::HostId;
 
@@ -290,8 +290,8 @@ pub fn solve(
 
 /// Most fixed-point passes of the time alignment; each shrinks the
 /// misalignment by the drift (≤ 1e-3), so 1 s of offset is below 1e-6 ns
-/// after four.
-const MAX_ALIGN_PASSES: usize = 6;
+/// after five.
+const MAX_ALIGN_PASSES: usize = 8;
 
 /// Per-edge inputs to one weighted least-squares solve.
 struct Obs {
@@ -301,42 +301,44 @@ struct Obs {
     sigma: f64,
 }
 
-/// Weighted least squares on the graph: returns the unknowns and the
-/// inverse normal matrix.
-fn wls(obs: &[Obs], m: usize) -> Result<(Vec<f64>, Vec<f64>), NetworkError> {
+/// The normal equations `N·x = rhs` of weighted least squares on the graph.
+fn normal_matrix(obs: &[Obs], m: usize) -> Result<Cholesky, NetworkError> {
     let mut n = vec![0.0; m * m];
-    let mut rhs = vec![0.0; m];
     for o in obs {
         let w = 1.0 / (o.sigma * o.sigma);
         if let Some(a) = o.a {
             n[a * m + a] += w;
-            rhs[a] -= w * o.value;
         }
         if let Some(b) = o.b {
             n[b * m + b] += w;
-            rhs[b] += w * o.value;
         }
         if let (Some(a), Some(b)) = (o.a, o.b) {
             n[a * m + b] -= w;
             n[b * m + a] -= w;
         }
     }
-    let c = Cholesky::factor(n, m).ok_or(NetworkError::Singular)?;
-    c.solve(&mut rhs);
-    Ok((rhs, c.inverse()))
+    Cholesky::factor(n, m).ok_or(NetworkError::Singular)
+}
+
+/// Solve the normal equations for the observations' values (their weights
+/// must be those `chol` was built from).
+fn solve_values(chol: &Cholesky, obs: &[Obs], m: usize) -> Vec<f64> {
+    let mut rhs = vec![0.0; m];
+    for o in obs {
+        let wv = o.value / (o.sigma * o.sigma);
+        if let Some(a) = o.a {
+            rhs[a] -= wv;
+        }
+        if let Some(b) = o.b {
+            rhs[b] += wv;
+        }
+    }
+    chol.solve(&mut rhs);
+    rhs
 }
 
 fn get(x: &[f64], i: Option<usize>) -> f64 {
     i.map_or(0.0, |i| x[i])
-}
-
-/// `Var(x_b - x_a)` from the inverse normal matrix.
-fn diff_var(inv: &[f64], m: usize, a: Option<usize>, b: Option<usize>) -> f64 {
-    let e = |i: Option<usize>, j: Option<usize>| match (i, j) {
-        (Some(i), Some(j)) => inv[i * m + j],
-        _ => 0.0,
-    };
-    (e(a, a) + e(b, b) - 2.0 * e(a, b)).max(0.0)
 }
 
 fn chi2_scale(chi2: f64, dof: usize) -> f64 {
@@ -474,19 +476,20 @@ pub fn solve_with(
                 }
             })
             .collect();
-        let (z, zinv) = wls(&dobs, m)?;
+        let zchol = normal_matrix(&dobs, m)?;
+        let z = solve_values(&zchol, &dobs, m);
 
-        // Offsets at the common instant, by fixed-point passes.
-        let mut x: Vec<f64> = vec![0.0; m];
-        let mut inv = Vec::new();
-        let mut obs = Vec::new();
-        for _ in 0..MAX_ALIGN_PASSES {
-            obs = used
-                .iter()
+        // Offsets at the common instant, by fixed-point passes: an edge's
+        // value (and, through its age, its error) depends on its source's
+        // offset. Refactor while offsets still move by ≥ 1 µs (the ages, and
+        // so the weights, are then right to 1e-6 relative); after that only
+        // the values are refined, on the same factorisation.
+        let align = |x: &[f64]| -> Vec<Obs> {
+            used.iter()
                 .map(|&i| {
                     let e = &edges[i];
                     let (a, b) = ends(e);
-                    let dt = crate::ns_diff(at_ns, e.at_ns) + get(&x, a);
+                    let dt = crate::ns_diff(at_ns, e.at_ns) + get(x, a);
                     let s0 = e.offset_error_ns.max(cfg.min_offset_error_ns);
                     let s1 = e.drift_error_ppb * 1e-9 * dt;
                     Obs {
@@ -496,18 +499,35 @@ pub fn solve_with(
                         sigma: (s0 * s0 + s1 * s1).sqrt(),
                     }
                 })
-                .collect();
-            let prev = std::mem::take(&mut x);
-            (x, inv) = wls(&obs, m)?;
-            let change = x
+                .collect()
+        };
+        let mut x = vec![0.0; m];
+        let mut obs = align(&x);
+        let mut chol = normal_matrix(&obs, m)?;
+        let mut weighted = false;
+        for _ in 0..MAX_ALIGN_PASSES {
+            let next = solve_values(&chol, &obs, m);
+            let change = next
                 .iter()
-                .zip(&prev)
+                .zip(&x)
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0, f64::max);
+            x = next;
             if change < 1e-6 {
                 break;
             }
+            let aligned = align(&x);
+            if !weighted {
+                obs = aligned;
+                chol = normal_matrix(&obs, m)?;
+                weighted = change < 1e3;
+            } else {
+                for (o, n) in obs.iter_mut().zip(aligned) {
+                    o.value = n.value;
+                }
+            }
         }
+        let cov = chol.cov_factor();
 
         // Residuals and studentised residuals.
         let mut res = vec![(0.0, 0.0, 0.0); edges.len()];
@@ -515,7 +535,7 @@ pub fn solve_with(
         for (k, &i) in used.iter().enumerate() {
             let o = &obs[k];
             let r = o.value - (get(&x, o.b) - get(&x, o.a));
-            let h = diff_var(&inv, m, o.a, o.b) / (o.sigma * o.sigma);
+            let h = cov.diff_var(o.a, o.b) / (o.sigma * o.sigma);
             let zr = if 1.0 - h > 1e-9 {
                 r / (o.sigma * (1.0 - h).sqrt())
             } else {
@@ -554,6 +574,7 @@ pub fn solve_with(
             .map(|(&i, o)| (res[i].2 / o.sigma).powi(2))
             .sum();
         let dscale = chi2_scale(dchi2, dof).sqrt();
+        let zcov: CovFactor = zchol.cov_factor();
         let hosts = col
             .iter()
             .map(|(&host, &c)| {
@@ -562,8 +583,8 @@ pub fn solve_with(
                     Some(c) => (
                         x[c],
                         (z[c] * 1e-9).exp_m1() * 1e9,
-                        (inv[c * m + c]).max(0.0).sqrt() * oscale,
-                        (zinv[c * m + c]).max(0.0).sqrt() * dscale,
+                        cov.var(c).sqrt() * oscale,
+                        zcov.var(c).sqrt() * dscale,
                     ),
                 };
                 let state = if error_bound_ns <= cfg.synced_ns {
@@ -597,7 +618,7 @@ pub fn solve_with(
                         let s1 = e.drift_error_ppb * 1e-9 * dt;
                         let value = e.offset_ns + e.drift_ppb * 1e-9 * dt;
                         let r = value - (get(&x, b) - get(&x, a));
-                        let pred = (s0 * s0 + s1 * s1 + diff_var(&inv, m, a, b)).sqrt();
+                        let pred = (s0 * s0 + s1 * s1 + cov.diff_var(a, b)).sqrt();
                         let dr = (e.drift_ppb * 1e-9).ln_1p() * 1e9 - (get(&z, b) - get(&z, a));
                         (r, r / pred, dr)
                     }
