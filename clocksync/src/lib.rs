@@ -23,6 +23,28 @@
 //! them; the offset of B relative to A is `clock_B - clock_A`; drift is
 //! `d(clock_B - clock_A)/d(clock_A)`, in parts per billion (ppb).
 //!
+//! ```
+//! use clocksync::{solve, EdgeEstimate, HostId, PairConfig, PairEstimator};
+//!
+//! // Host A probes B: B's clock is 250 µs ahead, paths take 20 µs each way.
+//! let mut pair = PairEstimator::new(PairConfig::default())?;
+//! for k in 0..100i64 {
+//!     let t = 1_700_000_000_000_000_000 + k * 10_000_000; // A's clock, 100 Hz
+//!     pair.add_forward(t, t + 20_000 + 250_000)?; // A→B: tx on A, rx on B
+//!     let t = t + 5_000_000;
+//!     pair.add_reverse(t - 20_000 + 250_000, t)?; // B→A: tx on B, rx on A
+//! }
+//! let est = pair.estimate()?;
+//! assert!((est.offset_ns - 250_000.0).abs() < 1.0);
+//!
+//! // The supervisor combines the mesh's edges, host 0 as the reference.
+//! let edge = EdgeEstimate::from_estimate(HostId(0), HostId(1), &est);
+//! let solution = solve(&[edge], HostId(0), est.at_ns)?;
+//! let b = solution.host(HostId(1)).unwrap();
+//! assert!((b.offset_ns - 250_000.0).abs() < 1.0);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! A fundamental limit of every two-way method, this one included: a
 //! difference between the forward and reverse *minimum* one-way delays
 //! (path asymmetry) is indistinguishable from an offset and biases the
