@@ -13,6 +13,8 @@
 //! - [`testbed`]: network namespaces, cables, fault injectors, cleanup.
 //! - [`netcluster`]: supervisors and agents running inside the testbed.
 //! - [`nic_flap`]: the `nic-flap` scenario and its transition checker.
+//! - [`qp`]: traffic over resilient connections between testbed hosts: the
+//!   `qp-migrate` scenario and the `failover` bench.
 
 pub mod admin_history;
 pub mod agentsim;
@@ -23,4 +25,5 @@ pub mod detect;
 pub mod linearizability;
 pub mod netcluster;
 pub mod nic_flap;
+pub mod qp;
 pub mod testbed;

@@ -43,7 +43,8 @@ impl NetCluster {
         }
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if c.cli(&["cluster", "init"]).is_ok() {
+            // A lone supervisor initialises itself; a group needs the order.
+            if c.cli(&["cluster", "init"]).is_ok() || c.has_leader() {
                 break;
             }
             if Instant::now() > deadline {
@@ -110,13 +111,21 @@ impl NetCluster {
             &self.sup_addrs().join(","),
             "--data-dir",
         ])
-        .arg(self.run_dir.path().join(format!("h{h}")));
+        .arg(self.run_dir.path().join(format!("h{h}")))
+        .arg("--control-socket")
+        .arg(self.control_socket(h));
         let log = self.log(&format!("h{h}.log"))?;
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .env_remove("RUST_BACKTRACE");
         self.tb.spawn_command(Node::Host(h), cmd)
+    }
+
+    /// The job contract socket of host `h`'s agent (namespaces share the
+    /// filesystem, so a job in the test process reaches it).
+    pub fn control_socket(&self, h: usize) -> PathBuf {
+        self.run_dir.path().join(format!("h{h}.sock"))
     }
 
     /// Runs `railguard ARGS` inside the first running supervisor namespace;
@@ -142,6 +151,21 @@ impl NetCluster {
             );
         }
         Ok(String::from_utf8_lossy(&out.stdout).to_string())
+    }
+
+    /// Whether the cluster reports a leader.
+    pub fn has_leader(&self) -> bool {
+        self.cli_json(&["cluster", "members"])
+            .ok()
+            .and_then(|v| {
+                v.as_array()
+                    .or_else(|| v.get("members").and_then(|m| m.as_array()))
+                    .cloned()
+            })
+            .is_some_and(|m| {
+                m.iter()
+                    .any(|x| x["leader"] == serde_json::Value::Bool(true))
+            })
     }
 
     /// Runs the CLI with `--output json` and parses the reply.

@@ -131,7 +131,10 @@ impl ConnConfig {
         }
         for r in &self.rails {
             if r.nic >= endpoint.nics().len() {
-                return bad(format!("rail uses NIC #{} the endpoint does not have", r.nic));
+                return bad(format!(
+                    "rail uses NIC #{} the endpoint does not have",
+                    r.nic
+                ));
             }
         }
         if self.max_message == 0 || self.max_message > crate::seq::MAX_PAYLOAD {
@@ -281,9 +284,11 @@ impl ResilientConnection {
         let links = endpoint.links();
         let seen = links.borrow().clone();
         let dampers = match &cfg.failback {
-            Failback::WhenReusable { damping, .. } => {
-                cfg.rails.iter().map(|_| FlapDamper::new(*damping)).collect()
-            }
+            Failback::WhenReusable { damping, .. } => cfg
+                .rails
+                .iter()
+                .map(|_| FlapDamper::new(*damping))
+                .collect(),
             Failback::Never => Vec::new(),
         };
         let now = Instant::now();
@@ -436,6 +441,8 @@ struct Out {
 struct Path {
     rail: usize,
     epoch: u32,
+    /// This side opened the path (else it accepted the peer's).
+    dialed_by_me: bool,
     writer: mpsc::Sender<Out>,
     frames: mpsc::Receiver<Result<Frame, String>>,
     tasks: [JoinHandle<()>; 2],
@@ -707,11 +714,9 @@ impl Driver {
                         }
                     }
                     Verdict::Duplicate => {}
-                    Verdict::Gap { expected } => {
-                        return Err(ConnError::Protocol(format!(
-                            "message {seq} arrived while {expected} was expected on an in-order path"
-                        )))
-                    }
+                    Verdict::Gap { expected } => return Err(ConnError::Protocol(format!(
+                        "message {seq} arrived while {expected} was expected on an in-order path"
+                    ))),
                 }
             }
             Frame::Ack { delivered_through } => {
@@ -724,9 +729,7 @@ impl Driver {
             }
             Frame::Pong { .. } => {}
             Frame::Hello { .. } => {
-                return Err(ConnError::Protocol(
-                    "hello on an established path".into(),
-                ))
+                return Err(ConnError::Protocol("hello on an established path".into()))
             }
         }
         Ok(())
@@ -753,16 +756,32 @@ impl Driver {
             return Ok(());
         };
         let Some(rail) = self.cfg.rails.iter().position(|r| r.nic == p.nic) else {
-            tracing::debug!(conn_id = self.cfg.conn_id, nic = p.nic, "path on a NIC this connection does not use");
+            tracing::debug!(
+                conn_id = self.cfg.conn_id,
+                nic = p.nic,
+                "path on a NIC this connection does not use"
+            );
             return Ok(());
         };
         // A newer epoch wins; for simultaneous dials of the same epoch, A's
         // path wins. A path on a NIC we would not use is refused unless we
         // have nothing better.
-        let newer = epoch > self.epoch || (epoch == self.epoch && self.cfg.side == Side::B);
+        // (B takes A's path over its own for the same epoch, but not a
+        // second path of an epoch it already accepted from A.)
+        let repeat = self
+            .path
+            .as_ref()
+            .is_some_and(|p| p.epoch == epoch && !p.dialed_by_me);
+        let newer =
+            epoch > self.epoch || (epoch == self.epoch && self.cfg.side == Side::B && !repeat);
         let accept = newer && (self.path.is_none() || self.nic_usable(rail));
         if !accept {
-            tracing::debug!(conn_id = self.cfg.conn_id, epoch, current = self.epoch, "refused a path");
+            tracing::debug!(
+                conn_id = self.cfg.conn_id,
+                epoch,
+                current = self.epoch,
+                "refused a path"
+            );
             return Ok(());
         }
         // Break the old path before answering, so what we report as
@@ -780,13 +799,20 @@ impl Driver {
             delivered_through: self.recv.hello_through(),
         }
         .encode(&mut hello);
-        let wrote =
-            tokio::time::timeout(self.cfg.connect_timeout, stream.write_all(&hello)).await;
+        let wrote = tokio::time::timeout(self.cfg.connect_timeout, stream.write_all(&hello)).await;
         if !matches!(wrote, Ok(Ok(()))) {
             self.lose_path(MoveReason::TransportError);
             return Ok(());
         }
-        self.adopt(rail, epoch, stream, p.rest, delivered_through, MoveReason::PeerMoved)
+        self.adopt(
+            rail,
+            epoch,
+            stream,
+            p.rest,
+            delivered_through,
+            MoveReason::PeerMoved,
+            false,
+        )
     }
 
     fn on_dialed(&mut self, r: Option<DialResult>) -> Result<(), ConnError> {
@@ -798,6 +824,7 @@ impl Driver {
                 d.rest,
                 d.peer_delivered,
                 self.pending_reason,
+                true,
             ),
             Some(_) => Ok(()), // overtaken by a newer path
             None => {
@@ -817,6 +844,7 @@ impl Driver {
         rest: BytesMut,
         peer_delivered: u64,
         reason: MoveReason,
+        dialed_by_me: bool,
     ) -> Result<(), ConnError> {
         let replay = self
             .window
@@ -831,10 +859,14 @@ impl Driver {
             tokio::spawn(writer(wr, wrx)),
         ];
         let now = Instant::now();
-        let nic_downs = self.seen.get(self.cfg.rails[rail].nic).map_or(0, |s| s.downs);
+        let nic_downs = self
+            .seen
+            .get(self.cfg.rails[rail].nic)
+            .map_or(0, |s| s.downs);
         self.path = Some(Path {
             rail,
             epoch,
+            dialed_by_me,
             writer: wtx,
             frames: frx,
             tasks,
@@ -926,10 +958,11 @@ impl Driver {
         };
         let timeout = self.cfg.connect_timeout;
         let conn_id = self.cfg.conn_id;
+        let repair = self.endpoint.neighbours();
         let task = tokio::spawn(async move {
             let mut result = None;
             for (r, nic, remote) in rails {
-                match dial_one(&nic, remote, &hello, timeout).await {
+                match dial_rail(&nic, remote, &hello, timeout, repair.as_ref()).await {
                     Ok((stream, rest, peer_delivered)) => {
                         result = Some(DialResult {
                             rail: r,
@@ -995,7 +1028,11 @@ impl Driver {
         let now = Instant::now();
         if let Some(p) = &mut self.path {
             if now.saturating_duration_since(p.last_heard) > self.cfg.dead_after {
-                tracing::info!(conn_id = self.cfg.conn_id, rail = p.rail, "path silent; moving");
+                tracing::info!(
+                    conn_id = self.cfg.conn_id,
+                    rail = p.rail,
+                    "path silent; moving"
+                );
                 self.start_move(MoveReason::TransportError, None);
                 return Ok(());
             }
@@ -1065,6 +1102,67 @@ async fn dial_done(
     }
 }
 
+/// Gap between parallel connect attempts on one rail.
+const DIAL_STAGGER: Duration = Duration::from_millis(10);
+/// Most parallel connect attempts on one rail.
+const DIAL_ATTEMPTS: usize = 4;
+
+/// Opens a path on one rail: a connect attempt now and, while none has
+/// succeeded, another every [`DIAL_STAGGER`] (at most [`DIAL_ATTEMPTS`]),
+/// all within `timeout`; before the second attempt a stuck neighbour entry
+/// for the peer is forgotten. (Without this, a SYN queued behind a lost
+/// ARP solicitation waits a second.) The first attempt to answer wins and
+/// the others are dropped (the peer refuses a repeated hello for an epoch
+/// it already accepted).
+async fn dial_rail(
+    nic: &crate::soft::LocalNic,
+    remote: SocketAddr,
+    hello: &Frame,
+    timeout: Duration,
+    repair: Option<&crate::soft::NeighbourRepair>,
+) -> Result<(TcpStream, BytesMut, u64), String> {
+    use futures::stream::{FuturesUnordered, StreamExt};
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut attempts = FuturesUnordered::new();
+    let mut started = 0;
+    let mut last_err = String::from("no attempt");
+    loop {
+        if started < DIAL_ATTEMPTS {
+            if started == 1 {
+                // The first attempt is slow: a stuck neighbour entry is
+                // the usual cause right after a flap (see NeighbourRepair).
+                if let Some(r) = repair {
+                    r.forget(&nic.name, remote.ip()).await;
+                }
+            }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            attempts.push(dial_one(nic, remote, hello, left));
+            started += 1;
+        }
+        let next = if started < DIAL_ATTEMPTS {
+            (tokio::time::Instant::now() + DIAL_STAGGER).min(deadline)
+        } else {
+            deadline
+        };
+        tokio::select! {
+            Some(r) = attempts.next() => match r {
+                Ok(ok) => return Ok(ok),
+                Err(e) => {
+                    last_err = e;
+                    if attempts.is_empty() && started >= DIAL_ATTEMPTS {
+                        return Err(last_err);
+                    }
+                }
+            },
+            _ = tokio::time::sleep_until(next) => {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(format!("{last_err}; timed out after {timeout:?}"));
+                }
+            }
+        }
+    }
+}
+
 async fn dial_one(
     nic: &crate::soft::LocalNic,
     remote: SocketAddr,
@@ -1113,8 +1211,17 @@ async fn reader(
                 }
             }
         }
-        if buf.capacity() - buf.len() < 64 * 1024 {
-            buf.reserve(256 * 1024);
+        // Room for the whole frame being received (its length prefix says
+        // how big; decode has checked it against the limit), so a large
+        // message is read straight into one buffer without regrowing.
+        let want = if buf.len() >= 4 {
+            4 + u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize
+        } else {
+            0
+        };
+        let room = want.saturating_sub(buf.len()).max(64 * 1024);
+        if buf.capacity() - buf.len() < room {
+            buf.reserve(room.max(256 * 1024));
         }
         match rd.read_buf(&mut buf).await {
             Ok(0) => {
@@ -1130,23 +1237,59 @@ async fn reader(
     }
 }
 
-async fn writer(wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Out>) {
-    let mut w = tokio::io::BufWriter::with_capacity(64 * 1024, wr);
+/// Most frames written by one vectored write.
+const WRITE_BATCH: usize = 64;
+
+/// Writes the path's frames in order, each batch with vectored writes
+/// (header and payload go out in one `writev`, the payload is not copied).
+async fn writer(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Out>) {
+    let mut chunks: Vec<Bytes> = Vec::with_capacity(2 * WRITE_BATCH);
     while let Some(o) = rx.recv().await {
-        let mut next = Some(o);
-        while let Some(o) = next.take() {
-            if w.write_all(&o.frame).await.is_err() {
-                return;
+        chunks.clear();
+        let push = |o: Out, chunks: &mut Vec<Bytes>| {
+            chunks.push(o.frame.freeze());
+            if let Some(p) = o.payload {
+                chunks.push(p);
             }
-            if let Some(p) = &o.payload {
-                if w.write_all(p).await.is_err() {
-                    return;
-                }
+        };
+        push(o, &mut chunks);
+        while chunks.len() < 2 * WRITE_BATCH {
+            match rx.try_recv() {
+                Ok(o) => push(o, &mut chunks),
+                Err(_) => break,
             }
-            next = rx.try_recv().ok();
         }
-        if w.flush().await.is_err() {
+        if write_all_vectored(&mut wr, &mut chunks).await.is_err() {
             return;
         }
     }
+}
+
+async fn write_all_vectored(wr: &mut OwnedWriteHalf, chunks: &mut [Bytes]) -> std::io::Result<()> {
+    use bytes::Buf;
+    let mut i = 0;
+    while i < chunks.len() {
+        let mut n = {
+            let slices: Vec<std::io::IoSlice<'_>> = chunks[i..]
+                .iter()
+                .take(WRITE_BATCH)
+                .map(|b| std::io::IoSlice::new(b))
+                .collect();
+            wr.write_vectored(&slices).await?
+        };
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while n > 0 && i < chunks.len() {
+            let len = chunks[i].len();
+            if n >= len {
+                n -= len;
+                i += 1;
+            } else {
+                chunks[i].advance(n);
+                n = 0;
+            }
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,1080 @@
+//! Traffic over resilient connections between testbed hosts, for the
+//! `qp-migrate` scenario and the `failover` benchmark.
+//!
+//! Each host runs its endpoint on a thread inside the host's network
+//! namespace (every socket it ever opens, including the ones a migration
+//! dials, belongs to that namespace). Both ends of every connection send
+//! self-checking messages: an index, a CRC32 and a payload whose size and
+//! bytes derive from a seed, so the receiver verifies order, completeness
+//! and content without keeping a copy.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bytes::{BufMut, Bytes, BytesMut};
+use rand::{Rng, RngCore, SeedableRng};
+use rdma::resilient::{ConnConfig, ConnStats, Failback, Rail, ResilientConnection, Side};
+use rdma::soft::{Endpoint, LocalNic};
+
+use crate::testbed::{rail_addr, Netns};
+
+/// Port every endpoint listens on (the same on each NIC).
+pub const PORT: u16 = 7700;
+/// Most path changes recorded per connection direction.
+const MAX_SWITCHES: usize = 100_000;
+
+/// Message sizes to draw from.
+#[derive(Debug, Clone, Copy)]
+pub enum Sizes {
+    /// Bytes to `max` bytes, log-uniform (most small, some MBs).
+    Mixed {
+        max: usize,
+    },
+    Fixed(usize),
+}
+
+impl Sizes {
+    fn draw(&self, rng: &mut impl Rng) -> usize {
+        match *self {
+            Sizes::Fixed(n) => n,
+            Sizes::Mixed { max } => {
+                let bits = rng.gen_range(0.0..(max as f64).log2());
+                (2f64.powf(bits) as usize).clamp(1, max)
+            }
+        }
+    }
+}
+
+/// What one direction of one connection saw.
+#[derive(Debug)]
+pub struct DirCounters {
+    pub sent: AtomicU64,
+    pub sent_bytes: AtomicU64,
+    pub received: AtomicU64,
+    pub received_bytes: AtomicU64,
+    pub duplicated: AtomicU64,
+    pub reordered: AtomicU64,
+    pub skipped: AtomicU64,
+    pub bad_checksum: AtomicU64,
+    /// Set by the scenario once the peer stopped sending: how many messages
+    /// this direction must deliver in total (`u64::MAX` until then).
+    pub expected_total: AtomicU64,
+    /// The sender of this direction returned.
+    pub finished: AtomicBool,
+    /// (when, epoch) each time deliveries arrive over a new path.
+    pub switches: Mutex<Vec<(Instant, u32)>>,
+    /// Delivered bytes per 10 ms since the start (bounded).
+    pub timeline: Mutex<Vec<u64>>,
+}
+
+impl Default for DirCounters {
+    fn default() -> Self {
+        Self {
+            sent: AtomicU64::new(0),
+            sent_bytes: AtomicU64::new(0),
+            received: AtomicU64::new(0),
+            received_bytes: AtomicU64::new(0),
+            duplicated: AtomicU64::new(0),
+            reordered: AtomicU64::new(0),
+            skipped: AtomicU64::new(0),
+            bad_checksum: AtomicU64::new(0),
+            expected_total: AtomicU64::new(u64::MAX),
+            finished: AtomicBool::new(false),
+            switches: Mutex::new(Vec::new()),
+            timeline: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+/// One host's side of the traffic.
+pub struct HostTraffic {
+    pub host: usize,
+    /// Per connection: what this host received.
+    pub rx: Vec<Arc<DirCounters>>,
+    /// Per connection: what this host sent.
+    pub tx: Vec<Arc<DirCounters>>,
+    pub stats: Arc<Mutex<Vec<ConnStats>>>,
+    pub errors: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub started: Instant,
+}
+
+/// How to run the traffic.
+#[derive(Debug, Clone)]
+pub struct TrafficSpec {
+    pub conns: usize,
+    pub sizes: Sizes,
+    /// Bytes per second each sender aims for (`None`: as fast as it can).
+    pub rate_per_conn: Option<u64>,
+    /// Whether both ends send (else only host A sends).
+    pub both_ways: bool,
+    pub failback: bool,
+    pub window_bytes: usize,
+    pub stall_timeout: Duration,
+    pub seed: u64,
+}
+
+fn message_rng(conn: usize, dir: u8, idx: u64, seed: u64) -> rand::rngs::StdRng {
+    rand::rngs::StdRng::seed_from_u64(
+        seed ^ ((conn as u64) << 40)
+            ^ ((dir as u64) << 56)
+            ^ idx.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+    )
+}
+
+/// Message `idx` of direction `dir` of connection `conn`: index, CRC32 of
+/// the payload, payload (size and bytes from the seed).
+pub fn message(conn: usize, dir: u8, idx: u64, sizes: Sizes, seed: u64) -> Bytes {
+    let mut rng = message_rng(conn, dir, idx, seed);
+    let len = sizes.draw(&mut rng);
+    let mut b = BytesMut::with_capacity(12 + len);
+    b.put_u64_le(idx);
+    b.put_u32_le(0);
+    b.resize(12 + len, 0);
+    rng.fill_bytes(&mut b[12..]);
+    let crc = crc32fast::hash(&b[12..]);
+    b[8..12].copy_from_slice(&crc.to_le_bytes());
+    b.freeze()
+}
+
+/// The local NICs of testbed host `h` (`rail0`, `rail1`).
+pub fn host_nics(h: usize) -> Vec<LocalNic> {
+    (0..2)
+        .map(|r| LocalNic {
+            name: format!("rail{r}"),
+            addr: rail_addr(h, r).into(),
+        })
+        .collect()
+}
+
+impl HostTraffic {
+    /// Starts host `host` (0 = side A, 1 = side B) of the traffic with `peer`.
+    pub fn start(ns: &Netns, host: usize, peer: usize, spec: TrafficSpec) -> anyhow::Result<Self> {
+        let fd = ns.fd();
+        let dup = nix_dup(fd)?;
+        let rx: Vec<_> = (0..spec.conns).map(|_| Arc::default()).collect();
+        let tx: Vec<_> = (0..spec.conns).map(|_| Arc::default()).collect();
+        let stats = Arc::new(Mutex::new(vec![ConnStats::default(); spec.conns]));
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let started = Instant::now();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+        let thread = {
+            let (rx, tx, stats, errors, stop) = (
+                rx.clone(),
+                tx.clone(),
+                stats.clone(),
+                errors.clone(),
+                stop.clone(),
+            );
+            std::thread::Builder::new()
+                .name(format!("traffic-h{host}"))
+                .spawn(move || {
+                    // SAFETY: setns on this thread only, with an fd we own.
+                    if unsafe { libc::setns(dup.0, libc::CLONE_NEWNET) } != 0 {
+                        let _ = ready_tx
+                            .send(Err(format!("setns: {}", std::io::Error::last_os_error())));
+                        return;
+                    }
+                    drop(dup);
+                    let rt = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e.to_string()));
+                            return;
+                        }
+                    };
+                    rt.block_on(host_main(
+                        host, peer, spec, rx, tx, stats, errors, stop, started, ready_tx,
+                    ));
+                })
+                .context("spawn traffic thread")?
+        };
+        match ready_rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => anyhow::bail!("host {host} traffic: {e}"),
+            Err(_) => anyhow::bail!("host {host} traffic did not start"),
+        }
+        Ok(Self {
+            host,
+            rx,
+            tx,
+            stats,
+            errors,
+            stop,
+            thread: Some(thread),
+            started,
+        })
+    }
+
+    /// Stops sending (receivers keep running until [`Self::join`]).
+    pub fn stop_sending(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+
+    /// Ends the host's runtime.
+    pub fn join(mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    pub fn conn_stats(&self) -> Vec<ConnStats> {
+        self.stats.lock().expect("stats").clone()
+    }
+}
+
+impl Drop for HostTraffic {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+struct Fd(i32);
+impl Drop for Fd {
+    fn drop(&mut self) {
+        // SAFETY: we own this descriptor.
+        unsafe { libc::close(self.0) };
+    }
+}
+fn nix_dup(fd: i32) -> anyhow::Result<Fd> {
+    // SAFETY: dup of a valid descriptor; the result is owned by `Fd`.
+    let d = unsafe { libc::dup(fd) };
+    anyhow::ensure!(d >= 0, "dup: {}", std::io::Error::last_os_error());
+    Ok(Fd(d))
+}
+
+/// Side A is host 0 of the pair; the connection ids are shared.
+#[allow(clippy::too_many_arguments)]
+async fn host_main(
+    host: usize,
+    peer: usize,
+    spec: TrafficSpec,
+    rx: Vec<Arc<DirCounters>>,
+    tx: Vec<Arc<DirCounters>>,
+    stats: Arc<Mutex<Vec<ConnStats>>>,
+    errors: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    started: Instant,
+    ready: std::sync::mpsc::Sender<Result<(), String>>,
+) {
+    let nics = host_nics(host);
+    let endpoint = match Endpoint::bind(nics.clone(), PORT).await {
+        Ok(e) => Arc::new(e),
+        Err(e) => {
+            let _ = ready.send(Err(e.to_string()));
+            return;
+        }
+    };
+    // The reflex: netlink link events of this namespace feed the endpoint.
+    let names: Vec<String> = nics.iter().map(|n| n.name.clone()).collect();
+    let backend = rdma::netdev::NetdevBackend::new(names);
+    if let Err(e) = endpoint.follow_links(&backend) {
+        let _ = ready.send(Err(format!("link watch: {e}")));
+        return;
+    }
+    let side = if host < peer { Side::A } else { Side::B };
+    let mut conns = Vec::new();
+    for c in 0..spec.conns {
+        let rails = (0..2)
+            .map(|r| Rail {
+                nic: r,
+                remote: std::net::SocketAddr::new(rail_addr(peer, r).into(), PORT),
+            })
+            .collect();
+        let mut cfg = ConnConfig::new(1000 + c as u64, side, rails);
+        cfg.window_bytes = spec.window_bytes;
+        cfg.max_message = spec.window_bytes.min(64 << 20);
+        cfg.stall_timeout = spec.stall_timeout;
+        if !spec.failback {
+            cfg.failback = Failback::Never;
+        }
+        match ResilientConnection::open(endpoint.clone(), cfg) {
+            Ok(conn) => conns.push(conn),
+            Err(e) => {
+                let _ = ready.send(Err(e.to_string()));
+                return;
+            }
+        }
+    }
+    let _ = ready.send(Ok(()));
+    let mut tasks = tokio::task::JoinSet::new();
+    let dir = if side == Side::A { 0u8 } else { 1u8 };
+    for (c, conn) in conns.into_iter().enumerate() {
+        let sends = spec.both_ways || side == Side::A;
+        if !sends {
+            mark_finished(&tx[c]);
+        }
+        if sends {
+            let (conn, tx, stop, errors, spec) = (
+                conn.sender(),
+                tx[c].clone(),
+                stop.clone(),
+                errors.clone(),
+                spec.clone(),
+            );
+            tasks.spawn(async move {
+                sender(c, dir, conn, tx, stop, errors, spec).await;
+            });
+        }
+        let receives = spec.both_ways || side == Side::B;
+        let (rxc, errors, stats) = (rx[c].clone(), errors.clone(), stats.clone());
+        let seed = spec.seed;
+        let sizes = spec.sizes;
+        let stop2 = stop.clone();
+        tasks.spawn(async move {
+            receiver(
+                c,
+                1 - dir,
+                conn,
+                rxc,
+                errors,
+                stats,
+                seed,
+                sizes,
+                started,
+                stop2,
+                receives,
+            )
+            .await;
+        });
+    }
+    // Run until stopped and every task is done (receivers end when told to
+    // stop after draining; see `receiver`).
+    while tasks.join_next().await.is_some() {}
+}
+
+async fn sender(
+    c: usize,
+    dir: u8,
+    conn: rdma::resilient::ConnSender,
+    tx: Arc<DirCounters>,
+    stop: Arc<AtomicBool>,
+    errors: Arc<Mutex<Vec<String>>>,
+    spec: TrafficSpec,
+) {
+    let start = Instant::now();
+    let mut idx = 0u64;
+    let mut bytes = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        idx += 1;
+        let m = message(c, dir, idx, spec.sizes, spec.seed);
+        let len = m.len() as u64;
+        if let Err(e) = conn.send(m).await {
+            errors
+                .lock()
+                .expect("errors")
+                .push(format!("conn {c} send {idx}: {e}"));
+            mark_finished(&tx);
+            return;
+        }
+        tx.sent.store(idx, Ordering::SeqCst);
+        bytes += len;
+        tx.sent_bytes.store(bytes, Ordering::Relaxed);
+        if let Some(rate) = spec.rate_per_conn {
+            let due = start + Duration::from_secs_f64(bytes as f64 / rate as f64);
+            tokio::time::sleep_until(due.into()).await;
+        }
+    }
+    mark_finished(&tx);
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn receiver(
+    c: usize,
+    dir: u8,
+    mut conn: ResilientConnection,
+    rx: Arc<DirCounters>,
+    errors: Arc<Mutex<Vec<String>>>,
+    stats: Arc<Mutex<Vec<ConnStats>>>,
+    seed: u64,
+    sizes: Sizes,
+    started: Instant,
+    stop: Arc<AtomicBool>,
+    expect_data: bool,
+) {
+    let mut expected = 1u64;
+    let mut last_epoch = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    loop {
+        let d = tokio::select! {
+            d = conn.recv_delivery() => d,
+            _ = tick.tick() => {
+                stats.lock().expect("stats")[c] = conn.stats();
+                // After stop, run until everything the peer sent arrived
+                // (the scenario sets the total), then end.
+                if stop.load(Ordering::Relaxed)
+                    && (!expect_data
+                        || rx.received.load(Ordering::SeqCst)
+                            >= rx.expected_total.load(Ordering::SeqCst))
+                {
+                    // Let the peer's acks for our own sends drain too.
+                    let _ = conn.flush(Duration::from_secs(5)).await;
+                    stats.lock().expect("stats")[c] = conn.stats();
+                    return;
+                }
+                continue;
+            }
+        };
+        let d = match d {
+            Ok(d) => d,
+            Err(e) => {
+                errors
+                    .lock()
+                    .expect("errors")
+                    .push(format!("conn {c} receive: {e}"));
+                return;
+            }
+        };
+        if last_epoch != Some(d.epoch) {
+            last_epoch = Some(d.epoch);
+            let mut s = rx.switches.lock().expect("switches");
+            if s.len() < MAX_SWITCHES {
+                s.push((Instant::now(), d.epoch));
+            }
+        }
+        let m = d.payload;
+        if m.len() < 12 {
+            rx.bad_checksum.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let idx = u64::from_le_bytes(m[..8].try_into().expect("8 bytes"));
+        let crc = u32::from_le_bytes(m[8..12].try_into().expect("4 bytes"));
+        let want_len = 12 + sizes.draw(&mut message_rng(c, dir, idx, seed));
+        if crc32fast::hash(&m[12..]) != crc || want_len != m.len() {
+            rx.bad_checksum.fetch_add(1, Ordering::Relaxed);
+        }
+        match idx.cmp(&expected) {
+            std::cmp::Ordering::Equal => expected += 1,
+            std::cmp::Ordering::Less => {
+                rx.duplicated.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            std::cmp::Ordering::Greater => {
+                rx.reordered.fetch_add(1, Ordering::Relaxed);
+                rx.skipped.fetch_add(idx - expected, Ordering::Relaxed);
+                expected = idx + 1;
+            }
+        }
+        rx.received.fetch_add(1, Ordering::Relaxed);
+        rx.received_bytes
+            .fetch_add(m.len() as u64, Ordering::Relaxed);
+        let bucket = (started.elapsed().as_millis() / 10) as usize;
+        let mut t = rx.timeline.lock().expect("timeline");
+        if bucket < 360_000 {
+            if t.len() <= bucket {
+                t.resize(bucket + 1, 0);
+            }
+            t[bucket] += m.len() as u64;
+        }
+    }
+}
+
+/// Marks the end of a sender for [`wait_senders`].
+fn mark_finished(tx: &DirCounters) {
+    tx.finished.store(true, Ordering::SeqCst);
+}
+
+/// Waits (bounded) until every sender of `hosts` returned.
+async fn wait_senders(hosts: &[&HostTraffic], limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        let done = hosts
+            .iter()
+            .all(|h| h.tx.iter().all(|t| t.finished.load(Ordering::SeqCst)));
+        if done || Instant::now() > deadline {
+            return done;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Stops the senders, tells each receiver how many messages to expect and
+/// waits (bounded) until they all arrived. Returns whether they did.
+pub async fn drain(a: &HostTraffic, b: &HostTraffic, limit: Duration) -> bool {
+    a.stop_sending();
+    b.stop_sending();
+    let senders_done = wait_senders(&[a, b], limit).await;
+    for (from, to) in [(a, b), (b, a)] {
+        for (t, r) in from.tx.iter().zip(&to.rx) {
+            r.expected_total
+                .store(t.sent.load(Ordering::SeqCst), Ordering::SeqCst);
+        }
+    }
+    let deadline = Instant::now() + limit;
+    loop {
+        let all = [(a, b), (b, a)].iter().all(|(from, to)| {
+            from.tx
+                .iter()
+                .zip(&to.rx)
+                .all(|(t, r)| r.received.load(Ordering::SeqCst) >= t.sent.load(Ordering::SeqCst))
+        });
+        if all {
+            return senders_done;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits (bounded) until every connection of both hosts has a path.
+pub async fn wait_established(a: &HostTraffic, b: &HostTraffic, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        let up = |h: &HostTraffic| h.conn_stats().iter().all(|s| s.rail.is_some());
+        if up(a) && up(b) {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Totals of both directions of every connection.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Totals {
+    pub messages_sent: u64,
+    pub messages: u64,
+    pub bytes: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+    pub bad_checksum: u64,
+    pub migrations: u64,
+    pub replayed: u64,
+}
+
+pub fn totals(a: &HostTraffic, b: &HostTraffic) -> Totals {
+    let mut t = Totals::default();
+    for (from, to) in [(a, b), (b, a)] {
+        for (tx, rx) in from.tx.iter().zip(&to.rx) {
+            let sent = tx.sent.load(Ordering::SeqCst);
+            let got = rx.received.load(Ordering::SeqCst);
+            t.messages_sent += sent;
+            t.messages += got;
+            t.bytes += rx.received_bytes.load(Ordering::SeqCst);
+            t.lost += sent.saturating_sub(got) + rx.skipped.load(Ordering::SeqCst);
+            t.duplicated += rx.duplicated.load(Ordering::SeqCst);
+            t.reordered += rx.reordered.load(Ordering::SeqCst);
+            t.bad_checksum += rx.bad_checksum.load(Ordering::SeqCst);
+        }
+    }
+    for h in [a, b] {
+        for s in h.conn_stats() {
+            t.migrations += s.migrations;
+            t.replayed += s.replayed;
+        }
+    }
+    // Each migration is counted by both ends.
+    t.migrations /= 2;
+    t
+}
+
+/// `scenario qp-migrate` settings.
+#[derive(Debug, Clone)]
+pub struct QpMigrateRun {
+    pub flaps: usize,
+    pub conns: usize,
+    pub max_message: usize,
+    pub seed: u64,
+    /// Keep both NICs of one host down this long once (stall, then resume).
+    pub outage: Duration,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct QpMigrateReport {
+    pub ok: bool,
+    pub scenario: &'static str,
+    pub flaps: usize,
+    pub connections: usize,
+    #[serde(flatten)]
+    pub totals: Totals,
+    pub both_nics_down_ms: u64,
+    pub agent_restarts: usize,
+    pub errors: Vec<String>,
+}
+
+/// Runs the scenario.
+pub async fn qp_migrate(cfg: QpMigrateRun) -> anyhow::Result<QpMigrateReport> {
+    use crate::netcluster::NetCluster;
+    use crate::testbed::{Node, Side as CableSide, TestbedSpec};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
+    eprintln!("[qp-migrate] building 1 supervisor + 2 hosts (agents running)");
+    let mut nc = NetCluster::start(TestbedSpec {
+        supervisors: 1,
+        hosts: 2,
+    })
+    .await?;
+    let spec = TrafficSpec {
+        conns: cfg.conns,
+        sizes: Sizes::Mixed {
+            max: cfg.max_message,
+        },
+        rate_per_conn: Some(4 << 20),
+        both_ways: true,
+        failback: true,
+        window_bytes: (32 << 20).max(2 * cfg.max_message),
+        stall_timeout: Duration::from_secs(30),
+        seed: cfg.seed,
+    };
+    let a = HostTraffic::start(nc.tb.ns(Node::Host(0)), 0, 1, spec.clone())?;
+    let b = HostTraffic::start(nc.tb.ns(Node::Host(1)), 1, 0, spec)?;
+    anyhow::ensure!(
+        wait_established(&a, &b, Duration::from_secs(15)).await,
+        "connections did not come up: {:?}",
+        a.errors.lock().expect("errors")
+    );
+    eprintln!("[qp-migrate] {} connections up; flapping", cfg.conns);
+    let mut agent_restarts = 0;
+    let outage_at = cfg.flaps / 3;
+    let agent_at = 2 * cfg.flaps / 3;
+    for i in 0..cfg.flaps {
+        if i == outage_at && !cfg.outage.is_zero() {
+            eprintln!(
+                "[qp-migrate] both NICs of h1 down for {:?} (stall, then resume)",
+                cfg.outage
+            );
+            nc.tb.set_cable(1, 0, CableSide::Host, false).await?;
+            nc.tb.set_cable(1, 1, CableSide::Fabric, false).await?;
+            tokio::time::sleep(cfg.outage).await;
+            nc.tb.set_cable(1, 1, CableSide::Fabric, true).await?;
+            nc.tb.set_cable(1, 0, CableSide::Host, true).await?;
+        }
+        if i == agent_at {
+            eprintln!("[qp-migrate] SIGKILL and restart the agent of h0");
+            nc.tb.kill_node(Node::Host(0));
+            nc.start_agent(0)?;
+            agent_restarts += 1;
+        }
+        let host = rng.gen_range(0..2);
+        let rail = rng.gen_range(0..2);
+        let side = if rng.gen_bool(0.5) {
+            CableSide::Host
+        } else {
+            CableSide::Fabric
+        };
+        nc.tb.set_cable(host, rail, side, false).await?;
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(20..400))).await;
+        nc.tb.set_cable(host, rail, side, true).await?;
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(50..300))).await;
+        if (i + 1) % 20 == 0 {
+            let t = totals(&a, &b);
+            eprintln!(
+                "[qp-migrate] {} flaps: {} messages delivered, {} migrations",
+                i + 1,
+                t.messages,
+                t.migrations
+            );
+        }
+    }
+    eprintln!("[qp-migrate] quiet: draining every connection");
+    let drained = drain(&a, &b, Duration::from_secs(60)).await;
+    let t = totals(&a, &b);
+    let mut errors: Vec<String> = a.errors.lock().expect("errors").clone();
+    errors.extend(b.errors.lock().expect("errors").iter().cloned());
+    if !drained {
+        errors.push("not every message arrived within 60 s of the quiet period".into());
+    }
+    a.join();
+    b.join();
+    let ok = errors.is_empty()
+        && t.lost == 0
+        && t.duplicated == 0
+        && t.reordered == 0
+        && t.bad_checksum == 0
+        && t.messages > 0
+        && t.migrations > 0;
+    if !ok {
+        let dir = nc.keep_logs();
+        eprintln!("[qp-migrate] FAILED; logs kept in {}", dir.display());
+    }
+    Ok(QpMigrateReport {
+        ok,
+        scenario: "qp-migrate",
+        flaps: cfg.flaps,
+        connections: cfg.conns,
+        totals: t,
+        both_nics_down_ms: cfg.outage.as_millis() as u64,
+        agent_restarts,
+        errors,
+    })
+}
+
+/// Runs `f` on a new thread inside `ns` with its own runtime.
+fn spawn_in<T: Send + 'static, F>(
+    ns: &Netns,
+    f: impl FnOnce() -> F + Send + 'static,
+) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<T>>>
+where
+    F: std::future::Future<Output = anyhow::Result<T>>,
+{
+    let dup = nix_dup(ns.fd())?;
+    Ok(std::thread::spawn(move || -> anyhow::Result<T> {
+        // SAFETY: setns on this thread only, with an fd we own.
+        anyhow::ensure!(
+            unsafe { libc::setns(dup.0, libc::CLONE_NEWNET) } == 0,
+            "setns: {}",
+            std::io::Error::last_os_error()
+        );
+        drop(dup);
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(f())
+    }))
+}
+
+fn join<T>(h: std::thread::JoinHandle<anyhow::Result<T>>) -> anyhow::Result<T> {
+    h.join()
+        .map_err(|_| anyhow::anyhow!("traffic thread panicked"))?
+}
+
+const CHUNK: usize = 1 << 20;
+/// Alternating throughput trials of each kind.
+const THROUGHPUT_TRIALS: u16 = 5;
+
+/// Bytes/s of one resilient connection from host 0 to host 1, sending the
+/// same 1 MiB buffer (no payload generation in the way) for `secs`.
+async fn resilient_throughput(
+    tb: &crate::testbed::Testbed,
+    secs: f64,
+    port: u16,
+) -> anyhow::Result<f64> {
+    use crate::testbed::Node;
+    let open = move |host: usize, peer: usize| async move {
+        let ep = Arc::new(Endpoint::bind(host_nics(host), port).await?);
+        let rails = (0..2)
+            .map(|r| Rail {
+                nic: r,
+                remote: std::net::SocketAddr::new(rail_addr(peer, r).into(), port),
+            })
+            .collect();
+        let side = if host == 0 { Side::A } else { Side::B };
+        let mut cfg = ConnConfig::new(77, side, rails);
+        cfg.failback = Failback::Never;
+        anyhow::Ok((ep.clone(), ResilientConnection::open(ep, cfg)?))
+    };
+    let rx = spawn_in(tb.ns(Node::Host(1)), move || async move {
+        let (_ep, mut conn) = open(1, 0).await?;
+        let mut total = 0u64;
+        let mut first: Option<Instant> = None;
+        let mut last = Instant::now();
+        loop {
+            match tokio::time::timeout(Duration::from_secs(2), conn.recv()).await {
+                Ok(Ok(m)) => {
+                    let now = Instant::now();
+                    if first.is_none() {
+                        first = Some(now);
+                    } else {
+                        total += m.len() as u64;
+                    }
+                    last = now;
+                }
+                Ok(Err(e)) => return Err(e.into()),
+                Err(_) => break,
+            }
+        }
+        let span = last
+            .saturating_duration_since(first.unwrap_or(last))
+            .as_secs_f64();
+        anyhow::Ok(total as f64 / span.max(1e-9))
+    })?;
+    let tx = spawn_in(tb.ns(Node::Host(0)), move || async move {
+        let (_ep, conn) = open(0, 1).await?;
+        let buf = Bytes::from(vec![7u8; CHUNK]);
+        let end = Instant::now() + Duration::from_secs_f64(secs);
+        while Instant::now() < end {
+            conn.send(buf.clone()).await?;
+        }
+        conn.flush(Duration::from_secs(10)).await?;
+        anyhow::Ok(())
+    })?;
+    join(tx)?;
+    join(rx)
+}
+
+/// Bytes/s of one plain TCP stream over the same rail, same buffer size.
+async fn tcp_throughput(tb: &crate::testbed::Testbed, secs: f64, port: u16) -> anyhow::Result<f64> {
+    use crate::testbed::Node;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = std::net::SocketAddr::new(rail_addr(1, 0).into(), port);
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let rx = spawn_in(tb.ns(Node::Host(1)), move || async move {
+        let l = tokio::net::TcpListener::bind(addr).await?;
+        let _ = ready_tx.send(());
+        let (mut s, _) = l.accept().await?;
+        let mut buf = vec![0u8; CHUNK];
+        let mut total = 0u64;
+        let mut first: Option<Instant> = None;
+        loop {
+            let n = s.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            if first.is_none() {
+                first = Some(Instant::now());
+            } else {
+                total += n as u64;
+            }
+        }
+        let span = first.map(|f| f.elapsed().as_secs_f64()).unwrap_or(0.0);
+        anyhow::Ok(total as f64 / span.max(1e-9))
+    })?;
+    ready_rx.recv_timeout(Duration::from_secs(5))?;
+    let tx = spawn_in(tb.ns(Node::Host(0)), move || async move {
+        let sock = tokio::net::TcpSocket::new_v4()?;
+        sock.bind_device(Some(b"rail0"))?;
+        let mut s = sock.connect(addr).await?;
+        s.set_nodelay(true)?;
+        let buf = vec![7u8; CHUNK];
+        let end = Instant::now() + Duration::from_secs_f64(secs);
+        while Instant::now() < end {
+            s.write_all(&buf).await?;
+        }
+        s.shutdown().await?;
+        anyhow::Ok(())
+    })?;
+    join(tx)?;
+    join(rx)
+}
+
+/// `bench failover` settings.
+#[derive(Debug, Clone)]
+pub struct FailoverRun {
+    pub flaps: usize,
+    pub seed: u64,
+    pub throughput_secs: f64,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FailoverReport {
+    pub ok: bool,
+    pub bench: &'static str,
+    pub flaps: usize,
+    pub resumed: usize,
+    pub resume_p50_ms: f64,
+    pub resume_p99_ms: f64,
+    pub resume_max_ms: f64,
+    pub resilient_mb_s: f64,
+    pub tcp_mb_s: f64,
+    pub throughput_ratio: f64,
+    /// Lowest 100 ms throughput after a flap, as a share of the steady rate.
+    pub dip_min_share: f64,
+    /// How long throughput stayed under half the steady rate after the flap.
+    pub dip_below_half_ms: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub reordered: u64,
+    pub goal: &'static str,
+    pub goal_met: bool,
+}
+
+/// Runs the bench.
+pub async fn failover(cfg: FailoverRun) -> anyhow::Result<FailoverReport> {
+    use crate::testbed::{Node, Side as CableSide, Testbed, TestbedSpec};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
+    eprintln!("[failover] building 2 hosts");
+    let mut tb = Testbed::build(TestbedSpec {
+        supervisors: 0,
+        hosts: 2,
+    })
+    .await?;
+    // 1. Steady throughput, resilient vs plain TCP on the same rail,
+    // alternating so machine noise hits both alike; medians of the trials.
+    let (mut rs, mut ts) = (Vec::new(), Vec::new());
+    for t in 0..THROUGHPUT_TRIALS {
+        rs.push(resilient_throughput(&tb, cfg.throughput_secs, PORT + 10 + t).await?);
+        ts.push(tcp_throughput(&tb, cfg.throughput_secs, PORT + 30 + t).await?);
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let resilient = median(&mut rs);
+    let tcp = median(&mut ts);
+    eprintln!(
+        "[failover] steady (median of {THROUGHPUT_TRIALS}): resilient {:.0} MB/s, plain TCP {:.0} MB/s",
+        resilient / 1e6,
+        tcp / 1e6
+    );
+    // 2. Resume time over many flaps: small messages both ways.
+    let spec = TrafficSpec {
+        conns: 1,
+        sizes: Sizes::Fixed(1024),
+        rate_per_conn: Some(4 << 20),
+        both_ways: true,
+        failback: false,
+        window_bytes: 16 << 20,
+        stall_timeout: Duration::from_secs(30),
+        seed: cfg.seed,
+    };
+    let a = HostTraffic::start(tb.ns(Node::Host(0)), 0, 1, spec.clone())?;
+    let b = HostTraffic::start(tb.ns(Node::Host(1)), 1, 0, spec)?;
+    anyhow::ensure!(
+        wait_established(&a, &b, Duration::from_secs(15)).await,
+        "connection did not come up"
+    );
+    let mut resume_us = Vec::new();
+    for i in 0..cfg.flaps {
+        let before = a.conn_stats()[0].clone();
+        let Some(rail) = before.rail else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        // Alternate the end and the side of the cable.
+        let (host, side) = match i % 4 {
+            0 => (0, CableSide::Host),
+            1 => (1, CableSide::Fabric),
+            2 => (1, CableSide::Host),
+            _ => (0, CableSide::Fabric),
+        };
+        let n_a = a.rx[0].switches.lock().expect("switches").len();
+        let n_b = b.rx[0].switches.lock().expect("switches").len();
+        let t0 = Instant::now();
+        tb.set_cable(host, rail, side, false).await?;
+        // First delivery over a new path, either direction.
+        let deadline = t0 + Duration::from_secs(5);
+        let mut resumed = None;
+        while Instant::now() < deadline {
+            let first = [(&a, n_a), (&b, n_b)]
+                .iter()
+                .filter_map(|(h, n)| {
+                    h.rx[0]
+                        .switches
+                        .lock()
+                        .expect("switches")
+                        .get(*n)
+                        .map(|(t, _)| *t)
+                })
+                .min();
+            if let Some(t) = first {
+                resumed = Some(t.saturating_duration_since(t0));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        match resumed {
+            Some(d) => {
+                if d > Duration::from_millis(20) {
+                    eprintln!(
+                        "[failover] flap {i} (h{host} rail{rail} {side:?} side): resumed after {:.1} ms",
+                        d.as_secs_f64() * 1e3
+                    );
+                }
+                resume_us.push(d.as_micros() as u64)
+            }
+            None => eprintln!("[failover] flap {i}: no delivery over a new path within 5 s"),
+        }
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(150..250))).await;
+        tb.set_cable(host, rail, side, true).await?;
+        tokio::time::sleep(Duration::from_millis(rng.gen_range(250..400))).await;
+        if (i + 1) % 25 == 0 {
+            let mut s = resume_us.clone();
+            s.sort_unstable();
+            eprintln!(
+                "[failover] {} flaps: resume p50 {:.2} ms",
+                i + 1,
+                crate::bench::percentile_ms(&s, 50.0)
+            );
+        }
+    }
+    let drained = drain(&a, &b, Duration::from_secs(30)).await;
+    let t = totals(&a, &b);
+    a.join();
+    b.join();
+    // 3. The dip: saturate, flap the rail under the connection, look at
+    // the receiver's 10 ms buckets.
+    let (dip_min_share, dip_below_half_ms) = dip(&mut tb, cfg.seed).await?;
+    resume_us.sort_unstable();
+    let p = |q| crate::bench::percentile_ms(&resume_us, q);
+    let ratio = if tcp > 0.0 { resilient / tcp } else { 0.0 };
+    let goal_met = p(99.0) <= 20.0 && ratio >= 0.9 && resume_us.len() >= 100;
+    let ok = drained
+        && t.lost == 0
+        && t.duplicated == 0
+        && t.reordered == 0
+        && resume_us.len() == cfg.flaps;
+    Ok(FailoverReport {
+        ok,
+        bench: "failover",
+        flaps: cfg.flaps,
+        resumed: resume_us.len(),
+        resume_p50_ms: p(50.0),
+        resume_p99_ms: p(99.0),
+        resume_max_ms: resume_us.last().map_or(0.0, |x| *x as f64 / 1000.0),
+        resilient_mb_s: resilient / 1e6,
+        tcp_mb_s: tcp / 1e6,
+        throughput_ratio: ratio,
+        dip_min_share,
+        dip_below_half_ms,
+        lost: t.lost,
+        duplicated: t.duplicated,
+        reordered: t.reordered,
+        goal: "resume <= 20 ms p99 over >= 100 flaps; steady throughput >= 90% of plain TCP",
+        goal_met,
+    })
+}
+
+async fn dip(tb: &mut crate::testbed::Testbed, seed: u64) -> anyhow::Result<(f64, u64)> {
+    use crate::testbed::{Node, Side as CableSide};
+    let spec = TrafficSpec {
+        conns: 1,
+        sizes: Sizes::Fixed(256 << 10),
+        rate_per_conn: None,
+        both_ways: false,
+        failback: false,
+        window_bytes: 64 << 20,
+        stall_timeout: Duration::from_secs(30),
+        seed,
+    };
+    let a = HostTraffic::start(tb.ns(Node::Host(0)), 0, 1, spec.clone())?;
+    let b = HostTraffic::start(tb.ns(Node::Host(1)), 1, 0, spec)?;
+    anyhow::ensure!(
+        wait_established(&a, &b, Duration::from_secs(15)).await,
+        "connection did not come up"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let rail = a.conn_stats()[0].rail.unwrap_or(0);
+    let flap_at = b.started.elapsed();
+    tb.set_cable(0, rail, CableSide::Host, false).await?;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tb.set_cable(0, rail, CableSide::Host, true).await?;
+    let _ = drain(&a, &b, Duration::from_secs(30)).await;
+    let timeline = b.rx[0].timeline.lock().expect("timeline").clone();
+    a.join();
+    b.join();
+    let flap_bucket = (flap_at.as_millis() / 10) as usize;
+    // Steady: the second before the flap (after warm-up).
+    let before =
+        &timeline[flap_bucket.saturating_sub(100).max(20)..flap_bucket.min(timeline.len())];
+    let steady = before.iter().sum::<u64>() as f64 / before.len().max(1) as f64;
+    if steady <= 0.0 {
+        return Ok((0.0, 0));
+    }
+    let after = &timeline[flap_bucket.min(timeline.len())..(flap_bucket + 100).min(timeline.len())];
+    let windows: Vec<f64> = after
+        .windows(10)
+        .map(|w| w.iter().sum::<u64>() as f64 / 10.0 / steady)
+        .collect();
+    let min_share = windows.iter().copied().fold(f64::INFINITY, f64::min);
+    let below_half = after.iter().filter(|b| (**b as f64) < steady / 2.0).count() as u64 * 10;
+    Ok((
+        if min_share.is_finite() {
+            min_share
+        } else {
+            0.0
+        },
+        below_half,
+    ))
+}
