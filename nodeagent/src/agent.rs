@@ -8,23 +8,45 @@
 //! supervisor only after commit) trim the outbox. Any error closes the
 //! stream and the reporter reconnects with capped exponential backoff,
 //! preferring the leader the supervisors point to (`rg-leader`).
+//!
+//! **Jobs and orders.** The control socket ([`crate::control`]) serves the
+//! job contract; connection placements and reflex outcomes go through the
+//! same outbox (a `QpReset` first at every start). Link transitions reach
+//! the control plane (the reflex) before they are written to the outbox.
+//! The orders loop keeps an `Orders` stream open to the leader and executes
+//! each order id at most once: outcomes are stored in the outbox database
+//! ([`crate::outbox::OrderLog`]) before they are reported, a repeated id is
+//! answered from the record, and a repeat that arrives while the order runs
+//! is ignored.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use proto::v1::agent_client::AgentClient;
-use proto::v1::{agent_event, AgentEvent, HeartbeatRequest, Nic, NicStateChange, RegisterHost};
+use proto::v1::{
+    agent_event, agent_order, AgentEvent, AgentOrder, HeartbeatRequest, Nic, NicStateChange,
+    OrderResult, OrdersRequest, QpPlacement, QpReset, ReflexDone, RegisterHost,
+};
 use tokio::sync::{mpsc, Mutex, Notify};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::control::{Control, ControlError, SupervisorOrder};
 use crate::damper::DampingConfig;
 use crate::link::{LinkTracker, LinkTransition, NicHealth};
-use crate::outbox::{NicReport, Outbox, OutboxError};
+use crate::outbox::{NicReport, OrderLog, Outbox, OutboxError, Report, StoredOrder};
 
 /// Heartbeat period (DESIGN.md default).
 pub const HEARTBEAT: Duration = Duration::from_millis(250);
 /// Outbox capacity (reports awaiting acknowledgement).
 pub const OUTBOX_CAPACITY: usize = 4096;
+/// Executed orders remembered (by id) to answer repeats.
+pub const ORDER_LOG_CAPACITY: usize = 1024;
+/// Supervisor orders carried out at once (repeats of others are ignored
+/// until they finish).
+pub const MAX_ORDERS_IN_FLIGHT: usize = 64;
+/// How long an order's outcome is offered to the leader before the agent
+/// leaves it to the leader's resend (answered from the record).
+pub const ORDER_REPORT_WINDOW: Duration = Duration::from_secs(2);
 
 /// A data NIC the agent watches.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +65,8 @@ pub struct AgentConfig {
     pub nics: Vec<NicConfig>,
     pub data_dir: std::path::PathBuf,
     pub damping: DampingConfig,
+    /// The job contract's Unix socket.
+    pub control_socket: std::path::PathBuf,
 }
 
 /// Why the agent stopped.
@@ -54,6 +78,8 @@ pub enum AgentError {
     Tracker(#[from] crate::link::TrackerError),
     #[error("bad supervisor address {0:?}")]
     BadAddress(String),
+    #[error(transparent)]
+    Control(#[from] ControlError),
 }
 
 fn health_to_wire(h: NicHealth) -> i32 {
@@ -134,13 +160,38 @@ pub async fn run(
     std::fs::create_dir_all(&cfg.data_dir).map_err(|e| {
         OutboxError::Corrupt(format!("cannot create {}: {e}", cfg.data_dir.display()))
     })?;
-    let outbox = Arc::new(Mutex::new(Outbox::open(
-        &cfg.data_dir.join("outbox"),
-        OUTBOX_CAPACITY,
-    )?));
+    let outbox = Outbox::open(&cfg.data_dir.join("outbox"), OUTBOX_CAPACITY)?;
+    let order_log = outbox.order_log(ORDER_LOG_CAPACITY)?;
+    let outbox = Arc::new(Mutex::new(outbox));
     let fresh = Arc::new(Notify::new());
     let hint = Arc::new(LeaderHint::default());
     let cfg = Arc::new(cfg);
+
+    // The job contract. Placements from an earlier run are unknown now:
+    // reset them before any job registers again.
+    let listener = crate::control::bind(&cfg.control_socket)?;
+    tracing::info!(socket = %cfg.control_socket.display(), "control socket ready");
+    let _socket_file = RemoveOnDrop(cfg.control_socket.clone());
+    outbox
+        .lock()
+        .await
+        .push(Report::QpReset {
+            at_unix_ns: crate::link::unix_ns(),
+        })
+        .await?;
+    let control = Control::new(cfg.nics.clone());
+    let server = tokio::spawn(control.clone().serve(listener));
+    let placements = tokio::spawn(placement_loop(
+        control.clone(),
+        outbox.clone(),
+        fresh.clone(),
+    ));
+    let orders = tokio::spawn(orders_loop(
+        cfg.clone(),
+        hint.clone(),
+        control.clone(),
+        order_log,
+    ));
 
     let (tx, mut rx) = mpsc::channel::<LinkTransition>(1024);
     let names: Vec<String> = cfg.nics.iter().map(|n| n.name.clone()).collect();
@@ -149,8 +200,12 @@ pub async fn run(
     // Transitions → outbox.
     let ob = outbox.clone();
     let notify = fresh.clone();
+    let reflex = control.clone();
     let recorder = tokio::spawn(async move {
         while let Some(t) = rx.recv().await {
+            // The reflex first: jobs hear of a dead NIC before the disk
+            // write and the round trip to the supervisor.
+            reflex.on_link(&t);
             let report = NicReport {
                 nic: t.nic.clone(),
                 health: t.health,
@@ -186,10 +241,260 @@ pub async fn run(
             Ok(Err(e)) => Err(AgentError::Outbox(e)),
             _ => Ok(()),
         },
+        r = placements => match r {
+            Ok(Err(e)) => Err(AgentError::Outbox(e)),
+            _ => Ok(()),
+        },
     };
     reporter.abort();
     heartbeats.abort();
+    server.abort();
+    orders.abort();
     result
+}
+
+/// Removes the control socket file when the agent stops.
+struct RemoveOnDrop(std::path::PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Placements and reflex outcomes → outbox (one flush per batch).
+async fn placement_loop(
+    control: Arc<Control>,
+    outbox: Arc<Mutex<Outbox>>,
+    fresh: Arc<Notify>,
+) -> Result<(), OutboxError> {
+    loop {
+        control.changed().await;
+        let reports = control.take_reports();
+        if reports.is_empty() {
+            continue;
+        }
+        let n = reports.len();
+        outbox.lock().await.push_all(reports).await?;
+        tracing::debug!(reports = n, "connection reports recorded");
+        fresh.notify_one();
+    }
+}
+
+fn supervisor_order(o: &AgentOrder) -> Option<SupervisorOrder> {
+    match o.kind.as_ref()? {
+        agent_order::Kind::Failover(f) => Some(SupervisorOrder::Failover {
+            nic: f.nic.clone(),
+            to: f.to.clone(),
+        }),
+        agent_order::Kind::Failback(f) => Some(SupervisorOrder::Failback { nic: f.nic.clone() }),
+    }
+}
+
+/// Keeps an `Orders` stream open to the leader and executes what arrives.
+async fn orders_loop(
+    cfg: Arc<AgentConfig>,
+    hint: Arc<LeaderHint>,
+    control: Arc<Control>,
+    log: OrderLog,
+) {
+    let inflight = Arc::new(std::sync::Mutex::new(
+        std::collections::HashSet::<u64>::new(),
+    ));
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    let mut rotate = 0usize;
+    loop {
+        let addr = hint.get().unwrap_or_else(|| {
+            rotate += 1;
+            cfg.supervisors[rotate % cfg.supervisors.len()].clone()
+        });
+        if let Ok(mut c) = client(&addr) {
+            let req = OrdersRequest {
+                host: cfg.host.clone(),
+            };
+            match tokio::time::timeout(Duration::from_secs(3), c.orders(req)).await {
+                Ok(Ok(resp)) => {
+                    backoff.reset();
+                    tracing::info!(addr = %addr, "receiving orders from the leader");
+                    let mut stream = resp.into_inner();
+                    loop {
+                        match stream.message().await {
+                            Ok(Some(o)) => {
+                                handle_order(&cfg, &hint, &control, &log, &inflight, o);
+                            }
+                            Ok(None) => break,
+                            Err(s) => {
+                                tracing::debug!(addr = %addr, status = %s.message(), "order stream ended");
+                                break;
+                            }
+                        }
+                    }
+                    hint.set(None);
+                }
+                Ok(Err(s)) => {
+                    tracing::debug!(addr = %addr, status = %s.message(), "order stream refused");
+                    hint.learn(&s);
+                }
+                Err(_) => hint.set(None),
+            }
+        }
+        tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+fn handle_order(
+    cfg: &Arc<AgentConfig>,
+    hint: &Arc<LeaderHint>,
+    control: &Arc<Control>,
+    log: &OrderLog,
+    inflight: &Arc<std::sync::Mutex<std::collections::HashSet<u64>>>,
+    o: AgentOrder,
+) {
+    let id = o.order_id;
+    let Some(order) = supervisor_order(&o) else {
+        tracing::warn!(order_id = id, "order of an unknown kind; ignoring it");
+        return;
+    };
+    let desc = order.describe();
+    match log.get(id) {
+        Ok(Some(stored)) if stored.order == desc => {
+            tracing::info!(order_id = id, order = %desc, ok = stored.ok, "order already executed; answering the stored outcome");
+            let (cfg, hint) = (cfg.clone(), hint.clone());
+            tokio::spawn(async move {
+                report_order(&cfg, &hint, id, stored.ok, &stored.detail).await;
+            });
+            return;
+        }
+        Ok(Some(stored)) => {
+            tracing::warn!(order_id = id, stored = %stored.order, order = %desc, "order id reused for a different order (a new cluster?); executing it");
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::error!(order_id = id, error = %e, "cannot read the order log; executing")
+        }
+    }
+    {
+        let mut f = inflight.lock().unwrap_or_else(|e| e.into_inner());
+        if f.contains(&id) {
+            tracing::debug!(
+                order_id = id,
+                "order repeated while running; ignoring the repeat"
+            );
+            return;
+        }
+        if f.len() >= MAX_ORDERS_IN_FLIGHT {
+            tracing::warn!(
+                order_id = id,
+                "too many orders running; the leader will send it again"
+            );
+            return;
+        }
+        f.insert(id);
+    }
+    tracing::info!(order_id = id, order = %desc, "executing order");
+    let (cfg, hint, control, log, inflight) = (
+        cfg.clone(),
+        hint.clone(),
+        control.clone(),
+        log.clone(),
+        inflight.clone(),
+    );
+    tokio::spawn(async move {
+        let (ok, detail) = control.execute(&order).await;
+        tracing::info!(order_id = id, order = %desc, ok, detail = %detail, "order executed");
+        let stored = StoredOrder {
+            order: desc,
+            ok,
+            detail: detail.clone(),
+            at_unix_ms: crate::link::unix_ns() / 1_000_000,
+        };
+        if let Err(e) = log.record(id, &stored).await {
+            tracing::error!(order_id = id, error = %e, "cannot store the order's outcome");
+        }
+        inflight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        report_order(&cfg, &hint, id, ok, &detail).await;
+    });
+}
+
+/// Offers an order's outcome to the leader for [`ORDER_REPORT_WINDOW`];
+/// after that the leader's resend gets it from the order log.
+async fn report_order(cfg: &AgentConfig, hint: &LeaderHint, id: u64, ok: bool, detail: &str) {
+    let deadline = tokio::time::Instant::now() + ORDER_REPORT_WINDOW;
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(500));
+    let mut rotate = 0usize;
+    loop {
+        let addr = hint.get().unwrap_or_else(|| {
+            rotate += 1;
+            cfg.supervisors[rotate % cfg.supervisors.len()].clone()
+        });
+        if let Ok(mut c) = client(&addr) {
+            let req = OrderResult {
+                host: cfg.host.clone(),
+                order_id: id,
+                ok,
+                detail: detail.to_owned(),
+            };
+            match tokio::time::timeout(Duration::from_secs(1), c.order_done(req)).await {
+                Ok(Ok(_)) => {
+                    tracing::info!(order_id = id, ok, "order outcome committed");
+                    return;
+                }
+                Ok(Err(s))
+                    if matches!(
+                        s.code(),
+                        tonic::Code::InvalidArgument | tonic::Code::NotFound
+                    ) =>
+                {
+                    tracing::warn!(order_id = id, status = %s.message(), "the leader refused the order's outcome");
+                    return;
+                }
+                Ok(Err(s)) => hint.learn(&s),
+                Err(_) => hint.set(None),
+            }
+        }
+        let pause = backoff.next_delay();
+        if tokio::time::Instant::now() + pause >= deadline {
+            tracing::warn!(order_id = id, "could not report the order's outcome; the leader's resend will get it from the order log");
+            return;
+        }
+        tokio::time::sleep(pause).await;
+    }
+}
+
+/// The wire form of a report.
+fn event_kind(r: &Report) -> agent_event::Kind {
+    match r {
+        Report::Nic(n) => agent_event::Kind::NicState(NicStateChange {
+            nic: n.nic.clone(),
+            state: health_to_wire(n.health),
+            carrier_changes: n.carrier_changes,
+            flaps: n.flaps,
+            damping_penalty: n.penalty,
+            coalesced: n.coalesced,
+            link_up: n.link_up,
+        }),
+        Report::Qp(q) => agent_event::Kind::Qp(QpPlacement {
+            job: q.job.clone(),
+            rank: q.rank,
+            conn_id: q.conn_id,
+            nic: q.nic.clone(),
+            peer_host: q.peer_host.clone(),
+            peer_rank: q.peer_rank,
+            rail: q.rail,
+            moved: q.moved,
+            closed: q.closed,
+        }),
+        Report::QpReset { .. } => agent_event::Kind::QpReset(QpReset {}),
+        Report::Reflex(x) => agent_event::Kind::Reflex(ReflexDone {
+            nic: x.nic.clone(),
+            conns: x.conns,
+            ok: x.ok,
+            detail: x.detail.clone(),
+        }),
+    }
 }
 
 async fn heartbeat_loop(cfg: Arc<AgentConfig>, hint: Arc<LeaderHint>) {
@@ -314,16 +619,8 @@ async fn stream_once(
             let ev = AgentEvent {
                 host: cfg.host.clone(),
                 seq: p.seq,
-                at_unix_ns: p.report.at_unix_ns,
-                kind: Some(agent_event::Kind::NicState(NicStateChange {
-                    nic: p.report.nic.clone(),
-                    state: health_to_wire(p.report.health),
-                    carrier_changes: p.report.carrier_changes,
-                    flaps: p.report.flaps,
-                    damping_penalty: p.report.penalty,
-                    coalesced: p.report.coalesced,
-                    link_up: p.report.link_up,
-                })),
+                at_unix_ns: p.report.at_unix_ns(),
+                kind: Some(event_kind(&p.report)),
             };
             tx.send(ev).await.map_err(|_| "stream closed".to_string())?;
             sent = p.seq;

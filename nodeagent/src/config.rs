@@ -11,6 +11,8 @@ use crate::damper::DampingConfig;
 
 /// Default data directory for the outbox.
 pub const DEFAULT_DATA_DIR: &str = "./railguard-agent-data";
+/// Default path of the job contract's socket.
+pub const DEFAULT_CONTROL_SOCKET: &str = rdma::contract::DEFAULT_SOCKET;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -31,6 +33,7 @@ struct FileConfig {
     #[serde(default)]
     nic: Vec<FileNic>,
     damping: Option<DampingConfig>,
+    control_socket: Option<PathBuf>,
 }
 
 /// Values from the command line.
@@ -41,6 +44,7 @@ pub struct Overrides {
     pub data_dir: Option<PathBuf>,
     /// `NAME[:RAIL[:BACKUP[:RDMA]]]`.
     pub nics: Vec<String>,
+    pub control_socket: Option<PathBuf>,
 }
 
 /// A configuration problem.
@@ -210,6 +214,23 @@ pub fn load(
             }
         }
     }
+    let control_socket = over
+        .control_socket
+        .or(fc.control_socket)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONTROL_SOCKET));
+    if control_socket.as_os_str().is_empty() || control_socket.ends_with("/") {
+        return Err(ConfigError::Invalid(format!(
+            "control socket {:?} is not a file path",
+            control_socket.display()
+        )));
+    }
+    // sun_path holds 108 bytes including the terminating NUL.
+    if control_socket.as_os_str().len() > 107 {
+        return Err(ConfigError::Invalid(format!(
+            "control socket path {} is longer than 107 bytes (a Unix socket limit)",
+            control_socket.display()
+        )));
+    }
     let damping = fc.damping.unwrap_or_default();
     damping
         .validate()
@@ -223,6 +244,7 @@ pub fn load(
             .or(fc.data_dir)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
         damping,
+        control_socket,
     })
 }
 
@@ -255,6 +277,27 @@ mod tests {
         };
         let c = load(None, base.clone(), &links()).unwrap();
         assert_eq!(c.nics.len(), 2);
+        assert_eq!(c.control_socket, PathBuf::from("/run/railguard/agent.sock"));
+        let c = load(
+            None,
+            Overrides {
+                control_socket: Some("/tmp/x/a.sock".into()),
+                ..base.clone()
+            },
+            &links(),
+        )
+        .unwrap();
+        assert_eq!(c.control_socket, PathBuf::from("/tmp/x/a.sock"));
+        let e = load(
+            None,
+            Overrides {
+                control_socket: Some(PathBuf::from(format!("/tmp/{}", "s".repeat(120)))),
+                ..base.clone()
+            },
+            &links(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("107 bytes"), "{e}");
         let e = load(
             None,
             Overrides {

@@ -6,7 +6,10 @@
 //! - [`link`]: `LinkTracker` over rtnetlink multicast, per-NIC health.
 //! - [`outbox`]: persisted, bounded, coalescing outbox of sequenced reports.
 //!
-//! - [`agent`]: the runtime (tracker → outbox → report stream, heartbeats).
+//! - [`control`]: the job contract's socket, the connection inventory, the
+//!   reflex and the execution of failover/failback orders.
+//! - [`agent`]: the runtime (tracker → outbox → report stream, heartbeats,
+//!   orders from the leader).
 //! - [`config`]: TOML + flags, NIC discovery.
 //!
 //! RDMA port events (the `rdma` crate's event stream) will feed the same
@@ -14,6 +17,7 @@
 
 pub mod agent;
 pub mod config;
+pub mod control;
 pub use rdma::damper;
 pub mod link;
 pub mod outbox;

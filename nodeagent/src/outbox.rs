@@ -7,10 +7,16 @@
 //! ([`Outbox::resync`]).
 //!
 //! **Bound.** At most `capacity` reports wait for acknowledgement. When full,
-//! further reports are *coalesced*: only the newest report per NIC is kept
-//! (in a side table bounded by the number of NICs, also persisted), with a
-//! count of the transitions it stands for; it gets its sequence number when
-//! room frees up, so sequences never have gaps.
+//! further reports are *coalesced*: only the newest report per subject (a
+//! NIC, a connection) is kept (in a side table bounded by the number of NICs
+//! and connections, also persisted), with a count of the NIC transitions it
+//! stands for; it gets its sequence number when room frees up, so sequences
+//! never have gaps. A `QpReset` supersedes connection reports held back
+//! before it.
+//!
+//! **Orders.** The same database keeps the outcome of every order the agent
+//! executed ([`OrderLog`], bounded), so a repeated order id is answered
+//! from the record instead of being carried out again.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -34,11 +40,86 @@ pub struct NicReport {
     pub coalesced: u32,
 }
 
+/// Where a job's connection runs (or that it closed).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpReport {
+    pub job: String,
+    pub rank: u32,
+    pub conn_id: u64,
+    pub nic: String,
+    pub peer_host: String,
+    pub peer_rank: u32,
+    pub rail: u32,
+    pub moved: bool,
+    pub closed: bool,
+    pub at_unix_ns: u64,
+}
+
+/// The outcome of a reflex (connections ordered off a NIC that went down).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReflexReport {
+    pub nic: String,
+    pub conns: u32,
+    pub ok: bool,
+    pub detail: String,
+    pub at_unix_ns: u64,
+}
+
+/// Anything the agent reports to the supervisor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Report {
+    Nic(NicReport),
+    Qp(QpReport),
+    /// The agent started: the host's connection placements are unknown
+    /// until the jobs register again.
+    QpReset {
+        at_unix_ns: u64,
+    },
+    Reflex(ReflexReport),
+}
+
+impl From<NicReport> for Report {
+    fn from(r: NicReport) -> Self {
+        Report::Nic(r)
+    }
+}
+
+const QP_KEY_PREFIX: &str = "qp/";
+
+impl Report {
+    /// What a newer report of the same key supersedes when coalescing.
+    fn key(&self) -> String {
+        match self {
+            Report::Nic(r) => format!("nic/{}", r.nic),
+            Report::Qp(q) => format!("{QP_KEY_PREFIX}{}/{}/{}", q.job, q.rank, q.conn_id),
+            Report::QpReset { .. } => "qp-reset".into(),
+            Report::Reflex(r) => format!("reflex/{}", r.nic),
+        }
+    }
+
+    /// When the agent observed it.
+    pub fn at_unix_ns(&self) -> u64 {
+        match self {
+            Report::Nic(r) => r.at_unix_ns,
+            Report::Qp(q) => q.at_unix_ns,
+            Report::QpReset { at_unix_ns } => *at_unix_ns,
+            Report::Reflex(r) => r.at_unix_ns,
+        }
+    }
+}
+
 /// A report with its sequence number.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Sequenced {
     pub seq: u64,
-    pub report: NicReport,
+    pub report: Report,
+}
+
+/// The first on-disk format (NIC reports only), read once to migrate.
+#[derive(Deserialize)]
+struct SequencedV1 {
+    seq: u64,
+    report: NicReport,
 }
 
 /// Outbox failures (disk).
@@ -56,6 +137,13 @@ pub enum OutboxError {
 
 const KEY_NEXT: &[u8] = b"next_seq";
 const KEY_OVERFLOW: &[u8] = b"overflow";
+const KEY_FORMAT: &[u8] = b"format";
+/// On-disk format: 1 (implicit) held NIC reports only; 2 holds [`Report`]s.
+const FORMAT: u32 = 2;
+
+fn corrupt(e: impl std::fmt::Display) -> OutboxError {
+    OutboxError::Corrupt(e.to_string())
+}
 
 /// The outbox.
 pub struct Outbox {
@@ -65,7 +153,7 @@ pub struct Outbox {
     path: String,
     capacity: usize,
     next_seq: u64,
-    overflow: BTreeMap<String, NicReport>,
+    overflow: BTreeMap<String, Report>,
 }
 
 impl Outbox {
@@ -83,10 +171,50 @@ impl Outbox {
             Some(b) => bincode::deserialize(&b).map_err(|x| OutboxError::Corrupt(x.to_string()))?,
             None => 1,
         };
+        let format: u32 = match meta.get(KEY_FORMAT).map_err(e)? {
+            Some(b) => bincode::deserialize(&b).map_err(corrupt)?,
+            None => 1,
+        };
+        if format > FORMAT {
+            return Err(OutboxError::Corrupt(format!(
+                "outbox format {format} is newer than this agent understands ({FORMAT})"
+            )));
+        }
         let overflow = match meta.get(KEY_OVERFLOW).map_err(e)? {
-            Some(b) => bincode::deserialize(&b).map_err(|x| OutboxError::Corrupt(x.to_string()))?,
+            Some(b) if format == 1 => {
+                let old: BTreeMap<String, NicReport> = bincode::deserialize(&b).map_err(corrupt)?;
+                old.into_values()
+                    .map(|r| {
+                        let r = Report::Nic(r);
+                        (r.key(), r)
+                    })
+                    .collect()
+            }
+            Some(b) => bincode::deserialize(&b).map_err(corrupt)?,
             None => BTreeMap::new(),
         };
+        if format == 1 {
+            // Rewrite the queue in the current format, in one batch.
+            let mut batch = sled::Batch::default();
+            for kv in queue.iter() {
+                let (k, v) = kv.map_err(e)?;
+                let old: SequencedV1 = bincode::deserialize(&v).map_err(corrupt)?;
+                let new = Sequenced {
+                    seq: old.seq,
+                    report: Report::Nic(old.report),
+                };
+                batch.insert(k, bincode::serialize(&new).map_err(corrupt)?);
+            }
+            queue.apply_batch(batch).map_err(e)?;
+            meta.insert(
+                KEY_OVERFLOW,
+                bincode::serialize(&overflow).map_err(corrupt)?,
+            )
+            .map_err(e)?;
+            meta.insert(KEY_FORMAT, bincode::serialize(&FORMAT).map_err(corrupt)?)
+                .map_err(e)?;
+            db.flush().map_err(e)?;
+        }
         Ok(Outbox {
             db,
             queue,
@@ -119,7 +247,7 @@ impl Outbox {
         self.overflow.len()
     }
 
-    fn enqueue(&mut self, report: NicReport) -> Result<u64, OutboxError> {
+    fn enqueue(&mut self, report: Report) -> Result<u64, OutboxError> {
         let seq = self.next_seq;
         let bytes = bincode::serialize(&Sequenced { seq, report })
             .map_err(|x| OutboxError::Corrupt(x.to_string()))?;
@@ -142,23 +270,49 @@ impl Outbox {
 
     /// Adds a report and makes it durable. Returns its sequence number, or
     /// None if it was coalesced (outbox full).
-    pub async fn push(&mut self, report: NicReport) -> Result<Option<u64>, OutboxError> {
-        let seq = if self.queue.len() < self.capacity && self.overflow.is_empty() {
-            Some(self.enqueue(report)?)
-        } else {
-            let folded = match self.overflow.remove(&report.nic) {
-                Some(old) => old.coalesced + 1,
-                None => 0,
-            };
-            tracing::warn!(nic = %report.nic, coalesced = folded, "outbox full: keeping only the newest report for this NIC");
-            let mut r = report;
-            r.coalesced += folded;
-            self.overflow.insert(r.nic.clone(), r);
-            self.save_overflow()?;
-            None
-        };
+    pub async fn push(&mut self, report: impl Into<Report>) -> Result<Option<u64>, OutboxError> {
+        let seq = self.add(report.into())?;
         self.db.flush_async().await.map_err(self.err())?;
         Ok(seq)
+    }
+
+    /// Adds several reports in order and makes them durable with one flush.
+    pub async fn push_all(&mut self, reports: Vec<Report>) -> Result<(), OutboxError> {
+        if reports.is_empty() {
+            return Ok(());
+        }
+        for r in reports {
+            self.add(r)?;
+        }
+        self.db.flush_async().await.map_err(self.err())?;
+        Ok(())
+    }
+
+    fn add(&mut self, report: Report) -> Result<Option<u64>, OutboxError> {
+        if self.queue.len() < self.capacity && self.overflow.is_empty() {
+            return Ok(Some(self.enqueue(report)?));
+        }
+        let key = report.key();
+        let mut r = report;
+        match (self.overflow.remove(&key), &mut r) {
+            (Some(Report::Nic(old)), Report::Nic(new)) => {
+                new.coalesced += old.coalesced + 1;
+                tracing::warn!(nic = %new.nic, coalesced = new.coalesced, "outbox full: keeping only the newest report for this NIC");
+            }
+            (_, Report::QpReset { .. }) => {
+                // Placements from before the reset are superseded by it.
+                self.overflow.retain(|k, _| !k.starts_with(QP_KEY_PREFIX));
+                tracing::warn!(
+                    "outbox full: connection reports held back before the reset are dropped"
+                );
+            }
+            (_, _) => {
+                tracing::warn!(key = %key, "outbox full: keeping only the newest report of this subject");
+            }
+        }
+        self.overflow.insert(key, r);
+        self.save_overflow()?;
+        Ok(None)
     }
 
     /// Reports with sequence > `after`, in order.
@@ -181,10 +335,11 @@ impl Outbox {
         self.queue.apply_batch(batch).map_err(self.err())?;
         let mut moved = false;
         while self.queue.len() < self.capacity {
-            let Some(nic) = self.overflow.keys().next().cloned() else {
+            // Key order puts NIC reports first and a reset before the
+            // connection reports that follow it.
+            let Some((_, r)) = self.overflow.pop_first() else {
                 break;
             };
-            let r = self.overflow.remove(&nic).expect("present");
             self.enqueue(r)?;
             moved = true;
         }
@@ -216,6 +371,75 @@ impl Outbox {
     /// The sequence the next report will get.
     pub fn next_seq(&self) -> u64 {
         self.next_seq
+    }
+
+    /// The record of executed orders, in the same database.
+    pub fn order_log(&self, capacity: usize) -> Result<OrderLog, OutboxError> {
+        let tree = self.db.open_tree("orders").map_err(self.err())?;
+        Ok(OrderLog {
+            db: self.db.clone(),
+            tree,
+            path: self.path.clone(),
+            capacity: capacity.max(1),
+        })
+    }
+}
+
+/// The outcome of an order the agent executed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredOrder {
+    /// What the order was (a repeat must be the same order).
+    pub order: String,
+    pub ok: bool,
+    pub detail: String,
+    pub at_unix_ms: u64,
+}
+
+/// Executed orders by id (durable, the `capacity` highest ids kept).
+#[derive(Clone)]
+pub struct OrderLog {
+    db: sled::Db,
+    tree: sled::Tree,
+    path: String,
+    capacity: usize,
+}
+
+impl OrderLog {
+    fn err(&self) -> impl Fn(sled::Error) -> OutboxError + '_ {
+        move |source| OutboxError::Sled {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// The stored outcome of order `id`, if it was executed.
+    pub fn get(&self, id: u64) -> Result<Option<StoredOrder>, OutboxError> {
+        match self.tree.get(id.to_be_bytes()).map_err(self.err())? {
+            Some(b) => Ok(Some(bincode::deserialize(&b).map_err(corrupt)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Stores an outcome durably; forgets the lowest ids beyond capacity.
+    pub async fn record(&self, id: u64, o: &StoredOrder) -> Result<(), OutboxError> {
+        let b = bincode::serialize(o).map_err(corrupt)?;
+        self.tree.insert(id.to_be_bytes(), b).map_err(self.err())?;
+        while self.tree.len() > self.capacity {
+            if self.tree.pop_min().map_err(self.err())?.is_none() {
+                break;
+            }
+        }
+        self.db.flush_async().await.map_err(self.err())?;
+        Ok(())
+    }
+
+    /// Orders remembered.
+    pub fn len(&self) -> usize {
+        self.tree.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tree.is_empty()
     }
 }
 
@@ -312,14 +536,125 @@ mod tests {
             vec![3, 4],
             "gapless"
         );
-        let r0 = p.iter().find(|s| s.report.nic == "rail0").unwrap();
-        assert_eq!(
-            r0.report.health,
-            NicHealth::Down,
-            "the newest state (7: down)"
-        );
-        assert_eq!(r0.report.coalesced, 4, "stands for 5 transitions");
-        assert_eq!(r0.report.carrier_changes, 7);
+        let r0 = p
+            .iter()
+            .find_map(|s| match &s.report {
+                Report::Nic(r) if r.nic == "rail0" => Some(r),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(r0.health, NicHealth::Down, "the newest state (7: down)");
+        assert_eq!(r0.coalesced, 4, "stands for 5 transitions");
+        assert_eq!(r0.carrier_changes, 7);
         assert_eq!(o.coalesced_pending(), 0);
+    }
+
+    fn qp(conn_id: u64, nic: &str) -> Report {
+        Report::Qp(QpReport {
+            job: "j".into(),
+            rank: 0,
+            conn_id,
+            nic: nic.into(),
+            peer_host: "h1".into(),
+            peer_rank: 1,
+            rail: 0,
+            moved: nic != "rail0",
+            closed: false,
+            at_unix_ns: 0,
+        })
+    }
+
+    #[tokio::test]
+    async fn full_outbox_keeps_the_newest_placement_and_a_reset_drops_older_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = Outbox::open(dir.path(), 1).unwrap();
+        assert_eq!(o.push(qp(1, "rail0")).await.unwrap(), Some(1));
+        o.push_all(vec![qp(2, "rail0"), qp(2, "rail1"), qp(3, "rail0")])
+            .await
+            .unwrap();
+        assert_eq!(o.coalesced_pending(), 2, "one per connection");
+        o.push(Report::QpReset { at_unix_ns: 5 }).await.unwrap();
+        o.push(qp(4, "rail1")).await.unwrap();
+        assert_eq!(o.coalesced_pending(), 2, "the reset and what followed it");
+        let mut got = Vec::new();
+        for seq in 1..=3 {
+            let p = o.pending_after(seq - 1).unwrap();
+            got.push(p[0].report.clone());
+            o.ack(seq).await.unwrap();
+        }
+        assert_eq!(
+            got,
+            vec![
+                qp(1, "rail0"),
+                Report::QpReset { at_unix_ns: 5 },
+                qp(4, "rail1")
+            ]
+        );
+        assert!(o.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_format_1_outbox_is_migrated() {
+        #[derive(Serialize)]
+        struct V1 {
+            seq: u64,
+            report: NicReport,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = sled::Config::new().path(dir.path()).open().unwrap();
+            let q = db.open_tree("queue").unwrap();
+            let meta = db.open_tree("meta").unwrap();
+            for seq in [3u64, 4] {
+                let v = V1 {
+                    seq,
+                    report: rep("rail0", NicHealth::Down, seq),
+                };
+                q.insert(seq.to_be_bytes(), bincode::serialize(&v).unwrap())
+                    .unwrap();
+            }
+            meta.insert(KEY_NEXT, bincode::serialize(&5u64).unwrap())
+                .unwrap();
+            let overflow = BTreeMap::from([("rail1".to_string(), rep("rail1", NicHealth::Up, 9))]);
+            meta.insert(KEY_OVERFLOW, bincode::serialize(&overflow).unwrap())
+                .unwrap();
+            db.flush().unwrap();
+        }
+        let mut o = Outbox::open(dir.path(), 2).unwrap();
+        let p = o.pending_after(0).unwrap();
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[0].report, Report::Nic(rep("rail0", NicHealth::Down, 3)));
+        assert_eq!(o.next_seq(), 5);
+        o.ack(4).await.unwrap();
+        let p = o.pending_after(4).unwrap();
+        assert_eq!(p[0].seq, 5);
+        assert_eq!(p[0].report, Report::Nic(rep("rail1", NicHealth::Up, 9)));
+        drop(o);
+        // Opening again reads the new format.
+        let o = Outbox::open(dir.path(), 2).unwrap();
+        assert_eq!(o.pending_after(0).unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn order_log_is_durable_and_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let stored = |d: &str| StoredOrder {
+            order: "failover rail0 -> rail1".into(),
+            ok: true,
+            detail: d.into(),
+            at_unix_ms: 1,
+        };
+        {
+            let o = Outbox::open(dir.path(), 10).unwrap();
+            let log = o.order_log(3).unwrap();
+            for id in 1..=5 {
+                log.record(id, &stored(&format!("#{id}"))).await.unwrap();
+            }
+            assert_eq!(log.len(), 3);
+        }
+        let o = Outbox::open(dir.path(), 10).unwrap();
+        let log = o.order_log(3).unwrap();
+        assert_eq!(log.get(5).unwrap(), Some(stored("#5")));
+        assert_eq!(log.get(2).unwrap(), None, "the lowest ids are forgotten");
     }
 }

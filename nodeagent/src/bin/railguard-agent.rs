@@ -10,6 +10,11 @@ use nodeagent::config::{load, Overrides};
 /// railguard node agent: watches the host's data NICs through netlink, damps
 /// flaps, and reports every transition to the supervisor leader
 /// (persisted outbox, exactly-once after commit). Heartbeats every 250 ms.
+///
+/// Jobs register their connections on the control socket (the job
+/// contract, JSON lines); the agent reports their placement, moves them off
+/// a NIC that goes down (the reflex), and carries out the leader's
+/// failover/failback orders (each order id at most once).
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
 struct Args {
@@ -29,6 +34,11 @@ struct Args {
     /// Directory for the persisted outbox. Default ./railguard-agent-data.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// Unix socket jobs talk to (the job contract). Its directory is
+    /// created; a stale socket is replaced, one another agent serves is not.
+    /// Default /run/railguard/agent.sock.
+    #[arg(long)]
+    control_socket: Option<PathBuf>,
 }
 
 async fn link_names() -> anyhow::Result<Vec<String>> {
@@ -53,6 +63,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             supervisors: args.supervisors,
             data_dir: args.data_dir,
             nics: args.nics,
+            control_socket: args.control_socket,
         },
         &links,
     )

@@ -1,0 +1,1172 @@
+//! The agent's control socket: the server side of the job contract
+//! ([`rdma::contract`]), the inventory of the jobs' connections, the reflex
+//! and the execution of the supervisor's orders.
+//!
+//! **Inventory.** Every connection a job registers (`conn_up`) is kept by
+//! (job, rank, conn_id) with its current NIC and its *home* NIC (the NIC of
+//! its home rail, else the NIC it first registered on); it has *moved* when
+//! the two differ. Every change marks the connection dirty; the agent's
+//! reporter takes the dirty set ([`Control::take_reports`]) and puts the
+//! current placements into the outbox, so the supervisor records them
+//! exactly once and in order (newest state wins). When a job's socket
+//! closes its connections are kept for [`ORPHAN_GRACE`] (the client
+//! reconnects and re-registers them), then reported closed.
+//!
+//! **Orders to jobs.** A `migrate` order goes to the socket that registered
+//! the connections (split into orders of at most
+//! [`rdma::contract::MAX_MIGRATE_CONNS`]); the job answers `order_done`
+//! (after `conn_moved` for each connection). An order unanswered for
+//! [`JOB_ORDER_TIMEOUT`] fails; an order whose job reconnects meanwhile is
+//! pushed again to the new socket (the client delivers each id once).
+//!
+//! **Reflex.** When the link tracker sees a NIC go down, every connection
+//! still on it (and not already under an order) is ordered to the NIC's
+//! backup if that is usable (else anywhere). The transport usually moves by
+//! itself first; the order is the backstop. The outcome is logged and
+//! reported (a `ReflexDone` event).
+//!
+//! **Supervisor orders.** [`Control::execute`] carries out a failover (every
+//! connection on the NIC moves to the target) or a failback (connections
+//! whose home is the NIC and that are elsewhere move back), after giving
+//! jobs [`RESYNC_GRACE`] to re-register when the agent has just started.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use rdma::contract::{
+    self, AgentMessage, ConnUp, ContractError, Hello, JobMessage, LineReader, Order, OrderKind,
+};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot, Notify};
+
+use crate::agent::NicConfig;
+use crate::link::{unix_ns, LinkTransition, NicHealth};
+use crate::outbox::{QpReport, ReflexReport, Report};
+
+/// Job sockets served at once.
+pub const MAX_SESSIONS: usize = 256;
+/// Connections tracked (the supervisor keeps as many per host).
+pub const MAX_CONNS: usize = 4096;
+/// Lines queued towards one job socket.
+pub const SESSION_QUEUE: usize = 256;
+/// How long a job has to answer an order.
+pub const JOB_ORDER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the connections of a job whose socket closed are kept.
+pub const ORPHAN_GRACE: Duration = Duration::from_secs(10);
+/// After the agent starts, supervisor orders wait this long for jobs to
+/// re-register (clients reconnect within about a second).
+pub const RESYNC_GRACE: Duration = Duration::from_secs(3);
+/// Reflex outcomes waiting for the reporter.
+const MAX_REFLEX_BACKLOG: usize = 64;
+/// Closed connections waiting for the reporter.
+const MAX_GRAVEYARD: usize = 2 * MAX_CONNS;
+/// Longest detail sent to the supervisor (its limit).
+pub const MAX_DETAIL: usize = 1024;
+
+/// Control socket failures.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("control socket {path}: another agent is listening on it")]
+    InUse { path: String },
+    #[error("control socket {path}: the path exists and is not a socket; remove it or pass another --control-socket")]
+    NotASocket { path: String },
+    #[error("control socket {path}: permission denied; run the agent as root or pass --control-socket PATH")]
+    Permission { path: String },
+    #[error("control socket {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Binds the control socket: creates its directory, removes a socket file
+/// nobody listens on (left by a crashed agent), and refuses a path another
+/// agent is serving or that is not a socket. The socket is open to every
+/// local user (jobs run as their own users); restrict its directory to
+/// limit who may talk to the agent.
+pub fn bind(path: &Path) -> Result<UnixListener, ControlError> {
+    let shown = path.display().to_string();
+    let io = |source: std::io::Error| {
+        if source.kind() == std::io::ErrorKind::PermissionDenied {
+            ControlError::Permission {
+                path: shown.clone(),
+            }
+        } else {
+            ControlError::Io {
+                path: shown.clone(),
+                source,
+            }
+        }
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if !m.file_type().is_socket() => {
+            return Err(ControlError::NotASocket { path: shown });
+        }
+        Ok(_) => match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => return Err(ControlError::InUse { path: shown }),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                tracing::info!(socket = %shown, "removing a stale control socket");
+                std::fs::remove_file(path).map_err(io)?;
+            }
+            Err(e) => return Err(io(e)),
+        },
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(e)),
+    }
+    let l = UnixListener::bind(path).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            ControlError::InUse {
+                path: shown.clone(),
+            }
+        } else {
+            io(e)
+        }
+    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(io)?;
+    Ok(l)
+}
+
+/// Identifies a connection: job, rank, connection id.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnKey {
+    pub job: String,
+    pub rank: u32,
+    pub conn_id: u64,
+}
+
+impl std::fmt::Display for ConnKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.job, self.rank, self.conn_id)
+    }
+}
+
+/// A connection as the agent knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnRecord {
+    /// The latest registration, with the current NIC.
+    pub conn: ConnUp,
+    /// Its home NIC.
+    pub home: String,
+    /// The job socket that registered it (None: that socket closed).
+    session: Option<u64>,
+    orphaned_at: Option<Instant>,
+    /// A migrate order covering it is outstanding.
+    in_order: Option<u64>,
+}
+
+impl ConnRecord {
+    /// Off its home NIC.
+    pub fn moved(&self) -> bool {
+        self.conn.nic != self.home
+    }
+}
+
+/// An order from the supervisor, as the agent executes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SupervisorOrder {
+    Failover { nic: String, to: String },
+    Failback { nic: String },
+}
+
+impl SupervisorOrder {
+    /// A stable description (a repeated order id must carry the same order).
+    pub fn describe(&self) -> String {
+        match self {
+            SupervisorOrder::Failover { nic, to } => format!("failover {nic} -> {to}"),
+            SupervisorOrder::Failback { nic } => format!("failback -> {nic}"),
+        }
+    }
+}
+
+struct Session {
+    hello: Hello,
+    tx: mpsc::Sender<AgentMessage>,
+    /// Connection ids registered on this socket.
+    conns: BTreeMap<u64, ConnKey>,
+}
+
+struct Pending {
+    /// Who the order is for (the hello of the socket it was sent to).
+    job: String,
+    rank: u32,
+    order: Order,
+    conns: Vec<ConnKey>,
+    reply: Option<oneshot::Sender<(bool, String)>>,
+}
+
+#[derive(Default)]
+struct Inventory {
+    sessions: HashMap<u64, Session>,
+    conns: BTreeMap<ConnKey, ConnRecord>,
+    pending: HashMap<u64, Pending>,
+    health: BTreeMap<String, NicHealth>,
+    dirty: BTreeSet<ConnKey>,
+    /// Last state of closed connections not yet reported.
+    graveyard: BTreeMap<ConnKey, ConnUp>,
+    reflexes: VecDeque<ReflexReport>,
+}
+
+impl Inventory {
+    fn mark(&mut self, key: ConnKey) {
+        self.dirty.insert(key);
+    }
+
+    fn bury(&mut self, key: ConnKey, last: ConnUp) {
+        if self.graveyard.len() >= MAX_GRAVEYARD {
+            tracing::warn!(conn = %key, "too many closed connections waiting to be reported; this close is not reported");
+            return;
+        }
+        self.graveyard.insert(key.clone(), last);
+        self.dirty.insert(key);
+    }
+}
+
+/// One job order being waited for.
+struct Wait {
+    who: String,
+    order_id: u64,
+    conns: usize,
+    rx: oneshot::Receiver<(bool, String)>,
+}
+
+/// Outcome of sending migrate orders: what to wait for, and what already
+/// failed.
+#[derive(Default)]
+struct Sent {
+    waits: Vec<Wait>,
+    failed: Vec<String>,
+    failed_conns: usize,
+}
+
+/// The control plane of one agent.
+pub struct Control {
+    nics: Vec<NicConfig>,
+    inv: Mutex<Inventory>,
+    next_session: AtomicU64,
+    next_order: AtomicU64,
+    started: Instant,
+    changed: Notify,
+}
+
+impl Control {
+    pub fn new(nics: Vec<NicConfig>) -> Arc<Control> {
+        // Job order ids start from the clock (µs) so they do not repeat
+        // across agent restarts.
+        let first = unix_ns() / 1_000;
+        Arc::new(Control {
+            nics,
+            inv: Mutex::new(Inventory::default()),
+            next_session: AtomicU64::new(1),
+            next_order: AtomicU64::new(first.max(1)),
+            started: Instant::now(),
+            changed: Notify::new(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inventory> {
+        self.inv.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn nic(&self, name: &str) -> Option<&NicConfig> {
+        self.nics.iter().find(|n| n.name == name)
+    }
+
+    fn check_nic(&self, name: &str) -> Result<(), String> {
+        if self.nic(name).is_some() {
+            return Ok(());
+        }
+        let have: Vec<&str> = self.nics.iter().map(|n| n.name.as_str()).collect();
+        Err(format!(
+            "NIC {name:?} is not a data NIC of this host (it has {})",
+            have.join(", ")
+        ))
+    }
+
+    fn home_of(&self, rail: u32) -> Option<String> {
+        self.nics
+            .iter()
+            .find(|n| n.rail == Some(rail))
+            .map(|n| n.name.clone())
+    }
+
+    fn usable(inv: &Inventory, nic: &str) -> Result<(), NicHealth> {
+        match inv.health.get(nic) {
+            Some(h) if !h.usable() => Err(*h),
+            _ => Ok(()),
+        }
+    }
+
+    /// Resolves when placements or reflex outcomes wait to be reported.
+    pub async fn changed(&self) {
+        self.changed.notified().await
+    }
+
+    /// Takes what is to be reported: the current placement of every
+    /// changed connection (or its closing), then reflex outcomes.
+    pub fn take_reports(&self) -> Vec<Report> {
+        let mut inv = self.lock();
+        let dirty = std::mem::take(&mut inv.dirty);
+        let now = unix_ns();
+        let mut out = Vec::with_capacity(dirty.len());
+        for key in dirty {
+            let (conn, moved, closed) = match inv.conns.get(&key) {
+                Some(r) => (r.conn.clone(), r.moved(), false),
+                None => match inv.graveyard.remove(&key) {
+                    Some(c) => (c, false, true),
+                    None => continue,
+                },
+            };
+            out.push(Report::Qp(QpReport {
+                job: conn.job,
+                rank: conn.rank,
+                conn_id: conn.conn_id,
+                nic: conn.nic,
+                peer_host: conn.peer_host,
+                peer_rank: conn.peer_rank,
+                rail: conn.rail,
+                moved,
+                closed,
+                at_unix_ns: now,
+            }));
+        }
+        out.extend(inv.reflexes.drain(..).map(Report::Reflex));
+        out
+    }
+
+    /// Every connection known, by key.
+    pub fn conns(&self) -> Vec<ConnRecord> {
+        self.lock().conns.values().cloned().collect()
+    }
+
+    /// Serves job sockets until the task is dropped; sweeps orphaned
+    /// connections every second.
+    pub async fn serve(self: Arc<Self>, listener: UnixListener) {
+        let sweeper = {
+            let c = self.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(1));
+                loop {
+                    tick.tick().await;
+                    c.sweep(Instant::now());
+                }
+            })
+        };
+        let _stop_sweeper = AbortOnDrop(sweeper);
+        loop {
+            match listener.accept().await {
+                Ok((s, _)) => {
+                    tokio::spawn(self.clone().session(s));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "control socket accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    /// Reports closed the connections of sockets gone for [`ORPHAN_GRACE`].
+    pub fn sweep(&self, now: Instant) {
+        let mut inv = self.lock();
+        let expired: Vec<ConnKey> = inv
+            .conns
+            .iter()
+            .filter(|(_, r)| {
+                r.orphaned_at
+                    .is_some_and(|t| now.duration_since(t) >= ORPHAN_GRACE)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        if expired.is_empty() {
+            return;
+        }
+        tracing::info!(
+            conns = expired.len(),
+            "connections of jobs that did not reconnect are closed"
+        );
+        for k in expired {
+            if let Some(r) = inv.conns.remove(&k) {
+                inv.bury(k, r.conn);
+            }
+        }
+        drop(inv);
+        self.changed.notify_one();
+    }
+
+    async fn session(self: Arc<Self>, stream: UnixStream) {
+        let (rd, mut wr) = stream.into_split();
+        let (tx, mut rx) = mpsc::channel::<AgentMessage>(SESSION_QUEUE);
+        let writer = tokio::spawn(async move {
+            while let Some(m) = rx.recv().await {
+                if let Err(e) = contract::write_message(&mut wr, &m).await {
+                    tracing::debug!(error = %e, "job socket write failed");
+                    return;
+                }
+            }
+        });
+        let mut reader = LineReader::new(rd);
+        let mut sid: Option<u64> = None;
+        loop {
+            let msg = match reader.next_line().await {
+                Ok(Some(line)) => contract::decode_job(line),
+                Ok(None) => break,
+                Err(e @ ContractError::LineTooLong { .. }) => {
+                    tracing::warn!(session = ?sid, error = %e, "job sent an oversized line; closing its socket");
+                    let _ = tx
+                        .send(AgentMessage::Error {
+                            message: format!("{e}; closing the connection"),
+                        })
+                        .await;
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(session = ?sid, error = %e, "job socket read failed");
+                    break;
+                }
+            };
+            let (reply, then) = match msg.and_then(|m| m.validate().map(|()| m)) {
+                Err(e) => (Err(e.to_string()), Vec::new()),
+                Ok(m) => match self.handle(&mut sid, &tx, m) {
+                    Ok(then) => (Ok(()), then),
+                    Err(e) => (Err(e), Vec::new()),
+                },
+            };
+            let out = match reply {
+                Ok(()) => AgentMessage::Ok,
+                Err(message) => {
+                    tracing::debug!(session = ?sid, error = %message, "job message refused");
+                    AgentMessage::Error { message }
+                }
+            };
+            let mut closed = tx.send(out).await.is_err();
+            for m in then {
+                closed |= tx.send(m).await.is_err();
+            }
+            if closed {
+                break;
+            }
+        }
+        if let Some(id) = sid {
+            self.end_session(id);
+        }
+        drop(tx);
+        let _ = writer.await;
+    }
+
+    /// Handles one valid message; returns lines to send after the `ok`.
+    fn handle(
+        &self,
+        sid: &mut Option<u64>,
+        tx: &mpsc::Sender<AgentMessage>,
+        msg: JobMessage,
+    ) -> Result<Vec<AgentMessage>, String> {
+        let mut inv = self.lock();
+        let id = match (&msg, *sid) {
+            (JobMessage::Hello(h), None) => {
+                if inv.sessions.len() >= MAX_SESSIONS {
+                    return Err(format!(
+                        "the agent serves at most {MAX_SESSIONS} job connections"
+                    ));
+                }
+                let id = self.next_session.fetch_add(1, Ordering::Relaxed);
+                inv.sessions.insert(
+                    id,
+                    Session {
+                        hello: h.clone(),
+                        tx: tx.clone(),
+                        conns: BTreeMap::new(),
+                    },
+                );
+                *sid = Some(id);
+                tracing::info!(session = id, job = %h.job, rank = h.rank, pid = h.pid, "job connected");
+                // Orders this job has not answered yet go to the new socket.
+                let again = inv
+                    .pending
+                    .values()
+                    .filter(|p| p.job == h.job && p.rank == h.rank)
+                    .map(|p| AgentMessage::Order(p.order.clone()))
+                    .collect();
+                return Ok(again);
+            }
+            (JobMessage::Hello(_), Some(_)) => {
+                return Err("hello was already said on this connection".into())
+            }
+            (_, None) => return Err("say hello first".into()),
+            (_, Some(id)) => id,
+        };
+        let (job, rank) = {
+            let s = &inv.sessions[&id];
+            (s.hello.job.clone(), s.hello.rank)
+        };
+        match msg {
+            JobMessage::Hello(_) => unreachable!("handled above"),
+            JobMessage::ConnUp(c) => {
+                if c.job != job {
+                    return Err(format!(
+                        "connection of job {:?} on the connection of job {job:?}",
+                        c.job
+                    ));
+                }
+                self.check_nic(&c.nic)?;
+                let key = ConnKey {
+                    job: c.job.clone(),
+                    rank: c.rank,
+                    conn_id: c.conn_id,
+                };
+                if let Some(k) = inv.sessions[&id].conns.get(&c.conn_id) {
+                    if *k != key {
+                        return Err(format!(
+                            "connection id {} is already registered for rank {} on this connection",
+                            c.conn_id, k.rank
+                        ));
+                    }
+                }
+                let home = self.home_of(c.rail);
+                let live_owner = |s: Option<u64>| s.filter(|o| *o != id);
+                match inv.conns.get(&key).map(|r| live_owner(r.session)) {
+                    Some(Some(other)) if inv.sessions.contains_key(&other) => {
+                        let pid = inv.sessions[&other].hello.pid;
+                        return Err(format!(
+                            "connection {key} is registered by another live connection (pid {pid})"
+                        ));
+                    }
+                    None if inv.conns.len() >= MAX_CONNS => {
+                        return Err(format!("the agent tracks at most {MAX_CONNS} connections"));
+                    }
+                    _ => {}
+                }
+                let rec = match inv.conns.remove(&key) {
+                    Some(mut r) => {
+                        r.home = home.unwrap_or(r.home);
+                        r.conn = c.clone();
+                        r.session = Some(id);
+                        r.orphaned_at = None;
+                        r
+                    }
+                    None => ConnRecord {
+                        home: home.unwrap_or_else(|| c.nic.clone()),
+                        conn: c.clone(),
+                        session: Some(id),
+                        orphaned_at: None,
+                        in_order: None,
+                    },
+                };
+                inv.conns.insert(key.clone(), rec);
+                inv.graveyard.remove(&key);
+                if let Some(s) = inv.sessions.get_mut(&id) {
+                    s.conns.insert(c.conn_id, key.clone());
+                }
+                inv.mark(key);
+            }
+            JobMessage::ConnMoved { conn_id, nic } => {
+                self.check_nic(&nic)?;
+                let key = inv.sessions[&id]
+                    .conns
+                    .get(&conn_id)
+                    .cloned()
+                    .ok_or_else(|| {
+                        format!("connection {conn_id} is not registered on this connection")
+                    })?;
+                let r = inv.conns.get_mut(&key).expect("registered on the session");
+                if r.conn.nic != nic {
+                    tracing::info!(conn = %key, from = %r.conn.nic, to = %nic, "connection moved");
+                    r.conn.nic = nic;
+                    inv.mark(key);
+                }
+            }
+            JobMessage::ConnClosed { conn_id } => {
+                let key = inv
+                    .sessions
+                    .get_mut(&id)
+                    .and_then(|s| s.conns.remove(&conn_id))
+                    .ok_or_else(|| {
+                        format!("connection {conn_id} is not registered on this connection")
+                    })?;
+                if let Some(r) = inv.conns.remove(&key) {
+                    inv.bury(key, r.conn);
+                }
+            }
+            JobMessage::OrderDone {
+                order_id,
+                ok,
+                detail,
+            } => {
+                match inv.pending.get(&order_id) {
+                    Some(p) if p.job == job => {}
+                    Some(_) => return Err(format!("order {order_id} is not for job {job:?}")),
+                    None => {
+                        return Err(format!(
+                            "order {order_id} is not pending (answered already, timed out, or from before an agent restart)"
+                        ))
+                    }
+                }
+                let p = inv.pending.remove(&order_id).expect("checked");
+                tracing::info!(order_id, job = %job, rank, ok, detail = %detail, "job answered an order");
+                for k in &p.conns {
+                    if let Some(r) = inv.conns.get_mut(k) {
+                        if r.in_order == Some(order_id) {
+                            r.in_order = None;
+                        }
+                    }
+                }
+                if let Some(reply) = p.reply {
+                    let _ = reply.send((ok, detail));
+                }
+            }
+        }
+        drop(inv);
+        self.changed.notify_one();
+        Ok(Vec::new())
+    }
+
+    fn end_session(&self, id: u64) {
+        let mut inv = self.lock();
+        let Some(s) = inv.sessions.remove(&id) else {
+            return;
+        };
+        let now = Instant::now();
+        for key in s.conns.values() {
+            if let Some(r) = inv.conns.get_mut(key) {
+                if r.session == Some(id) {
+                    r.session = None;
+                    r.orphaned_at = Some(now);
+                }
+            }
+        }
+        tracing::info!(session = id, job = %s.hello.job, rank = s.hello.rank, conns = s.conns.len(), "job disconnected");
+    }
+
+    /// Orders the connections `keys` to `to`, grouped by the socket that
+    /// registered them.
+    fn send_migrate(&self, inv: &mut Inventory, keys: &[ConnKey], to: Option<&str>) -> Sent {
+        let mut sent = Sent::default();
+        let mut by_session: BTreeMap<u64, Vec<ConnKey>> = BTreeMap::new();
+        for k in keys {
+            match inv.conns.get(k).and_then(|r| r.session) {
+                Some(s) if inv.sessions.contains_key(&s) => {
+                    by_session.entry(s).or_default().push(k.clone())
+                }
+                _ => {
+                    sent.failed
+                        .push(format!("{k}: its job is not connected to the agent"));
+                    sent.failed_conns += 1;
+                }
+            }
+        }
+        for (sid, keys) in by_session {
+            let (job, rank, tx) = {
+                let s = &inv.sessions[&sid];
+                (s.hello.job.clone(), s.hello.rank, s.tx.clone())
+            };
+            for chunk in keys.chunks(contract::MAX_MIGRATE_CONNS) {
+                let order_id = self.next_order.fetch_add(1, Ordering::Relaxed);
+                let order = Order {
+                    order_id,
+                    kind: OrderKind::Migrate {
+                        conn_ids: chunk.iter().map(|k| k.conn_id).collect(),
+                        to_nic: to.map(str::to_owned),
+                    },
+                };
+                let who = format!("job {job} rank {rank}");
+                if tx.try_send(AgentMessage::Order(order.clone())).is_err() {
+                    sent.failed
+                        .push(format!("{who}: its socket is backed up or closed"));
+                    sent.failed_conns += chunk.len();
+                    continue;
+                }
+                let (reply, rx) = oneshot::channel();
+                for k in chunk {
+                    if let Some(r) = inv.conns.get_mut(k) {
+                        r.in_order = Some(order_id);
+                    }
+                }
+                inv.pending.insert(
+                    order_id,
+                    Pending {
+                        job: job.clone(),
+                        rank,
+                        order,
+                        conns: chunk.to_vec(),
+                        reply: Some(reply),
+                    },
+                );
+                tracing::info!(order_id, job = %job, rank, conns = chunk.len(), to = ?to, "migrate order sent to job");
+                sent.waits.push(Wait {
+                    who,
+                    order_id,
+                    conns: chunk.len(),
+                    rx,
+                });
+            }
+        }
+        sent
+    }
+
+    /// Waits (bounded) for the job orders; returns (ok, detail).
+    async fn await_orders(&self, sent: Sent, what: &str) -> (bool, String) {
+        let Sent {
+            waits,
+            mut failed,
+            failed_conns,
+        } = sent;
+        let total = waits.iter().map(|w| w.conns).sum::<usize>() + failed_conns;
+        let deadline = tokio::time::Instant::now() + JOB_ORDER_TIMEOUT;
+        let mut moved = 0usize;
+        for w in waits {
+            match tokio::time::timeout_at(deadline, w.rx).await {
+                Ok(Ok((true, _))) => moved += w.conns,
+                Ok(Ok((false, d))) => failed.push(format!("{}: {d}", w.who)),
+                Ok(Err(_)) => failed.push(format!("{}: the order was dropped", w.who)),
+                Err(_) => failed.push(format!(
+                    "{} did not answer within {} s",
+                    w.who,
+                    JOB_ORDER_TIMEOUT.as_secs()
+                )),
+            }
+            self.forget_order(w.order_id);
+        }
+        let detail = if failed.is_empty() {
+            format!("{moved} connections moved {what}")
+        } else {
+            format!(
+                "{} of {total} connections not moved {what}: {}",
+                total - moved,
+                failed.join("; ")
+            )
+        };
+        (
+            failed.is_empty(),
+            contract::truncate(&detail, MAX_DETAIL).to_owned(),
+        )
+    }
+
+    fn forget_order(&self, order_id: u64) {
+        let mut inv = self.lock();
+        if let Some(p) = inv.pending.remove(&order_id) {
+            for k in &p.conns {
+                if let Some(r) = inv.conns.get_mut(k) {
+                    if r.in_order == Some(order_id) {
+                        r.in_order = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Feeds a link transition: remembers the NIC's health and, when its
+    /// link went down, orders the connections still on it away (the reflex).
+    pub fn on_link(self: &Arc<Self>, t: &LinkTransition) {
+        let mut inv = self.lock();
+        inv.health.insert(t.nic.clone(), t.health);
+        if t.link_up {
+            return;
+        }
+        let keys: Vec<ConnKey> = inv
+            .conns
+            .iter()
+            .filter(|(_, r)| r.conn.nic == t.nic && r.in_order.is_none())
+            .map(|(k, _)| k.clone())
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        let to = self
+            .nic(&t.nic)
+            .and_then(|n| n.backup.clone())
+            .filter(|b| Self::usable(&inv, b).is_ok());
+        let sent = self.send_migrate(&mut inv, &keys, to.as_deref());
+        drop(inv);
+        let what = match &to {
+            Some(b) => format!("off {} to {b}", t.nic),
+            None => format!("off {} (to any healthy NIC)", t.nic),
+        };
+        tracing::info!(nic = %t.nic, conns = keys.len(), to = ?to, "reflex: NIC down, ordering its connections away");
+        let this = self.clone();
+        let nic = t.nic.clone();
+        tokio::spawn(async move {
+            let (ok, detail) = this.await_orders(sent, &what).await;
+            if ok {
+                tracing::info!(nic = %nic, conns = keys.len(), detail = %detail, "reflex done");
+            } else {
+                tracing::warn!(nic = %nic, conns = keys.len(), detail = %detail, "reflex failed");
+            }
+            let mut inv = this.lock();
+            if inv.reflexes.len() >= MAX_REFLEX_BACKLOG {
+                inv.reflexes.pop_front();
+            }
+            inv.reflexes.push_back(ReflexReport {
+                nic,
+                conns: keys.len() as u32,
+                ok,
+                detail,
+                at_unix_ns: unix_ns(),
+            });
+            drop(inv);
+            this.changed.notify_one();
+        });
+    }
+
+    /// Carries out a supervisor order; returns (ok, detail).
+    pub async fn execute(&self, order: &SupervisorOrder) -> (bool, String) {
+        tokio::time::sleep_until((self.started + RESYNC_GRACE).into()).await;
+        let (keys, to, what) = {
+            let inv = self.lock();
+            match order {
+                SupervisorOrder::Failover { nic, to } => {
+                    if let Err(e) = self.check_nic(nic) {
+                        return (false, e);
+                    }
+                    if to == nic || self.nic(to).is_none() {
+                        return (
+                            false,
+                            format!("target {to:?} is not another data NIC of this host"),
+                        );
+                    }
+                    if let Err(h) = Self::usable(&inv, to) {
+                        return (false, format!("target NIC {to} is {h:?}"));
+                    }
+                    let keys: Vec<ConnKey> = inv
+                        .conns
+                        .iter()
+                        .filter(|(_, r)| r.conn.nic == *nic)
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    if keys.is_empty() {
+                        return (true, format!("no connections on {nic}"));
+                    }
+                    (keys, to.clone(), format!("off {nic} to {to}"))
+                }
+                SupervisorOrder::Failback { nic } => {
+                    if let Err(e) = self.check_nic(nic) {
+                        return (false, e);
+                    }
+                    if let Err(h) = Self::usable(&inv, nic) {
+                        return (false, format!("NIC {nic} is {h:?}; not failing back"));
+                    }
+                    let keys: Vec<ConnKey> = inv
+                        .conns
+                        .iter()
+                        .filter(|(_, r)| r.home == *nic && r.conn.nic != *nic)
+                        .map(|(k, _)| k.clone())
+                        .collect();
+                    if keys.is_empty() {
+                        return (true, format!("no connections away from {nic}"));
+                    }
+                    (keys, nic.clone(), format!("back to {nic}"))
+                }
+            }
+        };
+        let sent = {
+            let mut inv = self.lock();
+            self.send_migrate(&mut inv, &keys, Some(&to))
+        };
+        self.await_orders(sent, &what).await
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdma::contract::{ClientOptions, ContractClient, Delivery};
+
+    fn nics() -> Vec<NicConfig> {
+        vec![
+            NicConfig {
+                name: "rail0".into(),
+                rail: Some(0),
+                backup: Some("rail1".into()),
+                rdma_device: None,
+            },
+            NicConfig {
+                name: "rail1".into(),
+                rail: Some(1),
+                backup: Some("rail0".into()),
+                rdma_device: None,
+            },
+        ]
+    }
+
+    fn up(conn_id: u64, nic: &str, rail: u32) -> ConnUp {
+        ConnUp {
+            job: "train".into(),
+            rank: 0,
+            conn_id,
+            nic: nic.into(),
+            peer_host: "h1".into(),
+            peer_rank: 1,
+            rail,
+        }
+    }
+
+    fn transition(nic: &str, link_up: bool) -> LinkTransition {
+        LinkTransition {
+            nic: nic.into(),
+            link_up,
+            health: if link_up {
+                NicHealth::Up
+            } else {
+                NicHealth::Down
+            },
+            carrier_changes: 0,
+            flaps: 0,
+            penalty: 0.0,
+            observed_at: Instant::now(),
+            observed_unix_ns: 0,
+            synthesized: false,
+        }
+    }
+
+    async fn start() -> (Arc<Control>, tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("run").join("agent.sock");
+        let l = bind(&sock).unwrap();
+        let c = Control::new(nics());
+        tokio::spawn(c.clone().serve(l));
+        (c, dir, sock)
+    }
+
+    async fn job(sock: &Path) -> (ContractClient, rdma::contract::OrderStream) {
+        ContractClient::connect_with(
+            sock,
+            Hello {
+                job: "train".into(),
+                rank: 0,
+                pid: std::process::id(),
+            },
+            ClientOptions {
+                backoff_max: Duration::from_millis(100),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+    }
+
+    /// Answers every migrate order: `conn_moved` for each, then ok.
+    fn obey(
+        c: ContractClient,
+        mut orders: rdma::contract::OrderStream,
+    ) -> mpsc::UnboundedReceiver<Order> {
+        let (seen_tx, seen) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(o) = orders.next().await {
+                if let OrderKind::Migrate { conn_ids, to_nic } = &o.kind {
+                    for id in conn_ids {
+                        c.conn_moved(*id, to_nic.as_deref().unwrap_or("rail1"))
+                            .await
+                            .unwrap();
+                    }
+                }
+                c.order_done(o.order_id, true, "moved").await.unwrap();
+                let _ = seen_tx.send(o);
+            }
+        });
+        seen
+    }
+
+    fn reports(c: &Control) -> Vec<QpReport> {
+        c.take_reports()
+            .into_iter()
+            .filter_map(|r| match r {
+                Report::Qp(q) => Some(q),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn socket_binding_replaces_stale_files_and_refuses_a_live_agent() {
+        let (_c, dir, sock) = start().await;
+        let e = bind(&sock).unwrap_err();
+        assert!(matches!(e, ControlError::InUse { .. }), "{e}");
+        assert!(e.to_string().contains("another agent"), "{e}");
+        // A socket file nobody listens on is replaced.
+        let stale = dir.path().join("stale.sock");
+        drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+        bind(&stale).expect("stale socket replaced");
+        // A regular file is left alone.
+        let file = dir.path().join("file.sock");
+        std::fs::write(&file, b"x").unwrap();
+        let e = bind(&file).unwrap_err();
+        assert!(matches!(e, ControlError::NotASocket { .. }), "{e}");
+        assert_eq!(std::fs::read(&file).unwrap(), b"x");
+    }
+
+    #[tokio::test]
+    async fn registrations_are_validated_and_reported() {
+        let (c, _dir, sock) = start().await;
+        let (j, _orders) = job(&sock).await;
+        assert_eq!(j.conn_up(up(1, "rail0", 0)).await.unwrap(), Delivery::Acked);
+        assert_eq!(j.conn_up(up(2, "rail1", 0)).await.unwrap(), Delivery::Acked);
+        let e = j.conn_up(up(3, "eth9", 0)).await.unwrap_err();
+        assert!(e.to_string().contains("not a data NIC"), "{e}");
+        let mut other = up(4, "rail0", 0);
+        other.job = "other".into();
+        assert!(j.conn_up(other).await.is_err(), "another job's connection");
+        let r = reports(&c);
+        assert_eq!(r.len(), 2);
+        assert!(!r[0].moved && r[1].moved, "conn 2 is off its home rail0");
+        // A garbage line gets an error and the socket stays usable.
+        let mut raw = UnixStream::connect(&sock).await.unwrap();
+        use tokio::io::AsyncWriteExt;
+        raw.write_all(b"{\"type\":\"hello\",\"job\":\"x\",\"rank\":0,\"pid\":1}\nnot json\n{\"type\":\"conn_teleported\"}\n")
+            .await
+            .unwrap();
+        let (rd, _wr) = raw.into_split();
+        let mut lines = LineReader::new(rd);
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let l = lines.next_line().await.unwrap().unwrap().to_vec();
+            got.push(contract::decode_agent(&l).unwrap());
+        }
+        assert_eq!(got[0], AgentMessage::Ok);
+        assert!(matches!(&got[1], AgentMessage::Error { message } if message.contains("not JSON")));
+        assert!(
+            matches!(&got[2], AgentMessage::Error { message } if message.contains("unknown message type"))
+        );
+        // Moves and closes are reported; closing twice is refused.
+        j.conn_moved(1, "rail1").await.unwrap();
+        j.conn_closed(2).await.unwrap();
+        let r = reports(&c);
+        assert_eq!(r.len(), 2);
+        assert!(r[0].moved && !r[0].closed);
+        assert!(r[1].closed);
+        assert!(j.conn_closed(2).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn failover_and_failback_move_the_right_connections() {
+        let (c, _dir, sock) = start().await;
+        let (j, orders) = job(&sock).await;
+        for (id, nic, rail) in [(1, "rail0", 0), (2, "rail0", 0), (3, "rail1", 1)] {
+            j.conn_up(up(id, nic, rail)).await.unwrap();
+        }
+        let mut seen = obey(j.clone(), orders);
+        let fo = SupervisorOrder::Failover {
+            nic: "rail0".into(),
+            to: "rail1".into(),
+        };
+        let (ok, detail) = c.execute(&fo).await;
+        assert!(ok, "{detail}");
+        assert_eq!(detail, "2 connections moved off rail0 to rail1");
+        let o = seen.recv().await.unwrap();
+        assert_eq!(
+            o.kind,
+            OrderKind::Migrate {
+                conn_ids: vec![1, 2],
+                to_nic: Some("rail1".into())
+            }
+        );
+        assert!(c.conns().iter().all(|r| r.conn.nic == "rail1"));
+        // Nothing left on rail0: done without orders.
+        let (ok, detail) = c.execute(&fo).await;
+        assert!(ok && detail.contains("no connections"), "{detail}");
+        // Failback moves only the connections whose home is rail0.
+        let (ok, detail) = c
+            .execute(&SupervisorOrder::Failback {
+                nic: "rail0".into(),
+            })
+            .await;
+        assert!(ok, "{detail}");
+        let o = seen.recv().await.unwrap();
+        assert!(
+            matches!(&o.kind, OrderKind::Migrate { conn_ids, to_nic } if conn_ids == &vec![1, 2] && to_nic.as_deref() == Some("rail0")),
+            "{o:?}"
+        );
+        assert!(seen.try_recv().is_err(), "one order each");
+        // A failback to a NIC that is down is refused without orders.
+        c.on_link(&transition("rail0", false));
+        let (ok, detail) = c
+            .execute(&SupervisorOrder::Failback {
+                nic: "rail0".into(),
+            })
+            .await;
+        assert!(!ok && detail.contains("Down"), "{detail}");
+    }
+
+    #[tokio::test]
+    async fn reflex_orders_connections_off_a_down_nic_and_reports_it() {
+        let (c, _dir, sock) = start().await;
+        let (j, orders) = job(&sock).await;
+        j.conn_up(up(1, "rail0", 0)).await.unwrap();
+        j.conn_up(up(2, "rail1", 1)).await.unwrap();
+        let mut seen = obey(j.clone(), orders);
+        c.take_reports();
+        c.on_link(&transition("rail0", false));
+        let o = seen.recv().await.unwrap();
+        assert_eq!(
+            o.kind,
+            OrderKind::Migrate {
+                conn_ids: vec![1],
+                to_nic: Some("rail1".into())
+            }
+        );
+        // The outcome is reported once the job answered.
+        let reflex = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                c.changed().await;
+                if let Some(r) = c.take_reports().into_iter().find_map(|r| match r {
+                    Report::Reflex(x) => Some(x),
+                    _ => None,
+                }) {
+                    return r;
+                }
+            }
+        })
+        .await
+        .unwrap();
+        assert!(reflex.ok && reflex.conns == 1, "{reflex:?}");
+        // Connections already moved off the NIC are not ordered again.
+        c.on_link(&transition("rail0", false));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), seen.recv())
+                .await
+                .is_err()
+        );
+    }
+
+    #[tokio::test]
+    async fn unanswered_orders_fail_and_a_reconnecting_job_gets_them_again() {
+        let (c, _dir, sock) = start().await;
+        let (j, mut orders) = job(&sock).await;
+        j.conn_up(up(1, "rail0", 0)).await.unwrap();
+        let c2 = c.clone();
+        let run = tokio::spawn(async move {
+            c2.execute(&SupervisorOrder::Failover {
+                nic: "rail0".into(),
+                to: "rail1".into(),
+            })
+            .await
+        });
+        let first = orders.next().await.unwrap();
+        // A second socket of the same job and rank (its client reconnected)
+        // gets the unanswered order again and may answer it.
+        let (j2, mut orders2) = job(&sock).await;
+        let again = orders2.next().await.unwrap();
+        assert_eq!(again.order_id, first.order_id);
+        j2.order_done(again.order_id, false, "no healthy NIC")
+            .await
+            .unwrap();
+        let (ok, detail) = run.await.unwrap();
+        assert!(!ok);
+        assert!(detail.contains("no healthy NIC"), "{detail}");
+        // Answering a finished order is refused.
+        assert!(j.order_done(first.order_id, true, "").await.is_err());
+    }
+}
