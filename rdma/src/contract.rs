@@ -47,6 +47,14 @@ use tokio::sync::{mpsc, oneshot, watch};
 pub const DEFAULT_SOCKET: &str = "/run/railguard/agent.sock";
 /// Environment variable that names the socket (set for jobs the agent launches).
 pub const SOCKET_ENV: &str = "RAILGUARD_AGENT_SOCKET";
+/// The socket to use: `$RAILGUARD_AGENT_SOCKET`, else [`DEFAULT_SOCKET`].
+pub fn socket_path() -> PathBuf {
+    std::env::var_os(SOCKET_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET))
+}
+
 /// Longest line accepted in either direction (bytes, without the newline).
 pub const MAX_LINE: usize = 64 << 10;
 /// Longest job, NIC or host name.

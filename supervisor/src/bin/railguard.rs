@@ -121,7 +121,9 @@ enum NicCmd {
     /// orders the host's agent, which tells the jobs' transports to move.
     /// Waits for the outcome unless --no-wait.
     Failover {
+        /// The host whose NIC is failed over.
         host: String,
+        /// The NIC to move every connection off.
         nic: String,
         /// Where to move (default: the NIC's configured backup).
         #[arg(long)]
@@ -134,7 +136,9 @@ enum NicCmd {
     /// Commits a Failback intent first and prints its id; waits for the
     /// outcome unless --no-wait.
     Failback {
+        /// The host.
         host: String,
+        /// The NIC to move its connections back to (it must be up).
         nic: String,
         #[command(flatten)]
         wait: WaitArgs,
