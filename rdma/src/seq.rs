@@ -41,9 +41,9 @@
 //!      can take it: write it ([`encode_data_header`] then the payload, or
 //!      [`Frame::encode`]) and call [`SendWindow::mark_sent`]`(seq)`;
 //!    * on `Data`: [`Receiver::on_frame`]; on [`Verdict::Deliver`] hand the
-//!      payload to the application, then send `Ack` if
-//!      [`Receiver::should_ack`] says so; ignore [`Verdict::Duplicate`]
-//!      (replays after a migration); treat [`Verdict::Gap`] as a fatal
+//!      payload to the application; drop a [`Verdict::Duplicate`] (a replay
+//!      after a migration); after either, send `Ack` if
+//!      [`Receiver::should_ack`] says so. Treat [`Verdict::Gap`] as a fatal
 //!      protocol error (impossible on an in-order path);
 //!    * on `Ack`: [`SendWindow::ack`] (an error is a protocol violation);
 //!    * when the input goes idle and on a timer: send `Ack` if
