@@ -712,7 +712,7 @@ pub async fn qp_migrate(cfg: QpMigrateRun) -> anyhow::Result<QpMigrateReport> {
 }
 
 /// Runs `f` on a new thread inside `ns` with its own runtime.
-fn spawn_in<T: Send + 'static, F>(
+pub fn spawn_in<T: Send + 'static, F>(
     ns: &Netns,
     f: impl FnOnce() -> F + Send + 'static,
 ) -> anyhow::Result<std::thread::JoinHandle<anyhow::Result<T>>>
@@ -735,7 +735,7 @@ where
     }))
 }
 
-fn join<T>(h: std::thread::JoinHandle<anyhow::Result<T>>) -> anyhow::Result<T> {
+pub fn join<T>(h: std::thread::JoinHandle<anyhow::Result<T>>) -> anyhow::Result<T> {
     h.join()
         .map_err(|_| anyhow::anyhow!("traffic thread panicked"))?
 }

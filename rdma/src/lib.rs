@@ -7,7 +7,7 @@ pub mod damper;
 pub mod model;
 pub mod netdev;
 pub mod resilient;
-pub mod soft;
 pub mod seq;
+pub mod soft;
 #[cfg(feature = "verbs")]
 pub mod verbs;

@@ -298,6 +298,7 @@ impl ResilientConnection {
             epoch: 0,
             path: None,
             dial: None,
+            peer_epoch: Arc::new(std::sync::atomic::AtomicU32::new(0)),
             next_dial: if cfg.side == Side::A {
                 now
             } else {
@@ -459,6 +460,9 @@ impl Drop for Path {
     }
 }
 
+/// `delivered_through` of a hello that refuses a path (never a real count).
+const REFUSED: u64 = u64::MAX;
+
 struct DialResult {
     rail: usize,
     epoch: u32,
@@ -476,6 +480,8 @@ struct Driver {
     epoch: u32,
     path: Option<Path>,
     dial: Option<(JoinHandle<()>, oneshot::Receiver<Option<DialResult>>)>,
+    /// Highest epoch a peer's refusal told us about.
+    peer_epoch: Arc<std::sync::atomic::AtomicU32>,
     next_dial: Instant,
     dial_backoff: Duration,
     stalled_since: Instant,
@@ -677,11 +683,11 @@ impl Driver {
             Some(Ok(f)) => f,
             Some(Err(e)) => {
                 tracing::debug!(conn_id = self.cfg.conn_id, error = %e, "path broke");
-                self.start_move(MoveReason::TransportError, None);
+                self.path_broke();
                 return Ok(());
             }
             None => {
-                self.start_move(MoveReason::TransportError, None);
+                self.path_broke();
                 return Ok(());
             }
         };
@@ -713,10 +719,17 @@ impl Driver {
                             self.send_ack(through);
                         }
                     }
-                    Verdict::Duplicate => {}
-                    Verdict::Gap { expected } => return Err(ConnError::Protocol(format!(
+                    Verdict::Duplicate => {
+                        // A duplicate means the peer replays what we have:
+                        // tell it soon so its window does not fill up.
+                        let through = self.recv.should_ack();
+                        self.send_ack(through);
+                    }
+                    Verdict::Gap { expected } => {
+                        return Err(ConnError::Protocol(format!(
                         "message {seq} arrived while {expected} was expected on an in-order path"
-                    ))),
+                    )))
+                    }
                 }
             }
             Frame::Ack { delivered_through } => {
@@ -782,6 +795,20 @@ impl Driver {
                 current = self.epoch,
                 "refused a path"
             );
+            // Say so, with our epoch, so a dialer that fell behind catches up
+            // at once instead of one epoch per attempt.
+            let mut refusal = BytesMut::with_capacity(32);
+            Frame::Hello {
+                conn_id: self.cfg.conn_id,
+                epoch: self.epoch,
+                delivered_through: REFUSED,
+            }
+            .encode(&mut refusal);
+            let mut stream = p.stream;
+            let limit = self.cfg.connect_timeout;
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(limit, stream.write_all(&refusal)).await;
+            });
             return Ok(());
         }
         // Break the old path before answering, so what we report as
@@ -817,7 +844,9 @@ impl Driver {
 
     fn on_dialed(&mut self, r: Option<DialResult>) -> Result<(), ConnError> {
         match r {
-            Some(d) if d.epoch == self.epoch && self.path.is_none() => self.adopt(
+            // Still the newest attempt: use it (a failback dial replaces the
+            // path it was made beside).
+            Some(d) if d.epoch == self.epoch => self.adopt(
                 d.rail,
                 d.epoch,
                 d.stream,
@@ -827,7 +856,13 @@ impl Driver {
                 true,
             ),
             Some(_) => Ok(()), // overtaken by a newer path
+            None if self.path.is_some() => {
+                // A failback refused or failed: stay, catch up on epochs.
+                self.learn_peer_epoch();
+                Ok(())
+            }
             None => {
+                self.learn_peer_epoch();
                 self.next_dial = Instant::now() + self.dial_backoff;
                 self.dial_backoff = (self.dial_backoff * 2).min(Duration::from_millis(200));
                 Ok(())
@@ -914,6 +949,30 @@ impl Driver {
         self.next_dial = Instant::now();
     }
 
+    /// The current path failed. During a make-before-break failback the
+    /// peer breaks the old path as it accepts the new one, so the dial in
+    /// flight is the way on: keep it. Otherwise move.
+    fn path_broke(&mut self) {
+        if self.dial.is_some() && self.pending_reason == MoveReason::Failback {
+            self.lose_path(MoveReason::Failback);
+        } else {
+            self.start_move(MoveReason::TransportError, None);
+        }
+    }
+
+    fn learn_peer_epoch(&mut self) {
+        let e = self.peer_epoch.load(std::sync::atomic::Ordering::Relaxed);
+        if e > self.epoch {
+            tracing::debug!(
+                conn_id = self.cfg.conn_id,
+                ours = self.epoch,
+                peer = e,
+                "catching up with the peer's epoch"
+            );
+            self.epoch = e;
+        }
+    }
+
     /// Leaves the current path and dials a new one (`to` first if given).
     fn start_move(&mut self, reason: MoveReason, to: Option<usize>) {
         let avoid = self.path.as_ref().map(|p| p.rail);
@@ -941,6 +1000,12 @@ impl Driver {
             self.next_dial = Instant::now() + self.dial_backoff;
             return;
         }
+        self.dial_rails(order);
+    }
+
+    /// Dials `order` (rail indices, first choice first) with a new epoch in
+    /// a task of its own; the current path, if any, keeps working meanwhile.
+    fn dial_rails(&mut self, order: Vec<usize>) {
         self.epoch += 1;
         let epoch = self.epoch;
         let (tx, rx) = oneshot::channel();
@@ -959,10 +1024,11 @@ impl Driver {
         let timeout = self.cfg.connect_timeout;
         let conn_id = self.cfg.conn_id;
         let repair = self.endpoint.neighbours();
+        let learned = self.peer_epoch.clone();
         let task = tokio::spawn(async move {
             let mut result = None;
             for (r, nic, remote) in rails {
-                match dial_rail(&nic, remote, &hello, timeout, repair.as_ref()).await {
+                match dial_rail(&nic, remote, &hello, timeout, repair.as_ref(), &learned).await {
                     Ok((stream, rest, peer_delivered)) => {
                         result = Some(DialResult {
                             rail: r,
@@ -1071,11 +1137,14 @@ impl Driver {
             .flatten()
             .is_some_and(|t| now.saturating_duration_since(t) >= hold);
         if stable && self.nic_usable(0) {
-            // Make sure we try again later if the peer refuses.
+            // Try again only after another hold if the peer refuses.
             if let Some(u) = self.up_since.get_mut(nic) {
                 *u = Some(now);
             }
-            self.start_move(MoveReason::Failback, Some(0));
+            // Make before break: the current path carries on until the
+            // primary's path is established.
+            self.pending_reason = MoveReason::Failback;
+            self.dial_rails(vec![0]);
         }
     }
 }
@@ -1120,6 +1189,7 @@ async fn dial_rail(
     hello: &Frame,
     timeout: Duration,
     repair: Option<&crate::soft::NeighbourRepair>,
+    learned: &std::sync::atomic::AtomicU32,
 ) -> Result<(TcpStream, BytesMut, u64), String> {
     use futures::stream::{FuturesUnordered, StreamExt};
     let deadline = tokio::time::Instant::now() + timeout;
@@ -1136,7 +1206,7 @@ async fn dial_rail(
                 }
             }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            attempts.push(dial_one(nic, remote, hello, left));
+            attempts.push(dial_one(nic, remote, hello, left, learned));
             started += 1;
         }
         let next = if started < DIAL_ATTEMPTS {
@@ -1168,6 +1238,7 @@ async fn dial_one(
     remote: SocketAddr,
     hello: &Frame,
     timeout: Duration,
+    learned: &std::sync::atomic::AtomicU32,
 ) -> Result<(TcpStream, BytesMut, u64), String> {
     let mut stream = dial(nic, remote, timeout)
         .await
@@ -1183,6 +1254,14 @@ async fn dial_one(
         .map_err(|_| "no hello reply".to_string())?
         .map_err(|e| e.to_string())?;
     match reply {
+        Frame::Hello {
+            delivered_through: REFUSED,
+            epoch,
+            ..
+        } => {
+            learned.fetch_max(epoch, std::sync::atomic::Ordering::Relaxed);
+            Err(format!("refused by the peer (its epoch {epoch})"))
+        }
         Frame::Hello {
             delivered_through, ..
         } => Ok((stream, rest, delivered_through)),

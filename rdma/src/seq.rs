@@ -25,11 +25,12 @@
 //!
 //! On every new path (each side, including the first path):
 //!
-//! 1. Abandon the old path completely first: process no further frame from
-//!    it. (The `Hello` below must report a delivery count that is final for
-//!    every earlier path; otherwise an ack already sent on the old path may
-//!    exceed it and the peer rightly reports
-//!    [`SeqError::ReceiverWentBack`].)
+//! 1. Compose the `Hello` from the receiver's count. The old path may go
+//!    on delivering (and acknowledging) until the new one is adopted, as a
+//!    make-before-break failback does: the hello's count is then stale, a
+//!    lower bound like every ack, and the peer resumes from the larger of
+//!    the two (see [`SendWindow::resume`]). Replays below the receiver's
+//!    true count are dropped as duplicates.
 //! 2. Send `Frame::Hello { conn_id, epoch, delivered_through:
 //!    receiver.hello_through() }` as the first frame.
 //! 3. The first frame read must be the peer's `Hello`; call
@@ -138,14 +139,6 @@ pub enum SeqError {
     /// On resume the receiver claims delivery of messages never sent.
     #[error("peer claims delivery through {claimed} but only {highest_sent} messages were sent")]
     ReceiverAhead { claimed: u64, highest_sent: u64 },
-    /// On resume the receiver claims less than it already acknowledged:
-    /// messages it confirmed (and we freed) are gone from its side.
-    #[error(
-        "peer claims delivery through {claimed} after acknowledging through {acked_through}: \
-         messages {first_lost}..={acked_through} would be lost",
-        first_lost = claimed + 1
-    )]
-    ReceiverWentBack { claimed: u64, acked_through: u64 },
 }
 
 /// [`SendWindow::push`] refused a message: accepting it would exceed a bound
@@ -295,15 +288,21 @@ impl SendWindow {
 
     /// Starts over on a new path, given the `delivered_through` of the peer's
     /// `Hello`: acknowledges through it and rewinds the unsent cursor to the
-    /// next message, so [`unsent`](Self::unsent) yields every message the
-    /// peer lacks, in order (see [`iter_unsent`](Self::iter_unsent)).
+    /// next message the peer may lack, so [`unsent`](Self::unsent) yields
+    /// every such message, in order (see [`iter_unsent`](Self::iter_unsent)).
+    ///
+    /// The claim and every ack are lower bounds of what the peer delivered,
+    /// taken at different times: a claim below what was already
+    /// acknowledged is a hello composed before the peer's last acks (a
+    /// make-before-break move), so the window resumes after the acked
+    /// messages, which it has freed. (A peer that truly lost messages it
+    /// acknowledged sees a gap on the new path and fails loudly.)
     ///
     /// Returns the number of *replays*: messages written to an earlier path
     /// that will be written again.
     ///
     /// Errors (state unchanged): [`SeqError::ReceiverAhead`] if the peer
-    /// claims more than was sent, [`SeqError::ReceiverWentBack`] if it claims
-    /// less than it already acknowledged (a lost message).
+    /// claims more than was sent.
     pub fn resume(&mut self, receiver_delivered_through: u64) -> Result<usize, SeqError> {
         let claimed = receiver_delivered_through;
         let highest_sent = self.highest_sent();
@@ -313,13 +312,7 @@ impl SendWindow {
                 highest_sent,
             });
         }
-        if claimed < self.acked {
-            return Err(SeqError::ReceiverWentBack {
-                claimed,
-                acked_through: self.acked,
-            });
-        }
-        self.ack(claimed)
+        self.ack(claimed.max(self.acked))
             .expect("resume validated the ack against highest_sent");
         let replays = (self.cursor - 1 - self.acked) as usize;
         self.cursor = self.acked + 1;
@@ -1014,22 +1007,17 @@ mod tests {
     }
 
     #[test]
-    fn resume_rejects_receiver_going_back() {
+    fn resume_below_the_acked_count_resumes_after_it() {
         let mut w = window_with(5, 10, 1000);
         drain_unsent(&mut w);
         w.ack(4).unwrap();
-        let e = w.resume(2).unwrap_err();
-        assert_eq!(
-            e,
-            SeqError::ReceiverWentBack {
-                claimed: 2,
-                acked_through: 4
-            }
-        );
-        assert!(e.to_string().contains("3..=4"), "{e}");
-        assert_eq!(w.acked_through(), 4, "state unchanged");
-        assert_eq!(w.written_through(), 5, "cursor unchanged");
-        // Exactly at the acked point is fine.
+        // A stale hello (composed before the ack through 4 was sent): the
+        // acked messages are freed and stay so; only 5 is replayed.
+        assert_eq!(w.resume(2), Ok(1));
+        assert_eq!(w.acked_through(), 4);
+        assert_eq!(w.unsent().map(|(s, _)| s), Some(5));
+        // Exactly at the acked point is the same.
+        drain_unsent(&mut w);
         assert_eq!(w.resume(4), Ok(1));
     }
 

@@ -53,10 +53,10 @@ enum Op {
     /// reconnect that fails mid-handshake.
     ///
     /// `understate[i]` picks the count side `i`'s hello reports: anything
-    /// from the highest count it ever sent the peer (ack or hello) up to its
-    /// true count, as if it composed the hello before processing the last
-    /// frames of the old path. (0 picks the true count.) The peer then
-    /// replays messages that did arrive: duplicates.
+    /// from 0 up to its true count, even below what it already acknowledged,
+    /// as if it composed the hello long before the old path stopped
+    /// delivering (a make-before-break move). (0 picks the true count.) The
+    /// peer then replays messages that did arrive: duplicates.
     Migrate { understate: [u64; 2] },
 }
 
@@ -82,8 +82,6 @@ struct Side {
     inbuf: BytesMut,
     /// The peer's hello on the current path was processed (window resumed).
     resumed: bool,
-    /// Highest count this side ever sent in an ack or hello.
-    max_reported: u64,
     next_nonce: u64,
     ping_outstanding: Option<u64>,
 }
@@ -117,7 +115,6 @@ impl Sim {
             got: Vec::new(),
             inbuf: BytesMut::new(),
             resumed: false,
-            max_reported: 0,
             next_nonce: 1,
             ping_outstanding: None,
         };
@@ -142,8 +139,7 @@ impl Sim {
             s.resumed = false;
             s.ping_outstanding = None;
             let truth = s.rx.hello_through();
-            let reported = truth - under % (truth - s.max_reported + 1);
-            s.max_reported = reported;
+            let reported = truth - under % (truth + 1);
             Frame::Hello {
                 conn_id: CONN_ID,
                 epoch: self.epoch,
@@ -160,7 +156,6 @@ impl Sim {
         if writer_full {
             s.rx.ack_dropped();
         } else {
-            s.max_reported = through;
             Frame::Ack {
                 delivered_through: through,
             }
@@ -293,15 +288,17 @@ impl Sim {
                 assert_eq!(epoch, self.epoch, "hello from a dead path");
                 assert!(!me.resumed, "second hello on a path");
                 let before = me.win.written_through().max(me.win.acked_through());
+                let acked_before = me.win.acked_through();
                 let replays = me
                     .win
                     .resume(delivered_through)
                     .unwrap_or_else(|e| panic!("resume failed in a correct run: {e}"));
-                assert_eq!(me.win.acked_through(), delivered_through);
+                let from = delivered_through.max(acked_before);
+                assert_eq!(me.win.acked_through(), from);
                 assert_eq!(
                     replays as u64,
-                    before.saturating_sub(delivered_through),
-                    "replays are the written, undelivered messages"
+                    before.saturating_sub(from),
+                    "replays are the written messages after the peer's known count"
                 );
                 self.cov.replays += replays as u64;
                 me.resumed = true;
@@ -645,12 +642,15 @@ proptest! {
                     let x = (m.acked + k).saturating_sub(2);
                     let highest = m.lens.len() as u64;
                     let r = w.resume(x);
-                    if x > highest || x < m.acked {
+                    if x > highest {
                         prop_assert!(r.is_err());
                     } else {
-                        prop_assert_eq!(r, Ok(m.written.saturating_sub(x) as usize));
-                        m.acked = x;
-                        m.written = x;
+                        // A claim below the acked count is stale: resume
+                        // after the acked messages.
+                        let from = x.max(m.acked);
+                        prop_assert_eq!(r, Ok(m.written.saturating_sub(from) as usize));
+                        m.acked = from;
+                        m.written = from;
                     }
                 }
                 WinOp::Write(k) => {
