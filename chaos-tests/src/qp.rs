@@ -97,6 +97,7 @@ pub struct HostTraffic {
     pub tx: Vec<Arc<DirCounters>>,
     pub stats: Arc<Mutex<Vec<ConnStats>>>,
     pub errors: Arc<Mutex<Vec<String>>>,
+    pub contract: Arc<ContractCounters>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
     pub started: Instant,
@@ -115,6 +116,27 @@ pub struct TrafficSpec {
     pub window_bytes: usize,
     pub stall_timeout: Duration,
     pub seed: u64,
+    /// Speak the job contract with the host's agent: register every
+    /// connection, report its moves, carry out the agent's orders.
+    pub agent: Option<AgentLink>,
+}
+
+/// Where the host's agent listens and which job the traffic is.
+#[derive(Debug, Clone)]
+pub struct AgentLink {
+    pub socket: std::path::PathBuf,
+    pub job: String,
+}
+
+/// What the job side of the contract saw (one host).
+#[derive(Debug, Default)]
+pub struct ContractCounters {
+    /// Migrate orders received from the agent (reflex or supervisor).
+    pub migrate_orders: AtomicU64,
+    /// Pace orders received.
+    pub pace_orders: AtomicU64,
+    /// `conn_moved` reports sent.
+    pub moves_reported: AtomicU64,
 }
 
 fn message_rng(conn: usize, dir: u8, idx: u64, seed: u64) -> rand::rngs::StdRng {
@@ -160,15 +182,17 @@ impl HostTraffic {
         let stats = Arc::new(Mutex::new(vec![ConnStats::default(); spec.conns]));
         let errors = Arc::new(Mutex::new(Vec::new()));
         let stop = Arc::new(AtomicBool::new(false));
+        let contract = Arc::new(ContractCounters::default());
         let started = Instant::now();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
         let thread = {
-            let (rx, tx, stats, errors, stop) = (
+            let (rx, tx, stats, errors, stop, contract) = (
                 rx.clone(),
                 tx.clone(),
                 stats.clone(),
                 errors.clone(),
                 stop.clone(),
+                contract.clone(),
             );
             std::thread::Builder::new()
                 .name(format!("traffic-h{host}"))
@@ -191,7 +215,7 @@ impl HostTraffic {
                         }
                     };
                     rt.block_on(host_main(
-                        host, peer, spec, rx, tx, stats, errors, stop, started, ready_tx,
+                        host, peer, spec, rx, tx, stats, errors, stop, started, ready_tx, contract,
                     ));
                 })
                 .context("spawn traffic thread")?
@@ -207,6 +231,7 @@ impl HostTraffic {
             tx,
             stats,
             errors,
+            contract,
             stop,
             thread: Some(thread),
             started,
@@ -264,6 +289,7 @@ async fn host_main(
     stop: Arc<AtomicBool>,
     started: Instant,
     ready: std::sync::mpsc::Sender<Result<(), String>>,
+    contract: Arc<ContractCounters>,
 ) {
     let nics = host_nics(host);
     let endpoint = match Endpoint::bind(nics.clone(), PORT).await {
@@ -304,8 +330,29 @@ async fn host_main(
             }
         }
     }
-    let _ = ready.send(Ok(()));
     let mut tasks = tokio::task::JoinSet::new();
+    if let Some(link) = &spec.agent {
+        let ids: Vec<u64> = (0..spec.conns).map(|c| 1000 + c as u64).collect();
+        let controls: Vec<_> = conns.iter().map(|c| c.control()).collect();
+        let job = JobSide {
+            host,
+            peer,
+            names: nics.iter().map(|n| n.name.clone()).collect(),
+            counters: contract,
+            errors: errors.clone(),
+        };
+        match job.register(link, &ids, &controls).await {
+            Ok((client, orders)) => {
+                let stop = stop.clone();
+                tasks.spawn(job.run(client, orders, ids, controls, stop));
+            }
+            Err(e) => {
+                let _ = ready.send(Err(format!("job contract: {e}")));
+                return;
+            }
+        }
+    }
+    let _ = ready.send(Ok(()));
     let dir = if side == Side::A { 0u8 } else { 1u8 };
     for (c, conn) in conns.into_iter().enumerate() {
         let sends = spec.both_ways || side == Side::A;
@@ -349,6 +396,129 @@ async fn host_main(
     // Run until stopped and every task is done (receivers end when told to
     // stop after draining; see `receiver`).
     while tasks.join_next().await.is_some() {}
+}
+
+/// The job side of the contract for one host's connections.
+struct JobSide {
+    host: usize,
+    peer: usize,
+    /// NIC names by index (the endpoint's order).
+    names: Vec<String>,
+    counters: Arc<ContractCounters>,
+    errors: Arc<Mutex<Vec<String>>>,
+}
+
+impl JobSide {
+    /// Says hello and registers every connection on its current NIC.
+    async fn register(
+        &self,
+        link: &AgentLink,
+        ids: &[u64],
+        controls: &[rdma::resilient::ConnControl],
+    ) -> anyhow::Result<(rdma::contract::ContractClient, rdma::contract::OrderStream)> {
+        use rdma::contract::{ConnUp, ContractClient, Hello};
+        let (client, orders) = ContractClient::connect(
+            &link.socket,
+            Hello {
+                job: link.job.clone(),
+                rank: self.host as u32,
+                pid: std::process::id(),
+            },
+        )
+        .await?;
+        for (id, ctl) in ids.iter().zip(controls) {
+            let rail = ctl.watch_stats().borrow().rail.unwrap_or(0);
+            client
+                .conn_up(ConnUp {
+                    job: link.job.clone(),
+                    rank: self.host as u32,
+                    conn_id: *id,
+                    nic: self.names[rail].clone(),
+                    peer_host: format!("h{}", self.peer),
+                    peer_rank: self.peer as u32,
+                    rail: 0,
+                })
+                .await?;
+        }
+        Ok((client, orders))
+    }
+
+    /// Reports every move of a connection and carries out the agent's
+    /// orders until `stop`. A call the agent could not take now is kept by
+    /// the client and re-sent after it returns (an agent restart).
+    async fn run(
+        self,
+        client: rdma::contract::ContractClient,
+        mut orders: rdma::contract::OrderStream,
+        ids: Vec<u64>,
+        controls: Vec<rdma::resilient::ConnControl>,
+        stop: Arc<AtomicBool>,
+    ) {
+        use rdma::contract::OrderKind;
+        let mut watches: Vec<_> = controls.iter().map(|c| c.watch_stats()).collect();
+        let mut reported: Vec<Option<usize>> = watches.iter().map(|w| w.borrow().rail).collect();
+        let mut tick = tokio::time::interval(Duration::from_millis(5));
+        while !stop.load(Ordering::Relaxed) {
+            tokio::select! {
+                o = orders.next() => {
+                    let Some(o) = o else { return };
+                    let (ok, detail) = match &o.kind {
+                        OrderKind::Migrate { conn_ids, to_nic } => {
+                            self.counters.migrate_orders.fetch_add(1, Ordering::Relaxed);
+                            let to = to_nic.as_deref().and_then(|n| self.names.iter().position(|x| x == n));
+                            let mut failed = Vec::new();
+                            for id in conn_ids {
+                                match ids.iter().position(|x| x == id) {
+                                    Some(i) => {
+                                        if let Err(e) = controls[i].migrate(to).await {
+                                            failed.push(format!("{id}: {e}"));
+                                        }
+                                    }
+                                    None => failed.push(format!("{id}: unknown connection")),
+                                }
+                            }
+                            (failed.is_empty(), if failed.is_empty() { "moving".to_string() } else { failed.join("; ") })
+                        }
+                        OrderKind::Pace { conn_id, bytes_per_s } => {
+                            self.counters.pace_orders.fetch_add(1, Ordering::Relaxed);
+                            match ids.iter().position(|x| x == conn_id) {
+                                Some(i) => match controls[i].set_rate(*bytes_per_s).await {
+                                    Ok(()) => (true, "paced".to_string()),
+                                    Err(e) => (false, e.to_string()),
+                                },
+                                None => (false, format!("{conn_id}: unknown connection")),
+                            }
+                        }
+                        other => (false, format!("traffic does not do {other:?}")),
+                    };
+                    if let Err(e) = client.order_done(o.order_id, ok, &detail).await {
+                        self.error(format!("order_done {}: {e}", o.order_id));
+                    }
+                }
+                _ = tick.tick() => {
+                    for (i, w) in watches.iter_mut().enumerate() {
+                        let rail = w.borrow_and_update().rail;
+                        if let Some(r) = rail.filter(|r| Some(*r) != reported[i]) {
+                            match client.conn_moved(ids[i], &self.names[r]).await {
+                                Ok(_) => {
+                                    reported[i] = Some(r);
+                                    self.counters.moves_reported.fetch_add(1, Ordering::Relaxed);
+                                }
+                                Err(e) => self.error(format!("conn_moved {}: {e}", ids[i])),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn error(&self, e: String) {
+        let mut errs = self.errors.lock().expect("errors");
+        if errs.len() < 100 {
+            errs.push(e);
+        }
+    }
 }
 
 async fn sender(
@@ -602,6 +772,12 @@ pub struct QpMigrateReport {
     pub totals: Totals,
     pub both_nics_down_ms: u64,
     pub agent_restarts: usize,
+    /// Migrate orders the agents sent the job (their reflex on NIC down).
+    pub agent_migrate_orders: u64,
+    /// Moves the job reported to its agent.
+    pub moves_reported: u64,
+    /// `qp list` (Raft) matches every connection's NIC after the quiet.
+    pub placements_match: bool,
     pub errors: Vec<String>,
 }
 
@@ -627,9 +803,17 @@ pub async fn qp_migrate(cfg: QpMigrateRun) -> anyhow::Result<QpMigrateReport> {
         window_bytes: (32 << 20).max(2 * cfg.max_message),
         stall_timeout: Duration::from_secs(30),
         seed: cfg.seed,
+        agent: None,
     };
-    let a = HostTraffic::start(nc.tb.ns(Node::Host(0)), 0, 1, spec.clone())?;
-    let b = HostTraffic::start(nc.tb.ns(Node::Host(1)), 1, 0, spec)?;
+    let with_agent = |h: usize| TrafficSpec {
+        agent: Some(AgentLink {
+            socket: nc.control_socket(h),
+            job: JOB.into(),
+        }),
+        ..spec.clone()
+    };
+    let a = HostTraffic::start(nc.tb.ns(Node::Host(0)), 0, 1, with_agent(0))?;
+    let b = HostTraffic::start(nc.tb.ns(Node::Host(1)), 1, 0, with_agent(1))?;
     anyhow::ensure!(
         wait_established(&a, &b, Duration::from_secs(15)).await,
         "connections did not come up: {:?}",
@@ -678,6 +862,26 @@ pub async fn qp_migrate(cfg: QpMigrateRun) -> anyhow::Result<QpMigrateReport> {
             );
         }
     }
+    // The cluster's record of every connection's NIC (reported by the
+    // agents, one of them restarted, through Raft) must match where each
+    // connection ended up.
+    eprintln!("[qp-migrate] checking the QP placements in the supervisor");
+    let placements_match = nc
+        .wait_until(
+            "QP placements match the connections",
+            Duration::from_secs(20),
+            |nc| check_placements(nc, &[&a, &b]).is_ok(),
+        )
+        .await
+        .is_ok();
+    let placement_error = if placements_match {
+        None
+    } else {
+        Some(format!(
+            "qp list disagrees with the connections: {}",
+            check_placements(&nc, &[&a, &b]).err().unwrap_or_default()
+        ))
+    };
     eprintln!("[qp-migrate] quiet: draining every connection");
     let drained = drain(&a, &b, Duration::from_secs(60)).await;
     let t = totals(&a, &b);
@@ -686,6 +890,15 @@ pub async fn qp_migrate(cfg: QpMigrateRun) -> anyhow::Result<QpMigrateReport> {
     if !drained {
         errors.push("not every message arrived within 60 s of the quiet period".into());
     }
+    errors.extend(placement_error);
+    let migrate_orders = [&a, &b]
+        .iter()
+        .map(|h| h.contract.migrate_orders.load(Ordering::Relaxed))
+        .sum();
+    let moves_reported = [&a, &b]
+        .iter()
+        .map(|h| h.contract.moves_reported.load(Ordering::Relaxed))
+        .sum();
     a.join();
     b.join();
     let ok = errors.is_empty()
@@ -694,7 +907,8 @@ pub async fn qp_migrate(cfg: QpMigrateRun) -> anyhow::Result<QpMigrateReport> {
         && t.reordered == 0
         && t.bad_checksum == 0
         && t.messages > 0
-        && t.migrations > 0;
+        && t.migrations > 0
+        && placements_match;
     if !ok {
         let dir = nc.keep_logs();
         eprintln!("[qp-migrate] FAILED; logs kept in {}", dir.display());
@@ -707,8 +921,43 @@ pub async fn qp_migrate(cfg: QpMigrateRun) -> anyhow::Result<QpMigrateReport> {
         totals: t,
         both_nics_down_ms: cfg.outage.as_millis() as u64,
         agent_restarts,
+        agent_migrate_orders: migrate_orders,
+        moves_reported,
+        placements_match,
         errors,
     })
+}
+
+/// Job name the scenario's connections register under.
+const JOB: &str = "qp-migrate";
+
+/// Placement checker: every connection of `hosts` appears in `qp list` on
+/// the NIC it is on now. The error names the first disagreement.
+fn check_placements(
+    nc: &crate::netcluster::NetCluster,
+    hosts: &[&HostTraffic],
+) -> Result<(), String> {
+    let v = nc
+        .cli_json(&["qp", "list", "--job", JOB])
+        .map_err(|e| e.to_string())?;
+    let rows = v["qps"].as_array().cloned().unwrap_or_default();
+    for h in hosts {
+        let host = format!("h{}", h.host);
+        for (c, st) in h.conn_stats().iter().enumerate() {
+            let conn_id = 1000 + c as u64;
+            let want = st.rail.map(|r| format!("rail{r}"));
+            let got = rows
+                .iter()
+                .find(|q| q["host"] == host.as_str() && q["conn_id"].as_u64() == Some(conn_id))
+                .and_then(|q| q["nic"].as_str().map(str::to_owned));
+            if want.is_none() || got != want {
+                return Err(format!(
+                    "{host} conn {conn_id}: recorded {got:?}, actual {want:?}"
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Runs `f` on a new thread inside `ns` with its own runtime.
@@ -918,6 +1167,7 @@ pub async fn failover(cfg: FailoverRun) -> anyhow::Result<FailoverReport> {
         window_bytes: 16 << 20,
         stall_timeout: Duration::from_secs(30),
         seed: cfg.seed,
+        agent: None,
     };
     let a = HostTraffic::start(tb.ns(Node::Host(0)), 0, 1, spec.clone())?;
     let b = HostTraffic::start(tb.ns(Node::Host(1)), 1, 0, spec)?;
@@ -1037,6 +1287,7 @@ async fn dip(tb: &mut crate::testbed::Testbed, seed: u64) -> anyhow::Result<(f64
         window_bytes: 64 << 20,
         stall_timeout: Duration::from_secs(30),
         seed,
+        agent: None,
     };
     let a = HostTraffic::start(tb.ns(Node::Host(0)), 0, 1, spec.clone())?;
     let b = HostTraffic::start(tb.ns(Node::Host(1)), 1, 0, spec)?;

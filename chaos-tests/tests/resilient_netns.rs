@@ -33,6 +33,7 @@ fn spec(stall: Duration, failback: bool) -> TrafficSpec {
         window_bytes: 8 << 20,
         stall_timeout: stall,
         seed: 1,
+        agent: None,
     }
 }
 

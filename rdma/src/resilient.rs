@@ -367,20 +367,24 @@ impl ResilientConnection {
         }
     }
 
-    /// Orders a migration (to `rail`, or to the best other rail).
+    /// Orders a migration (see [`ConnControl::migrate`]).
     pub async fn migrate(&self, rail: Option<usize>) -> Result<(), ConnError> {
-        self.orders
-            .send(Order::Migrate(rail))
-            .await
-            .map_err(|_| self.failed())
+        self.control().migrate(rail).await
     }
 
-    /// Limits the connection to `bytes_per_s` on the wire (`None`: no limit).
+    /// Limits the connection's rate (see [`ConnControl::set_rate`]).
     pub async fn set_rate(&self, bytes_per_s: Option<u64>) -> Result<(), ConnError> {
-        self.orders
-            .send(Order::Rate(bytes_per_s))
-            .await
-            .map_err(|_| self.failed())
+        self.control().set_rate(bytes_per_s).await
+    }
+
+    /// A handle that orders migrations and pacing (for the task that
+    /// answers the agent's orders).
+    pub fn control(&self) -> ConnControl {
+        ConnControl {
+            orders: self.orders.clone(),
+            failure: self.failure.clone(),
+            stats: self.stats.clone(),
+        }
     }
 
     /// Current figures.
@@ -430,6 +434,49 @@ impl Drop for ResilientConnection {
     fn drop(&mut self) {
         self.task.abort();
         self.endpoint.unregister(self.conn_id);
+    }
+}
+
+/// Orders for a connection from another task. Cheap to clone; calls fail
+/// with the connection's error once it has failed or closed.
+#[derive(Clone)]
+pub struct ConnControl {
+    orders: mpsc::Sender<Order>,
+    failure: Arc<Mutex<Option<ConnError>>>,
+    stats: watch::Receiver<ConnStats>,
+}
+
+impl ConnControl {
+    fn failed(&self) -> ConnError {
+        self.failure
+            .lock()
+            .expect("failure lock poisoned")
+            .clone()
+            .unwrap_or(ConnError::Closed)
+    }
+
+    /// Orders a migration to `rail`, or off the current rail to the best
+    /// other one (`None`). A migration to the rail the connection is on
+    /// already does nothing (an agent's order may cross the connection's
+    /// own reflex).
+    pub async fn migrate(&self, rail: Option<usize>) -> Result<(), ConnError> {
+        self.orders
+            .send(Order::Migrate(rail))
+            .await
+            .map_err(|_| self.failed())
+    }
+
+    /// Limits the connection to `bytes_per_s` on the wire (`None`: no limit).
+    pub async fn set_rate(&self, bytes_per_s: Option<u64>) -> Result<(), ConnError> {
+        self.orders
+            .send(Order::Rate(bytes_per_s))
+            .await
+            .map_err(|_| self.failed())
+    }
+
+    /// Follows the connection's figures (changes on every path change).
+    pub fn watch_stats(&self) -> watch::Receiver<ConnStats> {
+        self.stats.clone()
     }
 }
 
@@ -574,7 +621,7 @@ impl Driver {
                     self.on_links();
                 }
                 o = orders.recv() => match o {
-                    Some(Order::Migrate(to)) => self.start_move(MoveReason::Order, to),
+                    Some(Order::Migrate(to)) => self.on_migrate_order(to),
                     Some(Order::Rate(r)) => self.pace = r.map(Pacer::new),
                     None => break Ok(()),
                 },
@@ -971,6 +1018,15 @@ impl Driver {
             );
             self.epoch = e;
         }
+    }
+
+    fn on_migrate_order(&mut self, to: Option<usize>) {
+        let here = self.path.as_ref().map(|p| p.rail);
+        if to.is_some() && to == here {
+            tracing::debug!(conn_id = self.cfg.conn_id, rail = ?to, "already on the ordered rail");
+            return;
+        }
+        self.start_move(MoveReason::Order, to);
     }
 
     /// Leaves the current path and dials a new one (`to` first if given).
