@@ -195,7 +195,11 @@ pub async fn run(
 
     let (tx, mut rx) = mpsc::channel::<LinkTransition>(1024);
     let names: Vec<String> = cfg.nics.iter().map(|n| n.name.clone()).collect();
-    let tracker = tokio::spawn(LinkTracker::new(&names, cfg.damping).run(tx));
+    let mut link_tracker = LinkTracker::new(&names, cfg.damping);
+    if let Some(ports) = rdma_port_events(&cfg) {
+        link_tracker = link_tracker.with_port_events(ports);
+    }
+    let tracker = tokio::spawn(link_tracker.run(tx));
 
     // Transitions → outbox.
     let ob = outbox.clone();
@@ -520,6 +524,42 @@ async fn heartbeat_loop(cfg: Arc<AgentConfig>, hint: Arc<LeaderHint>) {
             }
             Err(_) => hint.set(None),
         }
+    }
+}
+
+/// The RDMA port events of the NICs configured with an RDMA device, from
+/// the verbs backend; `None` (netlink alone) when no NIC has one, the agent
+/// is built without the `verbs` feature, or the machine has no devices.
+fn rdma_port_events(cfg: &AgentConfig) -> Option<mpsc::Receiver<crate::link::PortEvent>> {
+    let map = crate::rdma_events::PortMap::new(
+        cfg.nics
+            .iter()
+            .filter_map(|n| Some((n.name.as_str(), n.rdma_device.as_deref()?))),
+    );
+    if map.is_empty() {
+        return None;
+    }
+    #[cfg(feature = "verbs")]
+    {
+        match crate::rdma_events::feed(&rdma::verbs::VerbsBackend::new(), map) {
+            Ok(rx) => {
+                tracing::info!("RDMA port events feed the link tracker");
+                Some(rx)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "no RDMA port events; watching links through netlink only");
+                None
+            }
+        }
+    }
+    #[cfg(not(feature = "verbs"))]
+    {
+        drop(map);
+        tracing::warn!(
+            "NICs name RDMA devices but this agent is built without the `verbs` feature; \
+             watching links through netlink only"
+        );
+        None
     }
 }
 

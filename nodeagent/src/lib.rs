@@ -1,4 +1,4 @@
-//! The railguard node agent (being built by the agent issue).
+//! The railguard node agent.
 //!
 //! # Layout
 //! - [`damper`]: RFC 2439-style flap damping (`FlapDamper`), shared with the
@@ -12,8 +12,8 @@
 //!   orders from the leader).
 //! - [`config`]: TOML + flags, NIC discovery.
 //!
-//! RDMA port events (the `rdma` crate's event stream) will feed the same
-//! tracker once that crate exists; today only netlink feeds it.
+//! - [`rdma_events`]: RDMA port events (the `rdma` crate's event stream,
+//!   verbs backend with the `verbs` feature) into the same tracker.
 
 pub mod agent;
 pub mod config;
@@ -21,3 +21,4 @@ pub mod control;
 pub use rdma::damper;
 pub mod link;
 pub mod outbox;
+pub mod rdma_events;
