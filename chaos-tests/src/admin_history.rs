@@ -24,10 +24,17 @@ use supervisor::client::AdminClient;
 use supervisor::model::{AdminOp, Host};
 
 use crate::cluster::SupervisorCluster;
-use crate::linearizability::{check, HostModel, HostOp, HostResult, HostView, Operation, Verdict};
+use crate::linearizability::{
+    check_with, HostModel, HostOp, HostResult, HostView, Limits, Operation, Verdict, MAX_FRONTIER,
+};
 
 /// Step budget of the linearizability search, per host.
 pub const CHECK_BUDGET: u64 = 50_000_000;
+/// Bounds of the linearizability check of one host's history.
+pub const CHECK_LIMITS: Limits = Limits {
+    max_steps: CHECK_BUDGET,
+    max_frontier: MAX_FRONTIER,
+};
 /// Most operations one client issues in a run (bounds the history).
 pub const MAX_OPS_PER_CLIENT: usize = 20_000;
 
@@ -58,6 +65,8 @@ pub struct HistoryReport {
     pub lost_ops: usize,
     pub linearizable: bool,
     pub linearizability: String,
+    /// Time the linearizability checks took, all hosts.
+    pub check_ms: u64,
     pub unexpected_errors: usize,
     pub max_unavailable_ms: u64,
 }
@@ -336,6 +345,7 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
         eprintln!("[{scenario}] {n} outcomes unknown: {cause}");
     }
     eprintln!("[{scenario}] checking linearizability");
+    let check_start = Instant::now();
     for (hi, ops) in rec.ops.iter().enumerate() {
         let ops = ops.lock().unwrap();
         for o in ops.iter() {
@@ -346,9 +356,23 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
                 (_, None) => unknown += 1,
             }
         }
-        let v = check(&HostModel, &ops, CHECK_BUDGET);
+        let t = Instant::now();
+        let r = check_with(&HostModel, &ops, CHECK_LIMITS);
+        eprintln!(
+            "[{scenario}] host {}: {:?} in {} ms: {} ops, {} segments (largest {}), \
+             {} steps, frontier up to {}, {} unknown-outcome ops left out",
+            hosts[hi],
+            r.verdict,
+            t.elapsed().as_millis(),
+            ops.len(),
+            r.segments,
+            r.largest_segment,
+            r.steps,
+            r.max_frontier,
+            r.dropped
+        );
+        let v = r.verdict;
         if v != Verdict::Linearizable {
-            eprintln!("[{scenario}] host {}: {v:?} ({} ops)", hosts[hi], ops.len());
             // Keep the history for diagnosis, one operation per line.
             let path = cluster.run_dir.join(format!("history-{}.txt", hosts[hi]));
             let text: String = ops.iter().map(|o| format!("{o:?}\n")).collect();
@@ -358,6 +382,7 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
         }
         verdicts.push(v);
     }
+    let check_ms = check_start.elapsed().as_millis() as u64;
     let linearizable = verdicts.iter().all(|v| *v == Verdict::Linearizable);
     let undecided = verdicts.contains(&Verdict::Undecided);
     let unexpected = rec.unexpected.lock().unwrap().clone();
@@ -391,6 +416,7 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
         } else {
             "violation".into()
         },
+        check_ms,
         unexpected_errors: unexpected.len(),
         max_unavailable_ms,
     })
