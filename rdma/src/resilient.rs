@@ -244,13 +244,10 @@ impl ConnSender {
                 max: self.max_message,
             });
         }
-        self.data.send(msg).await.map_err(|_| {
-            self.failure
-                .lock()
-                .expect("failure lock poisoned")
-                .clone()
-                .unwrap_or(ConnError::Closed)
-        })
+        self.data
+            .send(msg)
+            .await
+            .map_err(|_| failure_of(&self.failure))
     }
 }
 
@@ -333,11 +330,7 @@ impl ResilientConnection {
     }
 
     fn failed(&self) -> ConnError {
-        self.failure
-            .lock()
-            .expect("failure lock poisoned")
-            .clone()
-            .unwrap_or(ConnError::Closed)
+        failure_of(&self.failure)
     }
 
     /// Queues one message; waits while the send window is full.
@@ -437,6 +430,15 @@ impl Drop for ResilientConnection {
     }
 }
 
+/// Why a connection stopped: its recorded error, or `Closed`.
+fn failure_of(failure: &Mutex<Option<ConnError>>) -> ConnError {
+    failure
+        .lock()
+        .expect("failure lock poisoned")
+        .clone()
+        .unwrap_or(ConnError::Closed)
+}
+
 /// Orders for a connection from another task. Cheap to clone; calls fail
 /// with the connection's error once it has failed or closed.
 #[derive(Clone)]
@@ -448,11 +450,7 @@ pub struct ConnControl {
 
 impl ConnControl {
     fn failed(&self) -> ConnError {
-        self.failure
-            .lock()
-            .expect("failure lock poisoned")
-            .clone()
-            .unwrap_or(ConnError::Closed)
+        failure_of(&self.failure)
     }
 
     /// Orders a migration to `rail`, or off the current rail to the best
