@@ -24,12 +24,14 @@ pub fn testbed_nics() -> Vec<Nic> {
             rail: Some(0),
             backup: "rail1".into(),
             rdma_device: String::new(),
+            ..Default::default()
         },
         Nic {
             name: "rail1".into(),
             rail: Some(1),
             backup: "rail0".into(),
             rdma_device: String::new(),
+            ..Default::default()
         },
     ]
 }
@@ -76,6 +78,7 @@ pub fn nic_event(host: &str, seq: u64, nic: &str, up: bool) -> AgentEvent {
             damping_penalty: 0.0,
             coalesced: 0,
             link_up: up,
+            ..Default::default()
         })),
     }
 }

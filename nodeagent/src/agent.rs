@@ -32,7 +32,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::control::{Control, ControlError, SupervisorOrder};
 use crate::damper::DampingConfig;
-use crate::link::{LinkTracker, LinkTransition, NicHealth};
+use crate::link::{LinkTracker, LinkTransition, NicHealth, PortEvent};
 use crate::outbox::{NicReport, OrderLog, Outbox, OutboxError, Report, StoredOrder};
 
 /// Heartbeat period (DESIGN.md default).
@@ -55,6 +55,8 @@ pub struct NicConfig {
     pub rail: Option<u32>,
     pub backup: Option<String>,
     pub rdma_device: Option<String>,
+    /// The NIC's IPv4 address (found at start; registered for probing).
+    pub addr: Option<std::net::Ipv4Addr>,
 }
 
 /// Everything the agent needs to run.
@@ -67,6 +69,8 @@ pub struct AgentConfig {
     pub damping: DampingConfig,
     /// The job contract's Unix socket.
     pub control_socket: std::path::PathBuf,
+    /// The probe mesh (None: off).
+    pub probe: Option<crate::probe::ProbeOptions>,
 }
 
 /// Why the agent stopped.
@@ -80,6 +84,8 @@ pub enum AgentError {
     BadAddress(String),
     #[error(transparent)]
     Control(#[from] ControlError),
+    #[error("probe mesh: {0}")]
+    Probe(String),
 }
 
 fn health_to_wire(h: NicHealth) -> i32 {
@@ -157,6 +163,16 @@ pub async fn run(
             return Err(AgentError::BadAddress(a.clone()));
         }
     }
+    let mut cfg = cfg;
+    let names: Vec<String> = cfg.nics.iter().map(|n| n.name.clone()).collect();
+    match crate::probe::interface_addrs(&names).await {
+        Ok(addrs) => {
+            for n in &mut cfg.nics {
+                n.addr = addrs.get(&n.name).copied();
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot read NIC addresses; probing is off"),
+    }
     std::fs::create_dir_all(&cfg.data_dir).map_err(|e| {
         OutboxError::Corrupt(format!("cannot create {}: {e}", cfg.data_dir.display()))
     })?;
@@ -194,12 +210,23 @@ pub async fn run(
     ));
 
     let (tx, mut rx) = mpsc::channel::<LinkTransition>(1024);
-    let names: Vec<String> = cfg.nics.iter().map(|n| n.name.clone()).collect();
-    let mut link_tracker = LinkTracker::new(&names, cfg.damping);
-    if let Some(ports) = rdma_port_events(&cfg) {
-        link_tracker = link_tracker.with_port_events(ports);
+    // Evidence beside netlink: RDMA port events and the probe mesh's
+    // verdicts share one channel into the tracker.
+    let (evidence_tx, evidence_rx) = mpsc::channel::<PortEvent>(64);
+    let link_tracker = LinkTracker::new(&names, cfg.damping).with_port_events(evidence_rx);
+    let mut rdma_forward = None;
+    if let Some(mut ports) = rdma_port_events(&cfg) {
+        let ev = evidence_tx.clone();
+        rdma_forward = Some(tokio::spawn(async move {
+            while let Some(p) = ports.recv().await {
+                if ev.send(p).await.is_err() {
+                    return;
+                }
+            }
+        }));
     }
     let tracker = tokio::spawn(link_tracker.run(tx));
+    let probes = start_probes(&cfg, &hint, evidence_tx)?;
 
     // Transitions → outbox.
     let ob = outbox.clone();
@@ -219,9 +246,10 @@ pub async fn run(
                 penalty: t.penalty,
                 at_unix_ns: t.observed_unix_ns,
                 coalesced: 0,
+                probes_lost: t.probes_lost,
             };
             let seq = ob.lock().await.push(report).await?;
-            tracing::info!(nic = %t.nic, health = ?t.health, link_up = t.link_up, seq = ?seq, synthesized = t.synthesized, "NIC transition recorded");
+            tracing::info!(nic = %t.nic, health = ?t.health, link_up = t.link_up, probes_lost = t.probes_lost, seq = ?seq, synthesized = t.synthesized, "NIC transition recorded");
             notify.notify_one();
         }
         Ok::<(), OutboxError>(())
@@ -254,7 +282,119 @@ pub async fn run(
     heartbeats.abort();
     server.abort();
     orders.abort();
+    if let Some(t) = rdma_forward {
+        t.abort();
+    }
+    if let Some((plan, summary)) = probes {
+        plan.abort();
+        summary.abort();
+    }
     result
+}
+
+type ProbeTasks = (tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>);
+
+/// Starts the probe mesh over the NICs that have a rail and an address,
+/// with its plan and summary loops.
+fn start_probes(
+    cfg: &Arc<AgentConfig>,
+    hint: &Arc<LeaderHint>,
+    evidence: mpsc::Sender<PortEvent>,
+) -> Result<Option<ProbeTasks>, AgentError> {
+    let Some(opts) = cfg.probe.clone() else {
+        tracing::info!("probe mesh off");
+        return Ok(None);
+    };
+    let mut nics = Vec::new();
+    for n in &cfg.nics {
+        match (n.rail, n.addr) {
+            (Some(rail), Some(addr)) => nics.push(crate::probe::MeshNic {
+                name: n.name.clone(),
+                rail,
+                addr,
+            }),
+            _ => {
+                tracing::warn!(nic = %n.name, rail = ?n.rail, addr = ?n.addr, "NIC without a rail or an IPv4 address; not probing over it")
+            }
+        }
+    }
+    if nics.is_empty() {
+        tracing::warn!("no NIC to probe over; probe mesh off");
+        return Ok(None);
+    }
+    let port = opts.port;
+    if !opts.test_clock.is_identity() {
+        tracing::warn!(
+            offset_ns = opts.test_clock.offset_ns,
+            drift_ppb = opts.test_clock.drift_ppb,
+            "TEST CLOCK ERROR applied to every probe timestamp"
+        );
+    }
+    let (sum_tx, sum_rx) = mpsc::channel(4);
+    let runner = crate::probe::ProbeRunner::start(opts, &nics, evidence, sum_tx)
+        .map_err(|e| AgentError::Probe(e.to_string()))?;
+    let runner = Arc::new(runner);
+    let plan = tokio::spawn(plan_loop(cfg.clone(), hint.clone(), runner, port));
+    let summary = tokio::spawn(summary_loop(cfg.clone(), hint.clone(), sum_rx));
+    Ok(Some((plan, summary)))
+}
+
+/// How often the agent asks for its probe plan.
+const PLAN_EVERY: Duration = Duration::from_secs(2);
+
+/// Fetches the probe plan from any supervisor every [`PLAN_EVERY`].
+async fn plan_loop(
+    cfg: Arc<AgentConfig>,
+    hint: Arc<LeaderHint>,
+    runner: Arc<crate::probe::ProbeRunner>,
+    port: u16,
+) {
+    let mut rotate = 0usize;
+    loop {
+        let addr = hint.get().unwrap_or_else(|| {
+            rotate += 1;
+            cfg.supervisors[rotate % cfg.supervisors.len()].clone()
+        });
+        if let Ok(mut c) = client(&addr) {
+            let req = proto::v1::ProbePlanRequest {
+                host: cfg.host.clone(),
+            };
+            match tokio::time::timeout(Duration::from_secs(2), c.get_probe_plan(req)).await {
+                Ok(Ok(p)) => runner.set_plan(crate::probe::plan_from_wire(&p.into_inner(), port)),
+                Ok(Err(s)) => {
+                    tracing::debug!(addr = %addr, status = %s.message(), "no probe plan")
+                }
+                Err(_) => tracing::debug!(addr = %addr, "probe plan request timed out"),
+            }
+        }
+        tokio::time::sleep(PLAN_EVERY).await;
+    }
+}
+
+/// Sends each summary to the leader; a summary that cannot be delivered
+/// within a second is dropped (the next one supersedes it).
+async fn summary_loop(
+    cfg: Arc<AgentConfig>,
+    hint: Arc<LeaderHint>,
+    mut rx: mpsc::Receiver<crate::probe::Summary>,
+) {
+    let mut rotate = 0usize;
+    while let Some(s) = rx.recv().await {
+        let addr = hint.get().unwrap_or_else(|| {
+            rotate += 1;
+            cfg.supervisors[rotate % cfg.supervisors.len()].clone()
+        });
+        let Ok(mut c) = client(&addr) else { continue };
+        let msg = s.to_wire(&cfg.host);
+        match tokio::time::timeout(Duration::from_secs(1), c.send_probe_summary(msg)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(st)) => {
+                tracing::debug!(addr = %addr, status = %st.message(), "probe summary refused");
+                hint.learn(&st);
+            }
+            Err(_) => tracing::debug!(addr = %addr, "probe summary timed out; dropped"),
+        }
+    }
 }
 
 /// Removes the control socket file when the agent stops.
@@ -479,6 +619,7 @@ fn event_kind(r: &Report) -> agent_event::Kind {
             damping_penalty: n.penalty,
             coalesced: n.coalesced,
             link_up: n.link_up,
+            probes_lost: n.probes_lost,
         }),
         Report::Qp(q) => agent_event::Kind::Qp(QpPlacement {
             job: q.job.clone(),
@@ -574,6 +715,7 @@ fn register_request(cfg: &AgentConfig) -> RegisterHost {
                 rail: n.rail,
                 backup: n.backup.clone().unwrap_or_default(),
                 rdma_device: n.rdma_device.clone().unwrap_or_default(),
+                addr: n.addr.map(|a| a.to_string()).unwrap_or_default(),
             })
             .collect(),
         labels: Default::default(),

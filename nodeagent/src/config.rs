@@ -8,6 +8,10 @@ use serde::Deserialize;
 
 use crate::agent::{AgentConfig, NicConfig};
 use crate::damper::DampingConfig;
+use crate::probe::clock::TestClock;
+use crate::probe::mesh::{MeshConfig, MAX_PAIRS_PER_S};
+use crate::probe::sock::TsMode;
+use crate::probe::ProbeOptions;
 
 /// Default data directory for the outbox.
 pub const DEFAULT_DATA_DIR: &str = "./railguard-agent-data";
@@ -34,6 +38,19 @@ struct FileConfig {
     nic: Vec<FileNic>,
     damping: Option<DampingConfig>,
     control_socket: Option<PathBuf>,
+    probe: Option<FileProbe>,
+}
+
+/// `[probe]`: the probe mesh.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileProbe {
+    enabled: Option<bool>,
+    port: Option<u16>,
+    pairs_per_s: Option<u32>,
+    purity_ns: Option<u64>,
+    silence_ms: Option<u64>,
+    timestamps: Option<TsMode>,
 }
 
 /// Values from the command line.
@@ -45,6 +62,15 @@ pub struct Overrides {
     /// `NAME[:RAIL[:BACKUP[:RDMA]]]`.
     pub nics: Vec<String>,
     pub control_socket: Option<PathBuf>,
+    /// Turn the probe mesh off.
+    pub no_probes: bool,
+    pub probe_port: Option<u16>,
+    pub probe_rate: Option<u32>,
+    pub probe_timestamps: Option<TsMode>,
+    /// Test only: clock error applied to every probe timestamp.
+    pub test_clock_offset_ns: Option<i64>,
+    pub test_clock_drift_ppb: Option<i64>,
+    pub test_clock_anchor_ns: Option<i64>,
 }
 
 /// A configuration problem.
@@ -87,6 +113,7 @@ pub fn parse_nic(s: &str) -> Result<NicConfig, ConfigError> {
         rail,
         backup: opt(2),
         rdma_device: opt(3),
+        addr: None,
     })
 }
 
@@ -109,6 +136,7 @@ pub fn discover(links: &[String]) -> Vec<NicConfig> {
             rail: Some(n),
             backup: names.get(&(n ^ 1)).cloned(),
             rdma_device: None,
+            addr: None,
         })
         .collect()
 }
@@ -131,7 +159,7 @@ pub fn load(
     over: Overrides,
     links: &[String],
 ) -> Result<AgentConfig, ConfigError> {
-    let fc: FileConfig = match file {
+    let mut fc: FileConfig = match file {
         None => FileConfig::default(),
         Some(p) => {
             let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
@@ -144,6 +172,7 @@ pub fn load(
             })?
         }
     };
+    let probe = probe_options(fc.probe.take().unwrap_or_default(), &over)?;
     let host = over
         .host
         .or(fc.host)
@@ -187,6 +216,7 @@ pub fn load(
                 rail: n.rail,
                 backup: n.backup,
                 rdma_device: n.rdma_device,
+                addr: None,
             })
             .collect()
     } else {
@@ -245,7 +275,71 @@ pub fn load(
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
         damping,
         control_socket,
+        probe,
     })
+}
+
+/// The probe mesh's options from `[probe]` and the flags (None: disabled).
+fn probe_options(fp: FileProbe, over: &Overrides) -> Result<Option<ProbeOptions>, ConfigError> {
+    let test_set = over.test_clock_offset_ns.is_some() || over.test_clock_drift_ppb.is_some();
+    if over.no_probes || fp.enabled == Some(false) {
+        if test_set {
+            return Err(ConfigError::Invalid(
+                "test clock options need the probe mesh (drop --no-probes)".into(),
+            ));
+        }
+        return Ok(None);
+    }
+    let port = over
+        .probe_port
+        .or(fp.port)
+        .unwrap_or(crate::probe::DEFAULT_PORT);
+    if port == 0 {
+        return Err(ConfigError::Invalid("probe port must be 1..=65535".into()));
+    }
+    let mut mesh = MeshConfig::default();
+    if let Some(r) = over.probe_rate.or(fp.pairs_per_s) {
+        if r == 0 || r > MAX_PAIRS_PER_S {
+            return Err(ConfigError::Invalid(format!(
+                "probe rate {r} pairs/s per peer: want 1..={MAX_PAIRS_PER_S}"
+            )));
+        }
+        mesh.pairs_per_s = r;
+    }
+    if let Some(p) = fp.purity_ns {
+        if p == 0 || p > 1_000_000 {
+            return Err(ConfigError::Invalid(format!(
+                "probe purity_ns {p}: want 1..=1000000"
+            )));
+        }
+        mesh.purity_ns = p;
+    }
+    if let Some(ms) = fp.silence_ms {
+        if !(50..=60_000).contains(&ms) {
+            return Err(ConfigError::Invalid(format!(
+                "probe silence_ms {ms}: want 50..=60000"
+            )));
+        }
+        mesh.silence = std::time::Duration::from_millis(ms);
+    }
+    let anchor = over
+        .test_clock_anchor_ns
+        .unwrap_or_else(crate::probe::clock::realtime_ns);
+    let test_clock = TestClock::new(
+        over.test_clock_offset_ns.unwrap_or(0),
+        over.test_clock_drift_ppb.unwrap_or(0),
+        anchor,
+    )
+    .map_err(ConfigError::Invalid)?;
+    Ok(Some(ProbeOptions {
+        port,
+        mesh,
+        timestamps: over
+            .probe_timestamps
+            .or(fp.timestamps)
+            .unwrap_or(TsMode::Software),
+        test_clock,
+    }))
 }
 
 #[cfg(test)]

@@ -892,12 +892,14 @@ mod tests {
                 rail: Some(0),
                 backup: Some("rail1".into()),
                 rdma_device: None,
+                addr: None,
             },
             NicConfig {
                 name: "rail1".into(),
                 rail: Some(1),
                 backup: Some("rail0".into()),
                 rdma_device: None,
+                addr: None,
             },
         ]
     }
@@ -918,6 +920,7 @@ mod tests {
         LinkTransition {
             nic: nic.into(),
             link_up,
+            probes_lost: false,
             health: if link_up {
                 NicHealth::Up
             } else {

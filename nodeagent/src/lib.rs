@@ -12,6 +12,8 @@
 //!   orders from the leader).
 //! - [`config`]: TOML + flags, NIC discovery.
 //!
+//! - [`probe`]: the probe mesh (coded probe pairs with kernel timestamps,
+//!   per-pair clock estimation, one-way delays, probe evidence of dead NICs).
 //! - [`rdma_events`]: RDMA port events (the `rdma` crate's event stream,
 //!   verbs backend with the `verbs` feature) into the same tracker.
 
@@ -21,4 +23,5 @@ pub mod control;
 pub use rdma::damper;
 pub mod link;
 pub mod outbox;
+pub mod probe;
 pub mod rdma_events;

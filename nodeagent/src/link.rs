@@ -92,6 +92,8 @@ pub struct LinkTransition {
     pub nic: String,
     /// The link itself is up (independent of damping).
     pub link_up: bool,
+    /// Down only because probes stopped crossing it (netdev and port up).
+    pub probes_lost: bool,
     pub health: NicHealth,
     pub carrier_changes: u64,
     pub flaps: u32,
@@ -119,6 +121,8 @@ pub struct NicTracker {
     link_up: Option<bool>,
     /// RDMA port state (true when no RDMA device backs this NIC).
     port_active: bool,
+    /// Probe evidence (true until the probe mesh finds the NIC silent).
+    probes_alive: bool,
     /// The last netdev sample's up state, kept to combine with port events.
     netdev_up: Option<bool>,
     down_count: u32,
@@ -133,6 +137,7 @@ impl NicTracker {
             damper: FlapDamper::new(damping),
             link_up: None,
             port_active: true,
+            probes_alive: true,
             netdev_up: None,
             down_count: 0,
             carrier_changes: 0,
@@ -174,6 +179,10 @@ impl NicTracker {
         LinkTransition {
             nic: self.name.clone(),
             link_up,
+            probes_lost: !link_up
+                && self.netdev_up == Some(true)
+                && self.port_active
+                && !self.probes_alive,
             health,
             carrier_changes: self.carrier_changes,
             flaps: self.damper.flaps(),
@@ -186,8 +195,9 @@ impl NicTracker {
 
     /// Feeds one sample; returns the transitions it implies, in order.
     pub fn observe(&mut self, s: &LinkSample, now: Instant) -> Vec<LinkTransition> {
-        self.netdev_up = Some(s.is_up());
-        let up = s.is_up() && self.port_active;
+        let prev_netdev = self.netdev_up.replace(s.is_up());
+        let other_evidence_up = self.port_active && self.probes_alive;
+        let up = s.is_up() && other_evidence_up;
         let mut out = Vec::new();
         self.carrier_changes = s.carrier_changes as u64;
         let Some(prev) = self.link_up else {
@@ -198,8 +208,14 @@ impl NicTracker {
         // Carrier drops the kernel counted that we did not see as a down.
         let drops = s.carrier_down_count.wrapping_sub(self.down_count);
         self.down_count = s.carrier_down_count;
-        let seen_drop = u32::from(prev && !up);
-        let missed = drops.saturating_sub(seen_drop).min(1_000);
+        let seen_drop = u32::from(prev_netdev == Some(true) && !s.is_up());
+        // While the port or the probes hold the NIC down, carrier cycles
+        // change nothing the cluster could have used.
+        let missed = if other_evidence_up {
+            drops.saturating_sub(seen_drop).min(1_000)
+        } else {
+            0
+        };
         // Each missed drop is a full cycle away from `prev` and back.
         for _ in 0..missed {
             out.push(self.transition(!prev, now, true));
@@ -211,12 +227,21 @@ impl NicTracker {
         out
     }
 
-    /// Feeds an RDMA port event; the NIC is up only when both its netdev and
-    /// its port are.
-    pub fn observe_port(&mut self, active: bool, now: Instant) -> Option<LinkTransition> {
-        self.port_active = active;
+    /// Feeds evidence other than netlink (an RDMA port event or the probe
+    /// mesh's verdict); the NIC is up only when its netdev, its port and
+    /// its probes all are.
+    pub fn observe_port(
+        &mut self,
+        source: Evidence,
+        active: bool,
+        now: Instant,
+    ) -> Option<LinkTransition> {
+        match source {
+            Evidence::RdmaPort => self.port_active = active,
+            Evidence::Probes => self.probes_alive = active,
+        }
         let netdev_up = self.netdev_up?;
-        let up = netdev_up && active;
+        let up = netdev_up && self.port_active && self.probes_alive;
         (self.link_up != Some(up)).then(|| self.transition(up, now, false))
     }
 
@@ -241,6 +266,16 @@ impl NicTracker {
 pub struct PortEvent {
     pub netdev: String,
     pub active: bool,
+    pub source: Evidence,
+}
+
+/// Where a [`PortEvent`] comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Evidence {
+    /// The RDMA device's port state (async events).
+    RdmaPort,
+    /// The probe mesh: probes stopped (or resumed) arriving on the NIC.
+    Probes,
 }
 
 /// Errors starting the tracker.
@@ -306,7 +341,7 @@ impl LinkTracker {
             tokio::select! {
                 Some(p) = async { match ports.as_mut() { Some(r) => r.recv().await, None => std::future::pending().await } } => {
                     let now = Instant::now();
-                    if let Some(t) = self.nics.get_mut(&p.netdev).and_then(|n| n.observe_port(p.active, now)) {
+                    if let Some(t) = self.nics.get_mut(&p.netdev).and_then(|n| n.observe_port(p.source, p.active, now)) {
                         if tx.send(t).await.is_err() {
                             return Ok(());
                         }
@@ -410,7 +445,7 @@ mod tests {
         let mut n = NicTracker::new("rail0", DampingConfig::default());
         n.observe(&sample(true, true, 0), t0);
         let t = n
-            .observe_port(false, t0 + Duration::from_secs(1))
+            .observe_port(Evidence::RdmaPort, false, t0 + Duration::from_secs(1))
             .expect("transition");
         assert!(!t.link_up);
         assert_eq!(t.health, NicHealth::Down);
@@ -420,10 +455,34 @@ mod tests {
             "netdev up, port still down"
         );
         let t = n
-            .observe_port(true, t0 + Duration::from_secs(3))
+            .observe_port(Evidence::RdmaPort, true, t0 + Duration::from_secs(3))
             .expect("transition");
         assert!(t.link_up);
-        assert_eq!(n.observe_port(true, t0 + Duration::from_secs(4)), None);
+        assert_eq!(
+            n.observe_port(Evidence::RdmaPort, true, t0 + Duration::from_secs(4)),
+            None
+        );
+    }
+
+    #[test]
+    fn silent_probes_take_the_nic_down_and_say_why() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut n = NicTracker::new("rail1", DampingConfig::default());
+        n.observe(&sample(true, true, 0), t0);
+        let t = n
+            .observe_port(Evidence::Probes, false, t0 + s(1))
+            .expect("transition");
+        assert!(!t.link_up && t.probes_lost, "{t:?}");
+        assert_eq!(n.damper.flaps(), 1, "a dead path is a flap like any other");
+        // A real carrier loss meanwhile is not blamed on the probes.
+        let down = n.observe(&sample(true, false, 1), t0 + s(2));
+        assert!(down.is_empty(), "already down");
+        let t = n.observe_port(Evidence::Probes, true, t0 + s(3));
+        assert_eq!(t, None, "probes back but the carrier is still down");
+        let up = n.observe(&sample(true, true, 1), t0 + s(4));
+        assert_eq!(up.len(), 1);
+        assert!(up[0].link_up && !up[0].probes_lost);
     }
 
     #[test]

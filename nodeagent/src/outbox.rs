@@ -38,6 +38,9 @@ pub struct NicReport {
     pub at_unix_ns: u64,
     /// Transitions folded into this report because the outbox was full.
     pub coalesced: u32,
+    /// Down because probes stopped crossing it while the link said up.
+    #[serde(default)]
+    pub probes_lost: bool,
 }
 
 /// Where a job's connection runs (or that it closed).
@@ -457,6 +460,7 @@ mod tests {
             penalty: 0.0,
             at_unix_ns: n,
             coalesced: 0,
+            probes_lost: false,
         }
     }
 

@@ -55,6 +55,7 @@ impl PortMap {
         Some(PortEvent {
             netdev: nic.clone(),
             active,
+            source: crate::link::Evidence::RdmaPort,
         })
     }
 }
@@ -117,7 +118,8 @@ mod tests {
             down,
             Some(PortEvent {
                 netdev: "rail1".into(),
-                active: false
+                active: false,
+                source: crate::link::Evidence::RdmaPort,
             })
         );
         let up = m.translate(&ev("mlx5_0", AsyncEventKind::PortActive { port: 1 }));

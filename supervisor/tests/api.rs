@@ -27,12 +27,14 @@ fn nics() -> Vec<Nic> {
             rail: Some(0),
             backup: "rail1".into(),
             rdma_device: String::new(),
+            ..Default::default()
         },
         Nic {
             name: "rail1".into(),
             rail: Some(1),
             backup: "rail0".into(),
             rdma_device: String::new(),
+            ..Default::default()
         },
     ]
 }
@@ -67,6 +69,7 @@ fn ev(host: &str, seq: u64, nic: &str, up: bool) -> AgentEvent {
             damping_penalty: 0.0,
             coalesced: 0,
             link_up: up,
+            ..Default::default()
         })),
     }
 }

@@ -26,6 +26,7 @@ async fn register(addr: &str, host: &str) {
         rail: Some(rail),
         backup: backup.into(),
         rdma_device: String::new(),
+        ..Default::default()
     };
     agent(addr)
         .await

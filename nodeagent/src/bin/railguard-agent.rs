@@ -39,6 +39,34 @@ struct Args {
     /// Default /run/railguard/agent.sock.
     #[arg(long)]
     control_socket: Option<PathBuf>,
+    /// Turn the probe mesh off (no clock sync, one-way delays or probe
+    /// evidence for this host).
+    #[arg(long)]
+    no_probes: bool,
+    /// UDP port of the probe sockets, one per data NIC. Default 7947.
+    #[arg(long)]
+    probe_port: Option<u16>,
+    /// Coded probe pairs per second to each peer (over all rails).
+    /// Default 100.
+    #[arg(long)]
+    probe_rate: Option<u32>,
+    /// Probe timestamps: "software" (kernel, any NIC) or "hardware" (the
+    /// NIC's clock; the NIC must support it). Default software.
+    #[arg(long)]
+    probe_timestamps: Option<nodeagent::probe::sock::TsMode>,
+    /// TEST ONLY — never on a real cluster: add this offset (ns) to every
+    /// timestamp the agent takes, so the testbed knows the true clock
+    /// error. Range ±1 h.
+    #[arg(long, allow_hyphen_values = true)]
+    test_clock_offset_ns: Option<i64>,
+    /// TEST ONLY — never on a real cluster: make the agent's clock run
+    /// fast (or slow, negative) by this many ppb. Range ±1,000,000.
+    #[arg(long, allow_hyphen_values = true)]
+    test_clock_drift_ppb: Option<i64>,
+    /// TEST ONLY: the true Unix time (ns) at which the test clock error
+    /// equals --test-clock-offset-ns. Default: the agent's start.
+    #[arg(long, allow_hyphen_values = true)]
+    test_clock_anchor_ns: Option<i64>,
 }
 
 async fn link_names() -> anyhow::Result<Vec<String>> {
@@ -64,6 +92,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
             data_dir: args.data_dir,
             nics: args.nics,
             control_socket: args.control_socket,
+            no_probes: args.no_probes,
+            probe_port: args.probe_port,
+            probe_rate: args.probe_rate,
+            probe_timestamps: args.probe_timestamps,
+            test_clock_offset_ns: args.test_clock_offset_ns,
+            test_clock_drift_ppb: args.test_clock_drift_ppb,
+            test_clock_anchor_ns: args.test_clock_anchor_ns,
         },
         &links,
     )

@@ -356,4 +356,20 @@ impl Agent for AgentService {
             tokio_stream::wrappers::ReceiverStream::new(ack_rx),
         )))
     }
+
+    async fn get_probe_plan(
+        &self,
+        _req: Request<proto::v1::ProbePlanRequest>,
+    ) -> Result<Response<proto::v1::ProbePlan>, Status> {
+        Err(Status::unimplemented("probe plans are not served yet"))
+    }
+
+    async fn send_probe_summary(
+        &self,
+        _req: Request<proto::v1::ProbeSummary>,
+    ) -> Result<Response<proto::v1::ProbeSummaryReply>, Status> {
+        Err(Status::unimplemented(
+            "probe summaries are not accepted yet",
+        ))
+    }
 }

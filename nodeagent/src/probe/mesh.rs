@@ -1,0 +1,1029 @@
+//! The probe mesh's protocol state, without sockets (unit-testable).
+//!
+//! **Pairs.** For each peer this host sends a coded probe pair every
+//! `1/pairs_per_s`, rotating over the rails both hosts have (so each
+//! (peer, rail) path carries `pairs_per_s / rails`). A pair has a sequence
+//! number per (peer, rail), starting from the agent's start time in µs so a
+//! restarted agent never reuses one.
+//!
+//! **Two-step stamps.** Transmit timestamps are known only after the send
+//! (error queue), receive timestamps only at the receiver. Each probe
+//! carries up to [`MAX_RECORDS`] records back to the same peer on the same
+//! rail: `Tx` (my transmit stamps of an earlier pair of mine) and `Rx` (the
+//! receive stamps of an earlier pair of the peer's). So both hosts end up
+//! with all four stamps of every pair in both directions and each runs its
+//! own [`PairEstimator`] per (peer, rail).
+//!
+//! **Paths.** For the directed path peer → me on a rail this host counts
+//! probes expected (from the peer's sequence numbers) and received, and
+//! keeps the raw delays of completed pairs; the summary turns them into
+//! one-way delays under the pair's clock line.
+//!
+//! **Probe liveness of my NICs.** A NIC is *probe-dead* when nothing has
+//! arrived on it for `silence` while some peer that has a NIC on the same
+//! rail was heard on another rail within that time: the peer is alive and
+//! probing, its probes to this NIC die. One probe arriving revives it. A
+//! host with one rail never declares a NIC probe-dead (no evidence to
+//! separate a dead NIC from dead peers).
+//!
+//! Every queue here is bounded; a full one drops its oldest entry.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::SocketAddrV4;
+use std::time::{Duration, Instant};
+
+use clocksync::{Direction, PairConfig, PairEstimator, Probe as Stamp, ProbePair};
+
+use super::wire::{Probe, Record, MAX_RECORDS, PACKET_LEN};
+
+/// Pairs awaiting their other stamps, per path and direction.
+const PENDING_PAIRS: usize = 64;
+/// Records waiting to be carried back, per path and kind.
+const PENDING_RECORDS: usize = 8;
+/// Delay samples kept per path between summaries.
+const MAX_DELAYS: usize = 4096;
+
+/// Tuning of the mesh.
+#[derive(Debug, Clone)]
+pub struct MeshConfig {
+    /// Coded pairs per second to each peer (over all rails). Default 100.
+    pub pairs_per_s: u32,
+    /// Purity threshold: |rx gap − tx gap| (ns). Default 2 µs.
+    pub purity_ns: u64,
+    /// Silence after which a NIC is probe-dead (see module docs). Default
+    /// 400 ms.
+    pub silence: Duration,
+    /// The per-pair estimator's settings.
+    pub pair: PairConfig,
+}
+
+impl Default for MeshConfig {
+    fn default() -> Self {
+        Self {
+            pairs_per_s: 100,
+            purity_ns: 2_000,
+            silence: Duration::from_millis(400),
+            pair: PairConfig::default(),
+        }
+    }
+}
+
+/// Most pairs per second per peer accepted.
+pub const MAX_PAIRS_PER_S: u32 = 1_000;
+
+/// A peer's data NIC on one rail.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerNic {
+    pub nic: String,
+    pub addr: SocketAddrV4,
+}
+
+/// A peer as the plan gives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerSpec {
+    pub host: String,
+    pub id: u32,
+    pub nics: BTreeMap<u32, PeerNic>,
+}
+
+/// Whom to probe.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    pub self_id: u32,
+    pub version: u64,
+    pub peers: Vec<PeerSpec>,
+}
+
+/// One of this host's data NICs.
+#[derive(Debug, Clone)]
+pub struct LocalNic {
+    pub name: String,
+    pub rail: u32,
+}
+
+/// Two probes to put on the wire.
+#[derive(Debug, Clone)]
+pub struct SendOp {
+    pub rail: u32,
+    pub to: SocketAddrV4,
+    pub packets: [[u8; PACKET_LEN]; 2],
+}
+
+/// A change of a NIC's probe liveness.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NicLiveness {
+    pub nic: String,
+    pub alive: bool,
+}
+
+/// Counters of what the mesh saw (for logs and tests).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub pairs_sent: u64,
+    pub probes_received: u64,
+    pub pairs_pure: u64,
+    pub pairs_impure: u64,
+    pub refused: u64,
+}
+
+#[derive(Debug, Clone)]
+struct OutPair {
+    seq: u64,
+    tx: [Option<i64>; 2],
+    rx: Option<[i64; 2]>,
+}
+
+#[derive(Debug, Clone)]
+struct InPair {
+    seq: u64,
+    rx: [Option<i64>; 2],
+    tx: Option<[i64; 2]>,
+}
+
+/// One (peer, rail) path, both directions.
+struct PathState {
+    next_seq: u64,
+    out: VecDeque<OutPair>,
+    inc: VecDeque<InPair>,
+    tx_records: VecDeque<(u64, [i64; 2])>,
+    rx_records: VecDeque<(u64, [i64; 2])>,
+    est: PairEstimator,
+    /// Highest sequence seen from the peer on this path, and when.
+    last_in_seq: u64,
+    last_in_at: Option<Instant>,
+    /// The peer's pair rate on this path (pairs/s, smoothed).
+    in_rate: f64,
+    /// Probes already counted as expected during a silence that the next
+    /// arrival's sequence number will account for again.
+    presumed: u64,
+    expected: u64,
+    received: u64,
+    /// (rx time, raw delay rx − tx) of the peer's first probes.
+    delays: Vec<(i64, i64)>,
+}
+
+impl PathState {
+    fn new(cfg: &PairConfig, first_seq: u64) -> Self {
+        Self {
+            next_seq: first_seq,
+            out: VecDeque::new(),
+            inc: VecDeque::new(),
+            tx_records: VecDeque::new(),
+            rx_records: VecDeque::new(),
+            est: PairEstimator::new(cfg.clone()).expect("validated pair config"),
+            last_in_seq: 0,
+            last_in_at: None,
+            in_rate: 0.0,
+            presumed: 0,
+            expected: 0,
+            received: 0,
+            delays: Vec::new(),
+        }
+    }
+}
+
+fn push_bounded<T>(q: &mut VecDeque<T>, cap: usize, v: T) {
+    if q.len() >= cap {
+        q.pop_front();
+    }
+    q.push_back(v);
+}
+
+struct PeerState {
+    spec: PeerSpec,
+    next_due: Instant,
+    cursor: usize,
+    last_heard: Option<Instant>,
+    paths: BTreeMap<u32, PathState>,
+}
+
+/// The per-(peer, rail) outputs of a summary.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PathSummary {
+    pub peer: String,
+    pub rail: u32,
+    pub nic: String,
+    pub peer_nic: String,
+    pub estimate: Option<clocksync::Estimate>,
+    pub ntp: Option<clocksync::NtpEstimate>,
+    pub expected: u64,
+    pub received: u64,
+    /// One-way delays (ns) under the pair line, sorted; raw when
+    /// `estimate` is None.
+    pub delays_ns: Vec<i64>,
+}
+
+/// The mesh.
+pub struct Mesh {
+    cfg: MeshConfig,
+    self_id: u32,
+    plan_version: u64,
+    local: BTreeMap<u32, LocalNic>,
+    last_rx: BTreeMap<u32, Instant>,
+    probe_dead: BTreeMap<u32, bool>,
+    peers: BTreeMap<u32, PeerState>,
+    first_seq: u64,
+    started: Instant,
+    pub counters: Counters,
+    pub bytes_sent: u64,
+}
+
+impl Mesh {
+    /// `first_seq`: where this run's sequence numbers start (the agent uses
+    /// its start time in µs).
+    pub fn new(
+        cfg: MeshConfig,
+        local: Vec<LocalNic>,
+        first_seq: u64,
+        now: Instant,
+    ) -> Result<Self, String> {
+        if cfg.pairs_per_s == 0 || cfg.pairs_per_s > MAX_PAIRS_PER_S {
+            return Err(format!(
+                "probe rate {} pairs/s per peer: want 1..={MAX_PAIRS_PER_S}",
+                cfg.pairs_per_s
+            ));
+        }
+        PairEstimator::new(cfg.pair.clone()).map_err(|e| e.to_string())?;
+        let local: BTreeMap<u32, LocalNic> = local.into_iter().map(|n| (n.rail, n)).collect();
+        Ok(Self {
+            probe_dead: local.keys().map(|r| (*r, false)).collect(),
+            last_rx: BTreeMap::new(),
+            cfg,
+            self_id: u32::MAX,
+            plan_version: 0,
+            local,
+            peers: BTreeMap::new(),
+            first_seq: first_seq.max(1),
+            started: now,
+            counters: Counters::default(),
+            bytes_sent: 0,
+        })
+    }
+
+    pub fn plan_version(&self) -> u64 {
+        self.plan_version
+    }
+
+    pub fn self_id(&self) -> u32 {
+        self.self_id
+    }
+
+    fn interval(&self) -> Duration {
+        Duration::from_secs_f64(1.0 / f64::from(self.cfg.pairs_per_s))
+    }
+
+    /// Adopts a plan: peers that stay keep their state (estimators,
+    /// sequence numbers); new ones start with a random phase.
+    pub fn set_plan(&mut self, plan: &Plan, now: Instant) {
+        if plan.self_id != self.self_id {
+            // A new identity invalidates every path.
+            self.peers.clear();
+        }
+        self.self_id = plan.self_id;
+        self.plan_version = plan.version;
+        let interval = self.interval();
+        let mut next = BTreeMap::new();
+        for spec in &plan.peers {
+            if spec.id == plan.self_id {
+                continue;
+            }
+            let mut p = self.peers.remove(&spec.id).unwrap_or_else(|| PeerState {
+                spec: spec.clone(),
+                next_due: now + interval.mul_f64(rand::random::<f64>()),
+                cursor: 0,
+                last_heard: None,
+                paths: BTreeMap::new(),
+            });
+            p.spec = spec.clone();
+            let rails: Vec<u32> = self
+                .local
+                .keys()
+                .filter(|r| spec.nics.contains_key(r))
+                .copied()
+                .collect();
+            p.paths.retain(|r, _| rails.contains(r));
+            for r in rails {
+                p.paths
+                    .entry(r)
+                    .or_insert_with(|| PathState::new(&self.cfg.pair, self.first_seq));
+            }
+            next.insert(spec.id, p);
+        }
+        self.peers = next;
+    }
+
+    /// When the next pair is due (None: nobody to probe).
+    pub fn next_due(&self) -> Option<Instant> {
+        self.peers
+            .values()
+            .filter(|p| !p.paths.is_empty())
+            .map(|p| p.next_due)
+            .min()
+    }
+
+    /// The pairs due at `now`, ready to send. Call [`Mesh::on_sent`] for
+    /// each afterwards.
+    pub fn due(&mut self, now: Instant) -> Vec<SendOp> {
+        let interval = self.interval();
+        let mut out = Vec::new();
+        let self_id = self.self_id;
+        for p in self.peers.values_mut() {
+            if p.next_due > now || p.paths.is_empty() {
+                continue;
+            }
+            // Keep the cadence; never burst to catch up.
+            p.next_due += interval;
+            if p.next_due <= now {
+                p.next_due = now + interval;
+            }
+            let rails: Vec<u32> = p.paths.keys().copied().collect();
+            let rail = rails[p.cursor % rails.len()];
+            p.cursor = p.cursor.wrapping_add(1);
+            let Some(nic) = p.spec.nics.get(&rail) else {
+                continue;
+            };
+            let to = nic.addr;
+            let path = p.paths.get_mut(&rail).expect("rail of this peer");
+            let seq = path.next_seq;
+            path.next_seq += 1;
+            let mut records = Vec::with_capacity(MAX_RECORDS);
+            while records.len() < MAX_RECORDS {
+                let before = records.len();
+                if let Some((s, ts)) = path.tx_records.pop_front() {
+                    records.push(Record::Tx { seq: s, ts });
+                }
+                if records.len() < MAX_RECORDS {
+                    if let Some((s, ts)) = path.rx_records.pop_front() {
+                        records.push(Record::Rx { seq: s, ts });
+                    }
+                }
+                if records.len() == before {
+                    break;
+                }
+            }
+            push_bounded(
+                &mut path.out,
+                PENDING_PAIRS,
+                OutPair {
+                    seq,
+                    tx: [None, None],
+                    rx: None,
+                },
+            );
+            let probe = |index: u8| Probe {
+                index,
+                rail: rail as u8,
+                from: self_id,
+                to: p.spec.id,
+                seq,
+                records: records.clone(),
+            };
+            out.push(SendOp {
+                rail,
+                to,
+                packets: [probe(0).encode(), probe(1).encode()],
+            });
+        }
+        out
+    }
+
+    /// Records how many probes of an op left.
+    pub fn on_sent(&mut self, sent: usize) {
+        if sent > 0 {
+            self.counters.pairs_sent += 1;
+        }
+        self.bytes_sent += (sent * PACKET_LEN) as u64;
+    }
+
+    /// A transmit timestamp from the error queue of the socket on `rail`.
+    pub fn on_tx_stamp(&mut self, rail: u32, probe: &Probe, ts: i64) {
+        if probe.from != self.self_id || u32::from(probe.rail) != rail {
+            return;
+        }
+        let purity = self.cfg.purity_ns;
+        let Some(path) = self
+            .peers
+            .get_mut(&probe.to)
+            .and_then(|p| p.paths.get_mut(&rail))
+        else {
+            return;
+        };
+        let Some(i) = path.out.iter().position(|o| o.seq == probe.seq) else {
+            return;
+        };
+        path.out[i].tx[usize::from(probe.index)] = Some(ts);
+        if let [Some(a), Some(b)] = path.out[i].tx {
+            push_bounded(&mut path.tx_records, PENDING_RECORDS, (probe.seq, [a, b]));
+            if let Some(rx) = path.out[i].rx {
+                path.out.remove(i);
+                forward_pair(path, &mut self.counters, [a, b], rx, purity);
+            }
+        }
+    }
+
+    /// A probe received on the socket of `rail` from `from` at `rx_ts`
+    /// (this host's clock).
+    pub fn on_probe(
+        &mut self,
+        rail: u32,
+        from: SocketAddrV4,
+        probe: &Probe,
+        rx_ts: i64,
+        now: Instant,
+    ) {
+        let purity = self.cfg.purity_ns;
+        let ok = probe.to == self.self_id
+            && u32::from(probe.rail) == rail
+            && self
+                .peers
+                .get(&probe.from)
+                .and_then(|p| p.spec.nics.get(&rail))
+                .is_some_and(|n| n.addr.ip() == from.ip());
+        if !ok {
+            self.counters.refused += 1;
+            return;
+        }
+        self.counters.probes_received += 1;
+        self.last_rx.insert(rail, now);
+        let p = self.peers.get_mut(&probe.from).expect("checked above");
+        p.last_heard = Some(now);
+        let Some(path) = p.paths.get_mut(&rail) else {
+            return;
+        };
+        // Loss accounting by sequence number.
+        if probe.seq > path.last_in_seq {
+            let new = if path.last_in_seq == 0 {
+                1
+            } else {
+                (probe.seq - path.last_in_seq).min(1_000_000)
+            };
+            if let Some(last) = path.last_in_at {
+                let dt = now.saturating_duration_since(last).as_secs_f64();
+                if dt > 0.0 {
+                    let inst = new as f64 / dt;
+                    path.in_rate = if path.in_rate == 0.0 {
+                        inst
+                    } else {
+                        0.9 * path.in_rate + 0.1 * inst
+                    };
+                }
+            }
+            path.expected += (2 * new).saturating_sub(path.presumed);
+            path.presumed = 0;
+            path.last_in_seq = probe.seq;
+            path.last_in_at = Some(now);
+        } else if path.last_in_seq - probe.seq > PENDING_PAIRS as u64 * 16 {
+            // The peer restarted with lower numbers (its clock stepped
+            // back): start over.
+            path.inc.clear();
+            path.last_in_seq = probe.seq;
+            path.expected += 2;
+        }
+        path.received += 1;
+        let i = match path.inc.iter().position(|x| x.seq == probe.seq) {
+            Some(i) => i,
+            None => {
+                push_bounded(
+                    &mut path.inc,
+                    PENDING_PAIRS,
+                    InPair {
+                        seq: probe.seq,
+                        rx: [None, None],
+                        tx: None,
+                    },
+                );
+                path.inc.len() - 1
+            }
+        };
+        path.inc[i].rx[usize::from(probe.index)] = Some(rx_ts);
+        if let [Some(a), Some(b)] = path.inc[i].rx {
+            if !path.rx_records.iter().any(|(s, _)| *s == probe.seq) {
+                push_bounded(&mut path.rx_records, PENDING_RECORDS, (probe.seq, [a, b]));
+            }
+            if let Some(tx) = path.inc[i].tx {
+                path.inc.remove(i);
+                reverse_pair(path, &mut self.counters, tx, [a, b], purity);
+            }
+        }
+        for r in &probe.records {
+            match *r {
+                Record::Tx { seq, ts } => {
+                    let Some(j) = path.inc.iter().position(|x| x.seq == seq) else {
+                        continue;
+                    };
+                    if let [Some(a), Some(b)] = path.inc[j].rx {
+                        path.inc.remove(j);
+                        reverse_pair(path, &mut self.counters, ts, [a, b], purity);
+                    } else {
+                        path.inc[j].tx = Some(ts);
+                    }
+                }
+                Record::Rx { seq, ts } => {
+                    let Some(j) = path.out.iter().position(|x| x.seq == seq) else {
+                        continue;
+                    };
+                    if let [Some(a), Some(b)] = path.out[j].tx {
+                        path.out.remove(j);
+                        forward_pair(path, &mut self.counters, [a, b], ts, purity);
+                    } else {
+                        path.out[j].rx = Some(ts);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Probe-liveness changes of this host's NICs at `now`.
+    pub fn check_liveness(&mut self, now: Instant) -> Vec<NicLiveness> {
+        let silence = self.cfg.silence;
+        let mut out = Vec::new();
+        if self.local.len() < 2 || now.saturating_duration_since(self.started) < silence {
+            return out;
+        }
+        for (rail, nic) in &self.local {
+            let last = self.last_rx.get(rail).copied().unwrap_or(self.started);
+            let silent = now.saturating_duration_since(last) >= silence;
+            // A peer on this rail heard recently (on another rail).
+            let evidence = self.peers.values().any(|p| {
+                p.spec.nics.contains_key(rail)
+                    && p.last_heard
+                        .is_some_and(|h| now.saturating_duration_since(h) < silence)
+            });
+            let dead = silent && evidence;
+            let was = self.probe_dead.get(rail).copied().unwrap_or(false);
+            // Revival needs a probe (not just the evidence going away).
+            let now_dead = if was { silent } else { dead };
+            if now_dead != was {
+                self.probe_dead.insert(*rail, now_dead);
+                out.push(NicLiveness {
+                    nic: nic.name.clone(),
+                    alive: !now_dead,
+                });
+            }
+        }
+        out
+    }
+
+    /// The summary of every path since the last call (counters reset).
+    ///
+    /// A path that has gone silent while its peer is still heard on another
+    /// rail counts the probes it should have carried (at the rate it had)
+    /// as lost now, not only once a probe arrives again: a dead path shows
+    /// 100 % loss while it is dead.
+    pub fn summarise(&mut self, now: Instant) -> Vec<PathSummary> {
+        let mut out = Vec::new();
+        let silence = self.cfg.silence;
+        for p in self.peers.values_mut() {
+            let peer_alive = p
+                .last_heard
+                .is_some_and(|h| now.saturating_duration_since(h) < silence);
+            for (rail, path) in p.paths.iter_mut() {
+                if let (true, Some(last)) = (peer_alive, path.last_in_at) {
+                    let silent = now.saturating_duration_since(last).as_secs_f64();
+                    // One pair interval of slack for the one in flight.
+                    let missing = ((silent * path.in_rate).floor() as u64).saturating_sub(1) * 2;
+                    if missing > path.presumed {
+                        path.expected += missing - path.presumed;
+                        path.presumed = missing;
+                    }
+                }
+                let estimate = match path.est.estimate() {
+                    Ok(e) => Some(e),
+                    Err(clocksync::PairError::NotSeparable { .. }) => {
+                        // Inconsistent samples (a clock step): start over.
+                        tracing::warn!(peer = %p.spec.host, rail, "clock samples inconsistent; restarting the estimate");
+                        path.est.clear();
+                        None
+                    }
+                    Err(_) => None,
+                };
+                let ntp = path.est.ntp_estimate().ok();
+                let mut delays_ns: Vec<i64> = path
+                    .delays
+                    .drain(..)
+                    .map(|(t, raw)| match &estimate {
+                        // raw = owd − (peer − me); add the line back.
+                        Some(e) => raw.saturating_add(e.offset_at(t).round() as i64),
+                        None => raw,
+                    })
+                    .collect();
+                delays_ns.sort_unstable();
+                out.push(PathSummary {
+                    peer: p.spec.host.clone(),
+                    rail: *rail,
+                    nic: self
+                        .local
+                        .get(rail)
+                        .map(|n| n.name.clone())
+                        .unwrap_or_default(),
+                    peer_nic: p
+                        .spec
+                        .nics
+                        .get(rail)
+                        .map(|n| n.nic.clone())
+                        .unwrap_or_default(),
+                    estimate,
+                    ntp,
+                    expected: std::mem::take(&mut path.expected),
+                    received: std::mem::take(&mut path.received),
+                    delays_ns,
+                });
+            }
+        }
+        out
+    }
+
+    /// Peers and rails with a path (for tests and logs).
+    pub fn paths(&self) -> Vec<(u32, u32)> {
+        self.peers
+            .iter()
+            .flat_map(|(id, p)| p.paths.keys().map(move |r| (*id, *r)))
+            .collect()
+    }
+}
+
+/// My pair to the peer is complete: a forward sample.
+fn forward_pair(
+    path: &mut PathState,
+    counters: &mut Counters,
+    tx: [i64; 2],
+    rx: [i64; 2],
+    purity: u64,
+) {
+    let pair = ProbePair {
+        first: Stamp {
+            tx_ns: tx[0],
+            rx_ns: rx[0],
+        },
+        second: Stamp {
+            tx_ns: tx[1],
+            rx_ns: rx[1],
+        },
+    };
+    add(path, counters, Direction::Forward, &pair, purity);
+}
+
+/// The peer's pair to me is complete: a reverse sample and a delay.
+fn reverse_pair(
+    path: &mut PathState,
+    counters: &mut Counters,
+    tx: [i64; 2],
+    rx: [i64; 2],
+    purity: u64,
+) {
+    if path.delays.len() < MAX_DELAYS {
+        if let Some(d) = rx[0].checked_sub(tx[0]) {
+            path.delays.push((rx[0], d));
+        }
+    }
+    let pair = ProbePair {
+        first: Stamp {
+            tx_ns: tx[0],
+            rx_ns: rx[0],
+        },
+        second: Stamp {
+            tx_ns: tx[1],
+            rx_ns: rx[1],
+        },
+    };
+    add(path, counters, Direction::Reverse, &pair, purity);
+}
+
+fn add(
+    path: &mut PathState,
+    counters: &mut Counters,
+    dir: Direction,
+    pair: &ProbePair,
+    purity: u64,
+) {
+    match path.est.add_pair(dir, pair, purity) {
+        Ok(true) => counters.pairs_pure += 1,
+        Ok(false) => counters.pairs_impure += 1,
+        Err(e) => tracing::debug!(error = %e, "probe sample not used"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    /// A simulated cluster: hosts with known clock offsets exchanging the
+    /// mesh's real packets through in-memory links with delays and drops.
+    struct Sim {
+        meshes: Vec<Mesh>,
+        offsets_ns: Vec<i64>,
+        base: Instant,
+        t_ns: i64,
+        /// (deliver at true ns, to host, rail, from addr, packet, tx true ns)
+        wire: Vec<(i64, usize, u32, SocketAddrV4, [u8; PACKET_LEN])>,
+        rng: u64,
+        /// Drop every packet to or from (host, rail).
+        dead: Option<(usize, u32)>,
+    }
+
+    fn addr(host: usize, rail: u32) -> SocketAddrV4 {
+        SocketAddrV4::new(Ipv4Addr::new(10, 201 + rail as u8, 0, host as u8 + 1), 7947)
+    }
+
+    impl Sim {
+        fn new(offsets_ns: Vec<i64>, rails: u32) -> Self {
+            let base = Instant::now();
+            let n = offsets_ns.len();
+            let mut meshes = Vec::new();
+            for h in 0..n {
+                let local = (0..rails)
+                    .map(|r| LocalNic {
+                        name: format!("rail{r}"),
+                        rail: r,
+                    })
+                    .collect();
+                let mut m =
+                    Mesh::new(MeshConfig::default(), local, 1_000 * (h as u64 + 1), base).unwrap();
+                let peers = (0..n)
+                    .filter(|p| *p != h)
+                    .map(|p| PeerSpec {
+                        host: format!("h{p}"),
+                        id: p as u32,
+                        nics: (0..rails)
+                            .map(|r| {
+                                (
+                                    r,
+                                    PeerNic {
+                                        nic: format!("rail{r}"),
+                                        addr: addr(p, r),
+                                    },
+                                )
+                            })
+                            .collect(),
+                    })
+                    .collect();
+                m.set_plan(
+                    &Plan {
+                        self_id: h as u32,
+                        version: 1,
+                        peers,
+                    },
+                    base,
+                );
+                meshes.push(m);
+            }
+            Self {
+                meshes,
+                offsets_ns,
+                base,
+                t_ns: 1_700_000_000_000_000_000,
+                wire: Vec::new(),
+                rng: 0x1234_5678_9ABC_DEF1,
+                dead: None,
+            }
+        }
+
+        fn rand(&mut self) -> u64 {
+            self.rng ^= self.rng << 13;
+            self.rng ^= self.rng >> 7;
+            self.rng ^= self.rng << 17;
+            self.rng
+        }
+
+        fn now(&self, t0: i64) -> Instant {
+            self.base + Duration::from_nanos((self.t_ns - t0) as u64)
+        }
+
+        /// Runs for `ms` of simulated time in 100 µs steps.
+        fn run(&mut self, t0: i64, ms: i64) {
+            let end = self.t_ns + ms * 1_000_000;
+            while self.t_ns < end {
+                self.t_ns += 100_000;
+                let now = self.now(t0);
+                for h in 0..self.meshes.len() {
+                    for op in self.meshes[h].due(now) {
+                        let to = (op.to.ip().octets()[3] - 1) as usize;
+                        self.meshes[h].on_sent(2);
+                        for (i, pkt) in op.packets.iter().enumerate() {
+                            let tx = self.t_ns + i as i64 * 2_000;
+                            // The transmit stamp comes back on the error queue.
+                            let p = Probe::decode(pkt).unwrap();
+                            let own = tx + self.offsets_ns[h];
+                            self.meshes[h].on_tx_stamp(op.rail, &p, own);
+                            let dropped = self
+                                .dead
+                                .is_some_and(|(dh, dr)| dr == op.rail && (dh == h || dh == to));
+                            if dropped {
+                                continue;
+                            }
+                            // 20 µs floor; 30 % of first probes queue up to 200 µs
+                            // (their pair then fails the purity test).
+                            let r = self.rand();
+                            let q = if i == 0 && r % 10 < 3 {
+                                (r >> 8) as i64 % 200_000
+                            } else {
+                                0
+                            };
+                            self.wire
+                                .push((tx + 20_000 + q, to, op.rail, addr(h, op.rail), *pkt));
+                        }
+                    }
+                }
+                let t = self.t_ns;
+                let (ready, rest): (Vec<_>, Vec<_>) = self.wire.drain(..).partition(|w| w.0 <= t);
+                self.wire = rest;
+                for (at, to, rail, from, pkt) in ready {
+                    let p = Probe::decode(&pkt).unwrap();
+                    let rx = at + self.offsets_ns[to];
+                    self.meshes[to].on_probe(rail, from, &p, rx, now);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn estimates_offsets_and_one_way_delays_between_two_hosts() {
+        let mut sim = Sim::new(vec![0, 300_000], 2);
+        let t0 = sim.t_ns;
+        sim.run(t0, 3_000);
+        let now = sim.now(t0);
+        let a = sim.meshes[0].summarise(now);
+        assert_eq!(a.len(), 2, "one path per rail");
+        for p in &a {
+            let e = p.estimate.as_ref().expect("an estimate per path");
+            let at_b = e.offset_at(e.at_ns);
+            assert!((at_b - 300_000.0).abs() < 100.0, "offset {at_b}");
+            assert!(p.expected > 0 && p.received == p.expected, "{p:?}");
+            assert!(!p.delays_ns.is_empty());
+            // Corrected one-way delays: the floor is the true 20 µs.
+            assert!(
+                (p.delays_ns[0] - 20_000).abs() < 200,
+                "{:?}",
+                &p.delays_ns[..3]
+            );
+            assert!(p.ntp.is_some());
+        }
+        let b = sim.meshes[1].summarise(now);
+        for p in &b {
+            let e = p.estimate.as_ref().unwrap();
+            assert!((e.offset_ns + 300_000.0).abs() < 100.0, "{}", e.offset_ns);
+        }
+        assert!(sim.meshes[0].counters.pairs_pure > 100);
+        assert!(sim.meshes[0].counters.pairs_impure > 10);
+        assert_eq!(sim.meshes[0].counters.refused, 0);
+        // Counters reset with each summary.
+        let again = sim.meshes[0].summarise(now);
+        assert!(again
+            .iter()
+            .all(|p| p.expected == 0 && p.delays_ns.is_empty()));
+    }
+
+    #[test]
+    fn a_nic_whose_probes_die_is_found_and_revived() {
+        let mut sim = Sim::new(vec![0, 5_000, -7_000], 2);
+        let t0 = sim.t_ns;
+        sim.run(t0, 1_000);
+        for m in &mut sim.meshes {
+            let now = sim.base + Duration::from_secs(1);
+            assert!(m.check_liveness(now).is_empty(), "all alive");
+        }
+        let now = sim.now(t0);
+        sim.meshes[1].summarise(now);
+        sim.dead = Some((0, 1));
+        sim.run(t0, 300);
+        let now = sim.now(t0);
+        assert!(sim.meshes[0].check_liveness(now).is_empty(), "not yet");
+        sim.run(t0, 200);
+        let now = sim.now(t0);
+        assert_eq!(
+            sim.meshes[0].check_liveness(now),
+            vec![NicLiveness {
+                nic: "rail1".into(),
+                alive: false
+            }]
+        );
+        // The peers still hear each other on rail1: their NICs are fine.
+        assert!(sim.meshes[1].check_liveness(now).is_empty());
+        assert!(sim.meshes[2].check_liveness(now).is_empty());
+        // Loss shows on the paths into the dead NIC.
+        // 100 % loss shows on the path into the dead NIC while it is dead
+        // (50 pairs/s on it: about 50 probes in the half second).
+        let paths = sim.meshes[1].summarise(now);
+        let from0 = paths
+            .iter()
+            .find(|p| p.peer == "h0" && p.rail == 1)
+            .unwrap();
+        assert_eq!(from0.received, 0, "{from0:?}");
+        assert!((40..=60).contains(&from0.expected), "{from0:?}");
+        let from2 = paths
+            .iter()
+            .find(|p| p.peer == "h2" && p.rail == 1)
+            .unwrap();
+        assert_eq!(from2.received, from2.expected, "{from2:?}");
+        sim.dead = None;
+        sim.run(t0, 50);
+        let now = sim.now(t0);
+        assert_eq!(
+            sim.meshes[0].check_liveness(now),
+            vec![NicLiveness {
+                nic: "rail1".into(),
+                alive: true
+            }]
+        );
+    }
+
+    #[test]
+    fn probes_from_strangers_or_wrong_addresses_are_refused() {
+        let mut sim = Sim::new(vec![0, 0], 1);
+        let t0 = sim.t_ns;
+        sim.run(t0, 100);
+        let now = sim.now(t0);
+        let good = Probe {
+            index: 0,
+            rail: 0,
+            from: 1,
+            to: 0,
+            seq: 5,
+            records: vec![],
+        };
+        let m = &mut sim.meshes[0];
+        let before = m.counters.refused;
+        // Unknown sender id, spoofed address, wrong rail, not for me.
+        m.on_probe(
+            0,
+            addr(1, 0),
+            &Probe {
+                from: 9,
+                ..good.clone()
+            },
+            1,
+            now,
+        );
+        m.on_probe(0, addr(7, 0), &good, 1, now);
+        m.on_probe(
+            0,
+            addr(1, 0),
+            &Probe {
+                rail: 1,
+                ..good.clone()
+            },
+            1,
+            now,
+        );
+        m.on_probe(
+            0,
+            addr(1, 0),
+            &Probe {
+                to: 3,
+                ..good.clone()
+            },
+            1,
+            now,
+        );
+        assert_eq!(m.counters.refused - before, 4);
+        // One rail only: never probe-dead, whatever the silence.
+        assert!(m.check_liveness(now + Duration::from_secs(10)).is_empty());
+    }
+
+    #[test]
+    fn a_new_plan_keeps_the_state_of_peers_that_stay() {
+        let mut sim = Sim::new(vec![0, 1_000, 2_000], 1);
+        let t0 = sim.t_ns;
+        sim.run(t0, 500);
+        let now = sim.now(t0);
+        let m = &mut sim.meshes[0];
+        assert_eq!(m.paths(), vec![(1, 0), (2, 0)]);
+        let keep = PeerSpec {
+            host: "h1".into(),
+            id: 1,
+            nics: [(
+                0,
+                PeerNic {
+                    nic: "rail0".into(),
+                    addr: addr(1, 0),
+                },
+            )]
+            .into(),
+        };
+        m.set_plan(
+            &Plan {
+                self_id: 0,
+                version: 2,
+                peers: vec![keep],
+            },
+            now,
+        );
+        assert_eq!(m.paths(), vec![(1, 0)]);
+        assert_eq!(m.plan_version(), 2);
+        let s = m.summarise(now);
+        assert!(
+            s[0].estimate.is_some(),
+            "h1's estimator survived the new plan"
+        );
+    }
+
+    #[test]
+    fn bad_rates_are_refused() {
+        let cfg = MeshConfig {
+            pairs_per_s: 0,
+            ..MeshConfig::default()
+        };
+        assert!(Mesh::new(cfg, vec![], 1, Instant::now()).is_err());
+    }
+}

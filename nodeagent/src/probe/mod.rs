@@ -1,0 +1,457 @@
+//! The probe mesh: coded probe pairs over every data NIC to the peers the
+//! supervisor assigns, kernel timestamps, per-pair clock estimation,
+//! one-way delays, probe loss, and probe evidence of dead NICs.
+//!
+//! * [`wire`]: the fixed-size probe packet.
+//! * [`sock`]: the timestamping UDP socket of one NIC (the only `unsafe`).
+//! * [`mesh`]: the protocol state (pairs, two-step stamps, estimators,
+//!   loss, NIC probe liveness), without sockets.
+//! * [`clock`]: the test-only clock error.
+//!
+//! **Threads.** The sockets are served by one dedicated OS thread
+//! ([`ProbeRunner`]): it sleeps in `ppoll` until the next pair is due or a
+//! packet or transmit stamp arrives, so the cost is a few syscalls per pair
+//! and no async machinery on the hot path. It talks to the async agent
+//! through bounded channels: plans in (a `watch`), NIC probe liveness out
+//! (the link tracker's evidence channel) and per-second summaries out
+//! (sent to the leader by [`summary_loop`], dropped when the leader cannot
+//! be reached: summaries are not state, the next one supersedes them).
+
+pub mod clock;
+pub mod mesh;
+pub mod sock;
+pub mod wire;
+
+use std::collections::BTreeMap;
+use std::net::{Ipv4Addr, SocketAddrV4};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, watch};
+
+use crate::link::{Evidence, PortEvent};
+use clock::TestClock;
+use mesh::{LocalNic, Mesh, MeshConfig, PathSummary, Plan};
+use sock::{RecvBufs, TsMode, TsSocket};
+use wire::Probe;
+
+/// Default UDP port of the probe sockets.
+pub const DEFAULT_PORT: u16 = 7947;
+/// How often the mesh summarises (and the agent reports) its paths.
+pub const SUMMARY_EVERY: Duration = Duration::from_secs(1);
+/// How often NIC probe liveness is evaluated.
+const LIVENESS_EVERY: Duration = Duration::from_millis(50);
+/// Longest sleep of the probe thread (it also checks for a stop).
+const MAX_SLEEP: Duration = Duration::from_millis(50);
+/// `recvmmsg` rounds per socket per wake-up (bounds one wake-up's work).
+const MAX_DRAIN_ROUNDS: usize = 64;
+
+/// The probe mesh's settings.
+#[derive(Debug, Clone)]
+pub struct ProbeOptions {
+    pub port: u16,
+    pub mesh: MeshConfig,
+    pub timestamps: TsMode,
+    /// Test only: the clock error applied to every timestamp.
+    pub test_clock: TestClock,
+}
+
+impl Default for ProbeOptions {
+    fn default() -> Self {
+        Self {
+            port: DEFAULT_PORT,
+            mesh: MeshConfig::default(),
+            timestamps: TsMode::Software,
+            test_clock: TestClock::default(),
+        }
+    }
+}
+
+/// One summary from the probe thread.
+#[derive(Debug, Clone)]
+pub struct Summary {
+    /// This host's clock (test error applied) when it was taken.
+    pub at_ns: i64,
+    pub plan_version: u64,
+    pub paths: Vec<PathSummary>,
+    pub bytes_sent: u64,
+}
+
+impl Summary {
+    /// The wire form for the leader.
+    pub fn to_wire(&self, host: &str) -> proto::v1::ProbeSummary {
+        let mut clocks = Vec::new();
+        let mut paths = Vec::new();
+        for p in &self.paths {
+            if let Some(e) = &p.estimate {
+                clocks.push(proto::v1::PeerClock {
+                    peer: p.peer.clone(),
+                    rail: p.rail,
+                    at_ns: e.at_ns,
+                    offset_ns: e.offset_ns,
+                    drift_ppb: e.drift_ppb,
+                    error_bound_ns: e.error_bound_ns,
+                    drift_error_ppb: e.drift_error_ppb,
+                    samples: e.samples as u32,
+                    has_ntp: p.ntp.is_some(),
+                    ntp_at_ns: p.ntp.as_ref().map_or(0, |n| n.at_ns),
+                    ntp_offset_ns: p.ntp.as_ref().map_or(0.0, |n| n.offset_ns),
+                    ntp_rtt_ns: p.ntp.as_ref().map_or(0, |n| n.rtt_ns),
+                });
+            }
+            let q = |f: f64| -> i64 {
+                if p.delays_ns.is_empty() {
+                    return 0;
+                }
+                let i = ((p.delays_ns.len() - 1) as f64 * f).round() as usize;
+                p.delays_ns[i.min(p.delays_ns.len() - 1)]
+            };
+            paths.push(proto::v1::PathStats {
+                peer: p.peer.clone(),
+                rail: p.rail,
+                nic: p.nic.clone(),
+                peer_nic: p.peer_nic.clone(),
+                expected: p.expected.min(u64::from(u32::MAX)) as u32,
+                received: p.received.min(u64::from(u32::MAX)) as u32,
+                delays: p.delays_ns.len() as u32,
+                min_ns: p.delays_ns.first().copied().unwrap_or(0),
+                p50_ns: q(0.5),
+                p99_ns: q(0.99),
+                line_at_ns: p.estimate.as_ref().map_or(0, |e| e.at_ns),
+                line_offset_ns: p.estimate.as_ref().map_or(0.0, |e| e.offset_ns),
+                corrected: p.estimate.is_some(),
+            });
+        }
+        proto::v1::ProbeSummary {
+            host: host.into(),
+            sent_ns: self.at_ns,
+            plan_version: self.plan_version,
+            clocks,
+            paths,
+            bytes_sent: self.bytes_sent,
+        }
+    }
+}
+
+/// The wire plan as the mesh takes it: peers' NICs on the rails with a
+/// valid IPv4 address (others are skipped with a warning).
+pub fn plan_from_wire(p: &proto::v1::ProbePlan, port: u16) -> Plan {
+    let peers = p
+        .peers
+        .iter()
+        .map(|peer| mesh::PeerSpec {
+            host: peer.host.clone(),
+            id: peer.host_id,
+            nics: peer
+                .nics
+                .iter()
+                .filter_map(|n| match n.addr.parse::<Ipv4Addr>() {
+                    Ok(a) => Some((
+                        n.rail,
+                        mesh::PeerNic {
+                            nic: n.nic.clone(),
+                            addr: SocketAddrV4::new(a, port),
+                        },
+                    )),
+                    Err(_) => {
+                        tracing::warn!(peer = %peer.host, nic = %n.nic, addr = %n.addr, "peer NIC without a usable IPv4 address; not probing it");
+                        None
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    Plan {
+        self_id: p.host_id,
+        version: p.version,
+        peers,
+    }
+}
+
+/// A data NIC the mesh probes over.
+#[derive(Debug, Clone)]
+pub struct MeshNic {
+    pub name: String,
+    pub rail: u32,
+    pub addr: Ipv4Addr,
+}
+
+/// The running probe thread. Dropping it stops the thread.
+pub struct ProbeRunner {
+    plan: watch::Sender<Option<Plan>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ProbeRunner {
+    /// Opens a socket per NIC and starts the thread. `evidence` receives
+    /// NIC probe-liveness changes, `summaries` one [`Summary`] per second.
+    pub fn start(
+        opts: ProbeOptions,
+        nics: &[MeshNic],
+        evidence: mpsc::Sender<PortEvent>,
+        summaries: mpsc::Sender<Summary>,
+    ) -> Result<Self, sock::SockError> {
+        let mut sockets = Vec::new();
+        for n in nics {
+            let s = TsSocket::open(&n.name, n.addr, opts.port, opts.timestamps)?;
+            sockets.push((n.rail, s));
+        }
+        let local = nics
+            .iter()
+            .map(|n| LocalNic {
+                name: n.name.clone(),
+                rail: n.rail,
+            })
+            .collect();
+        let first_seq = (clock::realtime_ns() / 1_000).max(1) as u64;
+        let mesh = Mesh::new(opts.mesh.clone(), local, first_seq, Instant::now()).map_err(|e| {
+            sock::SockError::Io {
+                nic: String::new(),
+                addr: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, opts.port),
+                op: "configure",
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+            }
+        })?;
+        let (plan_tx, plan_rx) = watch::channel(None);
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("probe-mesh".into())
+            .spawn(move || {
+                run_thread(
+                    mesh,
+                    sockets,
+                    opts.test_clock,
+                    plan_rx,
+                    evidence,
+                    summaries,
+                    st,
+                )
+            })
+            .map_err(|e| sock::SockError::Io {
+                nic: String::new(),
+                addr: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, opts.port),
+                op: "spawn thread",
+                source: e,
+            })?;
+        Ok(Self {
+            plan: plan_tx,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    /// Hands the thread a new plan (ignored if unchanged).
+    pub fn set_plan(&self, plan: Plan) {
+        self.plan.send_if_modified(|cur| {
+            if cur.as_ref() == Some(&plan) {
+                false
+            } else {
+                *cur = Some(plan);
+                true
+            }
+        });
+    }
+}
+
+impl Drop for ProbeRunner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_thread(
+    mut mesh: Mesh,
+    sockets: Vec<(u32, TsSocket)>,
+    tc: TestClock,
+    mut plan_rx: watch::Receiver<Option<Plan>>,
+    evidence: mpsc::Sender<PortEvent>,
+    summaries: mpsc::Sender<Summary>,
+    stop: Arc<AtomicBool>,
+) {
+    let fds: Vec<_> = sockets.iter().map(|(_, s)| s.raw_fd()).collect();
+    let mut revents = Vec::new();
+    let mut bufs = RecvBufs::default();
+    let mut rx = Vec::new();
+    let mut tx = Vec::new();
+    let mut unsent: Vec<PortEvent> = Vec::new();
+    let mut next_liveness = Instant::now() + LIVENESS_EVERY;
+    let mut next_summary = Instant::now() + SUMMARY_EVERY;
+    let mut send_errors = 0u64;
+    let mut no_stamp = 0u64;
+    tracing::info!(nics = sockets.len(), "probe mesh running");
+    while !stop.load(Ordering::Relaxed) {
+        if plan_rx.has_changed().unwrap_or(false) {
+            if let Some(p) = plan_rx.borrow_and_update().clone() {
+                tracing::info!(
+                    version = p.version,
+                    self_id = p.self_id,
+                    peers = p.peers.len(),
+                    "probe plan adopted"
+                );
+                mesh.set_plan(&p, Instant::now());
+            }
+        }
+        let now = Instant::now();
+        let mut until = now + MAX_SLEEP;
+        for t in [mesh.next_due(), Some(next_liveness), Some(next_summary)]
+            .into_iter()
+            .flatten()
+        {
+            until = until.min(t);
+        }
+        if let Err(e) = sock::wait(&fds, until.saturating_duration_since(now), &mut revents) {
+            tracing::error!(error = %e, "probe poll failed; the probe mesh stops");
+            return;
+        }
+        for (i, (rail, s)) in sockets.iter().enumerate() {
+            let ev = revents.get(i).copied().unwrap_or(0);
+            if ev & libc::POLLERR != 0 {
+                for _ in 0..MAX_DRAIN_ROUNDS {
+                    tx.clear();
+                    match s.recv_tx_stamps(&mut bufs, &mut tx) {
+                        Ok(n) => {
+                            for t in &tx {
+                                if let Ok(p) = Probe::decode(&t.tail) {
+                                    mesh.on_tx_stamp(*rail, &p, tc.apply(t.ts_ns));
+                                }
+                            }
+                            if n < sock::BATCH {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::debug!(rail, error = %e, "error queue read failed");
+                            break;
+                        }
+                    }
+                }
+            }
+            if ev & libc::POLLIN != 0 {
+                let now = Instant::now();
+                for _ in 0..MAX_DRAIN_ROUNDS {
+                    rx.clear();
+                    match s.recv_batch(&mut bufs, &mut rx) {
+                        Ok(n) => {
+                            for r in &rx {
+                                let Some(ts) = r.ts_ns else {
+                                    no_stamp += 1;
+                                    continue;
+                                };
+                                match Probe::decode(&r.data[..r.len.min(wire::PACKET_LEN)]) {
+                                    Ok(p) if r.len == wire::PACKET_LEN => {
+                                        mesh.on_probe(*rail, r.from, &p, tc.apply(ts), now)
+                                    }
+                                    _ => mesh.counters.refused += 1,
+                                }
+                            }
+                            if n < sock::BATCH {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            tracing::debug!(rail, error = %e, "probe receive failed");
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        let now = Instant::now();
+        for op in mesh.due(now) {
+            let Some((_, s)) = sockets.iter().find(|(r, _)| *r == op.rail) else {
+                continue;
+            };
+            match s.send_pair(op.to, &op.packets[0], &op.packets[1]) {
+                Ok(n) => mesh.on_sent(n),
+                Err(e) => {
+                    // A NIC that is down refuses sends (ENETDOWN and the
+                    // like); its silence is what the peers measure.
+                    send_errors += 1;
+                    if send_errors.is_power_of_two() {
+                        tracing::debug!(rail = op.rail, to = %op.to, error = %e, send_errors, "probe send failed");
+                    }
+                }
+            }
+        }
+        if now >= next_liveness {
+            next_liveness = now + LIVENESS_EVERY;
+            for c in mesh.check_liveness(now) {
+                tracing::warn!(nic = %c.nic, alive = c.alive, "probe evidence: NIC {}", if c.alive { "carries probes again" } else { "silent while its peers are alive" });
+                unsent.push(PortEvent {
+                    netdev: c.nic,
+                    active: c.alive,
+                    source: Evidence::Probes,
+                });
+            }
+            // The tracker may be busy: keep what it could not take (only
+            // the newest per NIC matters).
+            let mut keep = Vec::new();
+            for e in unsent.drain(..) {
+                match evidence.try_send(e) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(e)) => {
+                        keep.retain(|k: &PortEvent| k.netdev != e.netdev);
+                        keep.push(e);
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => return,
+                }
+            }
+            unsent = keep;
+        }
+        if now >= next_summary {
+            next_summary = now + SUMMARY_EVERY;
+            let s = Summary {
+                at_ns: tc.apply(clock::realtime_ns()),
+                plan_version: mesh.plan_version(),
+                paths: mesh.summarise(now),
+                bytes_sent: mesh.bytes_sent,
+            };
+            tracing::debug!(counters = ?mesh.counters, no_stamp, send_errors, "probe mesh summary");
+            if let Err(mpsc::error::TrySendError::Closed(_)) = summaries.try_send(s) {
+                return;
+            }
+        }
+    }
+    tracing::info!("probe mesh stopped");
+}
+
+/// The IPv4 address of each named interface (the first one if several).
+pub async fn interface_addrs(names: &[String]) -> Result<BTreeMap<String, Ipv4Addr>, String> {
+    use futures::TryStreamExt;
+    use netlink_packet_route::address::AddressAttribute;
+    use netlink_packet_route::link::LinkAttribute;
+    let (conn, handle, _) = rtnetlink::new_connection().map_err(|e| e.to_string())?;
+    let task = tokio::spawn(conn);
+    let mut index = BTreeMap::new();
+    let mut links = handle.link().get().execute();
+    while let Some(m) = links.try_next().await.map_err(|e| e.to_string())? {
+        for a in &m.attributes {
+            if let LinkAttribute::IfName(n) = a {
+                if names.contains(n) {
+                    index.insert(m.header.index, n.clone());
+                }
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    let mut addrs = handle.address().get().execute();
+    while let Some(m) = addrs.try_next().await.map_err(|e| e.to_string())? {
+        let Some(name) = index.get(&m.header.index) else {
+            continue;
+        };
+        for a in &m.attributes {
+            if let AddressAttribute::Address(std::net::IpAddr::V4(v4)) = a {
+                out.entry(name.clone()).or_insert(*v4);
+            }
+        }
+    }
+    task.abort();
+    Ok(out)
+}
