@@ -15,15 +15,20 @@
 //! - [`nic_flap`]: the `nic-flap` scenario and its transition checker.
 //! - [`qp`]: traffic over resilient connections between testbed hosts: the
 //!   `qp-migrate` scenario and the `failover` bench.
+//! - [`clock_sync`]: the `clock-sync` bench (estimated offsets against the
+//!   injected truth, railguard vs an NTP-style estimator).
+//! - [`probe_scenarios`]: `mgmt-partition` and `probe-blackhole`.
 
 pub mod admin_history;
 pub mod agentsim;
 pub mod bench;
+pub mod clock_sync;
 pub mod cluster;
 pub mod demo;
 pub mod detect;
 pub mod linearizability;
 pub mod netcluster;
 pub mod nic_flap;
+pub mod probe_scenarios;
 pub mod qp;
 pub mod testbed;

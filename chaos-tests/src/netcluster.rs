@@ -22,11 +22,24 @@ pub struct NetCluster {
     sup_bin: PathBuf,
     agent_bin: PathBuf,
     cli_bin: PathBuf,
+    /// Extra flags per host's agent (kept for restarts).
+    agent_args: Vec<Vec<String>>,
+    /// The pid of each host's latest agent.
+    agent_pids: std::sync::Mutex<std::collections::BTreeMap<usize, u32>>,
 }
 
 impl NetCluster {
     /// Builds the testbed and starts supervisors (initialised) and agents.
     pub async fn start(spec: TestbedSpec) -> anyhow::Result<NetCluster> {
+        Self::start_with(spec, Vec::new()).await
+    }
+
+    /// Like [`Self::start`], with extra flags for host `h`'s agent in
+    /// `agent_args[h]` (missing entries: none).
+    pub async fn start_with(
+        spec: TestbedSpec,
+        agent_args: Vec<Vec<String>>,
+    ) -> anyhow::Result<NetCluster> {
         let tb = Testbed::build(spec).await?;
         let run_dir = tempfile::Builder::new()
             .prefix("railguard-net-")
@@ -37,6 +50,8 @@ impl NetCluster {
             sup_bin: bin_path("railguard-supervisor")?,
             agent_bin: bin_path("railguard-agent")?,
             cli_bin: bin_path("railguard")?,
+            agent_args,
+            agent_pids: Default::default(),
         };
         for i in 0..spec.supervisors {
             c.start_supervisor(i)?;
@@ -113,13 +128,28 @@ impl NetCluster {
         ])
         .arg(self.run_dir.path().join(format!("h{h}")))
         .arg("--control-socket")
-        .arg(self.control_socket(h));
+        .arg(self.control_socket(h))
+        .args(self.agent_args.get(h).into_iter().flatten());
         let log = self.log(&format!("h{h}.log"))?;
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .env_remove("RUST_BACKTRACE");
-        self.tb.spawn_command(Node::Host(h), cmd)
+        let pid = self.tb.spawn_command(Node::Host(h), cmd)?;
+        self.agent_pids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(h, pid);
+        Ok(pid)
+    }
+
+    /// The pid of host `h`'s latest agent.
+    pub fn agent_pid(&self, h: usize) -> Option<u32> {
+        self.agent_pids
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&h)
+            .copied()
     }
 
     /// The job contract socket of host `h`'s agent (namespaces share the

@@ -85,6 +85,32 @@ enum Scenario {
         #[arg(long, default_value_t = 5)]
         seed: u64,
     },
+    /// A host's management link is cut: it must go Suspect and never Down
+    /// while its peers hear its probes; afterwards it is Ready and its
+    /// outbox drains. Needs root.
+    MgmtPartition {
+        #[arg(long, default_value_t = 4)]
+        hosts: usize,
+        /// How long the link stays cut (s).
+        #[arg(long, default_value_t = 10.0)]
+        cut_secs: f64,
+        #[arg(long, default_value_t = 21)]
+        seed: u64,
+    },
+    /// A NIC's cable is detached from its rail bridge (carrier stays up,
+    /// netlink sees nothing): probe loss must take it Down within 1 s, and
+    /// reattaching must bring it back. Needs root.
+    ProbeBlackhole {
+        #[arg(long, default_value_t = 4)]
+        hosts: usize,
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+        /// How long each blackhole lasts (s).
+        #[arg(long, default_value_t = 2.0)]
+        hold_secs: f64,
+        #[arg(long, default_value_t = 31)]
+        seed: u64,
+    },
     /// The same load while all supervisors are SIGKILLed at once and restarted.
     ClusterCrash {
         #[arg(long, default_value_t = 3)]
@@ -154,6 +180,22 @@ enum Bench {
         #[arg(long, default_value_t = 10)]
         host_losses: usize,
         #[arg(long, default_value_t = 9)]
+        seed: u64,
+    },
+    /// Software clock sync against the truth: random test clock errors
+    /// (±1 s, ±200 ppm) on every agent; per-host error of railguard's
+    /// network solution and of an NTP-style estimator from the same probes,
+    /// convergence time, probe CPU and bytes per agent. Needs root.
+    ClockSync {
+        #[arg(long, default_value_t = 8)]
+        hosts: usize,
+        /// Measurement window after convergence (s).
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Supervisors (1 keeps the 2-core testbed quieter).
+        #[arg(long, default_value_t = 1)]
+        supervisors: usize,
+        #[arg(long, default_value_t = 17)]
         seed: u64,
     },
     /// Committed events/s and latency of 3 supervisors at 1, 16 and 256 clients.
@@ -290,6 +332,72 @@ fn main() {
                     anyhow::bail!("bench detect needs root");
                 }
                 let r = chaos_tests::detect::run(flaps, host_losses, seed).await?;
+                Ok((r.ok, serde_json::to_value(&r)?))
+            }
+            Cmd::Scenario(Scenario::MgmtPartition {
+                hosts,
+                cut_secs,
+                seed,
+            }) => {
+                if !(0.5..=120.0).contains(&cut_secs) {
+                    anyhow::bail!("--cut-secs takes 0.5..=120");
+                }
+                if !chaos_tests::testbed::require_root("scenario mgmt-partition")? {
+                    anyhow::bail!("scenario mgmt-partition needs root");
+                }
+                let r = chaos_tests::probe_scenarios::mgmt_partition(
+                    chaos_tests::probe_scenarios::MgmtPartitionRun {
+                        hosts,
+                        cut: std::time::Duration::from_secs_f64(cut_secs),
+                        seed,
+                    },
+                )
+                .await?;
+                Ok((r.ok, serde_json::to_value(&r)?))
+            }
+            Cmd::Scenario(Scenario::ProbeBlackhole {
+                hosts,
+                rounds,
+                hold_secs,
+                seed,
+            }) => {
+                if !(0.1..=60.0).contains(&hold_secs) {
+                    anyhow::bail!("--hold-secs takes 0.1..=60");
+                }
+                if !chaos_tests::testbed::require_root("scenario probe-blackhole")? {
+                    anyhow::bail!("scenario probe-blackhole needs root");
+                }
+                let r = chaos_tests::probe_scenarios::probe_blackhole(
+                    chaos_tests::probe_scenarios::BlackholeRun {
+                        hosts,
+                        rounds,
+                        hold: std::time::Duration::from_secs_f64(hold_secs),
+                        seed,
+                    },
+                )
+                .await?;
+                Ok((r.ok, serde_json::to_value(&r)?))
+            }
+            Cmd::Bench(Bench::ClockSync {
+                hosts,
+                seconds,
+                supervisors,
+                seed,
+            }) => {
+                if !(1..=3600).contains(&seconds) || !(1..=5).contains(&supervisors) {
+                    anyhow::bail!("--seconds takes 1..=3600 and --supervisors 1..=5");
+                }
+                if !chaos_tests::testbed::require_root("bench clock-sync")? {
+                    anyhow::bail!("bench clock-sync needs root");
+                }
+                let r = chaos_tests::clock_sync::run(chaos_tests::clock_sync::ClockSyncRun {
+                    hosts,
+                    supervisors,
+                    seconds,
+                    seed,
+                    converge_timeout: std::time::Duration::from_secs(60),
+                })
+                .await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
             }
             Cmd::Bench(Bench::RaftCommit {

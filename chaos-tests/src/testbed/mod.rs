@@ -418,6 +418,21 @@ impl Testbed {
         Ok(s)
     }
 
+    /// Bytes a link has transmitted (its 64-bit kernel counters).
+    pub async fn link_tx_bytes(&mut self, ns_name: &str, link: &str) -> anyhow::Result<u64> {
+        let h = self.handle(ns_name)?;
+        let mut links = h.link().get().match_name(link.to_string()).execute();
+        let Some(l) = links.try_next().await? else {
+            bail!("no link {link} in {ns_name}")
+        };
+        for a in l.attributes {
+            if let LinkAttribute::Stats64(s) = a {
+                return Ok(s.tx_bytes);
+            }
+        }
+        bail!("link {link} in {ns_name} reports no statistics")
+    }
+
     // ---- fault injectors (TESTBED.md's table) ----
 
     /// NIC flap, host side: the host's `rail<r>` admin down or up.
@@ -437,6 +452,33 @@ impl Testbed {
         let fab = self.fab.name.clone();
         let h = self.handle(&fab)?;
         set_up(&h, &format!("h{host}r{rail}"), up).await
+    }
+
+    /// A silent dead path: the fabric end of the host's `rail<r>` cable
+    /// detached from (or reattached to) its rail bridge. Both ends stay up
+    /// with carrier, so netlink sees nothing; traffic vanishes.
+    pub async fn set_blackhole(
+        &mut self,
+        host: usize,
+        rail: usize,
+        on: bool,
+    ) -> anyhow::Result<()> {
+        let fab = self.fab.name.clone();
+        let h = self.handle(&fab)?;
+        let name = format!("h{host}r{rail}");
+        let idx = link_index(&h, &name).await?;
+        let b = LinkUnspec::new_with_index(idx);
+        let msg = if on {
+            b.nocontroller().build()
+        } else {
+            let br = link_index(&h, &format!("rail{rail}")).await?;
+            b.controller(br).build()
+        };
+        h.link()
+            .set(msg)
+            .execute()
+            .await
+            .with_context(|| format!("{} {name}", if on { "detach" } else { "reattach" }))
     }
 
     /// Management partition: the node's `mgmt0` fabric end down or up.

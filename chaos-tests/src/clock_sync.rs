@@ -1,0 +1,483 @@
+//! `bench clock-sync`: software clock synchronisation against the truth.
+//!
+//! Every host's agent gets a random test clock error (offset within ±1 s,
+//! drift within ±200 ppm, one common anchor), so the true offset of any
+//! host against any other at any instant is known exactly (all namespaces
+//! share one kernel clock). After the leader's solution converges, the
+//! bench reads `railguard clock --output json` once a second for the
+//! measurement window and compares, from the same probes:
+//!
+//! * **railguard**: each host's offset from the network solution (Huygens
+//!   pair fits + loop correction) against the truth, relative to the
+//!   solution's reference host, at the solution's instant;
+//! * **NTP-style**: the min-RTT estimate of each probe edge (symmetric-path
+//!   assumption), composed hop by hop from the reference along a BFS tree
+//!   as an NTP stratum hierarchy would, each hop judged at its own instant
+//!   (which spares it any drift error: generous to NTP);
+//! * per-edge errors of both estimators, one hop each, like for like.
+//!
+//! It also reports convergence time (agents started → every host solved
+//! with an error bound ≤ 1 µs), CPU of each agent's probe thread and of
+//! the whole agent (% of one core, from /proc over the window), and probe
+//! bytes/s per agent (the rails' kernel tx counters over the window).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::netcluster::NetCluster;
+use crate::testbed::TestbedSpec;
+
+/// One run's parameters.
+#[derive(Debug, Clone)]
+pub struct ClockSyncRun {
+    pub hosts: usize,
+    pub supervisors: usize,
+    /// Measurement window (s).
+    pub seconds: u64,
+    pub seed: u64,
+    /// Longest wait for convergence.
+    pub converge_timeout: Duration,
+}
+
+/// Percentiles of absolute errors (ns).
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ErrorStats {
+    pub samples: usize,
+    pub p50_ns: f64,
+    pub p99_ns: f64,
+    pub max_ns: f64,
+}
+
+impl ErrorStats {
+    fn of(mut v: Vec<f64>) -> Self {
+        v.retain(|x| x.is_finite());
+        v.iter_mut().for_each(|x| *x = x.abs());
+        v.sort_by(f64::total_cmp);
+        let q = |p: f64| {
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                v[(((v.len() - 1) as f64) * p).round() as usize]
+            }
+        };
+        Self {
+            samples: v.len(),
+            p50_ns: q(0.5),
+            p99_ns: q(0.99),
+            max_ns: v.last().copied().unwrap_or(f64::NAN),
+        }
+    }
+}
+
+/// The report (last line of output).
+#[derive(Debug, Clone, Serialize)]
+pub struct ClockSyncReport {
+    pub ok: bool,
+    pub bench: &'static str,
+    pub hosts: usize,
+    pub seconds: u64,
+    /// Per-host offset error of the network solution.
+    pub railguard: ErrorStats,
+    /// Per-host error of the NTP-style composition.
+    pub ntp_style: ErrorStats,
+    /// Per-edge errors (one hop), both estimators.
+    pub railguard_edges: ErrorStats,
+    pub ntp_style_edges: ErrorStats,
+    /// ntp_style.p99 / railguard.p99.
+    pub improvement_p99: f64,
+    pub convergence_s: f64,
+    /// Mean error bound the solution claimed.
+    pub claimed_bound_p50_ns: f64,
+    /// Share of samples whose |error| exceeded the claimed bound.
+    pub bound_violations: f64,
+    pub probe_thread_cpu_pct: Vec<f64>,
+    pub probe_thread_cpu_pct_max: f64,
+    pub agent_cpu_pct_max: f64,
+    pub bytes_per_s_per_agent: f64,
+    pub goal: &'static str,
+    pub goal_met: bool,
+    pub errors: Vec<String>,
+}
+
+/// A host's injected clock error.
+#[derive(Debug, Clone, Copy)]
+struct Truth {
+    offset_ns: i64,
+    drift_ppb: i64,
+}
+
+/// The true `clock_b - clock_a` when `a`'s clock reads `t_a` (anchor `A`).
+fn true_offset(a: Truth, b: Truth, anchor: i64, t_a: i64) -> f64 {
+    // Solve clock_a(T) = t_a for the true time T (relative to the anchor).
+    let ra = a.drift_ppb as f64 * 1e-9;
+    let rb = b.drift_ppb as f64 * 1e-9;
+    let x = ((t_a - anchor) as f64 - a.offset_ns as f64) / (1.0 + ra);
+    (b.offset_ns - a.offset_ns) as f64 + (rb - ra) * x
+}
+
+/// CPU time (utime + stime, clock ticks) of a process or thread.
+fn cpu_ticks(stat_path: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(stat_path).ok()?;
+    // Fields after the parenthesised name: state is field 3; utime 14, stime 15.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+}
+
+/// The probe thread of agent `pid` (by its name).
+fn probe_thread(pid: u32) -> Option<String> {
+    for e in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        let e = e.ok()?;
+        let tid = e.file_name().to_string_lossy().to_string();
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).ok()?;
+        if comm.trim() == "probe-mesh" {
+            return Some(format!("/proc/{pid}/task/{tid}/stat"));
+        }
+    }
+    None
+}
+
+fn ticks_per_s() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if t > 0 {
+        t as f64
+    } else {
+        100.0
+    }
+}
+
+fn host_index(name: &str) -> Option<usize> {
+    name.strip_prefix('h')?.parse().ok()
+}
+
+/// Errors of one `railguard clock` reading: per host (railguard, NTP) and
+/// per edge (railguard, NTP), plus the claimed bounds and violations.
+#[derive(Default)]
+struct Sample {
+    host_err: Vec<f64>,
+    host_bound: Vec<f64>,
+    ntp_err: Vec<f64>,
+    edge_err: Vec<f64>,
+    ntp_edge_err: Vec<f64>,
+}
+
+fn evaluate(v: &Value, truth: &[Truth], anchor: i64) -> anyhow::Result<Sample> {
+    let reference = v["reference"].as_str().context("no reference host")?;
+    let r = host_index(reference).context("reference name")?;
+    let at = v["solution"]["at_ns"].as_i64().context("no solution")?;
+    let mut s = Sample::default();
+    for h in v["hosts"].as_array().context("hosts")? {
+        let name = h["host"].as_str().unwrap_or_default();
+        let Some(i) = host_index(name) else { continue };
+        if i == r || i >= truth.len() {
+            continue;
+        }
+        if let Some(off) = h["live"]["offset_ns"].as_f64() {
+            s.host_err
+                .push(off - true_offset(truth[r], truth[i], anchor, at));
+            s.host_bound
+                .push(h["live"]["error_bound_ns"].as_f64().unwrap_or(f64::NAN));
+        }
+        if let Some(hops) = h["ntp"]["hops"].as_array() {
+            // Each hop judged at its own instant, on its reporter's clock.
+            let mut err = 0.0;
+            let mut ok = !hops.is_empty();
+            for hop in hops {
+                let (Some(f), Some(t), Some(rep), Some(at), Some(off)) = (
+                    hop["from"].as_str().and_then(host_index),
+                    hop["to"].as_str().and_then(host_index),
+                    hop["reporter"].as_str().and_then(host_index),
+                    hop["at_ns"].as_i64(),
+                    hop["offset_ns"].as_f64(),
+                ) else {
+                    ok = false;
+                    break;
+                };
+                if f >= truth.len() || t >= truth.len() || rep >= truth.len() {
+                    ok = false;
+                    break;
+                }
+                // The truth of clock_to - clock_from when the reporter's clock
+                // reads at: go through the reporter.
+                let other = if rep == f { t } else { f };
+                let d = true_offset(truth[rep], truth[other], anchor, at);
+                let tr = if rep == f { d } else { -d };
+                err += off - tr;
+            }
+            if ok {
+                s.ntp_err.push(err);
+            }
+        }
+    }
+    for e in v["edges"].as_array().context("edges")? {
+        let (Some(f), Some(t)) = (
+            e["from"].as_str().and_then(host_index),
+            e["to"].as_str().and_then(host_index),
+        ) else {
+            continue;
+        };
+        if f >= truth.len() || t >= truth.len() {
+            continue;
+        }
+        if let (Some(at), Some(off)) = (e["at_ns"].as_i64(), e["offset_ns"].as_f64()) {
+            s.edge_err
+                .push(off - true_offset(truth[f], truth[t], anchor, at));
+        }
+        if let (Some(at), Some(off)) = (e["ntp_at_ns"].as_i64(), e["ntp_offset_ns"].as_f64()) {
+            s.ntp_edge_err
+                .push(off - true_offset(truth[f], truth[t], anchor, at));
+        }
+    }
+    Ok(s)
+}
+
+/// Runs the bench.
+pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
+    if !(2..=32).contains(&p.hosts) {
+        bail!("--hosts takes 2..=32");
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(p.seed);
+    let truth: Vec<Truth> = (0..p.hosts)
+        .map(|_| Truth {
+            offset_ns: rng.gen_range(-1_000_000_000..=1_000_000_000),
+            drift_ppb: rng.gen_range(-200_000..=200_000),
+        })
+        .collect();
+    let anchor = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos() as i64;
+    let args: Vec<Vec<String>> = truth
+        .iter()
+        .map(|t| {
+            vec![
+                format!("--test-clock-offset-ns={}", t.offset_ns),
+                format!("--test-clock-drift-ppb={}", t.drift_ppb),
+                format!("--test-clock-anchor-ns={anchor}"),
+            ]
+        })
+        .collect();
+    eprintln!(
+        "[clock-sync] {} hosts, offsets within ±1 s, drifts within ±200 ppm (seed {})",
+        p.hosts, p.seed
+    );
+    let spec = TestbedSpec {
+        supervisors: p.supervisors,
+        hosts: p.hosts,
+    };
+    let mut c = NetCluster::start_with(spec, args).await?;
+    let started = Instant::now();
+    let mut errors = Vec::new();
+
+    // Convergence: every host solved with a bound within 1 µs.
+    let mut convergence_s = f64::NAN;
+    while started.elapsed() < p.converge_timeout {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let Ok(v) = c.cli_json(&["clock"]) else {
+            continue;
+        };
+        let hosts = v["hosts"].as_array().cloned().unwrap_or_default();
+        let solved = hosts
+            .iter()
+            .filter(|h| {
+                h["live"]["error_bound_ns"]
+                    .as_f64()
+                    .is_some_and(|b| b <= 1_000.0)
+            })
+            .count();
+        if solved == p.hosts {
+            convergence_s = started.elapsed().as_secs_f64();
+            eprintln!("[clock-sync] converged after {convergence_s:.1} s");
+            break;
+        }
+    }
+    if convergence_s.is_nan() {
+        errors.push(format!("no convergence within {:?}", p.converge_timeout));
+    }
+
+    // The window: CPU and bytes counters at both ends, a reading a second.
+    let tck = ticks_per_s();
+    let pids: Vec<u32> = (0..p.hosts).filter_map(|h| c.agent_pid(h)).collect();
+    let threads: Vec<Option<String>> = pids.iter().map(|p| probe_thread(*p)).collect();
+    let cpu0: Vec<(Option<u64>, Option<u64>)> = pids
+        .iter()
+        .zip(&threads)
+        .map(|(p, t)| {
+            (
+                t.as_deref().and_then(cpu_ticks),
+                cpu_ticks(&format!("/proc/{p}/stat")),
+            )
+        })
+        .collect();
+    let mut bytes0 = Vec::new();
+    for h in 0..p.hosts {
+        let ns = c.tb.hosts[h].name.clone();
+        let mut b = 0;
+        for r in 0..2 {
+            b += c.tb.link_tx_bytes(&ns, &format!("rail{r}")).await?;
+        }
+        bytes0.push(b);
+    }
+    let w0 = Instant::now();
+    let mut all = Sample::default();
+    let mut recent: VecDeque<String> = VecDeque::new();
+    eprintln!("[clock-sync] measuring for {} s", p.seconds);
+    for k in 0..p.seconds {
+        let next = w0 + Duration::from_secs(k + 1);
+        tokio::time::sleep_until(next.into()).await;
+        match c.cli_json(&["clock"]).map(|v| evaluate(&v, &truth, anchor)) {
+            Ok(Ok(s)) => {
+                all.host_err.extend(s.host_err);
+                all.host_bound.extend(s.host_bound);
+                all.ntp_err.extend(s.ntp_err);
+                all.edge_err.extend(s.edge_err);
+                all.ntp_edge_err.extend(s.ntp_edge_err);
+            }
+            Ok(Err(e)) | Err(e) => {
+                if recent.len() < 5 {
+                    recent.push_back(format!("{e:#}"));
+                }
+            }
+        }
+        if (k + 1) % 10 == 0 {
+            let st = ErrorStats::of(all.host_err.clone());
+            eprintln!(
+                "[clock-sync] {:>3} s: {} samples, |error| p50 {:.0} ns p99 {:.0} ns",
+                k + 1,
+                st.samples,
+                st.p50_ns,
+                st.p99_ns
+            );
+        }
+    }
+    let window = w0.elapsed().as_secs_f64();
+    let mut probe_cpu = Vec::new();
+    let mut agent_cpu: f64 = 0.0;
+    for ((p, t), (t0, a0)) in pids.iter().zip(&threads).zip(&cpu0) {
+        if let (Some(t), Some(t0)) = (t.as_deref().and_then(cpu_ticks), t0) {
+            probe_cpu.push(100.0 * (t - t0) as f64 / tck / window);
+        }
+        if let (Some(a), Some(a0)) = (cpu_ticks(&format!("/proc/{p}/stat")), a0) {
+            agent_cpu = agent_cpu.max(100.0 * (a - a0) as f64 / tck / window);
+        }
+    }
+    let mut bytes = 0u64;
+    for (h, b0) in bytes0.iter().enumerate() {
+        let ns = c.tb.hosts[h].name.clone();
+        let mut b = 0;
+        for r in 0..2 {
+            b += c.tb.link_tx_bytes(&ns, &format!("rail{r}")).await?;
+        }
+        bytes += b.saturating_sub(*b0);
+    }
+    errors.extend(recent);
+
+    let violations = all
+        .host_err
+        .iter()
+        .zip(&all.host_bound)
+        .filter(|(e, b)| e.abs() > **b)
+        .count() as f64
+        / all.host_err.len().max(1) as f64;
+    let mut bounds = all.host_bound.clone();
+    bounds.retain(|b| b.is_finite());
+    bounds.sort_by(f64::total_cmp);
+    let railguard = ErrorStats::of(all.host_err);
+    let ntp_style = ErrorStats::of(all.ntp_err);
+    let improvement_p99 = ntp_style.p99_ns / railguard.p99_ns;
+    let probe_max = probe_cpu.iter().copied().fold(0.0, f64::max);
+    let bytes_per_s = bytes as f64 / window / p.hosts as f64;
+    let enough = railguard.samples >= (p.seconds as usize / 2) * (p.hosts - 1);
+    let goal_met =
+        enough && railguard.p99_ns <= 1_000.0 && improvement_p99 >= 10.0 && probe_max <= 1.0;
+    let ok = errors.is_empty() && enough && probe_cpu.len() == p.hosts;
+    if !ok {
+        let logs = c.keep_logs();
+        eprintln!("[clock-sync] logs kept in {}", logs.display());
+    } else {
+        c.tb.teardown();
+    }
+    Ok(ClockSyncReport {
+        ok,
+        bench: "clock-sync",
+        hosts: p.hosts,
+        seconds: p.seconds,
+        railguard,
+        ntp_style,
+        railguard_edges: ErrorStats::of(all.edge_err),
+        ntp_style_edges: ErrorStats::of(all.ntp_edge_err),
+        improvement_p99,
+        convergence_s,
+        claimed_bound_p50_ns: bounds.get(bounds.len() / 2).copied().unwrap_or(f64::NAN),
+        bound_violations: violations,
+        probe_thread_cpu_pct: probe_cpu,
+        probe_thread_cpu_pct_max: probe_max,
+        agent_cpu_pct_max: agent_cpu,
+        bytes_per_s_per_agent: bytes_per_s,
+        goal: "per-host p99 error <= 1 us, >= 10x better than NTP-style at p99, probe thread <= 1 % of a core",
+        goal_met,
+        errors,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn true_offset_follows_the_linear_model() {
+        let anchor = 1_700_000_000_000_000_000;
+        let a = Truth {
+            offset_ns: 1_000,
+            drift_ppb: 0,
+        };
+        let b = Truth {
+            offset_ns: 5_000,
+            drift_ppb: 100_000,
+        };
+        // At the anchor: 4 µs; 1 s later (true) b gained 100 µs.
+        assert!((true_offset(a, b, anchor, anchor + 1_000) - 4_000.0).abs() < 1e-3);
+        let d = true_offset(a, b, anchor, anchor + 1_000 + 1_000_000_000);
+        assert!((d - 104_000.0).abs() < 1e-3, "{d}");
+        // Antisymmetric at the same true instant.
+        let t_a = anchor + 1_000 + 1_000_000_000;
+        let t_b = t_a + d as i64;
+        assert!((true_offset(b, a, anchor, t_b) + d).abs() < 1.0);
+    }
+
+    #[test]
+    fn evaluates_a_clock_reading() {
+        let anchor = 0;
+        let truth = [
+            Truth {
+                offset_ns: 0,
+                drift_ppb: 0,
+            },
+            Truth {
+                offset_ns: 300,
+                drift_ppb: 0,
+            },
+        ];
+        let v = serde_json::json!({
+            "reference": "h0",
+            "solution": {"at_ns": 10},
+            "hosts": [
+                {"host": "h0", "live": {"offset_ns": 0.0, "error_bound_ns": 5.0}},
+                {"host": "h1", "live": {"offset_ns": 310.0, "error_bound_ns": 5.0},
+                 "ntp": {"hops": [{"from": "h0", "to": "h1", "reporter": "h1", "at_ns": 400, "offset_ns": 250.0}]}}
+            ],
+            "edges": [{"from": "h1", "to": "h0", "at_ns": 400, "offset_ns": -290.0,
+                       "ntp_at_ns": 400, "ntp_offset_ns": -250.0}]
+        });
+        let s = evaluate(&v, &truth, anchor).unwrap();
+        assert_eq!(s.host_err, vec![10.0]);
+        assert_eq!(s.ntp_err, vec![-50.0]);
+        assert_eq!(s.edge_err, vec![10.0]);
+        assert_eq!(s.ntp_edge_err, vec![50.0]);
+    }
+}
