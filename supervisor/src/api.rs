@@ -81,6 +81,16 @@ pub enum AdminRequest {
     IntentShow {
         id: u64,
     },
+    /// The leader's clock solution (leader memory: always served by the
+    /// leader, `--stale` or not).
+    Clock,
+    /// Per-path one-way delays and loss (leader memory, like `Clock`).
+    Paths {
+        /// Only paths from or to this host.
+        host: Option<String>,
+        /// At most this many (the worst p99 first); must be ≥ 1.
+        top: Option<u32>,
+    },
 }
 
 impl AdminRequest {
@@ -94,6 +104,12 @@ impl AdminRequest {
                 | AdminRequest::TransferLeader { .. }
                 | AdminRequest::Write { .. }
         )
+    }
+
+    /// Whether only the leader has the answer (its in-memory probe data),
+    /// so the call goes to the leader even with `--stale`.
+    pub fn is_leader_memory(&self) -> bool {
+        matches!(self, AdminRequest::Clock | AdminRequest::Paths { .. })
     }
 }
 
@@ -183,6 +199,208 @@ pub enum AdminReply {
         log_index: u64,
         detail: String,
     },
+    /// `railguard clock`.
+    Clock(ClockView),
+    /// `railguard paths`.
+    Paths(PathsView),
+}
+
+/// `railguard clock`: the leader's latest network clock solution.
+///
+/// Offsets are `clock_host - clock_reference` at the instant the
+/// reference clock reads `solution.at_ns`; with each host's drift a reader
+/// evaluates them at any reference time `t`:
+/// `offset_ns + drift_ppb * 1e-9 * (t - at_ns)`. Numbers that are not
+/// finite are `null`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ClockView {
+    /// The leader that answered.
+    pub answered_by: NodeId,
+    /// The reference host (offset 0) of the solution, if there is one.
+    pub reference: Option<String>,
+    pub reference_id: Option<u32>,
+    pub solution: Option<SolutionInfo>,
+    /// Why the last solve failed, if it did.
+    pub solve_error: Option<String>,
+    /// Every registered host, by id.
+    pub hosts: Vec<ClockHostView>,
+    /// The edges the solve used (one per host pair and rail).
+    pub edges: Vec<ClockEdgeView>,
+}
+
+/// Summary figures of a solution.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SolutionInfo {
+    /// The reference clock's reading at which the offsets hold (ns).
+    pub at_ns: i64,
+    /// When the leader solved it (its wall clock, Unix ms).
+    pub solved_unix_ms: u64,
+    /// How long ago the leader solved it.
+    pub age_ms: u64,
+    pub chi2_per_dof: Option<f64>,
+    pub dof: usize,
+    pub edges_used: usize,
+    pub edges_rejected: usize,
+    /// Hosts connected to the reference (the reference included).
+    pub hosts_solved: usize,
+}
+
+/// One host in `railguard clock`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ClockHostView {
+    pub host: String,
+    pub id: u32,
+    /// The committed state (changes go through Raft).
+    pub state: crate::model::ClockState,
+    /// Leader time of the last committed change (Unix ms; 0: never).
+    pub state_changed_ms: u64,
+    /// The live solution for this host (none: not connected to the
+    /// reference, or no solution).
+    pub live: Option<LiveClock>,
+    /// The NTP-style baseline: min-RTT offsets composed hop by hop along a
+    /// BFS tree from the reference (none: not reachable over NTP edges).
+    pub ntp: Option<NtpComposition>,
+}
+
+/// A host's solved clock relative to the reference.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LiveClock {
+    /// `clock_host - clock_ref` at the solution's `at_ns` (ns).
+    pub offset_ns: f64,
+    /// `d(clock_host - clock_ref)/d(clock_ref)` (ppb).
+    pub drift_ppb: f64,
+    pub error_bound_ns: f64,
+    pub drift_error_ppb: f64,
+    /// The solution's classification of the bound (before hysteresis).
+    pub state: crate::model::ClockState,
+}
+
+/// The NTP-style offset of a host: the sum of the hops' offsets. Each hop
+/// holds at its own time (`at_ns` on its reporter's clock); the sum is
+/// not aligned to one instant, as in an NTP stratum hierarchy.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NtpComposition {
+    /// `clock_host - clock_ref` (ns), the sum of `hops[].offset_ns`.
+    pub offset_ns: f64,
+    /// From the reference down to this host.
+    pub hops: Vec<NtpHop>,
+}
+
+/// One hop of an NTP-style composition.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NtpHop {
+    /// The parent (nearer the reference).
+    pub from: String,
+    /// The child.
+    pub to: String,
+    pub rail: u32,
+    /// The host whose report this is; `at_ns` is on its clock.
+    pub reporter: String,
+    pub at_ns: i64,
+    /// `clock_to - clock_from` (ns).
+    pub offset_ns: f64,
+    pub rtt_ns: i64,
+}
+
+/// One edge of the solve: `reporter`'s estimate of `clock_to - clock_from`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ClockEdgeView {
+    /// The reporting host (its clock is the time axis).
+    pub from: String,
+    pub to: String,
+    pub from_id: u32,
+    pub to_id: u32,
+    pub rail: u32,
+    /// When the estimate holds, on `from`'s clock (ns).
+    pub at_ns: i64,
+    /// `clock_to - clock_from` at `at_ns` (ns).
+    pub offset_ns: f64,
+    pub drift_ppb: f64,
+    pub error_bound_ns: f64,
+    pub drift_error_ppb: f64,
+    pub samples: u32,
+    /// How long ago the leader received the report.
+    pub report_age_ms: u64,
+    /// The NTP-style estimate from the same probes (on `from`'s clock).
+    pub ntp_at_ns: Option<i64>,
+    pub ntp_offset_ns: Option<f64>,
+    pub ntp_rtt_ns: Option<i64>,
+    /// Loop residual: measured minus fitted offset (ns).
+    pub residual_ns: Option<f64>,
+    /// Studentised residual.
+    pub z: Option<f64>,
+    pub drift_residual_ppb: Option<f64>,
+    /// What the solve did with the edge (none: no solution).
+    pub status: Option<EdgeFit>,
+}
+
+/// What the solve did with an edge.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum EdgeFit {
+    Used,
+    /// Set aside for its loop residual.
+    Rejected,
+    /// Not connected to the reference.
+    Unreachable,
+}
+
+/// `railguard paths`: per directed path, the recent one-way delays and
+/// probe loss, worst p99 first.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PathsView {
+    pub answered_by: NodeId,
+    /// The window the figures cover (s).
+    pub window_s: u64,
+    /// How per-second figures are combined over the window.
+    pub aggregation: String,
+    /// Age of the clock solution used for the network correction.
+    pub solution_age_ms: Option<u64>,
+    /// Paths matching the filter (before `top`).
+    pub total: usize,
+    pub paths: Vec<PathView>,
+}
+
+/// One directed path `src/src_nic → dst/dst_nic` on one rail.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PathView {
+    pub src: String,
+    pub src_nic: String,
+    pub dst: String,
+    pub dst_nic: String,
+    pub rail: u32,
+    /// One-way delay (µs): min of the per-second minima, median of the
+    /// per-second medians, max of the per-second p99s (none without
+    /// delay samples).
+    pub min_us: Option<f64>,
+    pub p50_us: Option<f64>,
+    pub p99_us: Option<f64>,
+    /// `100 × (1 − received/expected)` over the window (none: nothing
+    /// expected).
+    pub loss_pct: Option<f64>,
+    pub expected: u64,
+    pub received: u64,
+    /// Delay samples in the window.
+    pub samples: u64,
+    /// Per-second summaries in the window.
+    pub seconds: usize,
+    /// Since the last summary for this path.
+    pub age_ms: u64,
+    /// The weakest correction applied to a second in the window.
+    pub correction: Correction,
+}
+
+/// How a path's delays were corrected.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum Correction {
+    /// Neither the reporter's pair line nor the network solution: raw
+    /// receive minus send times, which include the clock offset.
+    Raw,
+    /// The reporter's pair line only (no network solution for both ends).
+    Pair,
+    /// The network effect applied: the leader's solution for both ends.
+    Network,
 }
 
 /// Error categories, mapped onto gRPC status codes on the wire.

@@ -55,6 +55,7 @@ pub async fn run(
         }
     }
     tokio::spawn(crate::reconciler::run(sup.clone()));
+    tokio::spawn(crate::clock::run(sup.clone()));
     tokio::spawn(crate::liveness::run(
         sup.clone(),
         crate::liveness::LivenessConfig::default(),

@@ -9,13 +9,18 @@
 //! - [`service`]: the gRPC services (`Admin`, `Agent`, `RaftPeer`).
 //! - [`reconciler`]: leader-side intents and actions.
 //! - [`orders`]: the leader's order streams to agents (failover/failback).
-//! - [`liveness`]: Ready/Suspect/Down from heartbeats, with a grace period.
+//! - [`liveness`]: Ready/Suspect/Down from heartbeats and probe evidence,
+//!   with a grace period.
+//! - [`probe_graph`]: who probes whom (a random regular graph in the model).
+//! - [`clock`]: the leader's clock service: probe summaries, the network
+//!   clock solve, per-path delays, probe evidence, clock state changes.
 //! - [`api`] / [`client`]: admin API types and the client the CLI uses.
 //! - [`config`] / [`datadir`]: configuration loading and data-dir locking.
 //! - [`daemon`]: wiring for the `railguard-supervisor` binary.
 
 pub mod api;
 pub mod client;
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod datadir;
@@ -24,5 +29,6 @@ pub mod model;
 pub mod network;
 pub mod node;
 pub mod orders;
+pub mod probe_graph;
 pub mod reconciler;
 pub mod service;

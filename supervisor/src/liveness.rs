@@ -1,12 +1,17 @@
 //! Host liveness on the leader: Ready → Suspect → Down from missed
-//! heartbeats (DESIGN.md defaults: suspect after 1.5 s, Down after 3 s).
+//! heartbeats and probe evidence (DESIGN.md defaults: suspect after 1.5 s,
+//! Down after 3 s).
 //!
-//! Heartbeats live only in the leader's memory. A new leader has seen none,
-//! so it counts every host's silence from the moment it became leader: the
-//! first Down it can declare is one full Down period after taking over (the
-//! grace period), never a wave of false Downs right after an election.
-//! Changes are committed through Raft (`SetLiveness`). Probe evidence joins
-//! this decision with the probe-mesh issue.
+//! Suspect follows management-network silence alone (no heartbeat). Down
+//! needs two silences: no heartbeat *and* no probe evidence (no peer
+//! received this host's probes, see [`crate::clock`]) for the Down period,
+//! so a management-network partition alone never kills a host's jobs.
+//!
+//! Heartbeats and probe evidence live only in the leader's memory. A new
+//! leader has seen none, so it counts every host's silence from the moment
+//! it became leader: the first Down it can declare is one full Down period
+//! after taking over (the grace period), never a wave of false Downs right
+//! after an election. Changes are committed through Raft (`SetLiveness`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,23 +37,32 @@ impl Default for LivenessConfig {
 }
 
 /// What each host's liveness should be now. Pure, for tests.
+///
+/// `heartbeats`: when each host last sent a heartbeat; `probe_evidence`:
+/// when a peer last reported receiving its probes. Both count from
+/// `leader_since` at the earliest (older evidence is none: the grace rule).
 pub fn judge(
     st: &ClusterState,
     heartbeats: &HashMap<String, Instant>,
+    probe_evidence: &HashMap<String, Instant>,
     leader_since: Instant,
     now: Instant,
     cfg: LivenessConfig,
 ) -> Vec<(String, Liveness)> {
+    let silence = |m: &HashMap<String, Instant>, host: &str| {
+        let last = m
+            .get(host)
+            .copied()
+            .unwrap_or(leader_since)
+            .max(leader_since);
+        now.saturating_duration_since(last)
+    };
     st.hosts
         .values()
         .filter_map(|h| {
-            let last = heartbeats
-                .get(&h.name)
-                .copied()
-                .unwrap_or(leader_since)
-                .max(leader_since);
-            let silent = now.saturating_duration_since(last);
-            let want = if silent >= cfg.down_after {
+            let silent = silence(heartbeats, &h.name);
+            let unheard = silence(probe_evidence, &h.name);
+            let want = if silent >= cfg.down_after && unheard >= cfg.down_after {
                 Liveness::Down
             } else if silent >= cfg.suspect_after {
                 // Never move a Down host back to Suspect without a heartbeat.
@@ -94,7 +108,8 @@ pub async fn run(sup: Arc<Supervisor>, cfg: LivenessConfig) {
             }
         };
         let hb = sup.heartbeats.lock().expect("heartbeats").clone();
-        let changes = sup.read(|st| judge(st, &hb, since, Instant::now(), cfg));
+        let evidence = sup.clocks.probe_evidence();
+        let changes = sup.read(|st| judge(st, &hb, &evidence, since, Instant::now(), cfg));
         for (host, liveness) in changes {
             tracing::info!(host = %host, liveness = ?liveness, "host liveness changes");
             if let Err(e) = sup.propose(Command::SetLiveness { host, liveness }).await {
@@ -120,6 +135,7 @@ mod tests {
                     rail: Some(0),
                     backup: None,
                     rdma_device: None,
+                    addr: None,
                 }],
                 labels: Default::default(),
             };
@@ -134,23 +150,74 @@ mod tests {
         st
     }
 
+    fn at(t0: Instant, s: f64) -> Instant {
+        t0 + Duration::from_secs_f64(s)
+    }
+
     #[test]
     fn silent_host_goes_suspect_then_down() {
         let st = state(&["h0", "h1"]);
         let t0 = Instant::now();
         let cfg = LivenessConfig::default();
-        let mut hb = HashMap::new();
-        hb.insert("h0".to_string(), t0 + Duration::from_secs(2));
-        let at = |s: f64| t0 + Duration::from_secs_f64(s);
-        assert!(judge(&st, &hb, t0, at(1.0), cfg).is_empty());
+        let none = HashMap::new();
+        let hb = HashMap::from([("h0".to_string(), at(t0, 2.0))]);
+        assert!(judge(&st, &hb, &none, t0, at(t0, 1.0), cfg).is_empty());
         assert_eq!(
-            judge(&st, &hb, t0, at(1.6), cfg),
+            judge(&st, &hb, &none, t0, at(t0, 1.6), cfg),
             vec![("h1".into(), Liveness::Suspect)]
         );
         assert_eq!(
-            judge(&st, &hb, t0, at(3.1), cfg),
+            judge(&st, &hb, &none, t0, at(t0, 3.1), cfg),
             vec![("h1".into(), Liveness::Down)]
         );
+    }
+
+    #[test]
+    fn a_host_heard_by_its_peers_stays_suspect_until_they_stop_hearing_it() {
+        let mut st = state(&["h0"]);
+        let t0 = Instant::now();
+        let cfg = LivenessConfig::default();
+        // Management silence from t0; peers keep receiving its probes
+        // every second until t = 10 s.
+        let hb = HashMap::from([("h0".to_string(), t0)]);
+        for s in 2..=10 {
+            let evidence = HashMap::from([("h0".to_string(), at(t0, s as f64))]);
+            let now = at(t0, s as f64 + 0.5);
+            let want = judge(&st, &hb, &evidence, t0, now, cfg);
+            if s == 2 {
+                assert_eq!(want, vec![("h0".into(), Liveness::Suspect)]);
+                st.hosts.get_mut("h0").unwrap().liveness = Liveness::Suspect;
+            } else {
+                assert!(want.is_empty(), "t={s}: never Down while heard: {want:?}");
+            }
+        }
+        // Peers stop hearing it at t = 10 s: Down once both silences reach
+        // the threshold.
+        let evidence = HashMap::from([("h0".to_string(), at(t0, 10.0))]);
+        assert!(judge(&st, &hb, &evidence, t0, at(t0, 12.9), cfg).is_empty());
+        assert_eq!(
+            judge(&st, &hb, &evidence, t0, at(t0, 13.0), cfg),
+            vec![("h0".into(), Liveness::Down)]
+        );
+    }
+
+    #[test]
+    fn probe_evidence_alone_keeps_a_suspect_host_from_ready() {
+        // Evidence without heartbeats never makes a host Ready again.
+        let mut st = state(&["h0"]);
+        st.hosts.get_mut("h0").unwrap().liveness = Liveness::Suspect;
+        let t0 = Instant::now();
+        let evidence = HashMap::from([("h0".to_string(), at(t0, 5.0))]);
+        let hb = HashMap::from([("h0".to_string(), t0)]);
+        assert!(judge(
+            &st,
+            &hb,
+            &evidence,
+            t0,
+            at(t0, 5.0),
+            LivenessConfig::default()
+        )
+        .is_empty());
     }
 
     #[test]
@@ -158,35 +225,29 @@ mod tests {
         let st = state(&["h0"]);
         let t0 = Instant::now();
         let cfg = LivenessConfig::default();
-        // The old leader saw heartbeats long ago; this leader has seen none.
+        // The old leader saw heartbeats and probe evidence long ago; this
+        // leader has seen neither.
         let hb = HashMap::from([("h0".to_string(), t0)]);
+        let evidence = HashMap::from([("h0".to_string(), t0)]);
         let became_leader = t0 + Duration::from_secs(60);
-        assert!(judge(
-            &st,
-            &hb,
-            became_leader,
-            became_leader + Duration::from_millis(1400),
-            cfg
-        )
-        .is_empty());
+        let after = |ms| became_leader + Duration::from_millis(ms);
+        assert!(judge(&st, &hb, &evidence, became_leader, after(1400), cfg).is_empty());
         assert_eq!(
-            judge(
-                &st,
-                &hb,
-                became_leader,
-                became_leader + Duration::from_millis(2900),
-                cfg
-            ),
+            judge(&st, &hb, &evidence, became_leader, after(2900), cfg),
             vec![("h0".into(), Liveness::Suspect)]
         );
         assert_eq!(
-            judge(
-                &st,
-                &hb,
-                became_leader,
-                became_leader + Duration::from_secs(3),
-                cfg
-            ),
+            judge(&st, &hb, &evidence, became_leader, after(3000), cfg),
+            vec![("h0".into(), Liveness::Down)]
+        );
+        // Evidence this leader received pushes Down out from there.
+        let fresh = HashMap::from([("h0".to_string(), after(2000))]);
+        assert_eq!(
+            judge(&st, &hb, &fresh, became_leader, after(4900), cfg),
+            vec![("h0".into(), Liveness::Suspect)]
+        );
+        assert_eq!(
+            judge(&st, &hb, &fresh, became_leader, after(5000), cfg),
             vec![("h0".into(), Liveness::Down)]
         );
     }
@@ -196,24 +257,23 @@ mod tests {
         let mut st = state(&["h0"]);
         st.hosts.get_mut("h0").unwrap().liveness = Liveness::Down;
         let t0 = Instant::now();
+        let cfg = LivenessConfig::default();
+        let none = HashMap::new();
         let hb = HashMap::from([("h0".to_string(), t0 + Duration::from_secs(10))]);
         assert_eq!(
-            judge(
-                &st,
-                &hb,
-                t0,
-                t0 + Duration::from_secs(10),
-                LivenessConfig::default()
-            ),
+            judge(&st, &hb, &none, t0, t0 + Duration::from_secs(10), cfg),
             vec![("h0".into(), Liveness::Ready)]
         );
-        // No fresh heartbeat: a Down host stays Down (no flip to Suspect).
+        // No fresh heartbeat: a Down host stays Down (no flip to Suspect),
+        // even if its probes are heard again.
+        let evidence = HashMap::from([("h0".to_string(), t0 + Duration::from_secs(2))]);
         assert!(judge(
             &st,
             &HashMap::new(),
+            &evidence,
             t0,
             t0 + Duration::from_secs(2),
-            LivenessConfig::default()
+            cfg
         )
         .is_empty());
     }

@@ -15,6 +15,8 @@ use std::io::Cursor;
 use openraft::LogId;
 use serde::{Deserialize, Serialize};
 
+use crate::probe_graph::{join_seed, ProbeGraph, PROBE_DEGREE};
+
 /// Supervisor node id (Raft member id).
 pub type NodeId = u64;
 
@@ -50,6 +52,8 @@ pub const MAX_SESSION_RESULTS: usize = 64;
 /// Most connection (QP) placements kept per host; further ones are not
 /// recorded (an event says so).
 pub const MAX_QPS_PER_HOST: usize = 4_096;
+/// Most clock state changes in one `SetClockStates` command.
+pub const MAX_CLOCK_CHANGES: usize = 4_096;
 
 /// One Raft entry: a batch of commands stamped by the leader.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -88,6 +92,10 @@ pub enum Command {
     },
     /// The leader's liveness detector changes a host's liveness.
     SetLiveness { host: String, liveness: Liveness },
+    /// The leader's clock service commits hosts whose clock state changed
+    /// (the figures alone never go through Raft). All or nothing: an
+    /// unknown host refuses the whole command.
+    SetClockStates { changes: Vec<ClockChange> },
     /// Record an intent (what is about to be done) before doing it.
     OpenIntent { action: Action },
     /// Record an intent's outcome and apply its effect.
@@ -184,6 +192,46 @@ pub struct NicSpec {
     pub rail: Option<u32>,
     pub backup: Option<String>,
     pub rdma_device: Option<String>,
+    /// The NIC's IP address, where its probe socket listens (validated: it
+    /// must parse as an IP address).
+    pub addr: Option<String>,
+}
+
+/// A host's clock synchronisation state as the leader's clock service last
+/// committed it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ClockState {
+    /// Error bound within the synced threshold (1 µs by default).
+    Synced,
+    /// Error bound within the degraded threshold (100 µs by default).
+    Degraded,
+    /// Worse, not connected to the reference, or no fresh probes.
+    #[default]
+    Unsynced,
+}
+
+/// The committed clock state of a host and the figures at its last change.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct HostClockRecord {
+    pub state: ClockState,
+    /// Offset to the reference host when the state changed (ns).
+    pub offset_ns: Option<f64>,
+    /// Error bound of that offset (ns).
+    pub error_bound_ns: Option<f64>,
+    /// Leader time of the change (Unix ms; 0: never changed).
+    pub changed_ms: u64,
+}
+
+/// One host's new clock state, as the clock service commits it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ClockChange {
+    pub host: String,
+    pub state: ClockState,
+    /// Offset to the reference host (ns), finite when present.
+    pub offset_ns: Option<f64>,
+    /// Its error bound (ns), finite and ≥ 0 when present.
+    pub error_bound_ns: Option<f64>,
 }
 
 /// NIC health as the agent's link tracker classifies it.
@@ -222,6 +270,9 @@ pub enum AgentEventKind {
         coalesced: u32,
         /// The link itself is up (independent of damping).
         link_up: bool,
+        /// Down because probes stopped crossing the link while the link
+        /// layer still said up.
+        probes_lost: bool,
     },
     /// Where a job's connection runs (or that it closed).
     QpPlacement {
@@ -397,6 +448,9 @@ impl std::fmt::Display for HostStatus {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Host {
     pub name: String,
+    /// Stable numeric id, given at first registration and never reused
+    /// (the probe graph's and the clock solve's host id).
+    pub id: u32,
     pub labels: BTreeMap<String, String>,
     pub nics: BTreeMap<String, Nic>,
     pub cordoned: bool,
@@ -407,6 +461,8 @@ pub struct Host {
     pub last_event_seq: u64,
     /// The open `host_down` incident, if any.
     pub open_incident: Option<u64>,
+    /// Clock synchronisation state (changes committed by the leader).
+    pub clock: HostClockRecord,
 }
 
 impl Host {
@@ -429,6 +485,8 @@ pub struct Nic {
     pub rail: Option<u32>,
     pub backup: Option<String>,
     pub rdma_device: Option<String>,
+    /// IP address of the NIC's probe socket.
+    pub addr: Option<String>,
     pub state: NicState,
     pub flaps: u32,
     pub damping_penalty: f64,
@@ -450,6 +508,7 @@ struct NicReport {
     carrier_changes: u64,
     flaps: u32,
     penalty: f64,
+    probes_lost: bool,
 }
 
 /// A training job (its lifecycle arrives with the jobs issue; drain already
@@ -569,6 +628,16 @@ pub struct ClusterState {
     /// [`MAX_QPS_PER_HOST`]).
     #[serde(default)]
     pub qps: BTreeMap<String, BTreeMap<QpKey, Qp>>,
+    /// The next host id to give (ids are never reused).
+    pub next_host_id: u32,
+    /// Host names by id.
+    pub host_ids: BTreeMap<u32, String>,
+    /// Who probes whom: a random regular graph over host ids
+    /// ([`crate::probe_graph`]).
+    pub probe_graph: ProbeGraph,
+    /// Bumped whenever the graph or a NIC's address or rail changes; agents
+    /// compare it with their plan's.
+    pub probe_plan_version: u64,
 }
 
 fn check_name(what: &str, s: &str) -> Result<(), CmdError> {
@@ -649,6 +718,11 @@ impl ClusterState {
         match cmd {
             Command::RegisterHost { host, nics, labels } => {
                 check_name("host name", host)?;
+                if !self.hosts.contains_key(host) && self.next_host_id == u32::MAX {
+                    return Err(CmdError::FailedPrecondition(
+                        "no host ids left to give".into(),
+                    ));
+                }
                 if nics.len() > MAX_NICS {
                     return Err(CmdError::InvalidArgument(format!(
                         "a host may register at most {MAX_NICS} NICs"
@@ -662,6 +736,14 @@ impl ClusterState {
                             "NIC {:?} listed twice",
                             n.name
                         )));
+                    }
+                    if let Some(a) = &n.addr {
+                        if a.parse::<std::net::IpAddr>().is_err() {
+                            return Err(CmdError::InvalidArgument(format!(
+                                "address {a:?} of NIC {:?} is not an IP address",
+                                n.name
+                            )));
+                        }
                     }
                 }
                 for n in nics {
@@ -767,6 +849,36 @@ impl ClusterState {
             Command::SetLiveness { host, .. } => {
                 if !self.hosts.contains_key(host) {
                     return Err(not_found("host", host));
+                }
+                Ok(())
+            }
+            Command::SetClockStates { changes } => {
+                if changes.len() > MAX_CLOCK_CHANGES {
+                    return Err(CmdError::InvalidArgument(format!(
+                        "at most {MAX_CLOCK_CHANGES} clock changes per command"
+                    )));
+                }
+                let mut seen = std::collections::BTreeSet::new();
+                for c in changes {
+                    if !self.hosts.contains_key(&c.host) {
+                        return Err(not_found("host", &c.host));
+                    }
+                    if !seen.insert(c.host.as_str()) {
+                        return Err(CmdError::InvalidArgument(format!(
+                            "clock change for host {:?} listed twice",
+                            c.host
+                        )));
+                    }
+                    let finite = |v: Option<f64>| v.is_none_or(f64::is_finite);
+                    if !finite(c.offset_ns)
+                        || !finite(c.error_bound_ns)
+                        || c.error_bound_ns.is_some_and(|b| b < 0.0)
+                    {
+                        return Err(CmdError::InvalidArgument(format!(
+                            "clock figures of host {:?} must be finite (error bound ≥ 0)",
+                            c.host
+                        )));
+                    }
                 }
                 Ok(())
             }
@@ -905,6 +1017,7 @@ impl ClusterState {
                 let existing = self.hosts.get(host).cloned();
                 let mut h = existing.clone().unwrap_or(Host {
                     name: host.clone(),
+                    id: self.next_host_id,
                     labels: BTreeMap::new(),
                     nics: BTreeMap::new(),
                     cordoned: false,
@@ -913,7 +1026,9 @@ impl ClusterState {
                     registered_ms: at_ms,
                     last_event_seq: 0,
                     open_incident: None,
+                    clock: HostClockRecord::default(),
                 });
+                let probe_view_before = existing.as_ref().map(probe_view);
                 let mut new_nics = BTreeMap::new();
                 for spec in nics {
                     let mut nic = h.nics.remove(&spec.name).unwrap_or(Nic {
@@ -921,6 +1036,7 @@ impl ClusterState {
                         rail: None,
                         backup: None,
                         rdma_device: None,
+                        addr: None,
                         state: NicState::Unknown,
                         flaps: 0,
                         damping_penalty: 0.0,
@@ -933,6 +1049,7 @@ impl ClusterState {
                     nic.rail = spec.rail;
                     nic.backup = spec.backup.clone();
                     nic.rdma_device = spec.rdma_device.clone();
+                    nic.addr = spec.addr.clone();
                     new_nics.insert(spec.name.clone(), nic);
                 }
                 h.nics = new_nics;
@@ -941,12 +1058,25 @@ impl ClusterState {
                 }
                 let last = h.last_event_seq;
                 let changed = existing.as_ref() != Some(&h);
+                let id = h.id;
+                if probe_view_before.as_ref() != Some(&probe_view(&h)) {
+                    self.probe_plan_version += 1;
+                }
                 self.hosts.insert(host.clone(), h);
                 if existing.is_none() {
+                    self.next_host_id += 1;
+                    self.host_ids.insert(id, host.clone());
+                    let seed = join_seed(host, self.probe_graph.len());
+                    let change = self.probe_graph.join(id, PROBE_DEGREE, seed);
                     self.log_event(
                         at_ms,
                         Some(host),
-                        format!("host registered with {} NICs", nics.len()),
+                        format!(
+                            "host registered with {} NICs (probe id {id}; probe graph: {} edges added, {} split)",
+                            nics.len(),
+                            change.added.len(),
+                            change.removed.len()
+                        ),
                     );
                 } else if changed {
                     self.log_event(at_ms, Some(host), "host re-registered".into());
@@ -1053,7 +1183,7 @@ impl ClusterState {
                             "host_down",
                             host,
                             None,
-                            "missed heartbeats".into(),
+                            "missed heartbeats and no probe evidence".into(),
                         );
                         self.hosts.get_mut(host).expect("validated").open_incident = Some(id);
                     }
@@ -1062,6 +1192,31 @@ impl ClusterState {
                             self.close_incident(at_ms, id, "host is back");
                         }
                     }
+                }
+                Ok(CmdOk::Done)
+            }
+            Command::SetClockStates { changes } => {
+                for c in changes {
+                    let h = self.hosts.get_mut(&c.host).expect("validated");
+                    let prev = h.clock.state;
+                    if prev == c.state {
+                        continue;
+                    }
+                    h.clock = HostClockRecord {
+                        state: c.state,
+                        offset_ns: c.offset_ns,
+                        error_bound_ns: c.error_bound_ns,
+                        changed_ms: at_ms,
+                    };
+                    let figures = match (c.offset_ns, c.error_bound_ns) {
+                        (Some(o), Some(b)) => format!(" (offset {o:.0} ns ± {b:.0} ns)"),
+                        _ => String::new(),
+                    };
+                    self.log_event(
+                        at_ms,
+                        Some(&c.host),
+                        format!("clock {prev:?} -> {:?}{figures}", c.state),
+                    );
                 }
                 Ok(CmdOk::Done)
             }
@@ -1188,6 +1343,7 @@ impl ClusterState {
                     damping_penalty,
                     coalesced,
                     link_up,
+                    probes_lost,
                 } => {
                     if *coalesced > 0 {
                         self.log_event(
@@ -1207,6 +1363,7 @@ impl ClusterState {
                             carrier_changes: *carrier_changes,
                             flaps: *flaps,
                             penalty: *damping_penalty,
+                            probes_lost: *probes_lost,
                         },
                     )
                 }
@@ -1332,7 +1489,11 @@ impl ClusterState {
             BTreeMap::new()
         };
         let open_new = kind.filter(|k| changed && !nic.open_incidents.contains_key(*k));
-        let link = if r.link_up { "up" } else { "down" };
+        let link = match (r.link_up, r.probes_lost) {
+            (true, _) => "up",
+            (false, false) => "down",
+            (false, true) => "down (probes lost)",
+        };
         if link_changed {
             self.log_observed(
                 at_ms,
@@ -1441,6 +1602,14 @@ impl ClusterState {
     }
 }
 
+/// What of a host its probe peers see: NIC names, rails and addresses.
+fn probe_view(h: &Host) -> Vec<(&str, Option<u32>, Option<&str>)> {
+    h.nics
+        .values()
+        .map(|n| (n.name.as_str(), n.rail, n.addr.as_deref()))
+        .collect()
+}
+
 fn check_labels(
     set: &BTreeMap<String, String>,
     existing: &[&BTreeMap<String, String>],
@@ -1504,12 +1673,14 @@ mod tests {
                         rail: Some(0),
                         backup: Some("rail1".into()),
                         rdma_device: None,
+                        addr: None,
                     },
                     NicSpec {
                         name: "rail1".into(),
                         rail: Some(1),
                         backup: Some("rail0".into()),
                         rdma_device: None,
+                        addr: None,
                     },
                 ],
                 labels: BTreeMap::new(),
@@ -1756,6 +1927,7 @@ mod tests {
                 damping_penalty: 0.0,
                 coalesced: 0,
                 link_up: state == NicState::Up,
+                probes_lost: false,
             },
         };
         let cmd = |events| Command::AgentEvents {
@@ -1831,6 +2003,7 @@ mod tests {
                     rail: Some(1),
                     backup: None,
                     rdma_device: Some("mlx5_0".into()),
+                    addr: None,
                 }],
                 labels: BTreeMap::from([("a".into(), "b".into())]),
             },
@@ -1861,6 +2034,7 @@ mod tests {
                         damping_penalty: 1.5,
                         coalesced: 2,
                         link_up: false,
+                        probes_lost: false,
                     },
                 }],
             },
@@ -1911,6 +2085,26 @@ mod tests {
                 id: 4,
                 ok: false,
                 detail: "d".into(),
+            },
+            Command::SetClockStates {
+                changes: vec![
+                    ClockChange {
+                        host: "h".into(),
+                        state: ClockState::Synced,
+                        offset_ns: Some(-12.5),
+                        error_bound_ns: Some(300.0),
+                    },
+                    ClockChange {
+                        host: "g".into(),
+                        state: ClockState::Unsynced,
+                        offset_ns: None,
+                        error_bound_ns: None,
+                    },
+                ],
+            },
+            Command::SetLiveness {
+                host: "h".into(),
+                liveness: Liveness::Suspect,
             },
             Command::AgentEvents {
                 host: "h".into(),
@@ -2263,12 +2457,14 @@ mod tests {
                         rail: Some(0),
                         backup: None,
                         rdma_device: None,
+                        addr: None,
                     },
                     NicSpec {
                         name: "rail1".into(),
                         rail: Some(1),
                         backup: None,
                         rdma_device: None,
+                        addr: None,
                     },
                 ],
                 labels: BTreeMap::new(),
@@ -2293,6 +2489,7 @@ mod tests {
                         damping_penalty: 0.0,
                         coalesced: 0,
                         link_up: false,
+                        probes_lost: false,
                     },
                 }],
             },
@@ -2360,5 +2557,182 @@ mod tests {
         let bytes = StateModel::encode(&st).unwrap();
         let back = <ClusterState as StateModel<TypeConfig>>::decode(&bytes).unwrap();
         assert_eq!(back, st);
+    }
+
+    fn register_nics(
+        st: &mut ClusterState,
+        index: u64,
+        host: &str,
+        nics: Vec<NicSpec>,
+    ) -> CmdResult {
+        one(
+            st,
+            index,
+            index,
+            Command::RegisterHost {
+                host: host.into(),
+                nics,
+                labels: BTreeMap::new(),
+            },
+        )
+    }
+
+    fn data_nic(name: &str, rail: u32, addr: &str) -> NicSpec {
+        NicSpec {
+            name: name.into(),
+            rail: Some(rail),
+            backup: None,
+            rdma_device: None,
+            addr: Some(addr.into()),
+        }
+    }
+
+    #[test]
+    fn hosts_get_stable_ids_and_join_the_probe_graph() {
+        let mut st = ClusterState::default();
+        for i in 0..8u64 {
+            let h = format!("h{i}");
+            let nics = vec![data_nic("rail0", 0, &format!("10.0.0.{i}"))];
+            register_nics(&mut st, i + 1, &h, nics).unwrap();
+            assert_eq!(st.hosts[&h].id, i as u32);
+        }
+        assert_eq!(st.next_host_id, 8);
+        assert_eq!(st.probe_graph.len(), 8);
+        for h in st.hosts.values() {
+            assert_eq!(st.probe_graph.degree(h.id), PROBE_DEGREE, "{}", h.name);
+        }
+        let version = st.probe_plan_version;
+        assert_eq!(version, 8, "every join changes the plan");
+        // Re-registering the same way changes neither graph nor version.
+        let graph = st.probe_graph.clone();
+        register_nics(&mut st, 20, "h3", vec![data_nic("rail0", 0, "10.0.0.3")]).unwrap();
+        assert_eq!(st.probe_graph, graph);
+        assert_eq!(st.probe_plan_version, version);
+        assert_eq!(st.hosts["h3"].id, 3);
+        // A new address (or rail) changes the plan, not the graph.
+        register_nics(&mut st, 21, "h3", vec![data_nic("rail0", 0, "10.0.9.3")]).unwrap();
+        assert_eq!(st.probe_graph, graph);
+        assert_eq!(st.probe_plan_version, version + 1);
+        assert_eq!(
+            st.hosts["h3"].nics["rail0"].addr.as_deref(),
+            Some("10.0.9.3")
+        );
+        register_nics(&mut st, 22, "h3", vec![data_nic("rail0", 1, "10.0.9.3")]).unwrap();
+        assert_eq!(st.probe_plan_version, version + 2);
+        // Replicas that apply the same log agree on the graph.
+        let mut other = ClusterState::default();
+        for i in 0..8u64 {
+            let nics = vec![data_nic("rail0", 0, &format!("10.0.0.{i}"))];
+            register_nics(&mut other, i + 1, &format!("h{i}"), nics).unwrap();
+        }
+        assert_eq!(other.probe_graph, graph);
+    }
+
+    #[test]
+    fn a_bad_nic_address_is_refused_and_changes_nothing() {
+        let mut st = ClusterState::default();
+        register(&mut st, "h0");
+        let before = st.clone();
+        let r = register_nics(
+            &mut st,
+            2,
+            "h1",
+            vec![
+                data_nic("rail0", 0, "10.0.0.1"),
+                data_nic("rail1", 1, "10.0.0.256"),
+            ],
+        );
+        assert_eq!(
+            r,
+            Err(CmdError::InvalidArgument(
+                "address \"10.0.0.256\" of NIC \"rail1\" is not an IP address".into()
+            ))
+        );
+        let mut after = st.clone();
+        after.last_log_index = before.last_log_index;
+        assert_eq!(after, before);
+        // IPv6 is an IP address too.
+        register_nics(&mut st, 3, "h1", vec![data_nic("rail0", 0, "fd00::1")]).unwrap();
+    }
+
+    fn clock(host: &str, state: ClockState) -> ClockChange {
+        ClockChange {
+            host: host.into(),
+            state,
+            offset_ns: Some(40.0),
+            error_bound_ns: Some(250.0),
+        }
+    }
+
+    #[test]
+    fn clock_states_change_with_an_event_and_unknown_hosts_write_nothing() {
+        let mut st = ClusterState::default();
+        register(&mut st, "h0");
+        register(&mut st, "h1");
+        assert_eq!(st.hosts["h0"].clock.state, ClockState::Unsynced);
+        let before = st.clone();
+        for bad in [
+            vec![
+                clock("h0", ClockState::Synced),
+                clock("ghost", ClockState::Synced),
+            ],
+            vec![
+                clock("h0", ClockState::Synced),
+                clock("h0", ClockState::Degraded),
+            ],
+            vec![ClockChange {
+                offset_ns: Some(f64::NAN),
+                ..clock("h0", ClockState::Synced)
+            }],
+            vec![ClockChange {
+                error_bound_ns: Some(-1.0),
+                ..clock("h0", ClockState::Synced)
+            }],
+        ] {
+            let r = one(&mut st, 5, 5, Command::SetClockStates { changes: bad });
+            assert!(r.is_err(), "{r:?}");
+        }
+        assert_eq!(
+            one(
+                &mut st,
+                6,
+                6,
+                Command::SetClockStates {
+                    changes: vec![clock("ghost", ClockState::Synced)]
+                }
+            ),
+            Err(not_found("host", "ghost"))
+        );
+        let mut after = st.clone();
+        after.last_log_index = before.last_log_index;
+        assert_eq!(after, before, "nothing written");
+        let change = Command::SetClockStates {
+            changes: vec![clock("h0", ClockState::Synced)],
+        };
+        assert_eq!(one(&mut st, 7, 70, change.clone()), Ok(CmdOk::Done));
+        let c = &st.hosts["h0"].clock;
+        assert_eq!(
+            (c.state, c.offset_ns, c.error_bound_ns, c.changed_ms),
+            (ClockState::Synced, Some(40.0), Some(250.0), 70)
+        );
+        assert!(st
+            .events
+            .back()
+            .is_some_and(|e| e.what == "clock Unsynced -> Synced (offset 40 ns ± 250 ns)"));
+        // The same state again changes nothing, not even the figures.
+        let events = st.events.len();
+        let mut again = clock("h0", ClockState::Synced);
+        again.offset_ns = Some(1.0);
+        one(
+            &mut st,
+            8,
+            80,
+            Command::SetClockStates {
+                changes: vec![again],
+            },
+        )
+        .unwrap();
+        assert_eq!(st.events.len(), events);
+        assert_eq!(st.hosts["h0"].clock.changed_ms, 70);
     }
 }

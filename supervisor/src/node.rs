@@ -59,6 +59,8 @@ pub struct Supervisor {
     pub heartbeats: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
     /// Leader memory: agents' open `Orders` streams.
     pub orders: crate::orders::OrderHub,
+    /// Leader memory: probe summaries, the clock solution, probe evidence.
+    pub clocks: crate::clock::ClockService,
 }
 
 /// Start-up failures.
@@ -109,6 +111,7 @@ impl Supervisor {
             peer_clients: Default::default(),
             heartbeats: Default::default(),
             orders: Default::default(),
+            clocks: Default::default(),
         });
         tokio::spawn(run_batcher(raft, rx));
         Ok(sup)

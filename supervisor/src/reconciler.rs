@@ -169,6 +169,7 @@ mod tests {
                     rail: Some(0),
                     backup: None,
                     rdma_device: None,
+                    addr: None,
                 }],
                 labels: Default::default(),
             },
@@ -258,6 +259,7 @@ mod tests {
             rail: None,
             backup: Some(backup.into()),
             rdma_device: None,
+            addr: None,
         };
         let register = |nics| Command::RegisterHost {
             host: "h0".into(),
@@ -304,6 +306,7 @@ mod tests {
                 rail: None,
                 backup: None,
                 rdma_device: None,
+                addr: None,
             }]),
         )
         .unwrap();

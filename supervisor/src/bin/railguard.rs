@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
-use supervisor::api::{AdminReply, AdminRequest, ApiError, ErrorKind, QpView};
+use supervisor::api::{
+    AdminReply, AdminRequest, ApiError, ClockView, ErrorKind, PathsView, QpView,
+};
 use supervisor::client::AdminClient;
 use supervisor::model::{
     Action, AdminOp, ClusterEvent, Host, Incident, Intent, IntentStatus, Nic, NicState, Outcome,
@@ -104,6 +106,41 @@ enum Cmd {
     History {
         #[arg(long, default_value_t = 50)]
         limit: u32,
+    },
+    /// Clock synchronisation of every host, from the leader's latest
+    /// network solution.
+    ///
+    /// Per host: probe id, committed state (Synced / Degraded / Unsynced,
+    /// changes go through Raft), live offset to the reference host (ns),
+    /// drift (ppb) and error bound (ns). The leader solves every second
+    /// from the agents' probe summaries; this data lives only in its
+    /// memory, so the call always goes to the leader (also with --stale).
+    ///
+    /// `--output json` adds the solution's `at_ns` (on the reference's
+    /// clock; a host's offset at reference time t is
+    /// offset_ns + drift_ppb·1e-9·(t − at_ns)), every edge of the solve
+    /// (reporter, peer, rail, offset, error bound, the NTP-style estimate,
+    /// loop residual and whether it was used) and each host's NTP-style
+    /// offset composed hop by hop from the reference.
+    Clock,
+    /// One-way delays and probe loss per directed path, worst p99 first.
+    ///
+    /// A path is src host/NIC → dst host/NIC on one rail, as the receiving
+    /// host measured it. Figures cover the last 120 s of per-second
+    /// summaries: min = min of the per-second minima, p50 = median of the
+    /// per-second medians, p99 = max of the per-second p99s, loss = 1 −
+    /// received/expected. Delays are corrected with the leader's network
+    /// clock solution when it covers both hosts (CORR "network"); else
+    /// "pair" (the receiver's own pair estimate) or "raw" (receive minus
+    /// send time, which includes the clock offset). Leader memory, like
+    /// `clock`.
+    Paths {
+        /// Only paths from or to this host.
+        #[arg(long)]
+        host: Option<String>,
+        /// Only the N worst paths (N ≥ 1).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        top: Option<u32>,
     },
 }
 
@@ -381,6 +418,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Cmd::Events { since, limit, .. } => AdminRequest::Events { since, limit },
         Cmd::History { limit } => AdminRequest::AdminHistory { limit },
+        Cmd::Clock => AdminRequest::Clock,
+        Cmd::Paths { host, top } => AdminRequest::Paths { host, top },
     };
     let reply = client.call(request, cli.stale).await?;
     if json {
@@ -616,21 +655,23 @@ fn print_nics(nics: &[(String, Nic)]) {
         return;
     }
     println!(
-        "{:<14} {:<8} {:>4} {:<8} {:<10} {:>6} {:>8}  LAST CHANGE",
-        "HOST", "NIC", "RAIL", "BACKUP", "STATE", "FLAPS", "PENALTY"
+        "{:<14} {:<8} {:>4} {:<8} {:<15} {:<10} {:>6} {:>8}  LAST CHANGE",
+        "HOST", "NIC", "RAIL", "BACKUP", "ADDR", "STATE", "FLAPS", "PENALTY"
     );
     for (h, n) in nics {
         println!("{h:<14} {}", nic_row(n));
     }
 }
 
-/// One NIC's columns: name, rail, backup, state, flaps, penalty, last change.
+/// One NIC's columns: name, rail, backup, address, state, flaps, penalty,
+/// last change.
 fn nic_row(n: &Nic) -> String {
     format!(
-        "{:<8} {:>4} {:<8} {:<10} {:>6} {:>8.0}  {}",
+        "{:<8} {:>4} {:<8} {:<15} {:<10} {:>6} {:>8.0}  {}",
         n.name,
         n.rail.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
         n.backup.as_deref().unwrap_or("-"),
+        n.addr.as_deref().unwrap_or("-"),
         format!("{:?}", n.state),
         n.flaps,
         n.damping_penalty,
@@ -644,18 +685,105 @@ fn print_hosts(hosts: &[Host]) {
         return;
     }
     println!(
-        "{:<14} {:<10} {:<9} {:>5}  LABELS",
-        "HOST", "STATUS", "LIVENESS", "NICS"
+        "{:<14} {:<10} {:<9} {:<9} {:>5}  LABELS",
+        "HOST", "STATUS", "LIVENESS", "CLOCK", "NICS"
     );
     for h in hosts {
         println!(
-            "{:<14} {:<10} {:<9} {:>5}  {}",
+            "{:<14} {:<10} {:<9} {:<9} {:>5}  {}",
             h.name,
             h.status().to_string(),
             format!("{:?}", h.liveness),
+            format!("{:?}", h.clock.state),
             h.nics.len(),
             pairs(&h.labels, ",", "")
         );
+    }
+}
+
+/// A float with `digits` decimals, or `-`.
+fn num(x: Option<f64>, digits: usize) -> String {
+    x.map(|v| format!("{v:.digits$}"))
+        .unwrap_or_else(|| "-".into())
+}
+
+fn print_clock(v: &ClockView) {
+    match (&v.solution, &v.reference) {
+        (Some(s), Some(r)) => {
+            println!(
+                "reference: {r} (id {}); solution at {} ns on its clock, solved {:.1} s ago; \
+                 {} edges used, {} rejected; chi2/dof {}",
+                v.reference_id.unwrap_or_default(),
+                s.at_ns,
+                s.age_ms as f64 / 1e3,
+                s.edges_used,
+                s.edges_rejected,
+                num(s.chi2_per_dof, 2)
+            );
+        }
+        _ => println!("no clock solution yet (no fresh probe summaries from connected hosts)"),
+    }
+    if let Some(e) = &v.solve_error {
+        println!("last solve failed: {e}");
+    }
+    if v.hosts.is_empty() {
+        println!("no hosts registered");
+        return;
+    }
+    println!(
+        "{:>5}  {:<14} {:<9} {:>14} {:>10} {:>10}  SINCE",
+        "ID", "HOST", "STATE", "OFFSET ns", "DRIFT ppb", "ERROR ns"
+    );
+    for h in &v.hosts {
+        let live = h.live.as_ref();
+        println!(
+            "{:>5}  {:<14} {:<9} {:>14} {:>10} {:>10}  {}",
+            h.id,
+            h.host,
+            format!("{:?}", h.state),
+            num(live.map(|l| l.offset_ns), 1),
+            num(live.map(|l| l.drift_ppb), 1),
+            num(live.map(|l| l.error_bound_ns), 1),
+            fmt_ms(h.state_changed_ms)
+        );
+    }
+}
+
+fn print_paths(v: &PathsView) {
+    if v.paths.is_empty() {
+        println!("no paths measured in the last {} s", v.window_s);
+        return;
+    }
+    println!(
+        "last {} s; min = min of per-second minima, p50 = median of per-second medians, \
+         p99 = max of per-second p99s",
+        v.window_s
+    );
+    println!(
+        "{:<22} {:<22} {:>4} {:>9} {:>9} {:>9} {:>7} {:>8} {:>6}  CORR",
+        "SRC", "DST", "RAIL", "MIN µs", "P50 µs", "P99 µs", "LOSS %", "SAMPLES", "AGE s"
+    );
+    for p in &v.paths {
+        let corr = match p.correction {
+            supervisor::api::Correction::Network => "network",
+            supervisor::api::Correction::Pair => "pair",
+            supervisor::api::Correction::Raw => "raw",
+        };
+        println!(
+            "{:<22} {:<22} {:>4} {:>9} {:>9} {:>9} {:>7} {:>8} {:>6.1}  {corr}",
+            format!("{}/{}", p.src, p.src_nic),
+            format!("{}/{}", p.dst, p.dst_nic),
+            p.rail,
+            num(p.min_us, 1),
+            num(p.p50_us, 1),
+            num(p.p99_us, 1),
+            num(p.loss_pct, 1),
+            p.samples,
+            p.age_ms as f64 / 1e3,
+        );
+    }
+    if v.paths.len() < v.total {
+        println!("({} of {} paths shown)", v.paths.len(), v.total);
     }
 }
 
@@ -731,9 +859,18 @@ fn render(reply: &AdminReply) {
         }
         AdminReply::Hosts { hosts } => print_hosts(hosts),
         AdminReply::Host { host, jobs } => {
-            println!("host:       {}", host.name);
+            println!("host:       {} (probe id {})", host.name, host.id);
             println!("status:     {}", host.status());
             println!("liveness:   {:?}", host.liveness);
+            println!(
+                "clock:      {:?}{}",
+                host.clock.state,
+                if host.clock.changed_ms > 0 {
+                    format!(" since {}", fmt_ms(host.clock.changed_ms))
+                } else {
+                    String::new()
+                }
+            );
             println!("cordoned:   {}", host.cordoned);
             if let Some(d) = &host.drain {
                 println!(
@@ -759,8 +896,8 @@ fn render(reply: &AdminReply) {
             println!("events:     applied through seq {}", host.last_event_seq);
             println!("NICS:");
             println!(
-                "  {:<8} {:>4} {:<8} {:<10} {:>6} {:>8}  LAST CHANGE",
-                "NIC", "RAIL", "BACKUP", "STATE", "FLAPS", "PENALTY"
+                "  {:<8} {:>4} {:<8} {:<15} {:<10} {:>6} {:>8}  LAST CHANGE",
+                "NIC", "RAIL", "BACKUP", "ADDR", "STATE", "FLAPS", "PENALTY"
             );
             for n in host.nics.values() {
                 println!("  {}", nic_row(n));
@@ -802,5 +939,7 @@ fn render(reply: &AdminReply) {
             log_index,
             detail,
         } => println!("intent {id} opened (log index {log_index}): {detail}"),
+        AdminReply::Clock(v) => print_clock(v),
+        AdminReply::Paths(v) => print_paths(v),
     }
 }

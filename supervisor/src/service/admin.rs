@@ -1,7 +1,8 @@
 //! `Admin`: every CLI operation. Writes and linearizable reads run on the
 //! leader; a follower forwards the call there (one hop). `Status` describes
 //! the answering node's own view and is never forwarded; `ClusterMembers`
-//! is the leader's view unless `--stale`.
+//! is the leader's view unless `--stale`. `Clock` and `Paths` read the
+//! leader's memory ([`crate::clock`]), so they always go to the leader.
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -34,7 +35,8 @@ pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply
         call.request,
         AdminRequest::Status | AdminRequest::ClusterInit
     );
-    let needs_leader = !local_only && (call.request.is_write() || !call.stale);
+    let needs_leader =
+        !local_only && (call.request.is_write() || call.request.is_leader_memory() || !call.stale);
     if needs_leader && !sup.is_leader() {
         if call.forwarded {
             return Err(ApiError::unavailable(
@@ -186,6 +188,15 @@ pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply
             })?;
             Ok(AdminReply::Intent { intent })
         }
+        AdminRequest::Clock => {
+            Ok(AdminReply::Clock(sup.read(|st| {
+                sup.clocks.clock_view(st, sup.id, Instant::now())
+            })))
+        }
+        AdminRequest::Paths { host, top } => Ok(AdminReply::Paths(sup.read(|st| {
+            sup.clocks
+                .paths_view(st, sup.id, host.as_deref(), top, Instant::now())
+        })?)),
         AdminRequest::Write { op } => {
             let detail = format!("{op:?}");
             let actor = call.actor.clone();

@@ -14,6 +14,12 @@
 //! **Orders.** `Orders` streams the host's open orders (see
 //! [`crate::orders`]); `OrderDone` commits the agent's answer and replies
 //! once it is applied (answering twice is harmless).
+//!
+//! **Probe mesh.** `GetProbePlan` is served by any supervisor from its local
+//! (possibly stale) model: the host's id and neighbours in the probe graph
+//! with their data NICs. `SendProbeSummary` is leader only and never
+//! touches Raft: [`crate::clock::ClockService::ingest`] validates it and
+//! keeps it in leader memory.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -27,8 +33,8 @@ use proto::v1::{
 };
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::api::ApiError;
-use crate::model::{AgentEvent, AgentEventKind, CmdOk, Command, NicSpec, NicState};
+use crate::api::{ApiError, ErrorKind};
+use crate::model::{AgentEvent, AgentEventKind, ClusterState, CmdOk, Command, NicSpec, NicState};
 use crate::node::Supervisor;
 
 /// Most events folded into one command from one stream.
@@ -96,6 +102,7 @@ fn convert(e: &PbEvent, host: &str) -> Result<AgentEvent, ApiError> {
                 damping_penalty: n.damping_penalty,
                 coalesced: n.coalesced,
                 link_up: n.link_up,
+                probes_lost: n.probes_lost,
             }
         }
         Some(agent_event::Kind::Qp(q)) => AgentEventKind::QpPlacement {
@@ -124,6 +131,47 @@ fn convert(e: &PbEvent, host: &str) -> Result<AgentEvent, ApiError> {
     })
 }
 
+/// `host`'s probe plan: its id, the plan version, and its neighbours in the
+/// probe graph with their data NICs (those with a rail and an address).
+pub fn probe_plan(st: &ClusterState, host: &str) -> Result<proto::v1::ProbePlan, ApiError> {
+    let h = st.hosts.get(host).ok_or_else(|| {
+        ApiError::new(
+            ErrorKind::NotFound,
+            format!("host {host:?} is not registered; register first"),
+        )
+    })?;
+    let peers = st
+        .probe_graph
+        .neighbours(h.id)
+        .filter_map(|id| st.host_ids.get(&id).and_then(|n| st.hosts.get(n)))
+        .map(|p| {
+            let mut nics: Vec<proto::v1::ProbeNic> = p
+                .nics
+                .values()
+                .filter_map(|n| match (n.rail, &n.addr) {
+                    (Some(rail), Some(addr)) => Some(proto::v1::ProbeNic {
+                        rail,
+                        nic: n.name.clone(),
+                        addr: addr.clone(),
+                    }),
+                    _ => None,
+                })
+                .collect();
+            nics.sort_by(|a, b| (a.rail, &a.nic).cmp(&(b.rail, &b.nic)));
+            proto::v1::ProbePeer {
+                host: p.name.clone(),
+                host_id: p.id,
+                nics,
+            }
+        })
+        .collect();
+    Ok(proto::v1::ProbePlan {
+        host_id: h.id,
+        version: st.probe_plan_version,
+        peers,
+    })
+}
+
 #[tonic::async_trait]
 impl Agent for AgentService {
     async fn register(
@@ -140,6 +188,7 @@ impl Agent for AgentService {
                 rail: n.rail,
                 backup: (!n.backup.is_empty()).then(|| n.backup.clone()),
                 rdma_device: (!n.rdma_device.is_empty()).then(|| n.rdma_device.clone()),
+                addr: (!n.addr.is_empty()).then(|| n.addr.clone()),
             })
             .collect();
         let cmd = Command::RegisterHost {
@@ -359,17 +408,40 @@ impl Agent for AgentService {
 
     async fn get_probe_plan(
         &self,
-        _req: Request<proto::v1::ProbePlanRequest>,
+        req: Request<proto::v1::ProbePlanRequest>,
     ) -> Result<Response<proto::v1::ProbePlan>, Status> {
-        Err(Status::unimplemented("probe plans are not served yet"))
+        let host = req.into_inner().host;
+        let plan = self
+            .sup
+            .read(|st| probe_plan(st, &host))
+            .map_err(Status::from)?;
+        tracing::debug!(host = %host, version = plan.version, peers = plan.peers.len(), "probe plan served");
+        Ok(Response::new(plan))
     }
 
     async fn send_probe_summary(
         &self,
-        _req: Request<proto::v1::ProbeSummary>,
+        req: Request<proto::v1::ProbeSummary>,
     ) -> Result<Response<proto::v1::ProbeSummaryReply>, Status> {
-        Err(Status::unimplemented(
-            "probe summaries are not accepted yet",
-        ))
+        self.require_leader()?;
+        let s = req.into_inner();
+        let now = Instant::now();
+        match self.sup.read(|st| self.sup.clocks.ingest(st, &s, now)) {
+            Ok(got) => {
+                tracing::debug!(
+                    host = %s.host,
+                    clocks = got.clocks,
+                    paths = got.paths,
+                    ignored = got.ignored,
+                    plan_version = s.plan_version,
+                    "probe summary"
+                );
+                Ok(Response::new(proto::v1::ProbeSummaryReply {}))
+            }
+            Err(e) => {
+                tracing::debug!(host = %crate::clock::short(&s.host), error = %e, "probe summary refused");
+                Err(Status::from(ApiError::from(e)))
+            }
+        }
     }
 }
