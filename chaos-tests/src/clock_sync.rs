@@ -95,8 +95,15 @@ pub struct ClockSyncReport {
     pub claimed_bound_p50_ns: f64,
     /// Share of samples whose |error| exceeded the claimed bound.
     pub bound_violations: f64,
+    /// Probe thread CPU (user + system) per agent, % of one core.
     pub probe_thread_cpu_pct: Vec<f64>,
     pub probe_thread_cpu_pct_max: f64,
+    /// Of which user space (the mesh's own code) and system (syscalls and,
+    /// on veth, the whole simulated wire: a veth transmit runs the peer's
+    /// receive path in the sender's context). Tick-sampled, approximate;
+    /// the total above is exact (`schedstat`).
+    pub probe_thread_user_pct_max: f64,
+    pub probe_thread_sys_pct_max: f64,
     pub agent_cpu_pct_max: f64,
     pub bytes_per_s_per_agent: f64,
     pub goal: &'static str,
@@ -122,11 +129,27 @@ fn true_offset(a: Truth, b: Truth, anchor: i64, t_a: i64) -> f64 {
 
 /// CPU time (utime + stime, clock ticks) of a process or thread.
 fn cpu_ticks(stat_path: &str) -> Option<u64> {
+    cpu_split(stat_path).map(|(u, s)| u + s)
+}
+
+/// (utime, stime) in clock ticks of a process or thread.
+fn cpu_split(stat_path: &str) -> Option<(u64, u64)> {
     let s = std::fs::read_to_string(stat_path).ok()?;
     // Fields after the parenthesised name: state is field 3; utime 14, stime 15.
     let rest = &s[s.rfind(')')? + 2..];
     let f: Vec<&str> = rest.split_whitespace().collect();
-    Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+    Some((f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?))
+}
+
+/// Time a thread has run on a CPU (ns, exact: `schedstat`).
+fn run_ns(stat_path: &str) -> Option<u64> {
+    let p = stat_path.strip_suffix("/stat")?;
+    std::fs::read_to_string(format!("{p}/schedstat"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// The probe thread of agent `pid` (by its name).
@@ -304,13 +327,14 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     let tck = ticks_per_s();
     let pids: Vec<u32> = (0..p.hosts).filter_map(|h| c.agent_pid(h)).collect();
     let threads: Vec<Option<String>> = pids.iter().map(|p| probe_thread(*p)).collect();
-    let cpu0: Vec<(Option<u64>, Option<u64>)> = pids
+    let cpu0: Vec<(Option<(u64, u64)>, Option<u64>, Option<u64>)> = pids
         .iter()
         .zip(&threads)
         .map(|(p, t)| {
             (
-                t.as_deref().and_then(cpu_ticks),
+                t.as_deref().and_then(cpu_split),
                 cpu_ticks(&format!("/proc/{p}/stat")),
+                t.as_deref().and_then(run_ns),
             )
         })
         .collect();
@@ -357,10 +381,16 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     }
     let window = w0.elapsed().as_secs_f64();
     let mut probe_cpu = Vec::new();
+    let (mut user_max, mut sys_max): (f64, f64) = (0.0, 0.0);
     let mut agent_cpu: f64 = 0.0;
-    for ((p, t), (t0, a0)) in pids.iter().zip(&threads).zip(&cpu0) {
-        if let (Some(t), Some(t0)) = (t.as_deref().and_then(cpu_ticks), t0) {
-            probe_cpu.push(100.0 * (t - t0) as f64 / tck / window);
+    for ((p, t), (t0, a0, r0)) in pids.iter().zip(&threads).zip(&cpu0) {
+        if let (Some(r), Some(r0)) = (t.as_deref().and_then(run_ns), r0) {
+            probe_cpu.push(100.0 * (r - r0) as f64 / 1e9 / window);
+        }
+        if let (Some((u, s)), Some((u0, s0))) = (t.as_deref().and_then(cpu_split), t0) {
+            let pct = |d: u64| 100.0 * d as f64 / tck / window;
+            user_max = user_max.max(pct(u - u0));
+            sys_max = sys_max.max(pct(s - s0));
         }
         if let (Some(a), Some(a0)) = (cpu_ticks(&format!("/proc/{p}/stat")), a0) {
             agent_cpu = agent_cpu.max(100.0 * (a - a0) as f64 / tck / window);
@@ -417,6 +447,8 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         bound_violations: violations,
         probe_thread_cpu_pct: probe_cpu,
         probe_thread_cpu_pct_max: probe_max,
+        probe_thread_user_pct_max: user_max,
+        probe_thread_sys_pct_max: sys_max,
         agent_cpu_pct_max: agent_cpu,
         bytes_per_s_per_agent: bytes_per_s,
         goal: "per-host p99 error <= 1 us, >= 10x better than NTP-style at p99, probe thread <= 1 % of a core",

@@ -138,6 +138,13 @@ pub struct PairConfig {
     /// Largest A-time distance between a forward and a reverse probe paired
     /// by the NTP-style estimator (ns). Default 50 ms.
     pub ntp_max_pair_gap_ns: i64,
+    /// Largest overlap of the two envelopes (ns) still fitted (with the
+    /// least-violating line, its bound widened by half the overlap) rather
+    /// than refused as [`PairError::NotSeparable`]. Software timestamps on
+    /// a path whose round trip is shorter than their jitter (veth, one
+    /// kernel) overlap by a few hundred ns. Default 0 (strict).
+    #[serde(default)]
+    pub max_overlap_ns: f64,
 }
 
 impl Default for PairConfig {
@@ -153,6 +160,7 @@ impl Default for PairConfig {
             error_subsets: 4,
             error_bound_factor: 2.0,
             ntp_max_pair_gap_ns: 50_000_000,
+            max_overlap_ns: 0.0,
         }
     }
 }
@@ -316,6 +324,11 @@ impl PairEstimator {
         }
         if cfg.ntp_max_pair_gap_ns < 0 {
             return Err(PairError::InvalidConfig("ntp_max_pair_gap_ns must be ≥ 0"));
+        }
+        if !(cfg.max_overlap_ns.is_finite() && cfg.max_overlap_ns >= 0.0) {
+            return Err(PairError::InvalidConfig(
+                "max_overlap_ns must be finite and ≥ 0",
+            ));
         }
         Ok(Self {
             fwd: VecDeque::with_capacity(cfg.capacity.min(4096)),
@@ -564,9 +577,10 @@ impl PairEstimator {
                 _ => break,
             }
         }
-        if strip.half_gap < 0.0 {
+        let overlap = (-2.0 * strip.half_gap).max(0.0);
+        if overlap > self.cfg.max_overlap_ns {
             return Err(PairError::NotSeparable {
-                overlap_ns: -2.0 * strip.half_gap,
+                overlap_ns: overlap,
             });
         }
 
@@ -595,12 +609,18 @@ impl PairEstimator {
             // Capped by the half-gap: the offset line lies inside the strip
             // whatever the noise (timestamp jitter aside).
             let f = self.cfg.error_bound_factor;
-            ((f * dev_off).min(strip.half_gap), f * dev_slope * 1e9)
+            if overlap > 0.0 {
+                // Jitter beyond the round trip: no strip caps the error.
+                (f * dev_off + overlap / 2.0, f * dev_slope * 1e9)
+            } else {
+                ((f * dev_off).min(strip.half_gap), f * dev_slope * 1e9)
+            }
         } else {
             // Fallback: the assumption-free half-gap, and the drift range
             // that keeps the line inside the strip over the span.
             let span = (t_hi - t_lo).max(1) as f64;
-            (strip.half_gap, 2.0 * strip.half_gap / span * 1e9)
+            let hg = strip.half_gap.abs();
+            (hg, 2.0 * hg / span * 1e9)
         };
 
         Ok(Estimate {
@@ -792,6 +812,50 @@ mod tests {
         ));
         assert!(PairEstimator::new(PairConfig {
             window_ns: 0,
+            ..PairConfig::default()
+        })
+        .is_err());
+    }
+
+    #[test]
+    fn jitter_beyond_the_round_trip_is_fitted_within_the_tolerance() {
+        // 200 ns one-way delays with ±300 ns timestamp jitter: the
+        // envelopes overlap. Strict config refuses; a tolerance fits the
+        // least-violating line, close to the truth, with a widened bound.
+        let strict = PairEstimator::new(PairConfig::default()).unwrap();
+        let mut tolerant = PairEstimator::new(PairConfig {
+            max_overlap_ns: 2_000.0,
+            ..PairConfig::default()
+        })
+        .unwrap();
+        let mut strict = strict;
+        let mut x: u64 = 7;
+        let mut jitter = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % 601) as i64 - 300
+        };
+        let offset = 40_000;
+        for k in 0..200i64 {
+            let t = k * 5_000_000;
+            let (jf, jr) = (jitter(), jitter());
+            for e in [&mut strict, &mut tolerant] {
+                e.add_forward(t, t + 200 + offset + jf).unwrap();
+                e.add_reverse(t + 2_000_000 - 200 + offset + jr, t + 2_000_000)
+                    .unwrap();
+            }
+        }
+        assert!(matches!(
+            strict.estimate(),
+            Err(PairError::NotSeparable { .. })
+        ));
+        let est = tolerant.estimate().unwrap();
+        assert!((est.offset_ns - offset as f64).abs() < 300.0, "{est:?}");
+        assert!(est.half_gap_ns < 0.0);
+        assert!(est.error_bound_ns >= -est.half_gap_ns, "{est:?}");
+        assert!(PairEstimator::new(PairConfig {
+            max_overlap_ns: f64::NAN,
             ..PairConfig::default()
         })
         .is_err());

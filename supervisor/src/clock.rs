@@ -863,10 +863,10 @@ pub fn pick_reference(st: &ClusterState, edges: &[SelectedEdge]) -> Option<u32> 
     })
 }
 
-/// The latest time among the reference's edges, on the reference's clock
+/// The median time among the reference's edges, on the reference's clock
 /// (an edge reported by a peer is converted with its offset).
 fn reference_time(edges: &[SelectedEdge], reference: u32) -> Option<i64> {
-    edges
+    let mut times: Vec<i64> = edges
         .iter()
         .filter_map(|e| {
             if e.from_id == reference {
@@ -881,7 +881,12 @@ fn reference_time(edges: &[SelectedEdge], reference: u32) -> Option<i64> {
                 None
             }
         })
-        .max()
+        .collect();
+    // The median: each estimate holds best at its own window's centre, so
+    // the instant closest to most of them keeps the drift extrapolation
+    // (and its error) smallest.
+    times.sort_unstable();
+    times.get(times.len() / 2).copied()
 }
 
 /// The NTP-style composition per host: BFS from the reference over edges

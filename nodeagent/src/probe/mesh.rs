@@ -1,8 +1,9 @@
 //! The probe mesh's protocol state, without sockets (unit-testable).
 //!
-//! **Pairs.** For each peer this host sends a coded probe pair every
-//! `1/pairs_per_s`, rotating over the rails both hosts have (so each
-//! (peer, rail) path carries `pairs_per_s / rails`). A pair has a sequence
+//! **Pairs.** Every `1/pairs_per_s` (a *tick*, one wake-up for all peers)
+//! this host sends a coded probe pair to each peer, rotating over the rails
+//! both hosts have (so each (peer, rail) path carries
+//! `pairs_per_s / rails`). Hosts' ticks have independent phases. A pair has a sequence
 //! number per (peer, rail), starting from the agent's start time in µs so a
 //! restarted agent never reuses one.
 //!
@@ -42,6 +43,8 @@ const PENDING_PAIRS: usize = 64;
 const PENDING_RECORDS: usize = 8;
 /// Delay samples kept per path between summaries.
 const MAX_DELAYS: usize = 4096;
+/// Per-second window estimates kept per path for the drift fit (s).
+const DRIFT_HISTORY: usize = 16;
 
 /// Tuning of the mesh.
 #[derive(Debug, Clone)]
@@ -63,7 +66,11 @@ impl Default for MeshConfig {
             pairs_per_s: 100,
             purity_ns: 2_000,
             silence: Duration::from_millis(400),
-            pair: PairConfig::default(),
+            pair: PairConfig {
+                // Software stamps jitter by more than a veth round trip.
+                max_overlap_ns: 2_000.0,
+                ..PairConfig::default()
+            },
         }
     }
 }
@@ -119,7 +126,7 @@ pub struct NicLiveness {
 /// Counters of what the mesh saw (for logs and tests).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Counters {
-    pub pairs_sent: u64,
+    pub probes_sent: u64,
     pub probes_received: u64,
     pub pairs_pure: u64,
     pub pairs_impure: u64,
@@ -160,6 +167,8 @@ struct PathState {
     received: u64,
     /// (rx time, raw delay rx − tx) of the peer's first probes.
     delays: Vec<(i64, i64)>,
+    /// The last [`DRIFT_HISTORY`] window estimates (centre, offset).
+    history: VecDeque<(i64, f64)>,
 }
 
 impl PathState {
@@ -178,6 +187,55 @@ impl PathState {
             expected: 0,
             received: 0,
             delays: Vec::new(),
+            history: VecDeque::new(),
+        }
+    }
+
+    /// Disciplines the window estimate with the recent ones: a least-squares
+    /// line through the last windows' offsets gives the drift over up to
+    /// [`DRIFT_HISTORY`] s (a 2 s window alone measures it poorly, and its
+    /// error, times the extrapolation to "now", dominates the offset error)
+    /// and a less noisy offset at the newest window's centre. A jump
+    /// (a clock step) restarts the history.
+    fn discipline(&mut self, e: clocksync::Estimate) -> clocksync::Estimate {
+        if let Some(&(t, o)) = self.history.back() {
+            let predicted = o + e.drift_ppb * 1e-9 * (e.at_ns - t) as f64;
+            if (e.offset_ns - predicted).abs() > 10.0 * e.error_bound_ns + 10_000.0 || e.at_ns <= t
+            {
+                self.history.clear();
+            }
+        }
+        push_bounded(&mut self.history, DRIFT_HISTORY, (e.at_ns, e.offset_ns));
+        let n = self.history.len();
+        if n < 4 {
+            return e;
+        }
+        // Times in seconds relative to the newest window (f64-safe).
+        let pts: Vec<(f64, f64)> = self
+            .history
+            .iter()
+            .map(|&(t, o)| ((t - e.at_ns) as f64 * 1e-9, o - e.offset_ns))
+            .collect();
+        let nf = n as f64;
+        let mx = pts.iter().map(|p| p.0).sum::<f64>() / nf;
+        let my = pts.iter().map(|p| p.1).sum::<f64>() / nf;
+        let sxx: f64 = pts.iter().map(|p| (p.0 - mx).powi(2)).sum();
+        if sxx <= 0.0 {
+            return e;
+        }
+        let slope = pts.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum::<f64>() / sxx;
+        let intercept = my - slope * mx; // at the newest centre
+        let resid: f64 = pts
+            .iter()
+            .map(|p| (p.1 - intercept - slope * p.0).powi(2))
+            .sum::<f64>()
+            / (nf - 2.0);
+        let se_slope = (resid / sxx).sqrt();
+        clocksync::Estimate {
+            offset_ns: e.offset_ns + intercept,
+            drift_ppb: slope, // ns per s = ppb
+            drift_error_ppb: 2.0 * se_slope,
+            ..e
         }
     }
 }
@@ -282,6 +340,13 @@ impl Mesh {
         self.self_id = plan.self_id;
         self.plan_version = plan.version;
         let interval = self.interval();
+        // New peers join the current tick schedule (one wake-up for all).
+        let tick = self
+            .peers
+            .values()
+            .map(|p| p.next_due)
+            .min()
+            .unwrap_or_else(|| now + interval.mul_f64(rand::random::<f64>()));
         let mut next = BTreeMap::new();
         for spec in &plan.peers {
             if spec.id == plan.self_id {
@@ -289,7 +354,7 @@ impl Mesh {
             }
             let mut p = self.peers.remove(&spec.id).unwrap_or_else(|| PeerState {
                 spec: spec.clone(),
-                next_due: now + interval.mul_f64(rand::random::<f64>()),
+                next_due: tick,
                 cursor: 0,
                 last_heard: None,
                 paths: BTreeMap::new(),
@@ -331,7 +396,8 @@ impl Mesh {
             if p.next_due > now || p.paths.is_empty() {
                 continue;
             }
-            // Keep the cadence; never burst to catch up.
+            // Keep the cadence; never burst to catch up (every peer is
+            // reset alike, so the schedule stays shared).
             p.next_due += interval;
             if p.next_due <= now {
                 p.next_due = now + interval;
@@ -387,12 +453,10 @@ impl Mesh {
         out
     }
 
-    /// Records how many probes of an op left.
-    pub fn on_sent(&mut self, sent: usize) {
-        if sent > 0 {
-            self.counters.pairs_sent += 1;
-        }
-        self.bytes_sent += (sent * PACKET_LEN) as u64;
+    /// Records how many probes left.
+    pub fn on_sent(&mut self, probes: usize) {
+        self.counters.probes_sent += probes as u64;
+        self.bytes_sent += (probes * PACKET_LEN) as u64;
     }
 
     /// A transmit timestamp from the error queue of the socket on `rail`.
@@ -588,11 +652,12 @@ impl Mesh {
                     }
                 }
                 let estimate = match path.est.estimate() {
-                    Ok(e) => Some(e),
+                    Ok(e) => Some(path.discipline(e)),
                     Err(clocksync::PairError::NotSeparable { .. }) => {
                         // Inconsistent samples (a clock step): start over.
                         tracing::warn!(peer = %p.spec.host, rail, "clock samples inconsistent; restarting the estimate");
                         path.est.clear();
+                        path.history.clear();
                         None
                     }
                     Err(_) => None,
@@ -1016,6 +1081,56 @@ mod tests {
             s[0].estimate.is_some(),
             "h1's estimator survived the new plan"
         );
+    }
+
+    #[test]
+    fn the_drift_is_disciplined_over_the_recent_windows() {
+        let mut path = PathState::new(&PairConfig::default(), 1);
+        let mut x: u64 = 99;
+        let mut last = None;
+        // True drift 150 ppm; each window's own drift is off by up to
+        // ±500 ppb and its offset by up to ±200 ns.
+        for k in 0..16i64 {
+            let mut r = || {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % 2001) as f64 / 1000.0 - 1.0
+            };
+            let t = 1_000_000_000_000 + k * 1_000_000_000;
+            let truth = 5_000.0 + 150_000.0 * (k as f64);
+            let e = clocksync::Estimate {
+                at_ns: t,
+                offset_ns: truth + 200.0 * r(),
+                drift_ppb: 150_000.0 + 500.0 * r(),
+                error_bound_ns: 400.0,
+                drift_error_ppb: 1_000.0,
+                half_gap_ns: 1_000.0,
+                samples: 200,
+                forward_samples: 100,
+                reverse_samples: 100,
+                outliers: 0,
+                bound_from_subsets: true,
+            };
+            last = Some((path.discipline(e), truth));
+        }
+        let (d, truth) = last.unwrap();
+        assert!((d.drift_ppb - 150_000.0).abs() < 60.0, "{}", d.drift_ppb);
+        assert!(
+            (d.offset_ns - truth).abs() < 150.0,
+            "{} vs {truth}",
+            d.offset_ns
+        );
+        assert!(d.drift_error_ppb < 200.0, "{}", d.drift_error_ppb);
+        // A step restarts the history: the window's own figures again.
+        let step = clocksync::Estimate {
+            at_ns: d.at_ns + 1_000_000_000,
+            offset_ns: d.offset_ns + 1_000_000.0,
+            ..d.clone()
+        };
+        let after = path.discipline(step.clone());
+        assert_eq!(after, step);
+        assert_eq!(path.history.len(), 1);
     }
 
     #[test]

@@ -9,8 +9,10 @@
 //! * [`clock`]: the test-only clock error.
 //!
 //! **Threads.** The sockets are served by one dedicated OS thread
-//! ([`ProbeRunner`]): it sleeps in `ppoll` until the next pair is due or a
-//! packet or transmit stamp arrives, so the cost is a few syscalls per pair
+//! ([`ProbeRunner`]): it wakes once per tick (every `1/pairs_per_s`),
+//! drains every socket's stamps and datagrams (the kernel timestamped them
+//! on arrival, so reading late costs nothing), sends the tick's pairs with
+//! one `sendmmsg` per NIC and sleeps again: a handful of syscalls per tick
 //! and no async machinery on the hot path. It talks to the async agent
 //! through bounded channels: plans in (a `watch`), NIC probe liveness out
 //! (the link tracker's evidence channel) and per-second summaries out
@@ -265,7 +267,6 @@ impl Drop for ProbeRunner {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
 fn run_thread(
     mut mesh: Mesh,
     sockets: Vec<(u32, TsSocket)>,
@@ -275,8 +276,6 @@ fn run_thread(
     summaries: mpsc::Sender<Summary>,
     stop: Arc<AtomicBool>,
 ) {
-    let fds: Vec<_> = sockets.iter().map(|(_, s)| s.raw_fd()).collect();
-    let mut revents = Vec::new();
     let mut bufs = RecvBufs::default();
     let mut rx = Vec::new();
     let mut tx = Vec::new();
@@ -298,6 +297,9 @@ fn run_thread(
                 mesh.set_plan(&p, Instant::now());
             }
         }
+        // Sleep to the next tick. Nothing wakes the thread in between:
+        // stamps are taken by the kernel, so reading them a tick late
+        // costs no accuracy, and one wake-up serves every peer and socket.
         let now = Instant::now();
         let mut until = now + MAX_SLEEP;
         for t in [mesh.next_due(), Some(next_liveness), Some(next_summary)]
@@ -306,76 +308,45 @@ fn run_thread(
         {
             until = until.min(t);
         }
-        if let Err(e) = sock::wait(&fds, until.saturating_duration_since(now), &mut revents) {
-            tracing::error!(error = %e, "probe poll failed; the probe mesh stops");
-            return;
-        }
-        for (i, (rail, s)) in sockets.iter().enumerate() {
-            let ev = revents.get(i).copied().unwrap_or(0);
-            if ev & libc::POLLERR != 0 {
-                for _ in 0..MAX_DRAIN_ROUNDS {
-                    tx.clear();
-                    match s.recv_tx_stamps(&mut bufs, &mut tx) {
-                        Ok(n) => {
-                            for t in &tx {
-                                if let Ok(p) = Probe::decode(&t.tail) {
-                                    mesh.on_tx_stamp(*rail, &p, tc.apply(t.ts_ns));
-                                }
-                            }
-                            if n < sock::BATCH {
-                                break;
-                            }
-                        }
-                        Err(e) => {
-                            tracing::debug!(rail, error = %e, "error queue read failed");
-                            break;
-                        }
-                    }
-                }
-            }
-            if ev & libc::POLLIN != 0 {
-                let now = Instant::now();
-                for _ in 0..MAX_DRAIN_ROUNDS {
-                    rx.clear();
-                    match s.recv_batch(&mut bufs, &mut rx) {
-                        Ok(n) => {
-                            for r in &rx {
-                                let Some(ts) = r.ts_ns else {
-                                    no_stamp += 1;
-                                    continue;
-                                };
-                                match Probe::decode(&r.data[..r.len.min(wire::PACKET_LEN)]) {
-                                    Ok(p) if r.len == wire::PACKET_LEN => {
-                                        mesh.on_probe(*rail, r.from, &p, tc.apply(ts), now)
-                                    }
-                                    _ => mesh.counters.refused += 1,
-                                }
-                            }
-                            if n < sock::BATCH {
-                                break;
-                            }
-                        }
-                        Err(e) => {
-                            tracing::debug!(rail, error = %e, "probe receive failed");
-                            break;
-                        }
-                    }
-                }
-            }
-        }
+        std::thread::sleep(until.saturating_duration_since(now));
         let now = Instant::now();
-        for op in mesh.due(now) {
-            let Some((_, s)) = sockets.iter().find(|(r, _)| *r == op.rail) else {
-                continue;
-            };
-            match s.send_pair(op.to, &op.packets[0], &op.packets[1]) {
-                Ok(n) => mesh.on_sent(n),
-                Err(e) => {
-                    // A NIC that is down refuses sends (ENETDOWN and the
-                    // like); its silence is what the peers measure.
-                    send_errors += 1;
-                    if send_errors.is_power_of_two() {
-                        tracing::debug!(rail = op.rail, to = %op.to, error = %e, send_errors, "probe send failed");
+        for (rail, s) in &sockets {
+            drain(
+                s,
+                *rail,
+                &mut bufs,
+                &mut tx,
+                &mut rx,
+                &mut mesh,
+                &tc,
+                now,
+                &mut no_stamp,
+            );
+        }
+        let ops = mesh.due(now);
+        for (rail, s) in &sockets {
+            let batch: Vec<(SocketAddrV4, &[u8; wire::PACKET_LEN])> = ops
+                .iter()
+                .filter(|op| op.rail == *rail)
+                .flat_map(|op| [(op.to, &op.packets[0]), (op.to, &op.packets[1])])
+                .collect();
+            let mut at = 0;
+            // Bounded: every round sends at least one or skips one.
+            while at < batch.len() {
+                match s.send_batch(&batch[at..]) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        mesh.on_sent(n);
+                        at += n;
+                    }
+                    Err(e) => {
+                        // A NIC that is down refuses sends (ENETDOWN and the
+                        // like); its silence is what the peers measure.
+                        send_errors += 1;
+                        if send_errors.is_power_of_two() {
+                            tracing::debug!(rail, to = %batch[at].0, error = %e, send_errors, "probe send failed");
+                        }
+                        at += 1;
                     }
                 }
             }
@@ -383,7 +354,11 @@ fn run_thread(
         if now >= next_liveness {
             next_liveness = now + LIVENESS_EVERY;
             for c in mesh.check_liveness(now) {
-                tracing::warn!(nic = %c.nic, alive = c.alive, "probe evidence: NIC {}", if c.alive { "carries probes again" } else { "silent while its peers are alive" });
+                if c.alive {
+                    tracing::warn!(nic = %c.nic, "probe evidence: the NIC carries probes again");
+                } else {
+                    tracing::warn!(nic = %c.nic, "probe evidence: the NIC is silent while its peers are alive");
+                }
                 unsent.push(PortEvent {
                     netdev: c.nic,
                     active: c.alive,
@@ -420,6 +395,68 @@ fn run_thread(
         }
     }
     tracing::info!("probe mesh stopped");
+}
+
+/// Reads every waiting transmit stamp and datagram of one socket into the
+/// mesh (bounded rounds).
+#[allow(clippy::too_many_arguments)]
+fn drain(
+    s: &TsSocket,
+    rail: u32,
+    bufs: &mut RecvBufs,
+    tx: &mut Vec<sock::TxStamp>,
+    rx: &mut Vec<sock::Received>,
+    mesh: &mut Mesh,
+    tc: &TestClock,
+    now: Instant,
+    no_stamp: &mut u64,
+) {
+    // Stamps first: a peer's Rx record may close a pair sent last tick.
+    for _ in 0..MAX_DRAIN_ROUNDS {
+        tx.clear();
+        match s.recv_tx_stamps(bufs, tx) {
+            Ok(n) => {
+                for t in tx.iter() {
+                    if let Ok(p) = Probe::decode(&t.tail) {
+                        mesh.on_tx_stamp(rail, &p, tc.apply(t.ts_ns));
+                    }
+                }
+                if n < sock::BATCH {
+                    break;
+                }
+            }
+            Err(e) => {
+                tracing::debug!(rail, error = %e, "error queue read failed");
+                break;
+            }
+        }
+    }
+    for _ in 0..MAX_DRAIN_ROUNDS {
+        rx.clear();
+        match s.recv_batch(bufs, rx) {
+            Ok(n) => {
+                for r in rx.iter() {
+                    let Some(ts) = r.ts_ns else {
+                        *no_stamp += 1;
+                        continue;
+                    };
+                    match Probe::decode(&r.data[..r.len.min(wire::PACKET_LEN)]) {
+                        Ok(p) if r.len == wire::PACKET_LEN => {
+                            mesh.on_probe(rail, r.from, &p, tc.apply(ts), now)
+                        }
+                        _ => mesh.counters.refused += 1,
+                    }
+                }
+                if n < sock::BATCH {
+                    break;
+                }
+            }
+            Err(e) => {
+                tracing::debug!(rail, error = %e, "probe receive failed");
+                break;
+            }
+        }
+    }
 }
 
 /// The IPv4 address of each named interface (the first one if several).

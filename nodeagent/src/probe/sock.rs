@@ -13,9 +13,10 @@
 //!   transmit, by the stack at receive; both `CLOCK_REALTIME`). Hardware
 //!   mode switches the NIC's timestamping on (`SIOCSHWTSTAMP`) and uses the
 //!   raw NIC-clock stamps; a NIC without it is a clear error at start.
-//! * Batching: `sendmmsg` sends both probes of a pair in one call (a gap of
-//!   a few µs) and `recvmmsg` drains up to [`BATCH`] datagrams or stamps per
-//!   call, which keeps the mesh's CPU cost to a few syscalls per pair.
+//! * Batching: one `sendmmsg` sends a tick's pairs on this NIC (the two
+//!   probes of a pair back to back, a gap of a few µs) and `recvmmsg`
+//!   drains up to [`BATCH`] datagrams or stamps per call, which keeps the
+//!   mesh's CPU cost to a handful of syscalls per tick.
 //!
 //! This is the only `unsafe` in the probe mesh; each block states why it is
 //! sound.
@@ -31,7 +32,9 @@ use super::wire::PACKET_LEN;
 /// targets).
 const SO_TIMESTAMPING: libc::c_int = 37;
 /// Datagrams or stamps handled per `recvmmsg` call.
-pub const BATCH: usize = 16;
+pub const BATCH: usize = 32;
+/// Datagrams sent per `sendmmsg` call.
+pub const MAX_SEND_BATCH: usize = 128;
 /// Receive buffer per datagram: a probe plus room to notice oversize ones.
 const BUF: usize = 256;
 /// Control buffer per datagram (timestamps plus the error-queue cmsg).
@@ -303,45 +306,43 @@ impl TsSocket {
         Ok(Self { fd, mode })
     }
 
-    /// Sends both probes of a pair in one `sendmmsg`; returns how many of
-    /// the two left (0 when the socket buffer is full).
-    pub fn send_pair(
-        &self,
-        to: SocketAddrV4,
-        a: &[u8; PACKET_LEN],
-        b: &[u8; PACKET_LEN],
-    ) -> io::Result<usize> {
-        let mut sa = sockaddr(to);
-        let mut iov = [
-            libc::iovec {
-                iov_base: a.as_ptr() as *mut libc::c_void,
-                iov_len: PACKET_LEN,
-            },
-            libc::iovec {
+    /// Sends `msgs` (each to its own address, in order) in one `sendmmsg`
+    /// call; returns how many left (fewer when the socket buffer fills).
+    /// At most [`MAX_SEND_BATCH`] are taken.
+    pub fn send_batch(&self, msgs: &[(SocketAddrV4, &[u8; PACKET_LEN])]) -> io::Result<usize> {
+        let n = msgs.len().min(MAX_SEND_BATCH);
+        if n == 0 {
+            return Ok(0);
+        }
+        let mut addrs: Vec<libc::sockaddr_in> =
+            msgs[..n].iter().map(|(a, _)| sockaddr(*a)).collect();
+        let mut iovs: Vec<libc::iovec> = msgs[..n]
+            .iter()
+            .map(|(_, b)| libc::iovec {
                 iov_base: b.as_ptr() as *mut libc::c_void,
                 iov_len: PACKET_LEN,
-            },
-        ];
+            })
+            .collect();
         // SAFETY: plain old data, zero-initialised then filled below.
-        let mut hdrs: [libc::mmsghdr; 2] = unsafe { zeroed() };
-        for (h, v) in hdrs.iter_mut().zip(iov.iter_mut()) {
-            h.msg_hdr.msg_name = &mut sa as *mut _ as *mut libc::c_void;
+        let mut hdrs: Vec<libc::mmsghdr> = (0..n).map(|_| unsafe { zeroed() }).collect();
+        for ((h, a), v) in hdrs.iter_mut().zip(addrs.iter_mut()).zip(iovs.iter_mut()) {
+            h.msg_hdr.msg_name = a as *mut _ as *mut libc::c_void;
             h.msg_hdr.msg_namelen = size_of::<libc::sockaddr_in>() as libc::socklen_t;
             h.msg_hdr.msg_iov = v;
             h.msg_hdr.msg_iovlen = 1;
         }
-        // SAFETY: every pointer in `hdrs` refers to locals alive for the
-        // call; the kernel only reads the iovecs (the buffers are not
-        // written through the `*mut` casts).
-        let n = unsafe { libc::sendmmsg(self.fd.as_raw_fd(), hdrs.as_mut_ptr(), 2, 0) };
-        if n < 0 {
+        // SAFETY: every pointer in `hdrs` refers to the vectors above,
+        // alive for the call; the kernel only reads the payloads.
+        let sent =
+            unsafe { libc::sendmmsg(self.fd.as_raw_fd(), hdrs.as_mut_ptr(), n as libc::c_uint, 0) };
+        if sent < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::WouldBlock {
                 return Ok(0);
             }
             return Err(e);
         }
-        Ok(n as usize)
+        Ok(sent as usize)
     }
 
     fn recv(&self, bufs: &mut RecvBufs, flags: libc::c_int) -> io::Result<usize> {
@@ -446,40 +447,5 @@ fn enable_hw_timestamps(
             source: io::Error::last_os_error(),
         });
     }
-    Ok(())
-}
-
-/// Waits until one of `fds` is readable or has an error-queue entry, or
-/// `timeout` passes. Returns the `revents` of each.
-pub fn wait(fds: &[RawFd], timeout: std::time::Duration, revents: &mut Vec<i16>) -> io::Result<()> {
-    let mut p: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: `p` is a valid array of `p.len()` pollfds; `ts` is live.
-    let rc = unsafe {
-        libc::ppoll(
-            p.as_mut_ptr(),
-            p.len() as libc::nfds_t,
-            &ts,
-            std::ptr::null(),
-        )
-    };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-    revents.clear();
-    revents.extend(p.iter().map(|x| x.revents));
     Ok(())
 }

@@ -1,0 +1,71 @@
+//! The probe mesh in a real netns cluster (needs root; fails instead of
+//! skipping when `CI` is set): short forms of `probe-blackhole`,
+//! `mgmt-partition` and `bench clock-sync`, with generous bounds (the tight
+//! figures come from the benchmarks).
+
+use std::time::Duration;
+
+use chaos_tests::testbed::require_root;
+use chaos_tests::{clock_sync, probe_scenarios};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silently_dead_nic_goes_down_from_probe_loss_and_comes_back() {
+    if !require_root("probe_netns::blackhole").unwrap() {
+        return;
+    }
+    let r = probe_scenarios::probe_blackhole(probe_scenarios::BlackholeRun {
+        hosts: 3,
+        rounds: 2,
+        hold: Duration::from_millis(800),
+        seed: 5,
+    })
+    .await
+    .unwrap();
+    assert!(r.ok, "{r:?}");
+    assert!(
+        r.netlink_stayed_up,
+        "the fault must be invisible to netlink"
+    );
+    assert!(r.others_stayed_up && r.committed_link_down, "{r:?}");
+    // Generous: the goal (1 s) is checked by the scenario's own figures.
+    assert!(r.detect_max_ms < 5_000, "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_management_partition_makes_a_host_suspect_never_down() {
+    if !require_root("probe_netns::mgmt_partition").unwrap() {
+        return;
+    }
+    let r = probe_scenarios::mgmt_partition(probe_scenarios::MgmtPartitionRun {
+        hosts: 3,
+        cut: Duration::from_secs(5),
+        seed: 2,
+    })
+    .await
+    .unwrap();
+    assert!(r.ok, "{r:?}");
+    assert!(r.went_suspect && !r.went_down, "{r:?}");
+    assert_eq!(r.host_down_incidents, 0);
+    assert!(r.outbox_drained && r.outbox_transitions >= 2, "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clocks_converge_against_the_injected_truth() {
+    if !require_root("probe_netns::clock_sync").unwrap() {
+        return;
+    }
+    let r = clock_sync::run(clock_sync::ClockSyncRun {
+        hosts: 4,
+        supervisors: 1,
+        seconds: 5,
+        seed: 3,
+        converge_timeout: Duration::from_secs(45),
+    })
+    .await
+    .unwrap();
+    assert!(r.ok, "{r:?}");
+    // Offsets up to ±1 s and drifts up to ±200 ppm come down to
+    // microseconds; the benchmark reports the real (sub-µs) figures.
+    assert!(r.railguard.p99_ns < 20_000.0, "{:?}", r.railguard);
+    assert!(r.railguard.samples >= 3 * 3, "{:?}", r.railguard);
+}
