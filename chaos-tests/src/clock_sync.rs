@@ -141,6 +141,10 @@ fn cpu_split(stat_path: &str) -> Option<(u64, u64)> {
     Some((f.get(11)?.parse().ok()?, f.get(12)?.parse().ok()?))
 }
 
+/// A probe thread's (utime, stime), its agent's CPU ticks and the thread's
+/// run time (ns) at the start of the window.
+type CpuStart = (Option<(u64, u64)>, Option<u64>, Option<u64>);
+
 /// Time a thread has run on a CPU (ns, exact: `schedstat`).
 fn run_ns(stat_path: &str) -> Option<u64> {
     let p = stat_path.strip_suffix("/stat")?;
@@ -327,7 +331,7 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     let tck = ticks_per_s();
     let pids: Vec<u32> = (0..p.hosts).filter_map(|h| c.agent_pid(h)).collect();
     let threads: Vec<Option<String>> = pids.iter().map(|p| probe_thread(*p)).collect();
-    let cpu0: Vec<(Option<(u64, u64)>, Option<u64>, Option<u64>)> = pids
+    let cpu0: Vec<CpuStart> = pids
         .iter()
         .zip(&threads)
         .map(|(p, t)| {
