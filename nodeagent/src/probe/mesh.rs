@@ -21,11 +21,12 @@
 //! one-way delays under the pair's clock line.
 //!
 //! **Probe liveness of my NICs.** A NIC is *probe-dead* when nothing has
-//! arrived on it for `silence` while some peer that has a NIC on the same
-//! rail was heard on another rail within that time: the peer is alive and
-//! probing, its probes to this NIC die. One probe arriving revives it. A
-//! host with one rail never declares a NIC probe-dead (no evidence to
-//! separate a dead NIC from dead peers).
+//! arrived on it for `silence` while at least two peers that have a NIC on
+//! the same rail were heard on another rail within that time: they are
+//! alive and probing, and all their probes to this NIC die (with one such
+//! peer, its own dead NIC would look the same). One probe arriving revives
+//! it. A host with one rail, or with fewer than two peers on the rail,
+//! never declares a NIC probe-dead.
 //!
 //! Every queue here is bounded; a full one drops its oldest entry.
 
@@ -43,6 +44,9 @@ const PENDING_PAIRS: usize = 64;
 const PENDING_RECORDS: usize = 8;
 /// Delay samples kept per path between summaries.
 const MAX_DELAYS: usize = 4096;
+/// Peers (with a NIC on the rail, heard on another) needed to call one of
+/// this host's NICs probe-dead.
+const MIN_WITNESSES: usize = 2;
 /// Per-second window estimates kept per path for the drift fit (s).
 const DRIFT_HISTORY: usize = 16;
 
@@ -607,12 +611,18 @@ impl Mesh {
         for (rail, nic) in &self.local {
             let last = self.last_rx.get(rail).copied().unwrap_or(self.started);
             let silent = now.saturating_duration_since(last) >= silence;
-            // A peer on this rail heard recently (on another rail).
-            let evidence = self.peers.values().any(|p| {
-                p.spec.nics.contains_key(rail)
-                    && p.last_heard
-                        .is_some_and(|h| now.saturating_duration_since(h) < silence)
-            });
+            // At least two peers on this rail heard recently (on another
+            // rail): one peer alone cannot tell its dead NIC from ours.
+            let witnesses = self
+                .peers
+                .values()
+                .filter(|p| {
+                    p.spec.nics.contains_key(rail)
+                        && p.last_heard
+                            .is_some_and(|h| now.saturating_duration_since(h) < silence)
+                })
+                .count();
+            let evidence = witnesses >= MIN_WITNESSES;
             let dead = silent && evidence;
             let was = self.probe_dead.get(rail).copied().unwrap_or(false);
             // Revival needs a probe (not just the evidence going away).
@@ -991,6 +1001,20 @@ mod tests {
                 alive: true
             }]
         );
+    }
+
+    #[test]
+    fn one_peer_cannot_convict_my_nic() {
+        // Two hosts: h1's rail1 dies; h0 hears nothing from h1 on rail1
+        // but must not blame its own NIC (nor can h1, with one witness).
+        let mut sim = Sim::new(vec![0, 0], 2);
+        let t0 = sim.t_ns;
+        sim.run(t0, 500);
+        sim.dead = Some((1, 1));
+        sim.run(t0, 1_000);
+        let now = sim.now(t0);
+        assert!(sim.meshes[0].check_liveness(now).is_empty());
+        assert!(sim.meshes[1].check_liveness(now).is_empty());
     }
 
     #[test]
