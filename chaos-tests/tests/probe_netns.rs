@@ -13,8 +13,9 @@ async fn a_silently_dead_nic_goes_down_from_probe_loss_and_comes_back() {
     if !require_root("probe_netns::blackhole").unwrap() {
         return;
     }
+    // Four hosts: the dead NIC's host has three witnesses on the rail.
     let r = probe_scenarios::probe_blackhole(probe_scenarios::BlackholeRun {
-        hosts: 3,
+        hosts: 4,
         rounds: 2,
         hold: Duration::from_millis(800),
         seed: 5,
