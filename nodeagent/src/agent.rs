@@ -117,6 +117,14 @@ impl LeaderHint {
     fn set(&self, v: Option<String>) {
         *self.0.lock().expect("hint") = v;
     }
+    /// Where to call next: the hinted leader, else the next supervisor in
+    /// turn (`rotate` is the caller's cursor).
+    fn target(&self, supervisors: &[String], rotate: &mut usize) -> String {
+        self.get().unwrap_or_else(|| {
+            *rotate = rotate.wrapping_add(1);
+            supervisors[*rotate % supervisors.len()].clone()
+        })
+    }
     fn learn(&self, s: &tonic::Status) {
         if let Some(l) = s.metadata().get("rg-leader").and_then(|v| v.to_str().ok()) {
             self.set(Some(l.to_owned()));
@@ -351,10 +359,7 @@ async fn plan_loop(
 ) {
     let mut rotate = 0usize;
     loop {
-        let addr = hint.get().unwrap_or_else(|| {
-            rotate += 1;
-            cfg.supervisors[rotate % cfg.supervisors.len()].clone()
-        });
+        let addr = hint.target(&cfg.supervisors, &mut rotate);
         if let Ok(mut c) = client(&addr) {
             let req = proto::v1::ProbePlanRequest {
                 host: cfg.host.clone(),
@@ -380,10 +385,7 @@ async fn summary_loop(
 ) {
     let mut rotate = 0usize;
     while let Some(s) = rx.recv().await {
-        let addr = hint.get().unwrap_or_else(|| {
-            rotate += 1;
-            cfg.supervisors[rotate % cfg.supervisors.len()].clone()
-        });
+        let addr = hint.target(&cfg.supervisors, &mut rotate);
         let Ok(mut c) = client(&addr) else { continue };
         let msg = s.to_wire(&cfg.host);
         match tokio::time::timeout(Duration::from_secs(1), c.send_probe_summary(msg)).await {
@@ -448,10 +450,7 @@ async fn orders_loop(
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     let mut rotate = 0usize;
     loop {
-        let addr = hint.get().unwrap_or_else(|| {
-            rotate += 1;
-            cfg.supervisors[rotate % cfg.supervisors.len()].clone()
-        });
+        let addr = hint.target(&cfg.supervisors, &mut rotate);
         if let Ok(mut c) = client(&addr) {
             let req = OrdersRequest {
                 host: cfg.host.clone(),
@@ -570,10 +569,7 @@ async fn report_order(cfg: &AgentConfig, hint: &LeaderHint, id: u64, ok: bool, d
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(500));
     let mut rotate = 0usize;
     loop {
-        let addr = hint.get().unwrap_or_else(|| {
-            rotate += 1;
-            cfg.supervisors[rotate % cfg.supervisors.len()].clone()
-        });
+        let addr = hint.target(&cfg.supervisors, &mut rotate);
         if let Ok(mut c) = client(&addr) {
             let req = OrderResult {
                 host: cfg.host.clone(),
@@ -648,10 +644,7 @@ async fn heartbeat_loop(cfg: Arc<AgentConfig>, hint: Arc<LeaderHint>) {
     let mut rotate = 0usize;
     loop {
         tick.tick().await;
-        let addr = hint.get().unwrap_or_else(|| {
-            rotate += 1;
-            cfg.supervisors[rotate % cfg.supervisors.len()].clone()
-        });
+        let addr = hint.target(&cfg.supervisors, &mut rotate);
         let Ok(mut c) = client(&addr) else { continue };
         let req = HeartbeatRequest {
             host: cfg.host.clone(),

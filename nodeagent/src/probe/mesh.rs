@@ -717,6 +717,18 @@ impl Mesh {
     }
 }
 
+/// A coded pair from its two transmit and two receive stamps.
+fn coded(tx: [i64; 2], rx: [i64; 2]) -> ProbePair {
+    let stamp = |i: usize| Stamp {
+        tx_ns: tx[i],
+        rx_ns: rx[i],
+    };
+    ProbePair {
+        first: stamp(0),
+        second: stamp(1),
+    }
+}
+
 /// My pair to the peer is complete: a forward sample.
 fn forward_pair(
     path: &mut PathState,
@@ -725,17 +737,7 @@ fn forward_pair(
     rx: [i64; 2],
     purity: u64,
 ) {
-    let pair = ProbePair {
-        first: Stamp {
-            tx_ns: tx[0],
-            rx_ns: rx[0],
-        },
-        second: Stamp {
-            tx_ns: tx[1],
-            rx_ns: rx[1],
-        },
-    };
-    add(path, counters, Direction::Forward, &pair, purity);
+    add(path, counters, Direction::Forward, &coded(tx, rx), purity);
 }
 
 /// The peer's pair to me is complete: a reverse sample and a delay.
@@ -751,17 +753,7 @@ fn reverse_pair(
             path.delays.push((rx[0], d));
         }
     }
-    let pair = ProbePair {
-        first: Stamp {
-            tx_ns: tx[0],
-            rx_ns: rx[0],
-        },
-        second: Stamp {
-            tx_ns: tx[1],
-            rx_ns: rx[1],
-        },
-    };
-    add(path, counters, Direction::Reverse, &pair, purity);
+    add(path, counters, Direction::Reverse, &coded(tx, rx), purity);
 }
 
 fn add(
