@@ -17,11 +17,19 @@
 //! - `conn_closed {conn_id}`.
 //! - `order_done {order_id, ok, detail}`: the answer to an order (send
 //!   `conn_moved` for every connection that moved first).
+//! - `checkpointed {step}`: this rank's part of the checkpoint at `step` is
+//!   durable (written and renamed into place). Send it for periodic
+//!   checkpoints and ordered ones alike; the supervisor records a checkpoint
+//!   as complete (a restart point) once every rank of the job sent it.
 //!
 //! Agent → job, at any time between replies: `order {order_id, kind}` with
 //! `kind` one of `migrate {conn_ids, to_nic}` (`to_nic` null: any healthy
-//! NIC), `pace {conn_id, bytes_per_s}` (null: unpaced), `checkpoint {step}`
-//! and `stop`. Every order must be answered with `order_done`.
+//! NIC), `pace {conn_id, bytes_per_s}` (null: unpaced), `checkpoint {step,
+//! halt}` and `stop`. Every order must be answered with `order_done`. A
+//! checkpoint order lets the ranks agree on the step (null: the next one
+//! they can all reach); with `halt` the rank computes nothing after it and
+//! waits to be stopped (a drain moves the job without losing a step). Its
+//! `order_done` detail names the step (`step=N`).
 //!
 //! Example: `{"type":"conn_moved","conn_id":7,"nic":"rail1"}`.
 //!
@@ -108,6 +116,10 @@ pub enum JobMessage {
         #[serde(default)]
         detail: String,
     },
+    /// This rank's checkpoint at `step` is durable.
+    Checkpointed {
+        step: u64,
+    },
 }
 
 /// The `type` tags of [`JobMessage`].
@@ -117,6 +129,7 @@ pub const JOB_MESSAGE_TYPES: &[&str] = &[
     "conn_moved",
     "conn_closed",
     "order_done",
+    "checkpointed",
 ];
 
 /// What an order asks for.
@@ -135,10 +148,13 @@ pub enum OrderKind {
         #[serde(default)]
         bytes_per_s: Option<u64>,
     },
-    /// Write a checkpoint (at `step`, or the next one).
+    /// Write a checkpoint (at `step`, or the next one every rank can
+    /// reach); with `halt`, compute nothing after it until stopped.
     Checkpoint {
         #[serde(default)]
         step: Option<u64>,
+        #[serde(default)]
+        halt: bool,
     },
     /// Stop the job.
     Stop,
@@ -266,7 +282,7 @@ impl JobMessage {
                 check_name("peer_host", &c.peer_host)
             }
             JobMessage::ConnMoved { nic, .. } => check_name("nic", nic),
-            JobMessage::ConnClosed { .. } => Ok(()),
+            JobMessage::ConnClosed { .. } | JobMessage::Checkpointed { .. } => Ok(()),
             JobMessage::OrderDone { detail, .. } => {
                 if detail.len() > MAX_DETAIL_LEN {
                     return Err(ContractError::Invalid(format!(
@@ -424,6 +440,8 @@ struct Shared {
     conns: Mutex<BTreeMap<u64, ConnUp>>,
     /// Order answers that have not reached the agent.
     deferred: Mutex<VecDeque<Done>>,
+    /// The newest checkpoint this rank reported: re-sent after a reconnect.
+    checkpointed: Mutex<Option<u64>>,
     connected: watch::Sender<bool>,
 }
 
@@ -461,6 +479,7 @@ impl ContractClient {
             opts,
             conns: Mutex::new(BTreeMap::new()),
             deferred: Mutex::new(VecDeque::new()),
+            checkpointed: Mutex::new(None),
             connected: watch::channel(false).0,
         });
         tokio::spawn(run_client(shared.clone(), calls_rx, orders_tx, first_tx));
@@ -581,6 +600,17 @@ impl ContractClient {
             detail: truncate(detail, MAX_DETAIL_LEN).to_owned(),
         })
         .await
+    }
+
+    /// Reports that this rank's checkpoint at `step` is durable. The newest
+    /// one is sent again after a reconnect (the supervisor only needs the
+    /// newest complete checkpoint).
+    pub async fn checkpointed(&self, step: u64) -> Result<Delivery, ContractError> {
+        {
+            let mut last = lock(&self.shared.checkpointed);
+            *last = Some(last.map_or(step, |s| s.max(step)));
+        }
+        self.call(JobMessage::Checkpointed { step }).await
     }
 }
 
@@ -771,6 +801,9 @@ async fn session(
                 .into_iter()
                 .map(|c| (JobMessage::ConnUp(c), Pending::Resync)),
         );
+        if let Some(step) = *lock(&shared.checkpointed) {
+            resync.push((JobMessage::Checkpointed { step }, Pending::Resync));
+        }
         resync.extend(dones.into_iter().map(|d| {
             (
                 JobMessage::OrderDone {
@@ -955,7 +988,10 @@ mod tests {
             }),
             AgentMessage::Order(Order {
                 order_id: 3,
-                kind: OrderKind::Checkpoint { step: Some(100) },
+                kind: OrderKind::Checkpoint {
+                    step: Some(100),
+                    halt: false,
+                },
             }),
             AgentMessage::Order(Order {
                 order_id: 4,
@@ -1200,7 +1236,10 @@ mod tests {
         push_tx2
             .send(AgentMessage::Order(Order {
                 order_id: 6,
-                kind: OrderKind::Checkpoint { step: None },
+                kind: OrderKind::Checkpoint {
+                    step: None,
+                    halt: true,
+                },
             }))
             .unwrap();
         assert_eq!(orders.next().await.unwrap().order_id, 6);

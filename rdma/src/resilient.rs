@@ -23,7 +23,8 @@
 //!
 //! **Failback.** With [`Failback::WhenReusable`], once the primary NIC is up,
 //! its flap damper says it is reusable and it has stayed up for `hold`, the
-//! connection moves back to it. A side refuses a new path on a rail whose
+//! connection moves back to it. Arriving on a backup restarts that `hold`
+//! (on both sides), so a migrate order is never undone at once. A side refuses a new path on a rail whose
 //! local NIC is down or suppressed unless it has no path at all.
 //!
 //! **No NIC left.** Sends fill the window (bounded) and then wait; the
@@ -475,6 +476,14 @@ impl ConnControl {
     /// Follows the connection's figures (changes on every path change).
     pub fn watch_stats(&self) -> watch::Receiver<ConnStats> {
         self.stats.clone()
+    }
+
+    /// Resolves once the connection has failed or closed, with why (for a
+    /// task blocked elsewhere that must not miss this connection's end).
+    pub async fn closed(&self) -> ConnError {
+        let mut st = self.stats.clone();
+        while st.changed().await.is_ok() {}
+        self.failed()
     }
 }
 
@@ -939,6 +948,15 @@ impl Driver {
             tokio::spawn(writer(wr, wrx)),
         ];
         let now = Instant::now();
+        if rail != 0 {
+            // Arriving on a backup (by order, failure or the peer's move)
+            // restarts the failback hold: a move is never undone at once,
+            // and a connection does not ping-pong between rails.
+            let primary = self.cfg.rails[0].nic;
+            if let Some(Some(u)) = self.up_since.get_mut(primary) {
+                *u = now;
+            }
+        }
         let nic_downs = self
             .seen
             .get(self.cfg.rails[rail].nic)
