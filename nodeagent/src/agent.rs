@@ -17,21 +17,32 @@
 //! each order id at most once: outcomes are stored in the outbox database
 //! ([`crate::outbox::OrderLog`]) before they are reported, a repeated id is
 //! answered from the record, and a repeat that arrives while the order runs
-//! is ignored.
+//! is ignored. Every execution is first appended to the execution journal
+//! ([`crate::journal`], `executed.jsonl` in the data directory): the audit
+//! trail the chaos suite's duplicate-action checker reads.
+//!
+//! **Ranks.** Job orders (`StartRank`, `StopJob`, `CheckpointJob`) take the
+//! same at-most-once path and run in the job runner ([`crate::jobs`]); rank
+//! exits and checkpoints reach the outbox from it. A `TailLog` query (its id
+//! has the top bit set) is neither logged nor deduplicated: it is answered
+//! with `Agent.LogTail`. At shutdown (SIGTERM, Ctrl-C) the agent stops its
+//! ranks (SIGTERM, grace, SIGKILL) and writes their exits before it exits.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use proto::v1::agent_client::AgentClient;
 use proto::v1::{
-    agent_event, agent_order, AgentEvent, AgentOrder, HeartbeatRequest, Nic, NicStateChange,
-    OrderResult, OrdersRequest, QpPlacement, QpReset, ReflexDone, RegisterHost,
+    agent_event, agent_order, AgentEvent, AgentOrder, HeartbeatRequest, LogTailResult, Nic,
+    NicStateChange, OrderResult, OrderResultReply, OrdersRequest, QpPlacement, QpReset,
+    RankCheckpoint, RankExited, ReflexDone, RegisterHost,
 };
 use tokio::sync::{mpsc, Mutex, Notify};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::control::{Control, ControlError, SupervisorOrder};
 use crate::damper::DampingConfig;
+use crate::jobs::{JobOrder, JobsConfig, JobsError, Launcher};
 use crate::link::{LinkTracker, LinkTransition, NicHealth, PortEvent};
 use crate::outbox::{NicReport, OrderLog, Outbox, OutboxError, Report, StoredOrder};
 
@@ -71,6 +82,10 @@ pub struct AgentConfig {
     pub control_socket: std::path::PathBuf,
     /// The probe mesh (None: off).
     pub probe: Option<crate::probe::ProbeOptions>,
+    /// TEST ONLY: wait this long before executing each order (an action
+    /// that takes a while, so chaos tests can crash the leader while an
+    /// order is in flight). Zero on a real cluster.
+    pub test_order_delay: Duration,
 }
 
 /// Why the agent stopped.
@@ -86,6 +101,10 @@ pub enum AgentError {
     Control(#[from] ControlError),
     #[error("probe mesh: {0}")]
     Probe(String),
+    #[error(transparent)]
+    Jobs(#[from] JobsError),
+    #[error(transparent)]
+    Journal(#[from] crate::journal::JournalError),
 }
 
 fn health_to_wire(h: NicHealth) -> i32 {
@@ -186,6 +205,7 @@ pub async fn run(
     })?;
     let outbox = Outbox::open(&cfg.data_dir.join("outbox"), OUTBOX_CAPACITY)?;
     let order_log = outbox.order_log(ORDER_LOG_CAPACITY)?;
+    let journal = Arc::new(crate::journal::Journal::open(&cfg.data_dir)?);
     let outbox = Arc::new(Mutex::new(outbox));
     let fresh = Arc::new(Notify::new());
     let hint = Arc::new(LeaderHint::default());
@@ -203,7 +223,22 @@ pub async fn run(
             at_unix_ns: crate::link::unix_ns(),
         })
         .await?;
-    let control = Control::new(cfg.nics.clone());
+    // The job runner: ranks an earlier run left are reported (and killed)
+    // before orders arrive.
+    let launcher = Launcher::open(
+        JobsConfig::new(
+            cfg.data_dir.clone(),
+            cfg.control_socket.clone(),
+            cfg.nics.clone(),
+        ),
+        outbox.clone(),
+        fresh.clone(),
+    )
+    .await?;
+    let control = Control::with_rank_events(
+        cfg.nics.clone(),
+        Some(launcher.clone() as Arc<dyn crate::control::RankEvents>),
+    );
     let server = tokio::spawn(control.clone().serve(listener));
     let placements = tokio::spawn(placement_loop(
         control.clone(),
@@ -214,7 +249,9 @@ pub async fn run(
         cfg.clone(),
         hint.clone(),
         control.clone(),
+        launcher.clone(),
         order_log,
+        journal,
     ));
 
     let (tx, mut rx) = mpsc::channel::<LinkTransition>(1024);
@@ -286,10 +323,13 @@ pub async fn run(
             _ => Ok(()),
         },
     };
+    // No new orders; ranks do not outlive their agent. Their exits reach
+    // the outbox (and are sent after the next start if not before).
+    orders.abort();
+    launcher.shutdown().await;
     reporter.abort();
     heartbeats.abort();
     server.abort();
-    orders.abort();
     if let Some(t) = rdma_forward {
         t.abort();
     }
@@ -427,14 +467,62 @@ async fn placement_loop(
     }
 }
 
-fn supervisor_order(o: &AgentOrder) -> Option<SupervisorOrder> {
-    match o.kind.as_ref()? {
-        agent_order::Kind::Failover(f) => Some(SupervisorOrder::Failover {
+/// An order the agent executes at most once per id.
+enum Work {
+    Nic(SupervisorOrder),
+    Job(JobOrder),
+}
+
+impl Work {
+    fn describe(&self) -> String {
+        match self {
+            Work::Nic(o) => o.describe(),
+            Work::Job(o) => o.describe(),
+        }
+    }
+}
+
+/// A `TailLog` query's id has this bit set.
+pub const QUERY_BIT: u64 = 1 << 63;
+/// Log tail queries answered at once (more are dropped; the leader asks
+/// again).
+pub const MAX_TAILS_IN_FLIGHT: usize = 8;
+
+fn work(o: &AgentOrder) -> Option<Work> {
+    Some(match o.kind.as_ref()? {
+        agent_order::Kind::Failover(f) => Work::Nic(SupervisorOrder::Failover {
             nic: f.nic.clone(),
             to: f.to.clone(),
         }),
-        agent_order::Kind::Failback(f) => Some(SupervisorOrder::Failback { nic: f.nic.clone() }),
-    }
+        agent_order::Kind::Failback(f) => {
+            Work::Nic(SupervisorOrder::Failback { nic: f.nic.clone() })
+        }
+        agent_order::Kind::StartRank(s) => Work::Job(JobOrder::Start(s.clone())),
+        agent_order::Kind::StopJob(s) => Work::Job(JobOrder::Stop {
+            job: s.job.clone(),
+            incarnation: s.incarnation,
+        }),
+        agent_order::Kind::CheckpointJob(c) => Work::Job(JobOrder::Checkpoint {
+            job: c.job.clone(),
+            incarnation: c.incarnation,
+            halt: c.halt,
+        }),
+        agent_order::Kind::TailLog(_) => return None,
+    })
+}
+
+/// Everything the orders loop hands to each order.
+#[derive(Clone)]
+struct OrderCtx {
+    cfg: Arc<AgentConfig>,
+    hint: Arc<LeaderHint>,
+    control: Arc<Control>,
+    launcher: Arc<Launcher>,
+    log: OrderLog,
+    /// Every execution (not repeat) is appended here first.
+    journal: Arc<crate::journal::Journal>,
+    inflight: Arc<std::sync::Mutex<std::collections::HashSet<u64>>>,
+    tails: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Keeps an `Orders` stream open to the leader and executes what arrives.
@@ -442,11 +530,20 @@ async fn orders_loop(
     cfg: Arc<AgentConfig>,
     hint: Arc<LeaderHint>,
     control: Arc<Control>,
+    launcher: Arc<Launcher>,
     log: OrderLog,
+    journal: Arc<crate::journal::Journal>,
 ) {
-    let inflight = Arc::new(std::sync::Mutex::new(
-        std::collections::HashSet::<u64>::new(),
-    ));
+    let ctx = OrderCtx {
+        cfg: cfg.clone(),
+        hint: hint.clone(),
+        control,
+        launcher,
+        log,
+        journal,
+        inflight: Default::default(),
+        tails: Default::default(),
+    };
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     let mut rotate = 0usize;
     loop {
@@ -462,9 +559,7 @@ async fn orders_loop(
                     let mut stream = resp.into_inner();
                     loop {
                         match stream.message().await {
-                            Ok(Some(o)) => {
-                                handle_order(&cfg, &hint, &control, &log, &inflight, o);
-                            }
+                            Ok(Some(o)) => handle_order(&ctx, o),
                             Ok(None) => break,
                             Err(s) => {
                                 tracing::debug!(addr = %addr, status = %s.message(), "order stream ended");
@@ -485,26 +580,60 @@ async fn orders_loop(
     }
 }
 
-fn handle_order(
-    cfg: &Arc<AgentConfig>,
-    hint: &Arc<LeaderHint>,
-    control: &Arc<Control>,
-    log: &OrderLog,
-    inflight: &Arc<std::sync::Mutex<std::collections::HashSet<u64>>>,
-    o: AgentOrder,
-) {
+/// Answers a `TailLog` query with `Agent.LogTail` (no order log, no dedup).
+fn handle_tail(ctx: &OrderCtx, id: u64, t: &proto::v1::TailLog) {
+    use std::sync::atomic::Ordering;
+    if id & QUERY_BIT == 0 {
+        tracing::warn!(
+            order_id = id,
+            "log tail query without the query bit; answering it anyway"
+        );
+    }
+    if ctx.tails.fetch_add(1, Ordering::AcqRel) >= MAX_TAILS_IN_FLIGHT {
+        ctx.tails.fetch_sub(1, Ordering::AcqRel);
+        tracing::warn!(
+            order_id = id,
+            "too many log tails running; dropping the query"
+        );
+        return;
+    }
+    let (ctx, t) = (ctx.clone(), t.clone());
+    tokio::spawn(async move {
+        let tail = ctx.launcher.tail_log(&t.job, t.rank, t.max_bytes).await;
+        tracing::info!(order_id = id, job = %t.job, rank = t.rank, ok = tail.ok, incarnation = tail.incarnation, bytes = tail.text.len(), "log tail read");
+        let msg = LogTailResult {
+            host: ctx.cfg.host.clone(),
+            order_id: id,
+            ok: tail.ok,
+            text: tail.text,
+            incarnation: tail.incarnation,
+        };
+        offer(&ctx.cfg, &ctx.hint, id, "log tail", move |mut c| {
+            let msg = msg.clone();
+            async move { c.log_tail(msg).await }
+        })
+        .await;
+        ctx.tails.fetch_sub(1, Ordering::AcqRel);
+    });
+}
+
+fn handle_order(ctx: &OrderCtx, o: AgentOrder) {
     let id = o.order_id;
-    let Some(order) = supervisor_order(&o) else {
+    if let Some(agent_order::Kind::TailLog(t)) = &o.kind {
+        handle_tail(ctx, id, t);
+        return;
+    }
+    let Some(order) = work(&o) else {
         tracing::warn!(order_id = id, "order of an unknown kind; ignoring it");
         return;
     };
     let desc = order.describe();
-    match log.get(id) {
+    match ctx.log.get(id) {
         Ok(Some(stored)) if stored.order == desc => {
             tracing::info!(order_id = id, order = %desc, ok = stored.ok, "order already executed; answering the stored outcome");
-            let (cfg, hint) = (cfg.clone(), hint.clone());
+            let ctx = ctx.clone();
             tokio::spawn(async move {
-                report_order(&cfg, &hint, id, stored.ok, &stored.detail).await;
+                report_order(&ctx.cfg, &ctx.hint, id, stored.ok, &stored.detail).await;
             });
             return;
         }
@@ -517,7 +646,7 @@ fn handle_order(
         }
     }
     {
-        let mut f = inflight.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = ctx.inflight.lock().unwrap_or_else(|e| e.into_inner());
         if f.contains(&id) {
             tracing::debug!(
                 order_id = id,
@@ -535,15 +664,27 @@ fn handle_order(
         f.insert(id);
     }
     tracing::info!(order_id = id, order = %desc, "executing order");
-    let (cfg, hint, control, log, inflight) = (
-        cfg.clone(),
-        hint.clone(),
-        control.clone(),
-        log.clone(),
-        inflight.clone(),
-    );
+    let ctx = ctx.clone();
     tokio::spawn(async move {
-        let (ok, detail) = control.execute(&order).await;
+        let entry = crate::journal::JournalEntry {
+            order_id: id,
+            order: desc.clone(),
+            started_unix_ms: crate::link::unix_ns() / 1_000_000,
+        };
+        if !ctx.cfg.test_order_delay.is_zero() {
+            tokio::time::sleep(ctx.cfg.test_order_delay).await;
+        }
+        let journal = ctx.journal.clone();
+        match tokio::task::spawn_blocking(move || journal.record(&entry)).await {
+            Ok(Ok(())) => {}
+            // The audit trail must not stop the work it records.
+            Ok(Err(e)) => tracing::error!(order_id = id, error = %e, "cannot journal the order"),
+            Err(e) => tracing::error!(order_id = id, error = %e, "journal task failed"),
+        }
+        let (ok, detail) = match &order {
+            Work::Nic(o) => ctx.control.execute(o).await,
+            Work::Job(o) => ctx.launcher.execute(&ctx.control, o).await,
+        };
         tracing::info!(order_id = id, order = %desc, ok, detail = %detail, "order executed");
         let stored = StoredOrder {
             order: desc,
@@ -551,35 +692,49 @@ fn handle_order(
             detail: detail.clone(),
             at_unix_ms: crate::link::unix_ns() / 1_000_000,
         };
-        if let Err(e) = log.record(id, &stored).await {
+        if let Err(e) = ctx.log.record(id, &stored).await {
             tracing::error!(order_id = id, error = %e, "cannot store the order's outcome");
         }
-        inflight
+        ctx.inflight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
-        report_order(&cfg, &hint, id, ok, &detail).await;
+        report_order(&ctx.cfg, &ctx.hint, id, ok, &detail).await;
     });
 }
 
 /// Offers an order's outcome to the leader for [`ORDER_REPORT_WINDOW`];
 /// after that the leader's resend gets it from the order log.
 async fn report_order(cfg: &AgentConfig, hint: &LeaderHint, id: u64, ok: bool, detail: &str) {
+    let req = OrderResult {
+        host: cfg.host.clone(),
+        order_id: id,
+        ok,
+        detail: detail.to_owned(),
+    };
+    offer(cfg, hint, id, "order outcome", move |mut c| {
+        let req = req.clone();
+        async move { c.order_done(req).await }
+    })
+    .await;
+}
+
+/// Calls the leader (`call`) for at most [`ORDER_REPORT_WINDOW`], following
+/// its hints; gives up on a refusal (invalid argument, not found).
+async fn offer<F, Fut>(cfg: &AgentConfig, hint: &LeaderHint, id: u64, what: &str, mut call: F)
+where
+    F: FnMut(AgentClient<Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<OrderResultReply>, tonic::Status>>,
+{
     let deadline = tokio::time::Instant::now() + ORDER_REPORT_WINDOW;
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_millis(500));
     let mut rotate = 0usize;
     loop {
         let addr = hint.target(&cfg.supervisors, &mut rotate);
-        if let Ok(mut c) = client(&addr) {
-            let req = OrderResult {
-                host: cfg.host.clone(),
-                order_id: id,
-                ok,
-                detail: detail.to_owned(),
-            };
-            match tokio::time::timeout(Duration::from_secs(1), c.order_done(req)).await {
+        if let Ok(c) = client(&addr) {
+            match tokio::time::timeout(Duration::from_secs(1), call(c)).await {
                 Ok(Ok(_)) => {
-                    tracing::info!(order_id = id, ok, "order outcome committed");
+                    tracing::info!(order_id = id, what, "delivered to the leader");
                     return;
                 }
                 Ok(Err(s))
@@ -588,7 +743,7 @@ async fn report_order(cfg: &AgentConfig, hint: &LeaderHint, id: u64, ok: bool, d
                         tonic::Code::InvalidArgument | tonic::Code::NotFound
                     ) =>
                 {
-                    tracing::warn!(order_id = id, status = %s.message(), "the leader refused the order's outcome");
+                    tracing::warn!(order_id = id, what, status = %s.message(), "the leader refused it");
                     return;
                 }
                 Ok(Err(s)) => hint.learn(&s),
@@ -597,7 +752,11 @@ async fn report_order(cfg: &AgentConfig, hint: &LeaderHint, id: u64, ok: bool, d
         }
         let pause = backoff.next_delay();
         if tokio::time::Instant::now() + pause >= deadline {
-            tracing::warn!(order_id = id, "could not report the order's outcome; the leader's resend will get it from the order log");
+            tracing::warn!(
+                order_id = id,
+                what,
+                "could not deliver it to the leader; the leader's resend will get it"
+            );
             return;
         }
         tokio::time::sleep(pause).await;
@@ -634,6 +793,20 @@ fn event_kind(r: &Report) -> agent_event::Kind {
             conns: x.conns,
             ok: x.ok,
             detail: x.detail.clone(),
+        }),
+        Report::RankExited(x) => agent_event::Kind::RankExited(RankExited {
+            job: x.job.clone(),
+            incarnation: x.incarnation,
+            rank: x.rank,
+            exit_code: x.exit_code,
+            signal: x.signal,
+            detail: x.detail.clone(),
+        }),
+        Report::RankCheckpoint(x) => agent_event::Kind::RankCheckpoint(RankCheckpoint {
+            job: x.job.clone(),
+            incarnation: x.incarnation,
+            rank: x.rank,
+            step: x.step,
         }),
     }
 }

@@ -71,6 +71,8 @@ pub struct Overrides {
     pub test_clock_offset_ns: Option<i64>,
     pub test_clock_drift_ppb: Option<i64>,
     pub test_clock_anchor_ns: Option<i64>,
+    /// Test only: delay before executing each order (ms).
+    pub test_order_delay_ms: Option<u64>,
 }
 
 /// A configuration problem.
@@ -265,6 +267,12 @@ pub fn load(
     damping
         .validate()
         .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    let test_order_delay_ms = over.test_order_delay_ms.unwrap_or(0);
+    if test_order_delay_ms > MAX_TEST_ORDER_DELAY_MS {
+        return Err(ConfigError::Invalid(format!(
+            "--test-order-delay-ms {test_order_delay_ms}: want 0..={MAX_TEST_ORDER_DELAY_MS}"
+        )));
+    }
     Ok(AgentConfig {
         host,
         supervisors,
@@ -276,8 +284,12 @@ pub fn load(
         damping,
         control_socket,
         probe,
+        test_order_delay: std::time::Duration::from_millis(test_order_delay_ms),
     })
 }
+
+/// Longest test-only order delay (orders time out after 30 s).
+pub const MAX_TEST_ORDER_DELAY_MS: u64 = 10_000;
 
 /// The probe mesh's options from `[probe]` and the flags (None: disabled).
 fn probe_options(fp: FileProbe, over: &Overrides) -> Result<Option<ProbeOptions>, ConfigError> {

@@ -169,6 +169,23 @@ impl ConnRecord {
     }
 }
 
+/// Where the control socket hands what jobs say about their ranks (the
+/// job launcher, [`crate::jobs::Launcher`]).
+pub trait RankEvents: Send + Sync {
+    /// `job`'s rank `rank` (process `pid`, as its hello said) has a durable
+    /// checkpoint at `step`. Called with the inventory locked: must not
+    /// block or call back into [`Control`].
+    fn checkpointed(&self, job: &str, rank: u32, pid: u32, step: u64);
+}
+
+/// One rank's answer to an order sent with [`Control::order_ranks`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankAnswer {
+    pub rank: u32,
+    pub ok: bool,
+    pub detail: String,
+}
+
 /// An order from the supervisor, as the agent executes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SupervisorOrder {
@@ -200,6 +217,8 @@ struct Pending {
     order: Order,
     conns: Vec<ConnKey>,
     reply: Option<oneshot::Sender<(bool, String)>>,
+    /// It reached a job socket at least once.
+    delivered: bool,
 }
 
 #[derive(Default)]
@@ -254,10 +273,19 @@ pub struct Control {
     next_order: AtomicU64,
     started: Instant,
     changed: Notify,
+    ranks: Option<Arc<dyn RankEvents>>,
 }
 
 impl Control {
     pub fn new(nics: Vec<NicConfig>) -> Arc<Control> {
+        Self::with_rank_events(nics, None)
+    }
+
+    /// A control plane that hands ranks' checkpoints to `ranks`.
+    pub fn with_rank_events(
+        nics: Vec<NicConfig>,
+        ranks: Option<Arc<dyn RankEvents>>,
+    ) -> Arc<Control> {
         // Job order ids start from the clock (µs) so they do not repeat
         // across agent restarts.
         let first = unix_ns() / 1_000;
@@ -268,6 +296,7 @@ impl Control {
             next_order: AtomicU64::new(first.max(1)),
             started: Instant::now(),
             changed: Notify::new(),
+            ranks,
         })
     }
 
@@ -490,9 +519,12 @@ impl Control {
                 // Orders this job has not answered yet go to the new socket.
                 let again = inv
                     .pending
-                    .values()
+                    .values_mut()
                     .filter(|p| p.job == h.job && p.rank == h.rank)
-                    .map(|p| AgentMessage::Order(p.order.clone()))
+                    .map(|p| {
+                        p.delivered = true;
+                        AgentMessage::Order(p.order.clone())
+                    })
                     .collect();
                 return Ok(again);
             }
@@ -508,6 +540,13 @@ impl Control {
         };
         match msg {
             JobMessage::Hello(_) => unreachable!("handled above"),
+            JobMessage::Checkpointed { step } => {
+                let pid = inv.sessions[&id].hello.pid;
+                tracing::info!(job = %job, rank, step, pid, "rank checkpointed");
+                if let Some(r) = &self.ranks {
+                    r.checkpointed(&job, rank, pid, step);
+                }
+            }
             JobMessage::ConnUp(c) => {
                 if c.job != job {
                     return Err(format!(
@@ -696,6 +735,7 @@ impl Control {
                         order,
                         conns: chunk.to_vec(),
                         reply: Some(reply),
+                        delivered: true,
                     },
                 );
                 tracing::info!(order_id, job = %job, rank, conns = chunk.len(), to = ?to, "migrate order sent to job");
@@ -746,6 +786,91 @@ impl Control {
             failed.is_empty(),
             contract::truncate(&detail, MAX_DETAIL).to_owned(),
         )
+    }
+
+    /// The ranks of `job` connected to the control socket now.
+    pub fn connected_ranks(&self, job: &str) -> BTreeSet<u32> {
+        self.lock()
+            .sessions
+            .values()
+            .filter(|s| s.hello.job == job)
+            .map(|s| s.hello.rank)
+            .collect()
+    }
+
+    /// Sends `kind` to each of `job`'s `ranks` and waits (at most
+    /// `timeout` in all) for their answers. A rank that is not connected
+    /// yet gets the order when it says hello; every socket of the rank gets
+    /// it (the client delivers an id once). The answers come in the order
+    /// of `ranks`.
+    pub async fn order_ranks(
+        &self,
+        job: &str,
+        ranks: &[u32],
+        kind: OrderKind,
+        timeout: Duration,
+    ) -> Vec<RankAnswer> {
+        let mut waits = Vec::with_capacity(ranks.len());
+        {
+            let mut inv = self.lock();
+            for &rank in ranks {
+                let order_id = self.next_order.fetch_add(1, Ordering::Relaxed);
+                let order = Order {
+                    order_id,
+                    kind: kind.clone(),
+                };
+                let mut delivered = false;
+                for s in inv.sessions.values() {
+                    if s.hello.job == job
+                        && s.hello.rank == rank
+                        && s.tx.try_send(AgentMessage::Order(order.clone())).is_ok()
+                    {
+                        delivered = true;
+                    }
+                }
+                let (reply, rx) = oneshot::channel();
+                inv.pending.insert(
+                    order_id,
+                    Pending {
+                        job: job.to_owned(),
+                        rank,
+                        order,
+                        conns: Vec::new(),
+                        reply: Some(reply),
+                        delivered,
+                    },
+                );
+                tracing::info!(order_id, job = %job, rank, delivered, kind = ?kind, "order sent to rank");
+                waits.push((rank, order_id, rx));
+            }
+        }
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut out = Vec::with_capacity(waits.len());
+        for (rank, order_id, rx) in waits {
+            let (ok, detail) = match tokio::time::timeout_at(deadline, rx).await {
+                Ok(Ok((ok, d))) => (ok, d),
+                Ok(Err(_)) => (false, "the order was dropped".to_owned()),
+                Err(_) => {
+                    let delivered = self
+                        .lock()
+                        .pending
+                        .get(&order_id)
+                        .is_some_and(|p| p.delivered);
+                    let why = if delivered {
+                        format!("did not answer within {} s", timeout.as_secs())
+                    } else {
+                        format!(
+                            "not connected to the agent's control socket within {} s",
+                            timeout.as_secs()
+                        )
+                    };
+                    (false, why)
+                }
+            };
+            self.forget_order(order_id);
+            out.push(RankAnswer { rank, ok, detail });
+        }
+        out
     }
 
     fn forget_order(&self, order_id: u64) {

@@ -8,6 +8,9 @@
 //!
 //! - [`control`]: the job contract's socket, the connection inventory, the
 //!   reflex and the execution of failover/failback orders.
+//! - [`jobs`]: the job runner (launches, fences, stops and checkpoints the
+//!   ranks the supervisor places here; rank exits and checkpoints as
+//!   reports; restart recovery).
 //! - [`agent`]: the runtime (tracker → outbox → report stream, heartbeats,
 //!   orders from the leader).
 //! - [`config`]: TOML + flags, NIC discovery.
@@ -20,8 +23,11 @@
 pub mod agent;
 pub mod config;
 pub mod control;
+pub mod jobs;
+pub mod journal;
 pub use rdma::damper;
 pub mod link;
 pub mod outbox;
 pub mod probe;
 pub mod rdma_events;
+pub mod shape;

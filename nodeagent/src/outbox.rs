@@ -17,6 +17,10 @@
 //! **Orders.** The same database keeps the outcome of every order the agent
 //! executed ([`OrderLog`], bounded), so a repeated order id is answered
 //! from the record instead of being carried out again.
+//!
+//! **Ranks.** Rank exits and checkpoints ([`crate::jobs`]) are reports like
+//! the others; the variants are appended to [`Report`], so an outbox written
+//! by an older agent still reads (format 2).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -79,6 +83,34 @@ pub enum Report {
         at_unix_ns: u64,
     },
     Reflex(ReflexReport),
+    /// A rank the agent launched exited (or was found gone at start).
+    RankExited(RankExitReport),
+    /// A rank's checkpoint at a step is durable.
+    RankCheckpoint(RankCheckpointReport),
+}
+
+/// A rank the agent launched has exited.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankExitReport {
+    pub job: String,
+    pub incarnation: u64,
+    pub rank: u32,
+    /// The exit code (-1: killed by a signal, or unknown).
+    pub exit_code: i32,
+    /// The signal that ended it (0: none).
+    pub signal: i32,
+    pub detail: String,
+    pub at_unix_ns: u64,
+}
+
+/// A rank said its checkpoint at `step` is durable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RankCheckpointReport {
+    pub job: String,
+    pub incarnation: u64,
+    pub rank: u32,
+    pub step: u64,
+    pub at_unix_ns: u64,
 }
 
 impl From<NicReport> for Report {
@@ -97,6 +129,11 @@ impl Report {
             Report::Qp(q) => format!("{QP_KEY_PREFIX}{}/{}/{}", q.job, q.rank, q.conn_id),
             Report::QpReset { .. } => "qp-reset".into(),
             Report::Reflex(r) => format!("reflex/{}", r.nic),
+            Report::RankExited(r) => format!("rank-exit/{}/{}/{}", r.job, r.incarnation, r.rank),
+            // A newer step of the same rank supersedes an older one.
+            Report::RankCheckpoint(r) => {
+                format!("rank-ckpt/{}/{}/{}", r.job, r.incarnation, r.rank)
+            }
         }
     }
 
@@ -107,6 +144,8 @@ impl Report {
             Report::Qp(q) => q.at_unix_ns,
             Report::QpReset { at_unix_ns } => *at_unix_ns,
             Report::Reflex(r) => r.at_unix_ns,
+            Report::RankExited(r) => r.at_unix_ns,
+            Report::RankCheckpoint(r) => r.at_unix_ns,
         }
     }
 }
@@ -374,6 +413,12 @@ impl Outbox {
     /// The sequence the next report will get.
     pub fn next_seq(&self) -> u64 {
         self.next_seq
+    }
+
+    /// The database and its path, for other durable agent state (the job
+    /// launcher's trees).
+    pub fn database(&self) -> (sled::Db, String) {
+        (self.db.clone(), self.path.clone())
     }
 
     /// The record of executed orders, in the same database.

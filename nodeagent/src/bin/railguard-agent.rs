@@ -15,6 +15,13 @@ use nodeagent::config::{load, Overrides};
 /// contract, JSON lines); the agent reports their placement, moves them off
 /// a NIC that goes down (the reflex), and carries out the leader's
 /// failover/failback orders (each order id at most once).
+///
+/// It also runs the ranks of jobs the supervisor places on this host: each
+/// in its own process group with RAILGUARD_* variables, its output in
+/// <data-dir>/jobs/<job>/<incarnation>/rank-<r>.log (64 MiB at most);
+/// exits and checkpoints are reported. Ranks never outlive the agent: on
+/// SIGTERM or Ctrl-C it stops them (SIGTERM, SIGKILL after 5 s) before it
+/// exits, and ranks left by a crashed agent are killed when it starts.
 #[derive(Parser, Debug)]
 #[command(version, about, long_about = None)]
 struct Args {
@@ -31,7 +38,9 @@ struct Args {
     /// Default: every interface named rail<N>, rails 2k/2k+1 backing each other up.
     #[arg(long = "nic")]
     nics: Vec<String>,
-    /// Directory for the persisted outbox. Default ./railguard-agent-data.
+    /// Directory for the persisted outbox, order log, job fences, the
+    /// execution journal (executed.jsonl) and the ranks' logs (jobs/).
+    /// Default ./railguard-agent-data.
     #[arg(long)]
     data_dir: Option<PathBuf>,
     /// Unix socket jobs talk to (the job contract). Its directory is
@@ -67,6 +76,11 @@ struct Args {
     /// equals --test-clock-offset-ns. Default: the agent's start.
     #[arg(long, allow_hyphen_values = true)]
     test_clock_anchor_ns: Option<i64>,
+    /// TEST ONLY — never on a real cluster: wait this many ms before
+    /// executing each order (a slow action, so a chaos test can crash the
+    /// leader while an order is in flight). Range 0..=10000.
+    #[arg(long)]
+    test_order_delay_ms: Option<u64>,
 }
 
 async fn link_names() -> anyhow::Result<Vec<String>> {
@@ -99,6 +113,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             test_clock_offset_ns: args.test_clock_offset_ns,
             test_clock_drift_ppb: args.test_clock_drift_ppb,
             test_clock_anchor_ns: args.test_clock_anchor_ns,
+            test_order_delay_ms: args.test_order_delay_ms,
         },
         &links,
     )

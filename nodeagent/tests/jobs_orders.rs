@@ -1,0 +1,247 @@
+//! The agent's job orders end to end: a fake leader (the `Agent` gRPC
+//! service) streams `StartRank` and `TailLog` orders to a real agent, which
+//! launches real processes and answers through `OrderDone`, `LogTail` and
+//! its `Report` stream.
+
+use std::pin::Pin;
+use std::time::Duration;
+
+use proto::v1::agent_server::{Agent, AgentServer};
+use proto::v1::{
+    agent_event, agent_order, AgentEvent, AgentOrder, EventAck, HeartbeatReply, HeartbeatRequest,
+    LogTailResult, OrderResult, OrderResultReply, OrdersRequest, ProbePlan, ProbePlanRequest,
+    ProbeSummary, ProbeSummaryReply, RankPeer, RegisterHost, RegisterReply, StartRank, TailLog,
+};
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+type Boxed<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+struct Fake {
+    orders: broadcast::Sender<AgentOrder>,
+    done: mpsc::UnboundedSender<OrderResult>,
+    tails: mpsc::UnboundedSender<LogTailResult>,
+    events: mpsc::UnboundedSender<AgentEvent>,
+}
+
+#[tonic::async_trait]
+impl Agent for Fake {
+    async fn register(&self, _: Request<RegisterHost>) -> Result<Response<RegisterReply>, Status> {
+        Ok(Response::new(RegisterReply {
+            last_applied_seq: 0,
+            leader_id: 1,
+        }))
+    }
+    async fn heartbeat(
+        &self,
+        _: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatReply>, Status> {
+        Ok(Response::new(HeartbeatReply { leader_id: 1 }))
+    }
+    type ReportStream = Boxed<EventAck>;
+    async fn report(
+        &self,
+        req: Request<Streaming<AgentEvent>>,
+    ) -> Result<Response<Self::ReportStream>, Status> {
+        let mut incoming = req.into_inner();
+        let (tx, rx) = mpsc::channel(64);
+        let events = self.events.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(ev)) = incoming.next().await {
+                let seq = ev.seq;
+                let _ = events.send(ev);
+                let ack = EventAck {
+                    acked_through: seq,
+                    error: String::new(),
+                };
+                if tx.send(Ok(ack)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+    type OrdersStream = Boxed<AgentOrder>;
+    async fn orders(
+        &self,
+        _: Request<OrdersRequest>,
+    ) -> Result<Response<Self::OrdersStream>, Status> {
+        let s = tokio_stream::wrappers::BroadcastStream::new(self.orders.subscribe())
+            .filter_map(|o| o.ok().map(Ok));
+        Ok(Response::new(Box::pin(s)))
+    }
+    async fn order_done(
+        &self,
+        req: Request<OrderResult>,
+    ) -> Result<Response<OrderResultReply>, Status> {
+        let _ = self.done.send(req.into_inner());
+        Ok(Response::new(OrderResultReply {}))
+    }
+    async fn log_tail(
+        &self,
+        req: Request<LogTailResult>,
+    ) -> Result<Response<OrderResultReply>, Status> {
+        let _ = self.tails.send(req.into_inner());
+        Ok(Response::new(OrderResultReply {}))
+    }
+    async fn get_probe_plan(
+        &self,
+        _: Request<ProbePlanRequest>,
+    ) -> Result<Response<ProbePlan>, Status> {
+        Err(Status::unimplemented("no probes here"))
+    }
+    async fn send_probe_summary(
+        &self,
+        _: Request<ProbeSummary>,
+    ) -> Result<Response<ProbeSummaryReply>, Status> {
+        Ok(Response::new(ProbeSummaryReply {}))
+    }
+}
+
+fn start(id: u64, incarnation: u64, script: &str) -> AgentOrder {
+    AgentOrder {
+        order_id: id,
+        kind: Some(agent_order::Kind::StartRank(StartRank {
+            job: "train".into(),
+            incarnation,
+            rank: 0,
+            peers: vec![RankPeer {
+                host: "h0".into(),
+                addrs: vec![],
+            }],
+            argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            env: Default::default(),
+            checkpoint_dir: String::new(),
+            checkpoint_every: 0,
+            resume_step: 0,
+            port: 7000,
+        })),
+    }
+}
+
+async fn next<T>(rx: &mut mpsc::UnboundedReceiver<T>, what: &str) -> T {
+    tokio::time::timeout(Duration::from_secs(15), rx.recv())
+        .await
+        .unwrap_or_else(|_| panic!("no {what} within 15 s"))
+        .expect("channel open")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_starts_ranks_reports_their_exits_and_answers_log_tails() {
+    let dir = tempfile::tempdir().unwrap();
+    let (orders, _) = broadcast::channel(16);
+    let (done_tx, mut done) = mpsc::unbounded_channel();
+    let (tails_tx, mut tails) = mpsc::unbounded_channel();
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let fake = Fake {
+        orders: orders.clone(),
+        done: done_tx,
+        tails: tails_tx,
+        events: events_tx,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AgentServer::new(fake))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let cfg = nodeagent::agent::AgentConfig {
+        host: "h0".into(),
+        supervisors: vec![addr.to_string()],
+        nics: vec![],
+        data_dir: dir.path().join("data"),
+        damping: Default::default(),
+        control_socket: dir.path().join("agent.sock"),
+        probe: None,
+        test_order_delay: Duration::ZERO,
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let agent = tokio::spawn(nodeagent::agent::run(cfg, async {
+        let _ = stop_rx.await;
+    }));
+    // The agent subscribes to orders once it is up.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while orders.receiver_count() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no order stream");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    orders
+        .send(start(1, 1, "echo hello-from-rank; exit 4"))
+        .unwrap();
+    let d = next(&mut done, "order outcome").await;
+    assert_eq!(d.order_id, 1);
+    assert!(d.ok && d.detail.starts_with("pid="), "{d:?}");
+    let exited = loop {
+        let ev = next(&mut events, "rank exit").await;
+        if let Some(agent_event::Kind::RankExited(x)) = ev.kind {
+            break x;
+        }
+    };
+    assert_eq!(
+        (exited.job.as_str(), exited.incarnation, exited.exit_code),
+        ("train", 1, 4),
+        "{exited:?}"
+    );
+
+    // A repeated id is answered from the order log, not run again.
+    orders
+        .send(start(1, 1, "echo hello-from-rank; exit 4"))
+        .unwrap();
+    let again = next(&mut done, "repeated outcome").await;
+    assert_eq!((again.order_id, &again.detail), (1, &d.detail));
+
+    // A log tail query: answered with LogTail, never through OrderDone.
+    let qid = (1u64 << 63) | 7;
+    orders
+        .send(AgentOrder {
+            order_id: qid,
+            kind: Some(agent_order::Kind::TailLog(TailLog {
+                job: "train".into(),
+                rank: 0,
+                max_bytes: 1 << 20,
+            })),
+        })
+        .unwrap();
+    let t = next(&mut tails, "log tail").await;
+    assert_eq!((t.order_id, t.ok, t.incarnation), (qid, true, 1), "{t:?}");
+    assert_eq!(t.text, "hello-from-rank\n");
+
+    // A stale incarnation is refused once a newer one was seen.
+    orders.send(start(2, 3, "exec sleep 100")).unwrap();
+    let d = next(&mut done, "start of incarnation 3").await;
+    assert!(d.ok, "{d:?}");
+    let pid: u32 = d.detail.strip_prefix("pid=").unwrap().parse().unwrap();
+    orders.send(start(3, 2, "true")).unwrap();
+    let d = next(&mut done, "stale start").await;
+    assert_eq!(
+        (d.order_id, d.ok, d.detail.as_str()),
+        (3, false, "stale incarnation 2 < 3")
+    );
+    assert!(done.try_recv().is_err(), "one answer per order");
+
+    // Shutdown stops the running rank before the agent returns.
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(20), agent)
+        .await
+        .expect("agent stops")
+        .unwrap()
+        .unwrap();
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    assert!(
+        !stat.contains("(sleep)"),
+        "the rank outlived its agent: {stat}"
+    );
+    // The execution journal: every executed order once; the repeat of
+    // order 1 (answered from the log) and the log tail query not at all.
+    let ids: Vec<u64> = nodeagent::journal::read_journal(&dir.path().join("data"))
+        .unwrap()
+        .iter()
+        .map(|e| e.order_id)
+        .collect();
+    assert_eq!(ids, [1, 2, 3]);
+}
