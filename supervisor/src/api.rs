@@ -91,7 +91,35 @@ pub enum AdminRequest {
         /// At most this many (the worst p99 first); must be ≥ 1.
         top: Option<u32>,
     },
+    /// Every job (ended ones included), by name.
+    JobList,
+    JobShow {
+        job: String,
+    },
+    /// The end of a rank's captured output, fetched from its host's agent
+    /// (through the leader: only it talks to agents).
+    JobLogs {
+        job: String,
+        rank: u32,
+        max_bytes: u32,
+    },
+    PlaybookList,
+    PlaybookShow {
+        name: String,
+    },
+    /// A dry run of a playbook file against the live state.
+    PlaybookPlan {
+        file: crate::playbook_store::PlaybookFile,
+        incident: crate::playbook_store::PlanIncident,
+    },
+    /// Playbook runs (the most recent [`MAX_RUNS_REPLY`]), oldest first.
+    PlaybookRuns {
+        open_only: bool,
+    },
 }
+
+/// Most runs in one `PlaybookRuns` reply (the newest).
+pub const MAX_RUNS_REPLY: usize = 500;
 
 impl AdminRequest {
     /// Whether the request changes state (and so must reach the leader).
@@ -109,7 +137,10 @@ impl AdminRequest {
     /// Whether only the leader has the answer (its in-memory probe data),
     /// so the call goes to the leader even with `--stale`.
     pub fn is_leader_memory(&self) -> bool {
-        matches!(self, AdminRequest::Clock | AdminRequest::Paths { .. })
+        matches!(
+            self,
+            AdminRequest::Clock | AdminRequest::Paths { .. } | AdminRequest::JobLogs { .. }
+        )
     }
 }
 
@@ -203,6 +234,49 @@ pub enum AdminReply {
     Clock(ClockView),
     /// `railguard paths`.
     Paths(PathsView),
+    Jobs {
+        jobs: Vec<crate::jobs::Job>,
+    },
+    Job {
+        job: crate::jobs::Job,
+    },
+    JobLogs {
+        host: String,
+        incarnation: u64,
+        text: String,
+    },
+    Playbooks {
+        playbooks: Vec<PlaybookView>,
+        version: u64,
+    },
+    Playbook {
+        playbook: crate::playbook_store::StoredPlaybook,
+    },
+    PlaybookPlan {
+        plan: Box<playbooks::Plan>,
+        /// The stored playbook that would handle this incident today.
+        matched_now: Option<String>,
+    },
+    PlaybookRuns {
+        runs: Vec<crate::runs::RunView>,
+        /// More matched than one reply carries (the oldest were left out).
+        truncated: bool,
+    },
+}
+
+/// A stored playbook in `playbook list`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PlaybookView {
+    pub name: String,
+    pub version: u64,
+    pub priority: u32,
+    /// Incident kinds it handles (empty: escalation only).
+    pub incidents: Vec<String>,
+    pub steps: usize,
+    pub on_failure: Option<String>,
+    pub applied_ms: u64,
+    pub applied_by: String,
+    pub description: String,
 }
 
 /// `railguard clock`: the leader's latest network clock solution.

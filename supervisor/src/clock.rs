@@ -66,6 +66,11 @@ pub const PATH_SECONDS: usize = 120;
 pub const PATH_WINDOW: Duration = Duration::from_secs(120);
 /// How often the leader solves and commits state changes.
 pub const TICK: Duration = Duration::from_secs(1);
+/// A new leader commits no clock state changes for this long: it starts
+/// with no data, and without the warm-up every leader change would commit
+/// every host Unsynced (and open `clock_unsynced` incidents) until the
+/// agents' next summaries arrived.
+pub const WARMUP: Duration = Duration::from_secs(5);
 /// Most paths one `paths` call returns.
 pub const MAX_PATHS_PER_CALL: usize = 10_000;
 /// A host leaves a better state only when its bound exceeds that state's
@@ -1015,6 +1020,7 @@ pub async fn run(sup: Arc<Supervisor>) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut leading = false;
+    let mut leading_since = Instant::now();
     loop {
         tick.tick().await;
         if !sup.is_leader() {
@@ -1028,6 +1034,7 @@ pub async fn run(sup: Arc<Supervisor>) {
         if !leading {
             tracing::info!("leader: clock service starts, rebuilt from the agents' next summaries");
             leading = true;
+            leading_since = Instant::now();
         }
         let now = Instant::now();
         let input = sup.read(|st| sup.clocks.solve_input(st, now));
@@ -1049,7 +1056,7 @@ pub async fn run(sup: Arc<Supervisor>) {
         let changes = sup
             .read(|st| clock_changes(st, solved.as_ref().and_then(|s| s.solution.as_ref()), &cfg));
         sup.clocks.set_solved(solved);
-        if changes.is_empty() {
+        if changes.is_empty() || leading_since.elapsed() < WARMUP {
             continue;
         }
         for c in &changes {

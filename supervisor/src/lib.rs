@@ -8,6 +8,8 @@
 //! - [`network`]: Raft RPC between supervisors over gRPC.
 //! - [`service`]: the gRPC services (`Admin`, `Agent`, `RaftPeer`).
 //! - [`reconciler`]: leader-side intents and actions.
+//! - [`runs`]: the playbook executor (runs of stored playbooks for
+//!   incidents, each step an intent).
 //! - [`orders`]: the leader's order streams to agents (failover/failback).
 //! - [`liveness`]: Ready/Suspect/Down from heartbeats and probe evidence,
 //!   with a grace period.
@@ -24,11 +26,15 @@ pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod datadir;
+pub mod jobs;
 pub mod liveness;
 pub mod model;
 pub mod network;
 pub mod node;
 pub mod orders;
+pub mod playbook_store;
 pub mod probe_graph;
 pub mod reconciler;
+pub mod runs;
 pub mod service;
+pub mod webhooks;

@@ -109,6 +109,21 @@ pub enum Command {
         ok: bool,
         detail: String,
     },
+    /// A leader decision about a job (placement, restart, drain move).
+    Job(JobCommand),
+    /// A leader decision about playbook runs (start one for an incident).
+    Playbook(RunCommand),
+    /// The first leader of a new cluster installs the shipped playbooks
+    /// (`playbooks::SHIPPED`) once. Files naming a playbook already stored
+    /// are skipped (an admin's own version wins); a second install is a
+    /// no-op.
+    InstallShippedPlaybooks {
+        files: Vec<crate::playbook_store::PlaybookFile>,
+    },
+    /// The leader's webhook sender closes a `notify` step's intent with
+    /// the endpoint's answer (see `webhooks.rs`); a second answer is a
+    /// no-op.
+    WebhookDone { id: u64, ok: bool, detail: String },
 }
 
 /// Identifies one client request across retries: the client's session id
@@ -140,9 +155,13 @@ pub struct Session {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub enum AdminOp {
     /// Mark the host unschedulable.
-    Cordon { host: String },
+    Cordon {
+        host: String,
+    },
     /// Make the host schedulable again (not while it is draining).
-    Uncordon { host: String },
+    Uncordon {
+        host: String,
+    },
     /// Cordon, move the host's work away, then mark it Drained.
     Drain {
         host: String,
@@ -151,7 +170,9 @@ pub enum AdminOp {
         deadline_ms: Option<u64>,
     },
     /// Return a draining or drained host to service (also uncordons).
-    Undrain { host: String },
+    Undrain {
+        host: String,
+    },
     /// Set and remove labels.
     SetLabels {
         host: String,
@@ -167,12 +188,48 @@ pub enum AdminOp {
     },
     /// Move the connections whose home is the NIC back to it (a `Failback`
     /// intent).
-    NicFailback { host: String, nic: String },
+    NicFailback {
+        host: String,
+        nic: String,
+    },
+    /// Submit, cancel, restart or checkpoint a job.
+    Job(JobOp),
+    /// Store playbooks (atomically: all or none).
+    PlaybookApply {
+        files: Vec<crate::playbook_store::PlaybookFile>,
+    },
+    PlaybookDelete {
+        name: String,
+    },
 }
 
 impl AdminOp {
-    /// The host the operation targets.
-    pub fn host(&self) -> &str {
+    /// One line for replies and `railguard history` (file texts and job
+    /// specs are summarised, not dumped).
+    pub fn summary(&self) -> String {
+        match self {
+            AdminOp::PlaybookApply { files } => format!(
+                "playbook apply: {}",
+                files
+                    .iter()
+                    .map(|f| f.file.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            AdminOp::PlaybookDelete { name } => format!("playbook delete {name}"),
+            AdminOp::Job(JobOp::Submit { spec }) => format!(
+                "job submit {} ({} ranks: {})",
+                spec.name,
+                spec.ranks,
+                spec.command.join(" ")
+            ),
+            AdminOp::Job(op) => format!("job {op:?}"),
+            op => format!("{op:?}"),
+        }
+    }
+
+    /// The host the operation targets (none for job operations).
+    pub fn host(&self) -> Option<&str> {
         match self {
             AdminOp::Cordon { host }
             | AdminOp::Uncordon { host }
@@ -180,7 +237,10 @@ impl AdminOp {
             | AdminOp::Undrain { host }
             | AdminOp::SetLabels { host, .. }
             | AdminOp::NicFailover { host, .. }
-            | AdminOp::NicFailback { host, .. } => host,
+            | AdminOp::NicFailback { host, .. } => Some(host),
+            AdminOp::Job(_) | AdminOp::PlaybookApply { .. } | AdminOp::PlaybookDelete { .. } => {
+                None
+            }
         }
     }
 }
@@ -296,6 +356,22 @@ pub enum AgentEventKind {
         ok: bool,
         detail: String,
     },
+    /// A rank the agent launched exited (`signal` 0: by itself).
+    RankExited {
+        job: String,
+        incarnation: u64,
+        rank: u32,
+        exit_code: i32,
+        signal: i32,
+        detail: String,
+    },
+    /// A rank's checkpoint at `step` is durable.
+    RankCheckpoint {
+        job: String,
+        incarnation: u64,
+        rank: u32,
+        step: u64,
+    },
 }
 
 /// Things the reconciler does; each is recorded as an intent first.
@@ -313,6 +389,39 @@ pub enum Action {
     },
     /// Order the host's agent to move connections whose home is `nic` back.
     Failback { host: String, nic: String },
+    /// Order the host's agent to launch one rank of a job's incarnation.
+    StartRank {
+        job: String,
+        incarnation: u64,
+        rank: u32,
+        host: String,
+    },
+    /// Order the host's agent to stop the job's ranks of this incarnation
+    /// and older ones.
+    StopJob {
+        job: String,
+        incarnation: u64,
+        host: String,
+    },
+    /// Order the host's ranks of the incarnation to checkpoint (with
+    /// `halt`: and compute nothing more).
+    CheckpointJob {
+        job: String,
+        incarnation: u64,
+        host: String,
+        halt: bool,
+    },
+    /// One attempt of a playbook run's step ([`crate::runs`]): opened by
+    /// the run in apply (never proposed on its own), with the operation
+    /// resolved when the attempt started. `Failover`/`Failback` operations
+    /// are orders to the host's agent, by intent id like the admin ones.
+    PlaybookStep {
+        run: u64,
+        step: u32,
+        attempt: u32,
+        host: String,
+        op: StepOp,
+    },
 }
 
 impl Action {
@@ -321,13 +430,31 @@ impl Action {
         match self {
             Action::CompleteDrain { host }
             | Action::Failover { host, .. }
-            | Action::Failback { host, .. } => host,
+            | Action::Failback { host, .. }
+            | Action::StartRank { host, .. }
+            | Action::StopJob { host, .. }
+            | Action::CheckpointJob { host, .. }
+            | Action::PlaybookStep { host, .. } => host,
         }
     }
 
     /// Whether the action is carried out by the host's agent (an order).
     pub fn is_order(&self) -> bool {
-        matches!(self, Action::Failover { .. } | Action::Failback { .. })
+        match self {
+            Action::CompleteDrain { .. } => false,
+            Action::PlaybookStep { op, .. } => op.is_order(),
+            _ => true,
+        }
+    }
+
+    /// The job the action concerns, if any.
+    pub fn job(&self) -> Option<&str> {
+        match self {
+            Action::StartRank { job, .. }
+            | Action::StopJob { job, .. }
+            | Action::CheckpointJob { job, .. } => Some(job),
+            _ => None,
+        }
     }
 }
 
@@ -358,6 +485,10 @@ pub enum CmdOk {
     },
     /// Intent recorded (or the same action was already open under this id).
     IntentOpened {
+        id: u64,
+    },
+    /// A playbook run started (it may have ended at once: failed guards).
+    RunStarted {
         id: u64,
     },
 }
@@ -463,6 +594,13 @@ pub struct Host {
     pub open_incident: Option<u64>,
     /// Clock synchronisation state (changes committed by the leader).
     pub clock: HostClockRecord,
+    /// Left out of OWD-based (contention) decisions by a playbook's
+    /// `exclude_from_owd` until an `include_in_owd`.
+    #[serde(default)]
+    pub owd_excluded: bool,
+    /// The open `clock_unsynced` incident, if any.
+    #[serde(default)]
+    pub clock_incident: Option<u64>,
 }
 
 impl Host {
@@ -511,15 +649,8 @@ struct NicReport {
     probes_lost: bool,
 }
 
-/// A training job (its lifecycle arrives with the jobs issue; drain already
-/// consults placement).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Job {
-    pub name: String,
-    /// Host of each rank.
-    pub placement: Vec<String>,
-    pub incarnation: u64,
-}
+pub use crate::jobs::{Job, JobCommand, JobOp, JobSpec, JobState};
+pub use crate::runs::{PlaybookRun, RunCommand, RunState, StepOp};
 
 /// Something that went wrong and may need remediation.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -531,6 +662,9 @@ pub struct Incident {
     pub opened_ms: u64,
     pub closed_ms: Option<u64>,
     pub detail: String,
+    /// The incident's latest playbook run (none: never had one).
+    #[serde(default)]
+    pub run: Option<u64>,
 }
 
 /// Intent status.
@@ -622,6 +756,26 @@ pub struct ClusterState {
     pub next_event_seq: u64,
     pub next_incident_id: u64,
     pub next_intent_id: u64,
+    /// Jobs submitted so far (numbers jobs: their data port).
+    #[serde(default)]
+    pub next_job_number: u64,
+    /// Stored playbooks by name.
+    #[serde(default)]
+    pub playbooks: BTreeMap<String, crate::playbook_store::StoredPlaybook>,
+    /// Bumped whenever a playbook changes.
+    #[serde(default)]
+    pub playbook_version: u64,
+    /// Whether the shipped playbooks were installed (once per cluster).
+    #[serde(default)]
+    pub shipped_playbooks_installed: bool,
+    /// Playbook runs: active ones and the most recently ended.
+    #[serde(default)]
+    pub runs: BTreeMap<u64, PlaybookRun>,
+    /// Ended run ids, oldest first (bounds `runs`).
+    #[serde(default)]
+    pub closed_runs: VecDeque<u64>,
+    #[serde(default)]
+    pub next_run_id: u64,
     /// Index of the last applied log entry (for status output).
     pub last_log_index: u64,
     /// Connection placements per host (each host bounded by
@@ -640,7 +794,7 @@ pub struct ClusterState {
     pub probe_plan_version: u64,
 }
 
-fn check_name(what: &str, s: &str) -> Result<(), CmdError> {
+pub(crate) fn check_name(what: &str, s: &str) -> Result<(), CmdError> {
     if s.is_empty() {
         return Err(CmdError::InvalidArgument(format!(
             "{what} must not be empty"
@@ -663,7 +817,11 @@ fn check_name(what: &str, s: &str) -> Result<(), CmdError> {
 /// backup. Refuses an unknown NIC, a target that is the NIC itself or not a
 /// NIC of the host, a NIC without backup (and no `to`), and a target that
 /// is down.
-fn failover_target(host: &Host, nic: &str, to: Option<&str>) -> Result<String, CmdError> {
+pub(crate) fn failover_target(
+    host: &Host,
+    nic: &str,
+    to: Option<&str>,
+) -> Result<String, CmdError> {
     let n = host
         .nics
         .get(nic)
@@ -698,7 +856,7 @@ fn failover_target(host: &Host, nic: &str, to: Option<&str>) -> Result<String, C
 }
 
 /// Refuses a failback to an unknown NIC or one that is down.
-fn check_failback(host: &Host, nic: &str) -> Result<(), CmdError> {
+pub(crate) fn check_failback(host: &Host, nic: &str) -> Result<(), CmdError> {
     let n = host
         .nics
         .get(nic)
@@ -773,10 +931,20 @@ impl ClusterState {
                         "actor must be 1..253 bytes".into(),
                     ));
                 }
+                let Some(host_name) = op.host() else {
+                    return match op {
+                        AdminOp::Job(jop) => self.validate_job_op(jop),
+                        AdminOp::PlaybookApply { files } => {
+                            self.playbooks_after_apply(files).map(|_| ())
+                        }
+                        AdminOp::PlaybookDelete { name } => self.validate_playbook_delete(name),
+                        _ => unreachable!("only cluster-wide operations have no host"),
+                    };
+                };
                 let host = self
                     .hosts
-                    .get(op.host())
-                    .ok_or_else(|| not_found("host", op.host()))?;
+                    .get(host_name)
+                    .ok_or_else(|| not_found("host", host_name))?;
                 match op {
                     AdminOp::Uncordon { .. } if host.drain.is_some() => {
                         Err(CmdError::FailedPrecondition(format!(
@@ -842,6 +1010,17 @@ impl ClusterState {
                                 )));
                             }
                         }
+                        AgentEventKind::RankExited { job, detail, .. } => {
+                            check_name("job name", job)?;
+                            if detail.len() > MAX_REASON_LEN {
+                                return Err(CmdError::InvalidArgument(format!(
+                                    "exit detail is longer than {MAX_REASON_LEN} bytes"
+                                )));
+                            }
+                        }
+                        AgentEventKind::RankCheckpoint { job, .. } => {
+                            check_name("job name", job)?;
+                        }
                     }
                 }
                 Ok(())
@@ -893,6 +1072,17 @@ impl ClusterState {
                         failover_target(host, nic, Some(to)).map(|_| ())
                     }
                     Action::Failback { nic, .. } => check_failback(host, nic),
+                    Action::StartRank { job, .. }
+                    | Action::StopJob { job, .. }
+                    | Action::CheckpointJob { job, .. } => {
+                        if !self.jobs.contains_key(job) {
+                            return Err(not_found("job", job));
+                        }
+                        Ok(())
+                    }
+                    Action::PlaybookStep { .. } => Err(CmdError::InvalidArgument(
+                        "playbook steps are opened by their run, not on their own".into(),
+                    )),
                 }
             }
             Command::CloseIntent { id, .. } => match self.intents.get(id) {
@@ -917,6 +1107,32 @@ impl ClusterState {
                     )));
                 }
                 Ok(())
+            }
+            Command::Job(c) => self.validate_job_command(c),
+            Command::Playbook(c) => self.validate_run_command(c),
+            Command::InstallShippedPlaybooks { .. } => Ok(()),
+            Command::WebhookDone { id, detail, .. } => {
+                if detail.len() > MAX_REASON_LEN {
+                    return Err(CmdError::InvalidArgument(format!(
+                        "webhook detail is longer than {MAX_REASON_LEN} bytes"
+                    )));
+                }
+                let intent = self
+                    .intents
+                    .get(id)
+                    .ok_or_else(|| not_found("intent", &id.to_string()))?;
+                match &intent.action {
+                    Action::PlaybookStep {
+                        op:
+                            crate::runs::StepOp::Notify {
+                                webhook: Some(_), ..
+                            },
+                        ..
+                    } => Ok(()),
+                    _ => Err(CmdError::InvalidArgument(format!(
+                        "intent {id} is not a webhook notification"
+                    ))),
+                }
             }
         }
     }
@@ -987,7 +1203,7 @@ impl ClusterState {
         }
     }
 
-    fn log_event(&mut self, at_ms: u64, host: Option<&str>, what: String) {
+    pub(crate) fn log_event(&mut self, at_ms: u64, host: Option<&str>, what: String) {
         self.log_observed(at_ms, host, what, None);
     }
 
@@ -1027,6 +1243,8 @@ impl ClusterState {
                     last_event_seq: 0,
                     open_incident: None,
                     clock: HostClockRecord::default(),
+                    owd_excluded: false,
+                    clock_incident: None,
                 });
                 let probe_view_before = existing.as_ref().map(probe_view);
                 let mut new_nics = BTreeMap::new();
@@ -1086,7 +1304,24 @@ impl ClusterState {
                 })
             }
             Command::Admin { actor, op, .. } => {
-                let host = self.hosts.get_mut(op.host()).expect("validated");
+                let Some(host_name) = op.host() else {
+                    let what = match op {
+                        AdminOp::Job(jop) => self.apply_job_op(at_ms, jop, actor),
+                        AdminOp::PlaybookApply { files } => {
+                            self.apply_playbooks(at_ms, actor, files)
+                        }
+                        AdminOp::PlaybookDelete { name } => {
+                            self.playbooks.remove(name);
+                            self.playbook_version += 1;
+                            format!("playbook {name} deleted")
+                        }
+                        _ => unreachable!("only cluster-wide operations have no host"),
+                    };
+                    self.record_admin(index, at_ms, actor, op);
+                    self.log_event(at_ms, None, format!("{what} (by {actor})"));
+                    return Ok(CmdOk::Done);
+                };
+                let host = self.hosts.get_mut(host_name).expect("validated");
                 let mut order = None;
                 let what = match op {
                     AdminOp::Cordon { .. } => {
@@ -1147,17 +1382,14 @@ impl ClusterState {
                         });
                         format!("failback to NIC {nic} ordered")
                     }
+                    AdminOp::Job(_)
+                    | AdminOp::PlaybookApply { .. }
+                    | AdminOp::PlaybookDelete { .. } => {
+                        unreachable!("cluster-wide operations have no host")
+                    }
                 };
-                let host_name = op.host().to_owned();
-                self.admin_history.push_back(AdminRecord {
-                    at_ms,
-                    actor: actor.clone(),
-                    op: op.clone(),
-                    log_index: index,
-                });
-                while self.admin_history.len() > MAX_ADMIN_HISTORY {
-                    self.admin_history.pop_front();
-                }
+                let host_name = host_name.to_owned();
+                self.record_admin(index, at_ms, actor, op);
                 self.log_event(at_ms, Some(&host_name), format!("{what} (by {actor})"));
                 match order {
                     Some(action) => Ok(CmdOk::IntentOpened {
@@ -1186,10 +1418,22 @@ impl ClusterState {
                             "missed heartbeats and no probe evidence".into(),
                         );
                         self.hosts.get_mut(host).expect("validated").open_incident = Some(id);
+                        // The playbook for host_down (the shipped
+                        // host-down.toml restarts the jobs) handles it;
+                        // nothing is hard-wired beside it.
+                        let what = match self.playbook_for(id) {
+                            Some((pb, _)) => format!("host_down handled by playbook {}", pb.name),
+                            None => "no playbook handles host_down: its jobs wait for an operator"
+                                .into(),
+                        };
+                        self.log_event(at_ms, Some(host), what);
                     }
                     _ => {
                         if let Some(id) = open {
                             self.close_incident(at_ms, id, "host is back");
+                        }
+                        if prev == Liveness::Down {
+                            self.jobs_host_back(host);
                         }
                     }
                 }
@@ -1217,6 +1461,7 @@ impl ClusterState {
                         Some(&c.host),
                         format!("clock {prev:?} -> {:?}{figures}", c.state),
                     );
+                    self.clock_incidents(at_ms, &c.host, prev, c.state);
                 }
                 Ok(CmdOk::Done)
             }
@@ -1236,11 +1481,39 @@ impl ClusterState {
                 };
                 self.close_intent(at_ms, *id, outcome, detail)
             }
+            Command::Job(c) => self.apply_job_command(at_ms, c),
+            Command::Playbook(c) => self.apply_run_command(at_ms, c),
+            Command::InstallShippedPlaybooks { files } => {
+                self.install_shipped_playbooks(at_ms, files);
+                Ok(CmdOk::Done)
+            }
+            Command::WebhookDone { id, ok, detail } => {
+                let outcome = if *ok {
+                    Outcome::Done
+                } else {
+                    Outcome::Failed {
+                        error: detail.clone(),
+                    }
+                };
+                self.close_intent(at_ms, *id, outcome, detail)
+            }
+        }
+    }
+
+    fn record_admin(&mut self, index: u64, at_ms: u64, actor: &str, op: &AdminOp) {
+        self.admin_history.push_back(AdminRecord {
+            at_ms,
+            actor: actor.to_owned(),
+            op: op.clone(),
+            log_index: index,
+        });
+        while self.admin_history.len() > MAX_ADMIN_HISTORY {
+            self.admin_history.pop_front();
         }
     }
 
     /// Records an intent (or finds the open one for the same action).
-    fn open_intent(&mut self, at_ms: u64, action: &Action) -> u64 {
+    pub(crate) fn open_intent(&mut self, at_ms: u64, action: &Action) -> u64 {
         if let Some(existing) = self
             .intents
             .values()
@@ -1271,7 +1544,13 @@ impl ClusterState {
 
     /// Closes an open intent with its outcome and applies the effect;
     /// closing a closed intent changes nothing.
-    fn close_intent(&mut self, at_ms: u64, id: u64, outcome: Outcome, detail: &str) -> CmdResult {
+    pub(crate) fn close_intent(
+        &mut self,
+        at_ms: u64,
+        id: u64,
+        outcome: Outcome,
+        detail: &str,
+    ) -> CmdResult {
         let intent = self.intents.get(&id).expect("validated").clone();
         if intent.status != IntentStatus::Open {
             // Idempotent by id: closing twice changes nothing.
@@ -1296,6 +1575,11 @@ impl ClusterState {
                 // The agent moved the connections; their placements arrive
                 // as agent events.
                 Action::Failover { .. } | Action::Failback { .. } => {}
+                Action::StartRank { .. }
+                | Action::StopJob { .. }
+                | Action::CheckpointJob { .. } => {}
+                // Step effects were applied when the attempt started.
+                Action::PlaybookStep { .. } => {}
             }
         }
         let host = intent.action.host().to_owned();
@@ -1304,6 +1588,16 @@ impl ClusterState {
         e.closed_ms = Some(at_ms);
         e.detail = detail.to_owned();
         self.prune_closed_intents(id);
+        if intent.action.job().is_some() {
+            self.job_order_closed(at_ms, &intent.action, outcome == Outcome::Done, detail);
+        }
+        if let Action::PlaybookStep { run, .. } = &intent.action {
+            // Logged first so the run's lines follow the intent's.
+            let what = format!("intent {id} closed: {outcome:?}");
+            self.log_event(at_ms, Some(&host), what);
+            self.run_step_closed(at_ms, *run, id, &outcome);
+            return Ok(CmdOk::Done);
+        }
         let what = match (&intent.action, &outcome) {
             (Action::CompleteDrain { .. }, Outcome::Done) => {
                 format!("drained (intent {id})")
@@ -1415,6 +1709,31 @@ impl ClusterState {
                         Some(e.at_unix_ns),
                     );
                 }
+                AgentEventKind::RankExited {
+                    job,
+                    incarnation,
+                    rank,
+                    exit_code,
+                    signal,
+                    detail,
+                } => self.apply_rank_exited(
+                    at_ms,
+                    host,
+                    job,
+                    *incarnation,
+                    *rank,
+                    crate::jobs::Exit {
+                        code: *exit_code,
+                        signal: *signal,
+                        detail: detail.clone(),
+                    },
+                ),
+                AgentEventKind::RankCheckpoint {
+                    job,
+                    incarnation,
+                    rank,
+                    step,
+                } => self.apply_rank_checkpoint(at_ms, host, job, *incarnation, *rank, *step),
             }
             through = e.seq;
             self.hosts.get_mut(host).expect("validated").last_event_seq = through;
@@ -1528,7 +1847,7 @@ impl ClusterState {
         }
     }
 
-    fn open_incident(
+    pub(crate) fn open_incident(
         &mut self,
         at_ms: u64,
         kind: &str,
@@ -1548,13 +1867,49 @@ impl ClusterState {
                 opened_ms: at_ms,
                 closed_ms: None,
                 detail,
+                run: None,
             },
         );
         self.log_event(at_ms, Some(host), format!("incident {id} opened: {kind}"));
         id
     }
 
-    fn close_incident(&mut self, at_ms: u64, id: u64, why: &str) {
+    /// A clock that lost sync (Synced or Degraded → Unsynced) opens a
+    /// `clock_unsynced` incident; Synced again closes it (a playbook
+    /// waiting for `clock_synced` goes on to its last steps). A Down
+    /// host's clock is unknowable and its `host_down` incident says more:
+    /// no clock incident for it.
+    fn clock_incidents(&mut self, at_ms: u64, host: &str, prev: ClockState, now: ClockState) {
+        let h = &self.hosts[host];
+        match now {
+            ClockState::Unsynced
+                if prev != ClockState::Unsynced
+                    && h.clock_incident.is_none()
+                    && h.liveness != Liveness::Down =>
+            {
+                let id = self.open_incident(
+                    at_ms,
+                    "clock_unsynced",
+                    host,
+                    None,
+                    format!("clock {prev:?} -> Unsynced"),
+                );
+                self.hosts.get_mut(host).expect("exists").clock_incident = Some(id);
+            }
+            ClockState::Synced => {
+                if let Some(id) = self
+                    .hosts
+                    .get_mut(host)
+                    .and_then(|h| h.clock_incident.take())
+                {
+                    self.close_incident(at_ms, id, "clock synced again");
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub(crate) fn close_incident(&mut self, at_ms: u64, id: u64, why: &str) {
         let Some(i) = self.incidents.get_mut(&id) else {
             return;
         };
@@ -1570,6 +1925,8 @@ impl ClusterState {
             format!("incident {id} ({kind}) closed: {why}"),
         );
         self.closed_incidents.push_back(id);
+        // A run still acting on it is cancelled (a waiting one goes on).
+        self.incident_cleared(at_ms, id);
         while self.closed_incidents.len() > MAX_CLOSED_RECORDS {
             if let Some(old) = self.closed_incidents.pop_front() {
                 self.incidents.remove(&old);
@@ -1610,7 +1967,7 @@ fn probe_view(h: &Host) -> Vec<(&str, Option<u32>, Option<&str>)> {
         .collect()
 }
 
-fn check_labels(
+pub(crate) fn check_labels(
     set: &BTreeMap<String, String>,
     existing: &[&BTreeMap<String, String>],
 ) -> Result<(), CmdError> {
@@ -2139,9 +2496,163 @@ mod tests {
                             detail: "d".into(),
                         },
                     },
+                    AgentEvent {
+                        seq: 5,
+                        at_unix_ns: 6,
+                        kind: AgentEventKind::RankExited {
+                            job: "j".into(),
+                            incarnation: 2,
+                            rank: 1,
+                            exit_code: -1,
+                            signal: 9,
+                            detail: "d".into(),
+                        },
+                    },
+                    AgentEvent {
+                        seq: 6,
+                        at_unix_ns: 7,
+                        kind: AgentEventKind::RankCheckpoint {
+                            job: "j".into(),
+                            incarnation: 2,
+                            rank: 1,
+                            step: 40,
+                        },
+                    },
                 ],
             },
+            Command::Admin {
+                actor: "a".into(),
+                op: AdminOp::Job(JobOp::Submit {
+                    spec: JobSpec {
+                        name: "j".into(),
+                        ranks: 2,
+                        hosts: vec!["h".into()],
+                        labels: BTreeMap::from([("k".into(), "v".into())]),
+                        command: vec!["x".into()],
+                        env: BTreeMap::from([("A".into(), "b".into())]),
+                        checkpoint_dir: "/c".into(),
+                        checkpoint_every: 5,
+                        max_restarts: 3,
+                        backoff_ms: 1000,
+                    },
+                }),
+                request: None,
+            },
+            Command::Admin {
+                actor: "a".into(),
+                op: AdminOp::Job(JobOp::Restart {
+                    job: "j".into(),
+                    reason: "r".into(),
+                }),
+                request: None,
+            },
+            Command::Job(JobCommand::Place {
+                job: "j".into(),
+                incarnation: 1,
+                placement: vec!["h".into()],
+            }),
+            Command::Job(JobCommand::Restart {
+                job: "j".into(),
+                incarnation: 1,
+                reason: "r".into(),
+                planned: true,
+            }),
+            Command::Job(JobCommand::Halt {
+                job: "j".into(),
+                incarnation: 1,
+            }),
+            Command::OpenIntent {
+                action: Action::StartRank {
+                    job: "j".into(),
+                    incarnation: 1,
+                    rank: 0,
+                    host: "h".into(),
+                },
+            },
+            Command::OpenIntent {
+                action: Action::CheckpointJob {
+                    job: "j".into(),
+                    incarnation: 1,
+                    host: "h".into(),
+                    halt: true,
+                },
+            },
+            Command::OpenIntent {
+                action: Action::StopJob {
+                    job: "j".into(),
+                    incarnation: 1,
+                    host: "h".into(),
+                },
+            },
+            Command::Playbook(RunCommand::Start {
+                incident: 3,
+                playbook: "nic-down".into(),
+                version: 7,
+            }),
         ];
+        // Playbook steps are opened by their run, not proposed, but they
+        // sit in intents (snapshots) and every operation must round-trip.
+        let mark = crate::runs::JobMark {
+            job: "j".into(),
+            incarnation: 2,
+            checkpoint: Some(40),
+        };
+        let ops = vec![
+            StepOp::Failover {
+                nic: "n".into(),
+                to: "m".into(),
+            },
+            StepOp::Failback { nic: "n".into() },
+            StepOp::CheckpointJobs {
+                jobs: vec![mark.clone()],
+            },
+            StepOp::RestartJobs {
+                jobs: vec![
+                    mark,
+                    crate::runs::JobMark {
+                        job: "k".into(),
+                        incarnation: 0,
+                        checkpoint: None,
+                    },
+                ],
+            },
+            StepOp::Cordon,
+            StepOp::Drain {
+                deadline_ms: 600_000,
+            },
+            StepOp::WaitUntil {
+                condition: "not nic_reusable".into(),
+            },
+            StepOp::ExcludeFromOwd,
+            StepOp::IncludeInOwd,
+            StepOp::Notify {
+                message: "m".into(),
+                webhook: Some("http://127.0.0.1:9/hook".into()),
+            },
+            StepOp::ReshapeRate {
+                bits_per_sec: 40_000_000_000,
+            },
+        ];
+        let mut cmds = cmds;
+        cmds.push(Command::InstallShippedPlaybooks {
+            files: crate::playbook_store::shipped_files(),
+        });
+        cmds.push(Command::WebhookDone {
+            id: 4,
+            ok: false,
+            detail: "webhook http://h/x answered 503: busy".into(),
+        });
+        for (i, op) in ops.into_iter().enumerate() {
+            cmds.push(Command::OpenIntent {
+                action: Action::PlaybookStep {
+                    run: 1,
+                    step: i as u32,
+                    attempt: 2,
+                    host: "h".into(),
+                    op,
+                },
+            });
+        }
         let p = Proposal { at_ms: 9, cmds };
         let bytes = bincode::serialize(&p).unwrap();
         let back: Proposal = bincode::deserialize(&bytes).unwrap();
@@ -2153,6 +2664,7 @@ mod tests {
             }),
             Ok(CmdOk::Acked { through: 2 }),
             Ok(CmdOk::IntentOpened { id: 3 }),
+            Ok(CmdOk::RunStarted { id: 4 }),
             Err(not_found("host", "h")),
             Err(not_found("NIC", "h/n")),
             Err(CmdError::InvalidArgument("x".into())),

@@ -61,6 +61,8 @@ pub struct Supervisor {
     pub orders: crate::orders::OrderHub,
     /// Leader memory: probe summaries, the clock solution, probe evidence.
     pub clocks: crate::clock::ClockService,
+    /// Leader memory: webhook POSTs in flight.
+    pub webhooks: crate::webhooks::WebhookSender,
 }
 
 /// Start-up failures.
@@ -112,6 +114,7 @@ impl Supervisor {
             heartbeats: Default::default(),
             orders: Default::default(),
             clocks: Default::default(),
+            webhooks: Default::default(),
         });
         tokio::spawn(run_batcher(raft, rx));
         Ok(sup)

@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use proto::v1::{agent_order, AgentOrder, NicFailback, NicFailover};
+use proto::v1::{
+    agent_order, AgentOrder, CheckpointJob, NicFailback, NicFailover, RankPeer, StartRank, StopJob,
+};
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -28,6 +30,10 @@ pub const RESEND_EVERY: Duration = Duration::from_secs(3);
 /// Orders queued per stream (a stream that falls behind gets them on the
 /// next resend).
 pub const STREAM_QUEUE: usize = 64;
+/// Query ids have this bit set (intent ids never do).
+pub const QUERY_BIT: u64 = 1 << 63;
+/// Queries awaiting an answer at once.
+pub const MAX_QUERIES: usize = 256;
 /// Streams kept per host (the newest win; an agent has one).
 pub const MAX_STREAMS_PER_HOST: usize = 4;
 
@@ -45,10 +51,14 @@ struct Subscriber {
 pub struct OrderHub {
     streams: Mutex<HashMap<String, Vec<Subscriber>>>,
     next_id: AtomicU64,
+    /// Queries awaiting their answer, by query id (top bit set).
+    queries: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<proto::v1::LogTailResult>>>,
 }
 
 /// The wire form of an intent's action if it is an order: (host, order).
-pub fn order_of(id: u64, action: &Action) -> Option<(String, AgentOrder)> {
+/// Job orders read the job (command, peers' addresses) from the state;
+/// `None` for a job that is gone (the reconciler cancels its intents).
+pub fn order_of(st: &ClusterState, id: u64, action: &Action) -> Option<(String, AgentOrder)> {
     let kind = match action {
         Action::Failover { nic, to, .. } => agent_order::Kind::Failover(NicFailover {
             nic: nic.clone(),
@@ -57,6 +67,60 @@ pub fn order_of(id: u64, action: &Action) -> Option<(String, AgentOrder)> {
         Action::Failback { nic, .. } => {
             agent_order::Kind::Failback(NicFailback { nic: nic.clone() })
         }
+        Action::StartRank {
+            job,
+            incarnation,
+            rank,
+            ..
+        } => {
+            let j = st.jobs.get(job)?;
+            let peers = j
+                .placement
+                .iter()
+                .map(|h| RankPeer {
+                    host: h.clone(),
+                    addrs: rail_addrs(st, h),
+                })
+                .collect();
+            agent_order::Kind::StartRank(StartRank {
+                job: job.clone(),
+                incarnation: *incarnation,
+                rank: *rank,
+                peers,
+                argv: j.spec.command.clone(),
+                env: j.spec.env.clone().into_iter().collect(),
+                checkpoint_dir: j.spec.checkpoint_dir.clone(),
+                checkpoint_every: j.spec.checkpoint_every,
+                resume_step: j.resume_step,
+                port: u32::from(j.port),
+            })
+        }
+        Action::StopJob {
+            job, incarnation, ..
+        } => agent_order::Kind::StopJob(StopJob {
+            job: job.clone(),
+            incarnation: *incarnation,
+        }),
+        Action::CheckpointJob {
+            job,
+            incarnation,
+            halt,
+            ..
+        } => agent_order::Kind::CheckpointJob(CheckpointJob {
+            job: job.clone(),
+            incarnation: *incarnation,
+            halt: *halt,
+        }),
+        Action::PlaybookStep { op, .. } => match op {
+            crate::runs::StepOp::Failover { nic, to } => agent_order::Kind::Failover(NicFailover {
+                nic: nic.clone(),
+                to: to.clone(),
+            }),
+            crate::runs::StepOp::Failback { nic } => {
+                agent_order::Kind::Failback(NicFailback { nic: nic.clone() })
+            }
+            _ => return None,
+        },
         Action::CompleteDrain { .. } => return None,
     };
     Some((
@@ -68,14 +132,113 @@ pub fn order_of(id: u64, action: &Action) -> Option<(String, AgentOrder)> {
     ))
 }
 
+/// A host's data NIC addresses in rail order (NICs without a rail or an
+/// address are not data NICs).
+pub fn rail_addrs(st: &ClusterState, host: &str) -> Vec<String> {
+    let Some(h) = st.hosts.get(host) else {
+        return Vec::new();
+    };
+    let mut nics: Vec<(u32, &str)> = h
+        .nics
+        .values()
+        .filter_map(|n| Some((n.rail?, n.addr.as_deref()?)))
+        .collect();
+    nics.sort();
+    nics.into_iter().map(|(_, a)| a.to_owned()).collect()
+}
+
 /// Every open order in the state: (host, order), oldest first.
 pub fn open_orders(st: &ClusterState) -> Vec<(String, AgentOrder)> {
     st.open_intents()
-        .filter_map(|i| order_of(i.id, &i.action))
+        .filter_map(|i| order_of(st, i.id, &i.action))
         .collect()
 }
 
 impl OrderHub {
+    /// Hands a query's answer to whoever waits for it (unknown ids, late
+    /// answers included, are dropped).
+    pub fn answer_query(&self, r: proto::v1::LogTailResult) {
+        let waiter = self
+            .queries
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&r.order_id);
+        match waiter {
+            Some(tx) => {
+                let _ = tx.send(r);
+            }
+            None => {
+                tracing::debug!(order_id = r.order_id, host = %r.host, "answer to an unknown or expired query")
+            }
+        }
+    }
+
+    /// Asks `host`'s agent for the end of a rank's log (a query: not an
+    /// intent, nothing is stored). Fails at once when the agent has no
+    /// order stream to this leader, or after `within`.
+    pub async fn tail_log(
+        &self,
+        host: &str,
+        job: &str,
+        rank: u32,
+        max_bytes: u32,
+        within: Duration,
+    ) -> Result<proto::v1::LogTailResult, crate::api::ApiError> {
+        use crate::api::{ApiError, ErrorKind};
+        let id = QUERY_BIT | (self.next_id.fetch_add(1, Ordering::Relaxed) & !QUERY_BIT);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        {
+            let mut q = self.queries.lock().unwrap_or_else(|e| e.into_inner());
+            if q.len() >= MAX_QUERIES {
+                return Err(ApiError::new(
+                    ErrorKind::Unavailable,
+                    "too many log queries in flight; retry",
+                ));
+            }
+            q.insert(id, tx);
+        }
+        let order = AgentOrder {
+            order_id: id,
+            kind: Some(agent_order::Kind::TailLog(proto::v1::TailLog {
+                job: job.to_owned(),
+                rank,
+                max_bytes,
+            })),
+        };
+        let sent = {
+            let mut streams = self.lock();
+            streams
+                .get_mut(host)
+                .into_iter()
+                .flatten()
+                .filter(|s| !s.tx.is_closed())
+                .any(|s| s.tx.try_send(Ok(order.clone())).is_ok())
+        };
+        let forget = || {
+            self.queries
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&id);
+        };
+        if !sent {
+            forget();
+            return Err(ApiError::new(
+                ErrorKind::Unavailable,
+                format!("the agent of {host} is not connected to the leader"),
+            ));
+        }
+        match tokio::time::timeout(within, rx).await {
+            Ok(Ok(r)) => Ok(r),
+            _ => {
+                forget();
+                Err(ApiError::new(
+                    ErrorKind::Unavailable,
+                    format!("the agent of {host} did not answer within {within:?}"),
+                ))
+            }
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Subscriber>>> {
         self.streams.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -155,6 +318,7 @@ mod tests {
 
     fn failover(id: u64, host: &str) -> (String, AgentOrder) {
         order_of(
+            &ClusterState::default(),
             id,
             &Action::Failover {
                 host: host.into(),
@@ -186,7 +350,12 @@ mod tests {
         assert_eq!(h0b.recv().await.unwrap().unwrap().order_id, 7);
         assert_eq!(hub.streams_of("h0"), 1, "the closed stream is gone");
         // Closed intents are not sent; drains are not orders.
-        assert!(order_of(1, &Action::CompleteDrain { host: "h0".into() }).is_none());
+        assert!(order_of(
+            &ClusterState::default(),
+            1,
+            &Action::CompleteDrain { host: "h0".into() }
+        )
+        .is_none());
         assert_eq!(hub.dispatch(&[], t0 + RESEND_EVERY * 3), 0);
         hub.clear();
         assert!(h0b.recv().await.is_none(), "clear ends the streams");

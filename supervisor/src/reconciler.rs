@@ -19,6 +19,13 @@
 //! answer (`Agent.OrderDone`) closes the intent Done or Failed; the
 //! reconciler closes what can no longer happen (host or NIC gone: Cancelled)
 //! or got no answer within [`ORDER_DEADLINE_MS`] (Failed).
+//!
+//! Playbook runs are the third ([`crate::runs`]): each tick proposes a run
+//! for every open incident a stored playbook matches; the run opens its
+//! step intents in apply, and [`evaluate`] closes the waiting ones (orders
+//! are answered by agents like the admin ones; checkpoints, restarts,
+//! drains and `wait_until` conditions are checked here, each with its
+//! step's timeout).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,6 +46,7 @@ pub async fn run(sup: Arc<Supervisor>) {
         tick.tick().await;
         if !sup.is_leader() {
             sup.orders.clear();
+            sup.webhooks.clear();
             continue;
         }
         if let Err(e) = step(&sup).await {
@@ -56,6 +64,7 @@ pub fn wanted_actions(st: &ClusterState) -> Vec<Action> {
         .map(|h| Action::CompleteDrain {
             host: h.name.clone(),
         })
+        .chain(crate::jobs::wanted_job_actions(st))
         .filter(|a| !open.contains(&a))
         .collect()
 }
@@ -81,11 +90,26 @@ pub fn evaluate(st: &ClusterState, intent: &Intent, now_ms: u64) -> Option<Outco
             if jobs_left == 0 {
                 return Some(Outcome::Done);
             }
-            if drain.deadline_ms.is_some_and(|d| now_ms >= d) {
-                tracing::warn!(host = %host, jobs_left, "drain deadline passed with work left; stopping it needs the job runner");
+            // Jobs are moved off by `jobs::wanted_job_commands` (halting
+            // checkpoint, or a stop at the deadline).
+            None
+        }
+        Action::StartRank { .. } | Action::StopJob { .. } | Action::CheckpointJob { .. } => {
+            if let Some(why) = crate::jobs::job_order_obsolete(st, &intent.action) {
+                return Some(Outcome::Cancelled { why });
+            }
+            if now_ms >= intent.opened_ms.saturating_add(ORDER_DEADLINE_MS) {
+                return Some(Outcome::Failed {
+                    error: format!(
+                        "the agent of {} did not answer within {} s",
+                        intent.action.host(),
+                        ORDER_DEADLINE_MS / 1000
+                    ),
+                });
             }
             None
         }
+        Action::PlaybookStep { .. } => crate::runs::evaluate_step(st, intent, now_ms),
         Action::Failover { host, nic, .. } | Action::Failback { host, nic } => {
             let Some(h) = st.hosts.get(host) else {
                 return Some(Outcome::Cancelled {
@@ -120,11 +144,38 @@ pub fn evaluate(st: &ClusterState, intent: &Intent, now_ms: u64) -> Option<Outco
 }
 
 async fn step(sup: &Arc<Supervisor>) -> Result<(), crate::api::ApiError> {
+    let now = now_ms();
+    for cmd in sup.read(|st| crate::jobs::wanted_job_commands(st, now)) {
+        tracing::info!(decision = ?cmd, "job decision");
+        // A decision the state outran is refused at apply; the next tick
+        // decides again from the new state.
+        if let Err(e) = sup.propose(Command::Job(cmd)).await {
+            tracing::info!(error = %e, "job decision refused");
+        }
+    }
+    if !sup.read(|st| st.shipped_playbooks_installed) {
+        tracing::info!(
+            files = playbooks::SHIPPED.len(),
+            "a new cluster: installing the shipped playbooks"
+        );
+        sup.propose(Command::InstallShippedPlaybooks {
+            files: crate::playbook_store::shipped_files(),
+        })
+        .await?;
+    }
+    for cmd in sup.read(crate::runs::wanted_run_commands) {
+        tracing::info!(decision = ?cmd, "starting a playbook run");
+        // A start the state outran (incident closed, playbook changed) is
+        // refused at apply; the next tick decides again.
+        if let Err(e) = sup.propose(Command::Playbook(cmd)).await {
+            tracing::info!(error = %e, "playbook run start refused");
+        }
+    }
+    sup.webhooks.dispatch(sup);
     for action in sup.read(wanted_actions) {
         tracing::info!(action = ?action, "opening intent");
         sup.propose(Command::OpenIntent { action }).await?;
     }
-    let now = now_ms();
     let closes: Vec<(u64, Outcome)> = sup.read(|st| {
         st.open_intents()
             .filter_map(|i| evaluate(st, i, now).map(|o| (i.id, o)))
@@ -319,14 +370,8 @@ mod tests {
     #[test]
     fn drain_waits_for_jobs_and_is_cancelled_by_undrain() {
         let mut st = drained_state();
-        st.jobs.insert(
-            "j".into(),
-            crate::model::Job {
-                name: "j".into(),
-                placement: vec!["h0".into()],
-                incarnation: 1,
-            },
-        );
+        st.jobs
+            .insert("j".into(), crate::jobs::placed_for_test("j", &["h0"]));
         apply(
             &mut st,
             3,

@@ -529,7 +529,8 @@ async fn follow_streams_new_events() {
         .await
         .unwrap()
         .unwrap();
-    assert!(seen[0].contains("registered"), "{seen:?}");
+    assert!(seen[0].starts_with("playbooks applied"), "{seen:?}");
+    assert!(seen[1].contains("registered"), "{seen:?}");
     assert!(seen.last().unwrap().starts_with("cordoned"), "{seen:?}");
 }
 

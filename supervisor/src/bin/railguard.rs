@@ -11,9 +11,11 @@ use supervisor::api::{
     AdminReply, AdminRequest, ApiError, ClockView, ErrorKind, PathsView, QpView,
 };
 use supervisor::client::AdminClient;
+use supervisor::jobs::{Job, JobOp, JobState};
 use supervisor::model::{
     Action, AdminOp, ClusterEvent, Host, Incident, Intent, IntentStatus, Nic, NicState, Outcome,
 };
+use supervisor::playbook_store::{PlanIncident, PlaybookFile};
 
 /// railguard admin CLI.
 ///
@@ -71,6 +73,12 @@ enum Cmd {
     /// NICs of all hosts; failover and failback orders.
     #[command(subcommand)]
     Nic(NicCmd),
+    /// Training jobs: submit, list, show, checkpoint, restart, cancel, logs.
+    #[command(subcommand)]
+    Job(JobCmd),
+    /// Remediation playbooks: list, show, apply, delete, plan (dry run).
+    #[command(subcommand)]
+    Playbook(PlaybookCmd),
     /// Jobs' connections (queue pairs) and the NICs they use.
     #[command(subcommand)]
     Qp(QpCmd),
@@ -142,6 +150,147 @@ enum Cmd {
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         top: Option<u32>,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum JobCmd {
+    /// Submit a job described by a TOML file.
+    ///
+    /// Fields: name, ranks, command (argv list), checkpoint_dir (absolute,
+    /// shared by the hosts), and optionally hosts (allowed hosts, the first
+    /// `ranks` preferred in rank order), labels (placement constraint),
+    /// env, checkpoint_every (steps; 0 = only on order), max_restarts
+    /// (default 3), backoff (first restart delay, default "1s", doubling).
+    /// The job is placed on Ready hosts only; the leader's agents launch
+    /// the ranks.
+    Submit { spec: std::path::PathBuf },
+    /// Every job with its state, incarnation, hosts and latest checkpoint.
+    List,
+    /// One job: spec, ranks, checkpoints, restarts.
+    Show { job: String },
+    /// Checkpoint a running job now (all ranks at the same step) and wait
+    /// until the checkpoint is complete.
+    Checkpoint {
+        job: String,
+        /// How long to wait for it (0s: don't wait).
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        wait: Duration,
+    },
+    /// Stop a running job and start it again from its latest complete
+    /// checkpoint (not counted against max_restarts).
+    Restart {
+        job: String,
+        /// Why (recorded).
+        #[arg(long, short)]
+        reason: String,
+    },
+    /// Stop a job for good.
+    Cancel { job: String },
+    /// The end of a rank's output (stdout and stderr), from its host.
+    Logs {
+        job: String,
+        #[arg(long, default_value_t = 0)]
+        rank: u32,
+        /// At most this many bytes (from the end; the agent caps it at 128 KiB).
+        #[arg(long, default_value_t = 16 << 10)]
+        bytes: u32,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum PlaybookCmd {
+    /// Stored playbooks with their version, priority and incident kinds.
+    List,
+    /// One stored playbook, with the TOML it was applied from.
+    Show { name: String },
+    /// Validate playbook files and store them, all or none. Each file is
+    /// checked alone and then with every stored playbook it does not
+    /// replace (escalation targets, cycles); errors name file:line:column.
+    /// The language is documented in playbooks/README.md.
+    Apply {
+        #[arg(required = true)]
+        files: Vec<std::path::PathBuf>,
+    },
+    /// Delete a stored playbook (refused while another escalates to it).
+    Delete { name: String },
+    /// Playbook runs: id, incident, playbook, current step, state.
+    Runs {
+        /// Only runs still running or waiting.
+        #[arg(long)]
+        open: bool,
+    },
+    /// Dry run: which guards hold and which steps would run, on what, if
+    /// this incident happened now (the file need not be stored).
+    Plan {
+        file: std::path::PathBuf,
+        /// Incident kind, e.g. nic_down, nic_flapping, host_down.
+        #[arg(long)]
+        incident: String,
+        #[arg(long)]
+        host: String,
+        #[arg(long)]
+        nic: Option<String>,
+        #[arg(long)]
+        job: Option<String>,
+    },
+}
+
+fn read_playbook_file(path: &std::path::Path) -> anyhow::Result<PlaybookFile> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read playbook file {}", path.display()))?;
+    Ok(PlaybookFile {
+        file: path.display().to_string(),
+        text,
+    })
+}
+
+/// A job file as written by hand (durations as text).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobFile {
+    name: String,
+    ranks: u32,
+    #[serde(default)]
+    hosts: Vec<String>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    command: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    checkpoint_dir: String,
+    #[serde(default)]
+    checkpoint_every: u64,
+    max_restarts: Option<u32>,
+    backoff: Option<String>,
+}
+
+fn read_job_file(path: &std::path::Path) -> anyhow::Result<supervisor::jobs::JobSpec> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read job file {}", path.display()))?;
+    let f: JobFile = toml::from_str(&text).map_err(|e| {
+        ApiError::invalid(format!("{}: {}", path.display(), e.to_string().trim_end()))
+    })?;
+    let backoff_ms = match &f.backoff {
+        Some(b) => parse_duration(b)
+            .map_err(|e| ApiError::invalid(format!("{}: backoff: {e}", path.display())))?
+            .as_millis() as u64,
+        None => 1_000,
+    };
+    let spec = supervisor::jobs::JobSpec {
+        name: f.name,
+        ranks: f.ranks,
+        hosts: f.hosts,
+        labels: f.labels,
+        command: f.command,
+        env: f.env,
+        checkpoint_dir: f.checkpoint_dir,
+        checkpoint_every: f.checkpoint_every,
+        max_restarts: f.max_restarts.unwrap_or(3),
+        backoff_ms,
+    };
+    spec.validate()
+        .map_err(|e| ApiError::invalid(format!("{}: {e}", path.display())))?;
+    Ok(spec)
 }
 
 #[derive(Subcommand, Debug)]
@@ -404,6 +553,79 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let op = AdminOp::NicFailback { host, nic };
             return order(&client, op, wait.wait(), json).await;
         }
+        Cmd::Job(j) => match j {
+            JobCmd::Submit { spec } => AdminRequest::Write {
+                op: AdminOp::Job(JobOp::Submit {
+                    spec: read_job_file(&spec)?,
+                }),
+            },
+            JobCmd::List => AdminRequest::JobList,
+            JobCmd::Show { job } => AdminRequest::JobShow { job },
+            JobCmd::Checkpoint { job, wait } => {
+                return checkpoint(&client, job, wait, json).await;
+            }
+            JobCmd::Restart { job, reason } => {
+                if reason.trim().is_empty() {
+                    bail!(ApiError::invalid("restart needs a non-empty --reason"));
+                }
+                AdminRequest::Write {
+                    op: AdminOp::Job(JobOp::Restart { job, reason }),
+                }
+            }
+            JobCmd::Cancel { job } => AdminRequest::Write {
+                op: AdminOp::Job(JobOp::Cancel { job }),
+            },
+            JobCmd::Logs { job, rank, bytes } => {
+                if bytes == 0 {
+                    bail!(ApiError::invalid("--bytes must be at least 1"));
+                }
+                AdminRequest::JobLogs {
+                    job,
+                    rank,
+                    max_bytes: bytes,
+                }
+            }
+        },
+        Cmd::Playbook(p) => match p {
+            PlaybookCmd::List => AdminRequest::PlaybookList,
+            PlaybookCmd::Show { name } => AdminRequest::PlaybookShow { name },
+            PlaybookCmd::Apply { files } => {
+                let files = files
+                    .iter()
+                    .map(|f| read_playbook_file(f))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                // Each file alone is checked here too, so a typo needs no
+                // round trip; the set (escalations, cycles, names) can only
+                // be judged by the supervisor, with the stored playbooks.
+                for f in &files {
+                    if let Err(e) = playbooks::parse(&f.file, &f.text) {
+                        bail!(ApiError::invalid(e.to_string()));
+                    }
+                }
+                AdminRequest::Write {
+                    op: AdminOp::PlaybookApply { files },
+                }
+            }
+            PlaybookCmd::Delete { name } => AdminRequest::Write {
+                op: AdminOp::PlaybookDelete { name },
+            },
+            PlaybookCmd::Runs { open } => AdminRequest::PlaybookRuns { open_only: open },
+            PlaybookCmd::Plan {
+                file,
+                incident,
+                host,
+                nic,
+                job,
+            } => AdminRequest::PlaybookPlan {
+                file: read_playbook_file(&file)?,
+                incident: PlanIncident {
+                    kind: incident,
+                    host,
+                    nic,
+                    job,
+                },
+            },
+        },
         Cmd::Qp(QpCmd::List { host, job }) => AdminRequest::QpList { host, job },
         Cmd::Intents { open, limit } => AdminRequest::Intents {
             open_only: open,
@@ -427,6 +649,229 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     }
     render(&reply);
     Ok(())
+}
+
+/// Orders a checkpoint and, unless `wait` is zero, waits until a complete
+/// checkpoint newer than the one before exists (exit 2 when the job left
+/// Checkpointing without one, 4 when `wait` ran out).
+async fn checkpoint(
+    client: &AdminClient,
+    job: String,
+    wait: Duration,
+    json: bool,
+) -> anyhow::Result<()> {
+    let before = match client
+        .call(AdminRequest::JobShow { job: job.clone() }, false)
+        .await?
+    {
+        AdminReply::Job { job } => job.latest_checkpoint,
+        other => bail!(ApiError::internal(format!("unexpected reply: {other:?}"))),
+    };
+    let op = AdminOp::Job(JobOp::Checkpoint { job: job.clone() });
+    let reply = client.call(AdminRequest::Write { op }, false).await?;
+    if wait.is_zero() {
+        return if json {
+            print_json(&reply)
+        } else {
+            render(&reply);
+            Ok(())
+        };
+    }
+    let deadline = Instant::now() + wait;
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let j = match client
+            .call(AdminRequest::JobShow { job: job.clone() }, false)
+            .await
+        {
+            Ok(AdminReply::Job { job }) => job,
+            Ok(other) => bail!(ApiError::internal(format!("unexpected reply: {other:?}"))),
+            Err(e) if e.kind == ErrorKind::Unavailable => {
+                if Instant::now() >= deadline {
+                    return Err(e.into());
+                }
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if j.latest_checkpoint > before {
+            let step = j.latest_checkpoint.unwrap_or(0);
+            if json {
+                return print_json(&serde_json::json!({"job": j.name, "step": step}));
+            }
+            println!("job {}: checkpoint at step {step} complete", j.name);
+            return Ok(());
+        }
+        if j.state != JobState::Checkpointing {
+            bail!(ApiError::new(
+                ErrorKind::FailedPrecondition,
+                format!(
+                    "job {} is {:?} and has no new complete checkpoint{}",
+                    j.name,
+                    j.state,
+                    if j.reason.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", j.reason)
+                    }
+                ),
+            ));
+        }
+        if Instant::now() >= deadline {
+            bail!(ApiError::new(
+                ErrorKind::Unknown,
+                format!("job {job} is still checkpointing after {wait:?}"),
+            ));
+        }
+    }
+}
+
+fn print_playbooks(list: &[supervisor::api::PlaybookView], version: u64) {
+    if list.is_empty() {
+        println!("no playbooks (apply some: railguard playbook apply playbooks/library/*.toml)");
+        return;
+    }
+    println!(
+        "{:<24} {:>7} {:>8} {:>5}  {:<28} ESCALATES TO",
+        "PLAYBOOK", "VERSION", "PRIORITY", "STEPS", "INCIDENTS"
+    );
+    for p in list {
+        println!(
+            "{:<24} {:>7} {:>8} {:>5}  {:<28} {}",
+            p.name,
+            p.version,
+            p.priority,
+            p.steps,
+            if p.incidents.is_empty() {
+                "(escalation only)".to_string()
+            } else {
+                p.incidents.join(",")
+            },
+            p.on_failure.as_deref().unwrap_or("-")
+        );
+    }
+    println!("(playbook set version {version})");
+}
+
+fn print_plan(plan: &playbooks::Plan, matched_now: Option<&str>) {
+    println!("playbook:  {}", plan.playbook);
+    println!(
+        "handled today by: {}",
+        matched_now.unwrap_or("no stored playbook")
+    );
+    for g in &plan.guards {
+        println!(
+            "guard:     {} {}",
+            if g.holds { "ok  " } else { "FAIL" },
+            g.reason
+        );
+    }
+    println!(
+        "starts:    {}{}",
+        plan.starts,
+        plan.escalates_to
+            .as_ref()
+            .map(|e| format!(" (failure escalates to {e})"))
+            .unwrap_or_default()
+    );
+    for s in &plan.steps {
+        println!(
+            "  {:<16} {:<5} {}{}",
+            s.id,
+            if s.runs { "run" } else { "skip" },
+            s.target,
+            s.blocked
+                .as_ref()
+                .map(|b| format!("  [blocked: {b}]"))
+                .unwrap_or_default()
+        );
+    }
+}
+
+fn print_jobs(jobs: &[Job]) {
+    if jobs.is_empty() {
+        println!("no jobs");
+        return;
+    }
+    println!(
+        "{:<20} {:<13} {:>5} {:>5} {:>8} {:>10}  HOSTS",
+        "JOB", "STATE", "RANKS", "INC", "RESTARTS", "CHECKPOINT"
+    );
+    for j in jobs {
+        let hosts = if j.placement.is_empty() {
+            "-".to_string()
+        } else {
+            j.placement.join(",")
+        };
+        println!(
+            "{:<20} {:<13} {:>5} {:>5} {:>8} {:>10}  {}",
+            j.name,
+            format!("{:?}", j.state).to_lowercase(),
+            j.spec.ranks,
+            j.incarnation,
+            j.restarts,
+            j.latest_checkpoint
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| "-".into()),
+            hosts
+        );
+    }
+}
+
+fn print_job(j: &Job) {
+    println!("job:         {}", j.name);
+    println!(
+        "state:       {} since {}{}",
+        format!("{:?}", j.state).to_lowercase(),
+        fmt_ms(j.state_since_ms),
+        if j.reason.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", j.reason)
+        }
+    );
+    println!("submitted:   {}", fmt_ms(j.submitted_ms));
+    println!("command:     {}", j.spec.command.join(" "));
+    println!(
+        "incarnation: {} (resumed from {}), restarts {}/{}",
+        j.incarnation,
+        match j.resume_step {
+            0 => "scratch".to_string(),
+            s => format!("step {s}"),
+        },
+        j.restarts,
+        j.spec.max_restarts
+    );
+    println!("port:        {}", j.port);
+    println!(
+        "checkpoints: {} every {} steps; latest complete: {}",
+        j.spec.checkpoint_dir,
+        j.spec.checkpoint_every,
+        j.latest_checkpoint
+            .map(|s| format!("step {s}"))
+            .unwrap_or_else(|| "none".into())
+    );
+    if !j.stopping.is_empty() {
+        println!("stopping on: {}", pairs(&j.stopping, ",", "-"));
+    }
+    println!("RANKS:");
+    println!("  {:>4}  {:<16} {:<8} EXIT", "RANK", "HOST", "STARTED");
+    for (r, rank) in j.ranks.iter().enumerate() {
+        println!(
+            "  {:>4}  {:<16} {:<8} {}",
+            r,
+            rank.host,
+            if rank.started { "yes" } else { "no" },
+            rank.exit
+                .as_ref()
+                .map(|e| if e.signal != 0 {
+                    format!("signal {}", e.signal)
+                } else {
+                    format!("code {}", e.code)
+                })
+                .unwrap_or_else(|| "-".into())
+        );
+    }
 }
 
 /// Commits an order (failover/failback) and, with `wait`, polls its intent
@@ -500,6 +945,80 @@ fn describe_action(a: &Action) -> String {
         Action::CompleteDrain { host } => format!("complete drain of {host}"),
         Action::Failover { host, nic, to } => format!("failover of {host}/{nic} to {to}"),
         Action::Failback { host, nic } => format!("failback to {host}/{nic}"),
+        Action::StartRank {
+            job,
+            incarnation,
+            rank,
+            host,
+        } => format!("start {job}#{incarnation} rank {rank} on {host}"),
+        Action::StopJob {
+            job,
+            incarnation,
+            host,
+        } => format!("stop {job}#{incarnation} (and older) on {host}"),
+        Action::CheckpointJob {
+            job,
+            incarnation,
+            host,
+            halt,
+        } => format!(
+            "checkpoint {job}#{incarnation} on {host}{}",
+            if *halt { " and halt" } else { "" }
+        ),
+        Action::PlaybookStep {
+            run,
+            step,
+            attempt,
+            host,
+            op,
+        } => format!(
+            "run {run} step {} attempt {} on {host}: {op:?}",
+            step + 1,
+            attempt + 1
+        ),
+    }
+}
+
+fn run_state(s: &supervisor::runs::RunState) -> String {
+    use supervisor::runs::RunState;
+    match s {
+        RunState::Running => "running".into(),
+        RunState::Waiting { until_ms } => format!("waiting (until {})", fmt_ms(*until_ms)),
+        RunState::Completed => "completed".into(),
+        RunState::Failed { why } => format!("failed: {why}"),
+        RunState::Escalated { playbook, run } => format!("escalated to {playbook} (run {run})"),
+        RunState::Cancelled { why } => format!("cancelled: {why}"),
+    }
+}
+
+fn print_runs(runs: &[supervisor::runs::RunView], truncated: bool) {
+    if runs.is_empty() {
+        println!("no playbook runs");
+        return;
+    }
+    println!(
+        "{:>5} {:>8}  {:<14} {:<10} {:<20} {:<18} STATE",
+        "RUN", "INCIDENT", "KIND", "HOST", "PLAYBOOK", "STEP"
+    );
+    for r in runs {
+        let step = if r.step_id.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{} ({}/{})", r.step_id, r.step + 1, r.attempt + 1)
+        };
+        println!(
+            "{:>5} {:>8}  {:<14} {:<10} {:<20} {:<18} {}",
+            r.id,
+            r.incident,
+            r.incident_kind,
+            r.host,
+            format!("{} v{}", r.playbook, r.playbook_version),
+            step,
+            run_state(&r.state)
+        );
+    }
+    if truncated {
+        println!("(older runs left out)");
     }
 }
 
@@ -916,11 +1435,11 @@ fn render(reply: &AdminReply) {
         AdminReply::History { records } => {
             for r in records {
                 println!(
-                    "{}  {:<10} {:>8}  {:?}",
+                    "{}  {:<10} {:>8}  {}",
                     fmt_ms(r.at_ms),
                     r.actor,
                     r.log_index,
-                    r.op
+                    r.op.summary()
                 );
             }
         }
@@ -941,5 +1460,32 @@ fn render(reply: &AdminReply) {
         } => println!("intent {id} opened (log index {log_index}): {detail}"),
         AdminReply::Clock(v) => print_clock(v),
         AdminReply::Paths(v) => print_paths(v),
+        AdminReply::Jobs { jobs } => print_jobs(jobs),
+        AdminReply::Playbooks { playbooks, version } => print_playbooks(playbooks, *version),
+        AdminReply::Playbook { playbook } => {
+            println!(
+                "# playbook {} version {} from {} (applied by {} at {})",
+                playbook.name,
+                playbook.version,
+                playbook.file,
+                playbook.applied_by,
+                fmt_ms(playbook.applied_ms)
+            );
+            print!("{}", playbook.source);
+        }
+        AdminReply::PlaybookPlan { plan, matched_now } => print_plan(plan, matched_now.as_deref()),
+        AdminReply::PlaybookRuns { runs, truncated } => print_runs(runs, *truncated),
+        AdminReply::Job { job } => print_job(job),
+        AdminReply::JobLogs {
+            host,
+            incarnation,
+            text,
+        } => {
+            eprintln!("--- {host}, incarnation {incarnation} ---");
+            print!("{text}");
+            if !text.ends_with('\n') && !text.is_empty() {
+                println!();
+            }
+        }
     }
 }

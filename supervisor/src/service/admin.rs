@@ -197,8 +197,121 @@ pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply
             sup.clocks
                 .paths_view(st, sup.id, host.as_deref(), top, Instant::now())
         })?)),
+        AdminRequest::JobList => Ok(AdminReply::Jobs {
+            jobs: read!(|st| st.jobs.values().cloned().collect()),
+        }),
+        AdminRequest::JobShow { job } => {
+            let j = read!(|st| st.jobs.get(&job).cloned());
+            let job = j.ok_or_else(|| {
+                ApiError::new(ErrorKind::NotFound, format!("job {job:?} not found"))
+            })?;
+            Ok(AdminReply::Job { job })
+        }
+        AdminRequest::JobLogs {
+            job,
+            rank,
+            max_bytes,
+        } => {
+            let host = sup.read(|st| {
+                let j = st.jobs.get(&job).ok_or_else(|| {
+                    ApiError::new(ErrorKind::NotFound, format!("job {job:?} not found"))
+                })?;
+                let hosts = if j.placement.is_empty() {
+                    &j.previous_placement
+                } else {
+                    &j.placement
+                };
+                hosts.get(rank as usize).cloned().ok_or_else(|| {
+                    ApiError::invalid(format!(
+                        "job {job:?} has ranks 0..{}; it never ran rank {rank}",
+                        j.spec.ranks
+                    ))
+                })
+            })?;
+            let r = sup
+                .orders
+                .tail_log(&host, &job, rank, max_bytes, Duration::from_secs(5))
+                .await?;
+            if !r.ok {
+                return Err(ApiError::new(
+                    ErrorKind::NotFound,
+                    format!("no log of job {job:?} rank {rank} on {host}: {}", r.text),
+                ));
+            }
+            Ok(AdminReply::JobLogs {
+                host,
+                incarnation: r.incarnation,
+                text: r.text,
+            })
+        }
+        AdminRequest::PlaybookList => {
+            let (playbooks, version) = read!(|st| {
+                let v = st
+                    .playbooks
+                    .values()
+                    .map(|sp| {
+                        let p = sp.parsed();
+                        crate::api::PlaybookView {
+                            name: sp.name.clone(),
+                            version: sp.version,
+                            priority: p.as_ref().map_or(0, |p| p.priority),
+                            incidents: p
+                                .as_ref()
+                                .and_then(|p| p.trigger.as_ref())
+                                .map(|t| t.incidents.iter().map(|k| k.to_string()).collect())
+                                .unwrap_or_default(),
+                            steps: p.as_ref().map_or(0, |p| p.steps.len()),
+                            on_failure: p.as_ref().and_then(|p| p.on_failure.clone()),
+                            applied_ms: sp.applied_ms,
+                            applied_by: sp.applied_by.clone(),
+                            description: p.map(|p| p.description).unwrap_or_default(),
+                        }
+                    })
+                    .collect::<Vec<_>>();
+                (v, st.playbook_version)
+            });
+            Ok(AdminReply::Playbooks { playbooks, version })
+        }
+        AdminRequest::PlaybookRuns { open_only } => {
+            let (runs, truncated) = read!(|st: &crate::model::ClusterState| {
+                let all: Vec<&crate::runs::PlaybookRun> = st.runs_list(open_only).collect();
+                let skip = all.len().saturating_sub(crate::api::MAX_RUNS_REPLY);
+                let runs: Vec<crate::runs::RunView> = all[skip..]
+                    .iter()
+                    .map(|r| crate::runs::RunView::of(st, r))
+                    .collect();
+                (runs, skip > 0)
+            });
+            Ok(AdminReply::PlaybookRuns { runs, truncated })
+        }
+        AdminRequest::PlaybookShow { name } => {
+            let p = read!(|st| st.playbooks.get(&name).cloned());
+            let playbook = p.ok_or_else(|| {
+                ApiError::new(ErrorKind::NotFound, format!("playbook {name:?} not found"))
+            })?;
+            Ok(AdminReply::Playbook { playbook })
+        }
+        AdminRequest::PlaybookPlan { file, incident } => {
+            if file.text.len() > crate::playbook_store::MAX_PLAYBOOK_BYTES {
+                return Err(ApiError::invalid("playbook file too large"));
+            }
+            let pb = playbooks::parse(&file.file, &file.text)
+                .map_err(|e| ApiError::invalid(e.to_string()))?;
+            let now = crate::node::now_ms();
+            let r = read!(|st: &crate::model::ClusterState| {
+                let inc = st.plan_incident(&incident).map_err(ApiError::from)?;
+                Ok::<_, ApiError>((st.playbook_view(now), inc, st.playbook_set()))
+            });
+            let (view, inc, set) = r?;
+            let plan = playbooks::plan(&pb, &inc, &view);
+            let matched_now = playbooks::matching(&set, &inc).map(|p| p.name.clone());
+            Ok(AdminReply::PlaybookPlan {
+                plan: Box::new(plan),
+                matched_now,
+            })
+        }
         AdminRequest::Write { op } => {
-            let detail = format!("{op:?}");
+            let detail = op.summary();
             let actor = call.actor.clone();
             let request = call.request_id.clone();
             let opened = match sup.propose(Command::Admin { actor, op, request }).await? {

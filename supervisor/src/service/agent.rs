@@ -123,6 +123,20 @@ fn convert(e: &PbEvent, host: &str) -> Result<AgentEvent, ApiError> {
             ok: r.ok,
             detail: r.detail.clone(),
         },
+        Some(agent_event::Kind::RankExited(r)) => AgentEventKind::RankExited {
+            job: r.job.clone(),
+            incarnation: r.incarnation,
+            rank: r.rank,
+            exit_code: r.exit_code,
+            signal: r.signal,
+            detail: r.detail.clone(),
+        },
+        Some(agent_event::Kind::RankCheckpoint(c)) => AgentEventKind::RankCheckpoint {
+            job: c.job.clone(),
+            incarnation: c.incarnation,
+            rank: c.rank,
+            step: c.step,
+        },
     };
     Ok(AgentEvent {
         seq: e.seq,
@@ -265,6 +279,16 @@ impl Agent for AgentService {
             detail: r.detail,
         };
         self.sup.propose(cmd).await.map_err(Status::from)?;
+        Ok(Response::new(OrderResultReply {}))
+    }
+
+    async fn log_tail(
+        &self,
+        req: Request<proto::v1::LogTailResult>,
+    ) -> Result<Response<OrderResultReply>, Status> {
+        self.require_leader()?;
+        let r = req.into_inner();
+        self.sup.orders.answer_query(r);
         Ok(Response::new(OrderResultReply {}))
     }
 

@@ -40,7 +40,35 @@ impl Sup {
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         s.spawn().await;
+        s.wait_shipped_playbooks().await;
         s
+    }
+
+    /// A new cluster's leader installs the shipped playbooks once, as its
+    /// first own write; tests that compare state before and after wait for
+    /// it so that write is not mistaken for theirs.
+    pub async fn wait_shipped_playbooks(&self) {
+        let c = self.client();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            let req = AdminRequest::Events {
+                since: 0,
+                limit: 100,
+            };
+            if let Ok(AdminReply::Events { events, .. }) = c.call(req, false).await {
+                if events
+                    .iter()
+                    .any(|e| e.what.starts_with("playbooks applied"))
+                {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the leader did not install the shipped playbooks"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     pub async fn spawn(&mut self) {

@@ -1,0 +1,352 @@
+//! Playbooks in the replicated model: their source text, versions, and the
+//! views of the cluster that planning reads.
+//!
+//! A playbook is stored as the TOML text it was applied from; the parsed
+//! form is derived (parsing is pure and deterministic), so what is in Raft
+//! is exactly what the admin wrote. `playbook apply` is atomic: the new
+//! files together with every stored playbook they do not replace must form
+//! a valid set (`playbooks::check_sources`), or nothing is stored. Deleting
+//! a playbook another one escalates to is refused.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{ClusterState, CmdError, HostStatus, NicState};
+
+/// Most playbooks stored.
+pub const MAX_PLAYBOOKS: usize = 256;
+/// Longest playbook file.
+pub const MAX_PLAYBOOK_BYTES: usize = 64 << 10;
+/// Who installed the shipped playbooks (their `applied_by`).
+pub const SHIPPED_ACTOR: &str = "railguard (shipped library)";
+
+/// The shipped library as apply files.
+pub fn shipped_files() -> Vec<PlaybookFile> {
+    playbooks::SHIPPED
+        .iter()
+        .map(|(file, text)| PlaybookFile {
+            file: format!("library/{file}"),
+            text: (*text).to_owned(),
+        })
+        .collect()
+}
+
+/// Most files in one `apply`.
+pub const MAX_APPLY_FILES: usize = 64;
+
+/// One file of an `apply`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PlaybookFile {
+    /// The name it had on the admin's machine (for error locations).
+    pub file: String,
+    pub text: String,
+}
+
+/// A stored playbook.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct StoredPlaybook {
+    pub name: String,
+    pub file: String,
+    pub source: String,
+    /// Bumped on every apply that changes it.
+    pub version: u64,
+    pub applied_ms: u64,
+    pub applied_by: String,
+}
+
+impl StoredPlaybook {
+    /// The parsed playbook (stored sources always parse: they were
+    /// validated before they were stored).
+    pub fn parsed(&self) -> Option<playbooks::Playbook> {
+        playbooks::parse(&self.file, &self.source).ok()
+    }
+}
+
+fn invalid(e: impl std::fmt::Display) -> CmdError {
+    CmdError::InvalidArgument(e.to_string())
+}
+
+impl ClusterState {
+    /// The set `files` would make: each parsed file, plus every stored
+    /// playbook no file replaces. Errors carry `file:line:column`.
+    pub fn playbooks_after_apply<'f>(
+        &self,
+        files: &'f [PlaybookFile],
+    ) -> Result<Vec<(playbooks::Playbook, &'f PlaybookFile)>, CmdError> {
+        if files.is_empty() {
+            return Err(invalid("give at least one playbook file"));
+        }
+        if files.len() > MAX_APPLY_FILES {
+            return Err(invalid(format!(
+                "at most {MAX_APPLY_FILES} files per apply"
+            )));
+        }
+        for f in files {
+            if f.text.len() > MAX_PLAYBOOK_BYTES {
+                return Err(invalid(format!(
+                    "{}: {} bytes; a playbook file may have at most {MAX_PLAYBOOK_BYTES}",
+                    f.file,
+                    f.text.len()
+                )));
+            }
+            if f.file.is_empty() || f.file.len() > 4096 {
+                return Err(invalid("file names must be 1..4096 bytes"));
+            }
+        }
+        // Parse the new files first: their names decide what they replace.
+        let mut new_names = BTreeSet::new();
+        let mut errors = Vec::new();
+        for f in files {
+            match playbooks::parse(&f.file, &f.text) {
+                Ok(p) => {
+                    new_names.insert(p.name);
+                }
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(invalid(errors.join("\n")));
+        }
+        let stored: Vec<(String, &str)> = self
+            .playbooks
+            .values()
+            .filter(|s| !new_names.contains(&s.name))
+            .map(|s| (format!("stored playbook {}", s.name), s.source.as_str()))
+            .collect();
+        let sources = files
+            .iter()
+            .map(|f| (f.file.as_str(), f.text.as_str()))
+            .chain(stored.iter().map(|(n, t)| (n.as_str(), *t)));
+        let set = playbooks::check_sources(sources).map_err(invalid)?;
+        if set.len() > MAX_PLAYBOOKS {
+            return Err(invalid(format!("at most {MAX_PLAYBOOKS} playbooks")));
+        }
+        Ok(set
+            .into_iter()
+            .take(files.len())
+            .zip(files.iter())
+            .collect())
+    }
+
+    pub(crate) fn validate_playbook_delete(&self, name: &str) -> Result<(), CmdError> {
+        if !self.playbooks.contains_key(name) {
+            return Err(CmdError::NotFound {
+                kind: "playbook".into(),
+                name: name.into(),
+            });
+        }
+        let rest: Vec<playbooks::Playbook> = self
+            .playbooks
+            .values()
+            .filter(|s| s.name != name)
+            .filter_map(StoredPlaybook::parsed)
+            .collect();
+        if let Some(user) = rest.iter().find(|p| p.on_failure.as_deref() == Some(name)) {
+            return Err(CmdError::FailedPrecondition(format!(
+                "playbook {:?} escalates to {name:?}; change or delete it first",
+                user.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Stores validated files; returns what to log.
+    pub(crate) fn apply_playbooks(
+        &mut self,
+        at_ms: u64,
+        actor: &str,
+        files: &[PlaybookFile],
+    ) -> String {
+        let parsed: Vec<(String, PlaybookFile)> = self
+            .playbooks_after_apply(files)
+            .expect("validated")
+            .into_iter()
+            .map(|(p, f)| (p.name, f.clone()))
+            .collect();
+        let mut changed = Vec::new();
+        for (name, f) in parsed {
+            if self
+                .playbooks
+                .get(&name)
+                .is_some_and(|s| s.source == f.text)
+            {
+                continue;
+            }
+            self.playbook_version += 1;
+            self.playbooks.insert(
+                name.clone(),
+                StoredPlaybook {
+                    name: name.clone(),
+                    file: f.file,
+                    source: f.text,
+                    version: self.playbook_version,
+                    applied_ms: at_ms,
+                    applied_by: actor.to_owned(),
+                },
+            );
+            changed.push(name);
+        }
+        if changed.is_empty() {
+            "playbooks applied: nothing changed".into()
+        } else {
+            format!(
+                "playbooks applied (version {}): {}",
+                self.playbook_version,
+                changed.join(", ")
+            )
+        }
+    }
+
+    /// [`crate::model::Command::InstallShippedPlaybooks`]: stores the
+    /// files that name no stored playbook, once per cluster. A set that
+    /// does not validate (an admin's stored playbook escalating to a
+    /// missing one, say) stores nothing and is logged; either way the
+    /// install is done.
+    pub(crate) fn install_shipped_playbooks(&mut self, at_ms: u64, files: &[PlaybookFile]) {
+        if self.shipped_playbooks_installed {
+            return;
+        }
+        self.shipped_playbooks_installed = true;
+        let fresh: Vec<PlaybookFile> = files
+            .iter()
+            .filter(|f| {
+                playbooks::parse(&f.file, &f.text)
+                    .is_ok_and(|p| !self.playbooks.contains_key(&p.name))
+            })
+            .cloned()
+            .collect();
+        if fresh.is_empty() {
+            self.log_event(
+                at_ms,
+                None,
+                "shipped playbooks: every one is already stored".into(),
+            );
+            return;
+        }
+        let what = match self.playbooks_after_apply(&fresh) {
+            Ok(_) => self.apply_playbooks(at_ms, SHIPPED_ACTOR, &fresh),
+            Err(e) => format!("shipped playbooks not installed: {e}"),
+        };
+        self.log_event(at_ms, None, what);
+    }
+
+    /// Every stored playbook, parsed.
+    pub fn playbook_set(&self) -> Vec<playbooks::Playbook> {
+        self.playbooks
+            .values()
+            .filter_map(StoredPlaybook::parsed)
+            .collect()
+    }
+
+    /// What planning reads of the cluster (`now_ms`: the leader's clock).
+    pub fn playbook_view(&self, now_ms: u64) -> playbooks::ClusterView {
+        use playbooks::{HostView, JobView, NicHealth, NicView};
+        let mut view = playbooks::ClusterView::default();
+        for h in self.hosts.values() {
+            let status = match h.status() {
+                HostStatus::Ready => playbooks::HostStatus::Ready,
+                HostStatus::Cordoned => playbooks::HostStatus::Cordoned,
+                HostStatus::Draining => playbooks::HostStatus::Draining,
+                HostStatus::Drained => playbooks::HostStatus::Drained,
+                HostStatus::Down => playbooks::HostStatus::Down,
+            };
+            let nics = h
+                .nics
+                .values()
+                .map(|n| {
+                    let health = match n.state {
+                        NicState::Unknown => NicHealth::Unknown,
+                        NicState::Up => NicHealth::Up,
+                        NicState::Down => NicHealth::Down,
+                        NicState::Flapping => NicHealth::Flapping,
+                        NicState::Recovering => NicHealth::Recovering,
+                    };
+                    (
+                        n.name.clone(),
+                        NicView {
+                            health,
+                            rail: n.rail,
+                            backup: n.backup.clone(),
+                        },
+                    )
+                })
+                .collect();
+            view.hosts.insert(
+                h.name.clone(),
+                HostView {
+                    status,
+                    clock_synced: h.clock.state == crate::model::ClockState::Synced,
+                    nics,
+                    jobs: self.jobs_on(&h.name).map(|j| j.name.clone()).collect(),
+                },
+            );
+        }
+        for j in self.jobs.values() {
+            view.jobs.insert(
+                j.name.clone(),
+                JobView {
+                    running: matches!(
+                        j.state,
+                        crate::jobs::JobState::Running | crate::jobs::JobState::Checkpointing
+                    ),
+                    checkpoint_age: j
+                        .latest_checkpoint_ms
+                        .map(|t| Duration::from_millis(now_ms.saturating_sub(t))),
+                },
+            );
+        }
+        view
+    }
+}
+
+/// The incident a plan is made for, as the CLI describes it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
+pub struct PlanIncident {
+    pub kind: String,
+    pub host: String,
+    pub nic: Option<String>,
+    pub job: Option<String>,
+}
+
+impl ClusterState {
+    /// The incident view for a plan: the host must exist (its labels and
+    /// the NIC's rail come from the model).
+    pub fn plan_incident(&self, i: &PlanIncident) -> Result<playbooks::IncidentView, CmdError> {
+        let h = self.hosts.get(&i.host).ok_or_else(|| CmdError::NotFound {
+            kind: "host".into(),
+            name: i.host.clone(),
+        })?;
+        let rail = match &i.nic {
+            Some(n) => {
+                let nic = h.nics.get(n).ok_or_else(|| CmdError::NotFound {
+                    kind: "NIC".into(),
+                    name: format!("{}/{n}", i.host),
+                })?;
+                nic.rail
+            }
+            None => None,
+        };
+        if let Some(j) = &i.job {
+            if !self.jobs.contains_key(j) {
+                return Err(CmdError::NotFound {
+                    kind: "job".into(),
+                    name: j.clone(),
+                });
+            }
+        }
+        Ok(playbooks::IncidentView {
+            kind: i.kind.clone(),
+            host: i.host.clone(),
+            nic: i.nic.clone(),
+            rail,
+            job: i.job.clone(),
+            labels: h.labels.clone(),
+            closed: false,
+        })
+    }
+}
+
+/// Playbooks by name (for `playbook list`).
+pub type PlaybookTable = BTreeMap<String, StoredPlaybook>;
