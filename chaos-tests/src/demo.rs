@@ -3,7 +3,9 @@
 //! - [`nic_flap`] (default, needs root): three supervisors and four hosts in
 //!   network namespaces with real agents; a cable is pulled and restored, a
 //!   NIC is stormed; a timeline shows the injected fault, when the agent saw
-//!   it, when it was committed, the incident opening and closing.
+//!   it, when it was committed, the incident opening and closing; then
+//!   `ringtrain` across the four hosts, fault-free and again with a cable
+//!   pulled under it: no restart, the same digest.
 //! - [`drain`] (`--drain`): a loopback cluster, a drain issued through a
 //!   follower, the leader SIGKILLed, the drain still there.
 
@@ -161,6 +163,7 @@ pub struct NicFlapDemoReport {
     pub incident_opened: bool,
     pub incident_closed: bool,
     pub storm_suppressed: bool,
+    pub training: Option<crate::training::DemoTraining>,
     pub namespaces_left: usize,
 }
 
@@ -273,6 +276,22 @@ pub async fn nic_flap() -> anyhow::Result<NicFlapDemoReport> {
             e.what
         );
     }
+    c.wait_until("h3/rail1 reusable", Duration::from_secs(60), |c| {
+        c.nic_state("h3", "rail1").is_ok_and(|s| s == "up")
+    })
+    .await?;
+    let mut tr = crate::training::Training::from_cluster(c)?;
+    let opts = crate::training::TrainOpts {
+        steps: 150,
+        checkpoint_every: 50,
+        deadline: Duration::from_secs(300),
+        ..Default::default()
+    };
+    let training =
+        crate::training::demo_training(&mut tr, &opts, Duration::from_secs(3), &|m| t.say(m))
+            .await?;
+    show("job list", &tr.c.cli(&["job", "list"])?);
+    let c = tr.c;
     let names = c.tb.namespace_names();
     t.say("tearing down: every process killed, every namespace removed");
     drop(c);
@@ -282,13 +301,14 @@ pub async fn nic_flap() -> anyhow::Result<NicFlapDemoReport> {
         .count();
     t.say(&format!("namespaces left behind: {left}"));
     Ok(NicFlapDemoReport {
-        ok: opened && closed && suppressed && left == 0 && agent_saw_ms.is_finite(),
+        ok: opened && closed && suppressed && left == 0 && agent_saw_ms.is_finite() && training.ok,
         demo: "nic-flap",
         agent_saw_ms,
         committed_ms,
         incident_opened: opened,
         incident_closed: closed,
         storm_suppressed: suppressed,
+        training: Some(training),
         namespaces_left: left,
     })
 }

@@ -18,6 +18,11 @@
 //! - [`clock_sync`]: the `clock-sync` bench (estimated offsets against the
 //!   injected truth, railguard vs an NTP-style estimator).
 //! - [`probe_scenarios`]: `mgmt-partition` and `probe-blackhole`.
+//! - [`playbook_scenarios`]: `bad-playbooks`; [`playbook_leader_kill`]:
+//!   `playbook-leader-kill` (multi-step playbooks through leader crashes,
+//!   checked against the agents' execution journals).
+//! - [`ringtrain`]: the `ringtrain` training job (deterministic ring
+//!   all-reduce over resilient connections, checkpoints, job contract).
 
 pub mod admin_history;
 pub mod agentsim;
@@ -29,6 +34,10 @@ pub mod detect;
 pub mod linearizability;
 pub mod netcluster;
 pub mod nic_flap;
+pub mod playbook_leader_kill;
+pub mod playbook_scenarios;
 pub mod probe_scenarios;
 pub mod qp;
+pub mod ringtrain;
 pub mod testbed;
+pub mod training;

@@ -26,6 +26,9 @@ pub struct NetCluster {
     agent_args: Vec<Vec<String>>,
     /// The pid of each host's latest agent.
     agent_pids: std::sync::Mutex<std::collections::BTreeMap<usize, u32>>,
+    /// Set when a bounded wait timed out: the run directory (named in the
+    /// error) is kept when the cluster is dropped.
+    keep_on_drop: std::sync::atomic::AtomicBool,
 }
 
 impl NetCluster {
@@ -52,6 +55,9 @@ impl NetCluster {
             cli_bin: bin_path("railguard")?,
             agent_args,
             agent_pids: Default::default(),
+            keep_on_drop: std::sync::atomic::AtomicBool::new(
+                std::env::var_os("RAILGUARD_KEEP_RUN_DIR").is_some(),
+            ),
         };
         for i in 0..spec.supervisors {
             c.start_supervisor(i)?;
@@ -228,6 +234,8 @@ impl NetCluster {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        self.keep_on_drop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         bail!(
             "timed out after {within:?} waiting for {what}; logs in {}",
             self.run_dir.path().display()
@@ -243,8 +251,23 @@ impl NetCluster {
 
     /// Keeps the run directory (logs) after the cluster is dropped.
     pub fn keep_logs(self) -> PathBuf {
-        let NetCluster { tb, run_dir, .. } = self;
-        drop(tb);
-        run_dir.keep()
+        self.keep_on_drop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.run_dir.path().to_path_buf()
+    }
+
+    /// Keeps the run directory after the cluster is dropped (logged).
+    pub fn keep_run_dir(&self) {
+        self.keep_on_drop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Drop for NetCluster {
+    fn drop(&mut self) {
+        if self.keep_on_drop.load(std::sync::atomic::Ordering::Relaxed) {
+            self.run_dir.disable_cleanup(true);
+            eprintln!("run directory kept: {}", self.run_dir.path().display());
+        }
     }
 }

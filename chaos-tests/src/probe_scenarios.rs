@@ -36,14 +36,24 @@ async fn wait_probing(c: &NetCluster, hosts: usize, within: Duration) -> anyhow:
         })
     })
     .await?;
-    c.wait_until("probe evidence of every host", within, |c| {
-        c.cli_json(&["clock"]).is_ok_and(|v| {
-            v["hosts"].as_array().is_some_and(|hs| {
-                hs.len() == hosts && hs.iter().all(|h| h["live"]["offset_ns"].as_f64().is_some())
+    let solved = c
+        .wait_until("probe evidence of every host", within, |c| {
+            c.cli_json(&["clock"]).is_ok_and(|v| {
+                v["hosts"].as_array().is_some_and(|hs| {
+                    hs.len() == hosts
+                        && hs.iter().all(|h| h["live"]["offset_ns"].as_f64().is_some())
+                })
             })
         })
-    })
-    .await?;
+        .await;
+    if let Err(e) = solved {
+        // What the leader had: which hosts and edges the solve lacked.
+        let clock = c.cli(&["--output", "json", "clock"]).unwrap_or_default();
+        let paths = c.cli(&["paths"]).unwrap_or_default();
+        return Err(e.context(format!(
+            "last `railguard clock`: {clock}\nlast `railguard paths`:\n{paths}"
+        )));
+    }
     Ok(())
 }
 

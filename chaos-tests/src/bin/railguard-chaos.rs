@@ -111,6 +111,56 @@ enum Scenario {
         #[arg(long, default_value_t = 31)]
         seed: u64,
     },
+    /// ringtrain across the hosts under a NIC flap storm on random hosts:
+    /// it must finish with no restart and the fault-free run's digest.
+    /// Prints goodput (steps/s against the fault-free run). Needs root.
+    TrainNicFlap {
+        #[command(flatten)]
+        train: TrainArgs,
+        #[command(flatten)]
+        storm: StormArgs,
+    },
+    /// A host running a rank is lost mid-run (agent and ranks SIGKILLed,
+    /// links down): the job resumes on a spare from its latest complete
+    /// checkpoint, loses at most one checkpoint interval, and ends with the
+    /// fault-free digest. Needs root.
+    HostLoss {
+        #[command(flatten)]
+        train: TrainArgs,
+        /// Lose the host once the job reached this step.
+        #[arg(long, default_value_t = 120)]
+        at_step: u64,
+    },
+    /// A host running a rank is drained mid-run: the job halts at a
+    /// checkpoint and moves to a spare with 0 lost steps and the fault-free
+    /// digest. Needs root.
+    Drain {
+        #[command(flatten)]
+        train: TrainArgs,
+        /// Drain once the job reached this step.
+        #[arg(long, default_value_t = 120)]
+        at_step: u64,
+    },
+    /// The shipped playbook library is applied to a 3-supervisor cluster,
+    /// then every invalid playbook of `playbooks/tests/bad/` through the
+    /// CLI and the API: each refused with its file:line:column and message,
+    /// the stored playbooks unchanged.
+    BadPlaybooks,
+    /// NIC flap storms open `nic_flapping` incidents whose shipped playbook
+    /// (migrate off, wait until reusable, fail back) runs while the leader
+    /// is SIGKILLed at a random moment of every wave: every playbook must
+    /// complete and no agent may execute an order twice (checked against
+    /// the agents' execution journals). Needs root.
+    PlaybookLeaderKill {
+        /// Playbooks to complete (one nic_flapping incident each).
+        #[arg(long, default_value_t = 50)]
+        rounds: usize,
+        /// Incidents per wave (hosts flapping at once), 1..=4.
+        #[arg(long, default_value_t = 4)]
+        parallel: usize,
+        #[arg(long, default_value_t = 7)]
+        seed: u64,
+    },
     /// The same load while all supervisors are SIGKILLed at once and restarted.
     ClusterCrash {
         #[arg(long, default_value_t = 3)]
@@ -124,6 +174,85 @@ enum Scenario {
         #[arg(long, default_value_t = 11)]
         seed: u64,
     },
+}
+
+/// The training job of the ringtrain scenarios.
+#[derive(clap::Args, Debug, Clone)]
+struct TrainArgs {
+    /// Hosts in the testbed (ranks plus spares); default: ranks + 1.
+    #[arg(long)]
+    hosts: Option<usize>,
+    #[arg(long, default_value_t = 4)]
+    ranks: u32,
+    #[arg(long, default_value_t = 300)]
+    steps: u64,
+    #[arg(long, default_value_t = 50)]
+    checkpoint_every: u64,
+    /// ringtrain's hidden width (default: its own, ~4.5 MB of gradients).
+    #[arg(long)]
+    hidden: Option<u32>,
+    #[arg(long, default_value_t = 1)]
+    supervisors: usize,
+    /// Longest the job may take (s).
+    #[arg(long, default_value_t = 600)]
+    deadline_secs: u64,
+}
+
+impl TrainArgs {
+    fn opts(&self, spare: bool) -> anyhow::Result<chaos_tests::training::TrainOpts> {
+        let hosts = self
+            .hosts
+            .unwrap_or(self.ranks as usize + usize::from(spare));
+        if !(1..=16).contains(&self.ranks) || hosts < self.ranks as usize || hosts > 32 {
+            anyhow::bail!("--ranks takes 1..=16 and --hosts ranks..=32");
+        }
+        if !(1..=100_000).contains(&self.steps) || self.checkpoint_every > self.steps {
+            anyhow::bail!("--steps takes 1..=100000 and --checkpoint-every at most --steps");
+        }
+        if !(1..=7).contains(&self.supervisors) || !(1..=7200).contains(&self.deadline_secs) {
+            anyhow::bail!("--supervisors takes 1..=7 and --deadline-secs 1..=7200");
+        }
+        Ok(chaos_tests::training::TrainOpts {
+            hosts,
+            supervisors: self.supervisors,
+            ranks: self.ranks,
+            steps: self.steps,
+            checkpoint_every: self.checkpoint_every,
+            hidden: self.hidden,
+            deadline: std::time::Duration::from_secs(self.deadline_secs),
+            ..Default::default()
+        })
+    }
+}
+
+/// The flap storm of the training scenarios.
+#[derive(clap::Args, Debug, Clone)]
+struct StormArgs {
+    /// Mean time between flaps (ms).
+    #[arg(long, default_value_t = 4000)]
+    flap_every_ms: u64,
+    /// How long a cable stays down (ms). The default outlasts the fragile
+    /// baseline's 2 s stall timeout, so a flap on its rail is fatal to it,
+    /// as a link loss is to an NCCL job once its retries run out.
+    #[arg(long, default_value_t = 2500)]
+    flap_down_ms: u64,
+    #[arg(long, default_value_t = 41)]
+    seed: u64,
+}
+
+impl StormArgs {
+    fn storm(&self) -> anyhow::Result<chaos_tests::training::Storm> {
+        if !(100..=600_000).contains(&self.flap_every_ms)
+            || !(10..=20_000).contains(&self.flap_down_ms)
+        {
+            anyhow::bail!("--flap-every-ms takes 100..=600000 and --flap-down-ms 10..=20000");
+        }
+        Ok(chaos_tests::training::Storm {
+            every: std::time::Duration::from_millis(self.flap_every_ms),
+            down: std::time::Duration::from_millis(self.flap_down_ms),
+            seed: self.seed,
+        })
+    }
 }
 
 impl Scenario {
@@ -197,6 +326,16 @@ enum Bench {
         supervisors: usize,
         #[arg(long, default_value_t = 17)]
         seed: u64,
+    },
+    /// The same ringtrain job under the same flap storm, with railguard's
+    /// migration and without it (no backup rail: the job dies on a network
+    /// error and restarts from its checkpoint, as NCCL jobs do today):
+    /// steps/s of each and their ratio. Needs root.
+    Goodput {
+        #[command(flatten)]
+        train: TrainArgs,
+        #[command(flatten)]
+        storm: StormArgs,
     },
     /// Committed events/s and latency of 3 supervisors at 1, 16 and 256 clients.
     RaftCommit {
@@ -300,6 +439,67 @@ fn main() {
                 })
                 .await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
+            }
+            Cmd::Scenario(Scenario::PlaybookLeaderKill {
+                rounds,
+                parallel,
+                seed,
+            }) => {
+                if !chaos_tests::testbed::require_root("scenario playbook-leader-kill")? {
+                    anyhow::bail!("scenario playbook-leader-kill needs root");
+                }
+                let r = chaos_tests::playbook_leader_kill::playbook_leader_kill(
+                    chaos_tests::playbook_leader_kill::LeaderKillRun {
+                        rounds,
+                        parallel,
+                        seed,
+                        ..Default::default()
+                    },
+                )
+                .await?;
+                Ok((r.ok, serde_json::to_value(&r)?))
+            }
+            Cmd::Scenario(Scenario::BadPlaybooks) => {
+                let r = chaos_tests::playbook_scenarios::bad_playbooks().await?;
+                Ok((r.ok, serde_json::to_value(&r)?))
+            }
+            Cmd::Scenario(Scenario::TrainNicFlap { train, storm }) => {
+                let (o, st) = (train.opts(false)?, storm.storm()?);
+                if !chaos_tests::testbed::require_root("scenario train-nic-flap")? {
+                    anyhow::bail!("scenario train-nic-flap needs root");
+                }
+                let v = chaos_tests::training::train_nic_flap(&o, st).await?;
+                Ok((v["ok"] == true, v))
+            }
+            Cmd::Scenario(Scenario::HostLoss { train, at_step }) => {
+                let o = train.opts(true)?;
+                if at_step == 0 || at_step >= o.steps {
+                    anyhow::bail!("--at-step must be within 1..steps");
+                }
+                if !chaos_tests::testbed::require_root("scenario host-loss")? {
+                    anyhow::bail!("scenario host-loss needs root");
+                }
+                let v = chaos_tests::training::host_loss(&o, at_step).await?;
+                Ok((v["ok"] == true, v))
+            }
+            Cmd::Scenario(Scenario::Drain { train, at_step }) => {
+                let o = train.opts(true)?;
+                if at_step == 0 || at_step >= o.steps {
+                    anyhow::bail!("--at-step must be within 1..steps");
+                }
+                if !chaos_tests::testbed::require_root("scenario drain")? {
+                    anyhow::bail!("scenario drain needs root");
+                }
+                let v = chaos_tests::training::drain(&o, at_step).await?;
+                Ok((v["ok"] == true, v))
+            }
+            Cmd::Bench(Bench::Goodput { train, storm }) => {
+                let (o, st) = (train.opts(false)?, storm.storm()?);
+                if !chaos_tests::testbed::require_root("bench goodput")? {
+                    anyhow::bail!("bench goodput needs root");
+                }
+                let v = chaos_tests::training::goodput(&o, st).await?;
+                Ok((v["ok"] == true, v))
             }
             Cmd::Bench(Bench::Failover {
                 flaps,

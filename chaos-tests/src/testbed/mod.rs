@@ -522,10 +522,11 @@ impl Testbed {
         Ok(())
     }
 
-    /// Host loss: kill every process started in the host and set all its
-    /// cables down (fabric side).
+    /// Host loss: kill every process in the host (the agent and the ranks
+    /// it launched) and set all its cables down (fabric side).
     pub async fn lose_host(&mut self, host: usize) -> anyhow::Result<()> {
         self.kill_node(Node::Host(host));
+        self.kill_namespace_processes(Node::Host(host));
         self.set_mgmt(Node::Host(host), false).await?;
         for r in 0..2 {
             self.set_fabric_link(host, r, false).await?;
@@ -563,6 +564,49 @@ impl Testbed {
         ch.retain(|(n, _)| *n != node);
     }
 
+    /// SIGKILLs every process whose network namespace is `node`'s,
+    /// including ones this process did not start directly (ranks an agent
+    /// launched). Returns how many. Only our own namespaces are scanned
+    /// for, so nothing outside the testbed is touched.
+    pub fn kill_namespace_processes(&self, node: Node) -> usize {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(target) = std::fs::metadata(&self.ns(node).path) else {
+            return 0;
+        };
+        let me = std::process::id();
+        let mut killed = 0;
+        // Bounded: a few rounds, for children forked while we scan.
+        for _ in 0..5 {
+            let mut found = 0;
+            let Ok(dir) = std::fs::read_dir("/proc") else {
+                return killed;
+            };
+            for e in dir.flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+                    continue;
+                };
+                if pid as u32 == me {
+                    continue;
+                }
+                let Ok(m) = std::fs::metadata(format!("/proc/{pid}/ns/net")) else {
+                    continue;
+                };
+                if m.ino() == target.ino() && m.dev() == target.dev() {
+                    // SAFETY: kill has no memory preconditions; the pid was
+                    // just seen inside our namespace.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    found += 1;
+                }
+            }
+            killed += found;
+            if found == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        killed
+    }
+
     /// Kills all processes and removes all namespaces. Idempotent.
     pub fn teardown(&mut self) {
         if self.torn_down {
@@ -573,6 +617,9 @@ impl Testbed {
         for (_, c) in ch.iter_mut() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        for h in 0..self.spec.hosts {
+            self.kill_namespace_processes(Node::Host(h));
         }
         self.handles.clear();
         for n in self.namespace_names() {

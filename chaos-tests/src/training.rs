@@ -1,0 +1,875 @@
+//! Training under railguard: `ringtrain` jobs submitted to a netns cluster
+//! (supervisor + one agent per host, the agents launch the ranks), with
+//! faults injected while they run. The `train-nic-flap`, `host-loss` and
+//! `drain` scenarios, the `goodput` bench and the demo are built from it.
+//!
+//! Every figure comes from the real processes: job states from the
+//! supervisor (`railguard job show`), steps and digests from the ranks'
+//! own logs, which the agents capture under
+//! `<run dir>/h<i>/jobs/<job>/<incarnation>/rank-<r>.log`.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::netcluster::NetCluster;
+use crate::testbed::{Side, TestbedSpec};
+
+/// How to run one training job.
+#[derive(Debug, Clone)]
+pub struct TrainOpts {
+    /// Hosts in the testbed (ranks plus spares).
+    pub hosts: usize,
+    pub supervisors: usize,
+    pub ranks: u32,
+    pub steps: u64,
+    pub checkpoint_every: u64,
+    /// Hidden width of ringtrain's MLP (None: its default).
+    pub hidden: Option<u32>,
+    /// The job gets no backup rail and dies on a network error (the
+    /// "without railguard" baseline).
+    pub fragile: bool,
+    pub max_restarts: u32,
+    pub backoff: Duration,
+    /// Longest the whole job may take.
+    pub deadline: Duration,
+}
+
+impl Default for TrainOpts {
+    fn default() -> Self {
+        Self {
+            hosts: 4,
+            supervisors: 1,
+            ranks: 4,
+            steps: 300,
+            checkpoint_every: 50,
+            hidden: None,
+            fragile: false,
+            max_restarts: 50,
+            backoff: Duration::from_millis(200),
+            deadline: Duration::from_secs(600),
+        }
+    }
+}
+
+/// A testbed cluster that runs training jobs.
+pub struct Training {
+    pub c: NetCluster,
+    ringtrain: PathBuf,
+}
+
+/// What one job's run looked like.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobRun {
+    pub job: String,
+    pub state: String,
+    pub incarnations: u64,
+    pub restarts: u64,
+    /// Submission to Succeeded (or to giving up).
+    pub wall_ms: u64,
+    pub steps: u64,
+    pub steps_per_s: f64,
+    pub digest: Option<String>,
+}
+
+impl Training {
+    /// Builds the testbed, starts supervisors and agents, and waits until
+    /// every host is registered and Ready.
+    pub async fn start(o: &TrainOpts) -> anyhow::Result<Training> {
+        let c = NetCluster::start(TestbedSpec {
+            supervisors: o.supervisors,
+            hosts: o.hosts,
+        })
+        .await?;
+        let t = Training {
+            c,
+            ringtrain: crate::cluster::bin_path("ringtrain")?,
+        };
+        let n = o.hosts;
+        t.c.wait_until("every host Ready", Duration::from_secs(30), |c| {
+            c.cli_json(&["node", "list"]).is_ok_and(|v| {
+                v["hosts"]
+                    .as_array()
+                    .is_some_and(|h| h.len() == n && h.iter().all(|x| x["liveness"] == "ready"))
+            })
+        })
+        .await?;
+        Ok(t)
+    }
+
+    /// Wraps a running cluster (whose hosts are Ready).
+    pub fn from_cluster(c: NetCluster) -> anyhow::Result<Training> {
+        Ok(Training {
+            c,
+            ringtrain: crate::cluster::bin_path("ringtrain")?,
+        })
+    }
+
+    /// Keeps the run directory (logs, checkpoints) after the cluster is
+    /// gone, and says where it is.
+    pub fn keep_run_dir(&mut self) {
+        self.c.keep_run_dir();
+    }
+
+    /// Keeps the run directory when `r` is an error or not ok.
+    pub fn keep_on_failure(&mut self, r: &anyhow::Result<serde_json::Value>) {
+        if !r.as_ref().is_ok_and(|v| v["ok"] == true) {
+            self.keep_run_dir();
+        }
+    }
+
+    /// Where job `name` checkpoints.
+    pub fn checkpoint_dir(&self, name: &str) -> PathBuf {
+        self.c.run_dir.path().join("ckpt").join(name)
+    }
+
+    /// Submits a ringtrain job through `railguard job submit`.
+    pub fn submit(&self, name: &str, o: &TrainOpts, hosts: &[usize]) -> anyhow::Result<()> {
+        let mut argv = vec![
+            self.ringtrain.display().to_string(),
+            "--steps".into(),
+            o.steps.to_string(),
+            "--log-every".into(),
+            "1".into(),
+        ];
+        if let Some(h) = o.hidden {
+            argv.extend(["--hidden".into(), h.to_string()]);
+        }
+        if o.fragile {
+            argv.push("--fragile".into());
+        }
+        let ckpt = self.checkpoint_dir(name);
+        std::fs::create_dir_all(&ckpt)?;
+        #[derive(Serialize)]
+        struct File<'a> {
+            name: &'a str,
+            ranks: u32,
+            hosts: Vec<String>,
+            command: Vec<String>,
+            checkpoint_dir: String,
+            checkpoint_every: u64,
+            max_restarts: u32,
+            backoff: String,
+        }
+        let f = File {
+            name,
+            ranks: o.ranks,
+            // The preferred hosts first (rank order), then every other
+            // host of the testbed as an allowed spare.
+            hosts: hosts
+                .iter()
+                .copied()
+                .chain((0..o.hosts).filter(|h| !hosts.contains(h)))
+                .map(|h| format!("h{h}"))
+                .collect(),
+            command: argv,
+            checkpoint_dir: ckpt.display().to_string(),
+            checkpoint_every: o.checkpoint_every,
+            max_restarts: o.max_restarts,
+            backoff: format!("{}ms", o.backoff.as_millis()),
+        };
+        let path = self.c.run_dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, toml::to_string(&f)?)?;
+        self.c
+            .cli(&["job", "submit", path.to_str().unwrap_or_default()])?;
+        Ok(())
+    }
+
+    /// The job as the supervisor shows it (`None` while unreachable).
+    pub fn job(&self, name: &str) -> Option<serde_json::Value> {
+        self.c
+            .cli_json(&["job", "show", name])
+            .ok()
+            .map(|v| v["job"].clone())
+    }
+
+    /// Host index of each rank of the current incarnation (of the last
+    /// one once the job ended).
+    pub fn placement(&self, name: &str) -> Vec<usize> {
+        self.job(name)
+            .and_then(|j| {
+                let p = &j["placement"];
+                let p = if p.as_array().is_some_and(|a| !a.is_empty()) {
+                    p
+                } else {
+                    &j["previous_placement"]
+                };
+                p.as_array().map(|a| {
+                    a.iter()
+                        .filter_map(|h| h.as_str()?.strip_prefix('h')?.parse().ok())
+                        .collect()
+                })
+            })
+            .unwrap_or_default()
+    }
+
+    /// A rank's log (empty if there is none yet).
+    pub fn rank_log(&self, host: usize, job: &str, incarnation: u64, rank: u32) -> String {
+        let p = self
+            .c
+            .run_dir
+            .path()
+            .join(format!("h{host}"))
+            .join("jobs")
+            .join(job)
+            .join(incarnation.to_string())
+            .join(format!("rank-{rank}.log"));
+        std::fs::read_to_string(p).unwrap_or_default()
+    }
+
+    /// The highest completed step any rank of `incarnation` logged, over
+    /// all hosts (ranks log every step in these scenarios).
+    pub fn max_step(&self, job: &str, incarnation: u64, hosts: usize, ranks: u32) -> u64 {
+        (0..hosts)
+            .flat_map(|h| (0..ranks).map(move |r| (h, r)))
+            .map(|(h, r)| last_step(&self.rank_log(h, job, incarnation, r)))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The digest rank 0 printed in the job's last incarnation.
+    pub fn digest(&self, job: &str, incarnation: u64, hosts: usize) -> Option<String> {
+        (0..hosts).find_map(|h| digest_of(&self.rank_log(h, job, incarnation, 0)))
+    }
+
+    /// Takes host `h` out: its agent and every process in its namespace
+    /// SIGKILLed, its management link and both data cables down.
+    pub async fn lose_host(&mut self, h: usize) -> anyhow::Result<()> {
+        self.c.tb.lose_host(h).await
+    }
+}
+
+/// Follows one job until it ends.
+pub struct Watch {
+    pub name: String,
+    t0: Instant,
+    deadline: Duration,
+    last: serde_json::Value,
+    last_state: String,
+}
+
+impl Watch {
+    pub fn new(name: &str, deadline: Duration) -> Self {
+        Self {
+            name: name.into(),
+            t0: Instant::now(),
+            deadline,
+            last: serde_json::Value::Null,
+            last_state: String::new(),
+        }
+    }
+
+    pub fn elapsed(&self) -> Duration {
+        self.t0.elapsed()
+    }
+
+    /// The job as last seen.
+    pub fn last(&self) -> &serde_json::Value {
+        &self.last
+    }
+
+    /// Polls the supervisor once: `Some` when the job ended; an error when
+    /// the deadline passed.
+    pub fn poll(&mut self, t: &Training, o: &TrainOpts) -> anyhow::Result<Option<JobRun>> {
+        if self.t0.elapsed() > self.deadline {
+            // The cluster's own account, for whoever reads the logs.
+            if let Ok(ev) = t.c.cli(&["events", "--limit", "1000"]) {
+                let _ = std::fs::write(t.c.run_dir.path().join("events.txt"), ev);
+            }
+            bail!(
+                "job {} did not finish within {:?} (last state {}); logs in {}",
+                self.name,
+                self.deadline,
+                self.last_state,
+                t.c.run_dir.path().display()
+            );
+        }
+        let Some(j) = t.job(&self.name) else {
+            return Ok(None);
+        };
+        let state = j["state"].as_str().unwrap_or("?").to_string();
+        if state != self.last_state {
+            eprintln!(
+                "  {:>7.1}s  job {} {state} (incarnation {}, on {})",
+                self.t0.elapsed().as_secs_f64(),
+                self.name,
+                j["incarnation"],
+                j["placement"]
+                    .as_array()
+                    .map(|a| a
+                        .iter()
+                        .filter_map(|h| h.as_str())
+                        .collect::<Vec<_>>()
+                        .join(","))
+                    .unwrap_or_default()
+            );
+            self.last_state = state.clone();
+        }
+        self.last = j;
+        if !matches!(state.as_str(), "succeeded" | "failed" | "cancelled") {
+            return Ok(None);
+        }
+        let wall = self.t0.elapsed();
+        let inc = self.last["incarnation"].as_u64().unwrap_or(0);
+        Ok(Some(JobRun {
+            job: self.name.clone(),
+            state,
+            incarnations: inc,
+            restarts: self.last["restarts"].as_u64().unwrap_or(0),
+            wall_ms: wall.as_millis() as u64,
+            steps: o.steps,
+            steps_per_s: o.steps as f64 / wall.as_secs_f64().max(1e-9),
+            digest: t.digest(&self.name, inc, o.hosts),
+        }))
+    }
+}
+
+/// Polling period of the scenarios' loops.
+const POLL: Duration = Duration::from_millis(100);
+
+/// The last `step=N` a ringtrain log shows (0: none).
+pub fn last_step(log: &str) -> u64 {
+    log.lines()
+        .rev()
+        .find_map(|l| {
+            let first = l.split_whitespace().next()?;
+            first.strip_prefix("step=")?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// The `digest=` line of a ringtrain log.
+pub fn digest_of(log: &str) -> Option<String> {
+    log.lines()
+        .rev()
+        .find_map(|l| l.trim().strip_prefix("digest=").map(str::to_owned))
+}
+
+/// A flap storm on the data NICs of the given hosts: every `every`
+/// (± half), one random NIC's fabric-side cable goes down for `down`.
+#[derive(Debug, Clone)]
+pub struct Storm {
+    pub every: Duration,
+    pub down: Duration,
+    pub seed: u64,
+}
+
+/// Drives a [`Storm`] from a scenario's tick.
+pub struct StormState {
+    storm: Storm,
+    rng: rand::rngs::StdRng,
+    next_at: Duration,
+    /// (host, rail, up at).
+    down: Option<(usize, usize, Duration)>,
+    pub flaps: u64,
+}
+
+impl StormState {
+    pub fn new(storm: Storm, start_after: Duration) -> Self {
+        Self {
+            rng: rand::rngs::StdRng::seed_from_u64(storm.seed),
+            next_at: start_after,
+            storm,
+            down: None,
+            flaps: 0,
+        }
+    }
+
+    /// Takes a cable down or up when it is time.
+    pub async fn tick(
+        &mut self,
+        t: &mut Training,
+        now: Duration,
+        hosts: &[usize],
+    ) -> anyhow::Result<()> {
+        if let Some((h, r, up_at)) = self.down {
+            if now >= up_at {
+                t.c.tb.set_cable(h, r, Side::Fabric, true).await?;
+                self.down = None;
+            }
+            return Ok(());
+        }
+        if now < self.next_at || hosts.is_empty() {
+            return Ok(());
+        }
+        let h = hosts[self.rng.gen_range(0..hosts.len())];
+        let r = self.rng.gen_range(0..2);
+        t.c.tb.set_cable(h, r, Side::Fabric, false).await?;
+        tracing::info!(host = h, rail = r, "flap: cable down");
+        self.flaps += 1;
+        self.down = Some((h, r, now + self.storm.down));
+        let half = self.storm.every.as_millis() as u64 / 2;
+        let jitter = self.rng.gen_range(0..=half.max(1) * 2);
+        self.next_at = now + self.storm.down + Duration::from_millis(half + jitter);
+        Ok(())
+    }
+
+    /// Puts the cable that is down back up.
+    pub async fn heal(&mut self, t: &mut Training) -> anyhow::Result<()> {
+        if let Some((h, r, _)) = self.down.take() {
+            t.c.tb.set_cable(h, r, Side::Fabric, true).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs one job without faults: its digest and speed are the reference.
+pub async fn fault_free(t: &mut Training, name: &str, o: &TrainOpts) -> anyhow::Result<JobRun> {
+    let hosts: Vec<usize> = (0..o.ranks as usize).collect();
+    t.submit(name, o, &hosts)?;
+    let mut w = Watch::new(name, o.deadline);
+    let r = loop {
+        if let Some(r) = w.poll(t, o)? {
+            break r;
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    if r.state != "succeeded" || r.digest.is_none() {
+        bail!(
+            "the fault-free run ended {} ({}); logs in {}",
+            r.state,
+            w.last()["reason"],
+            t.c.run_dir.path().display()
+        );
+    }
+    Ok(r)
+}
+
+/// Runs job `name` on the first `ranks` hosts under `storm`.
+pub async fn stormy(
+    t: &mut Training,
+    name: &str,
+    o: &TrainOpts,
+    storm: &Storm,
+) -> anyhow::Result<(JobRun, u64)> {
+    let hosts: Vec<usize> = (0..o.ranks as usize).collect();
+    t.submit(name, o, &hosts)?;
+    let mut s = StormState::new(storm.clone(), Duration::from_secs(2));
+    let mut w = Watch::new(name, o.deadline);
+    let run = loop {
+        let r = match s.tick(t, w.elapsed(), &hosts).await {
+            Ok(()) => w.poll(t, o),
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(Some(r)) => break Ok(r),
+            Ok(None) => tokio::time::sleep(POLL).await,
+            Err(e) => break Err(e),
+        }
+    };
+    s.heal(t).await?;
+    Ok((run?, s.flaps))
+}
+
+/// `scenario train-nic-flap`: a fault-free run, then the same job under a
+/// flap storm on random hosts' NICs. ok: the stormy run needed no restart
+/// and ended with the fault-free digest.
+pub async fn train_nic_flap(o: &TrainOpts, storm: Storm) -> anyhow::Result<serde_json::Value> {
+    let mut t = Training::start(o).await?;
+    let r = train_nic_flap_in(&mut t, o, storm).await;
+    t.keep_on_failure(&r);
+    r
+}
+
+async fn train_nic_flap_in(
+    t: &mut Training,
+    o: &TrainOpts,
+    storm: Storm,
+) -> anyhow::Result<serde_json::Value> {
+    eprintln!(
+        "train-nic-flap: fault-free run ({} ranks, {} steps)",
+        o.ranks, o.steps
+    );
+    let base = fault_free(t, "base", o).await?;
+    eprintln!(
+        "train-nic-flap: fault-free {:.2} steps/s, digest {}",
+        base.steps_per_s,
+        base.digest.as_deref().unwrap_or("-")
+    );
+    eprintln!(
+        "train-nic-flap: the same job under a flap storm (a cable down {:?} every ~{:?})",
+        storm.down, storm.every
+    );
+    let (run, flaps) = stormy(t, "storm", o, &storm).await?;
+    let same = run.digest.is_some() && run.digest == base.digest;
+    eprintln!(
+        "train-nic-flap: {flaps} flaps; {:.2} steps/s; restarts {}; digest {}",
+        run.steps_per_s,
+        run.restarts,
+        if same { "equal" } else { "DIFFERENT" }
+    );
+    let ok = run.state == "succeeded" && run.restarts == 0 && run.incarnations == 1 && same;
+    Ok(serde_json::json!({
+        "ok": ok,
+        "flaps": flaps,
+        "restarts": run.restarts,
+        "incarnations": run.incarnations,
+        "steps": o.steps,
+        "digest_equal": same,
+        "fault_free_steps_per_s": round2(base.steps_per_s),
+        "steps_per_s": round2(run.steps_per_s),
+        "goodput": round3(run.steps_per_s / base.steps_per_s.max(1e-9)),
+        "digest": run.digest,
+    }))
+}
+
+/// `scenario host-loss`: the host of the last rank is lost at
+/// `lose_at_step` (agent and ranks SIGKILLed, management link and cables
+/// down); the job resumes on the spare from its latest complete checkpoint.
+pub async fn host_loss(o: &TrainOpts, lose_at_step: u64) -> anyhow::Result<serde_json::Value> {
+    let mut t = Training::start(o).await?;
+    let r = host_loss_in(&mut t, o, lose_at_step).await;
+    t.keep_on_failure(&r);
+    r
+}
+
+async fn host_loss_in(
+    t: &mut Training,
+    o: &TrainOpts,
+    lose_at_step: u64,
+) -> anyhow::Result<serde_json::Value> {
+    if o.hosts <= o.ranks as usize {
+        bail!("host-loss needs a spare host: --hosts must exceed the ranks");
+    }
+    eprintln!("host-loss: fault-free run");
+    let base = fault_free(t, "base", o).await?;
+    let hosts: Vec<usize> = (0..o.ranks as usize).collect();
+    let victim = *hosts.last().context("no ranks")?;
+    eprintln!("host-loss: the same job; h{victim} is lost at step {lose_at_step}");
+    t.submit("lossy", o, &hosts)?;
+    let mut w = Watch::new("lossy", o.deadline);
+    let mut lost_at: Option<Instant> = None;
+    let mut resumed_after: Option<Duration> = None;
+    let run = loop {
+        if let Some(r) = w.poll(t, o)? {
+            break r;
+        }
+        let inc = w.last()["incarnation"].as_u64().unwrap_or(0);
+        match lost_at {
+            None if inc == 1 && t.max_step("lossy", 1, o.hosts, o.ranks) >= lose_at_step => {
+                t.lose_host(victim).await?;
+                lost_at = Some(Instant::now());
+                eprintln!(
+                    "  {:>7.1}s  h{victim} lost (agent and ranks killed, links down)",
+                    w.elapsed().as_secs_f64()
+                );
+            }
+            Some(at) if resumed_after.is_none() && inc >= 2 => {
+                let resume = w.last()["resume_step"].as_u64().unwrap_or(0);
+                if t.max_step("lossy", inc, o.hosts, o.ranks) > resume {
+                    resumed_after = Some(at.elapsed());
+                    eprintln!(
+                        "  {:>7.1}s  training resumed from step {resume} ({} ms after the loss)",
+                        w.elapsed().as_secs_f64(),
+                        at.elapsed().as_millis()
+                    );
+                }
+            }
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let reached = t.max_step("lossy", 1, o.hosts, o.ranks);
+    let job = t.job("lossy").unwrap_or_default();
+    let resume = job["resume_step"].as_u64().unwrap_or(0);
+    let lost_steps = reached.saturating_sub(resume);
+    let placement = t.placement("lossy");
+    let same = run.digest.is_some() && run.digest == base.digest;
+    let on_spare = placement.iter().any(|h| *h >= o.ranks as usize) && !placement.contains(&victim);
+    eprintln!(
+        "host-loss: step {reached} reached before the loss, resumed from {resume} ({lost_steps} lost); now on {placement:?}; digest {}",
+        if same { "equal" } else { "DIFFERENT" }
+    );
+    let ok = lost_at.is_some()
+        && run.state == "succeeded"
+        && same
+        && on_spare
+        && lost_steps <= o.checkpoint_every
+        && resumed_after.is_some();
+    Ok(serde_json::json!({
+        "ok": ok,
+        "lost_host": format!("h{victim}"),
+        "steps": o.steps,
+        "checkpoint_every": o.checkpoint_every,
+        "reached_step": reached,
+        "resumed_from_step": resume,
+        "lost_steps": lost_steps,
+        "resumed_after_ms": resumed_after.map(|d| d.as_millis() as u64),
+        "restarts": run.restarts,
+        "on_spare": on_spare,
+        "digest_equal": same,
+    }))
+}
+
+/// `scenario drain`: the host of the last rank is drained at
+/// `drain_at_step`; the job halts at a checkpoint and moves to the spare
+/// without losing a step.
+pub async fn drain(o: &TrainOpts, drain_at_step: u64) -> anyhow::Result<serde_json::Value> {
+    let mut t = Training::start(o).await?;
+    let r = drain_in(&mut t, o, drain_at_step).await;
+    t.keep_on_failure(&r);
+    r
+}
+
+async fn drain_in(
+    t: &mut Training,
+    o: &TrainOpts,
+    drain_at_step: u64,
+) -> anyhow::Result<serde_json::Value> {
+    if o.hosts <= o.ranks as usize {
+        bail!("drain needs a spare host: --hosts must exceed the ranks");
+    }
+    eprintln!("drain: fault-free run");
+    let base = fault_free(t, "base", o).await?;
+    let hosts: Vec<usize> = (0..o.ranks as usize).collect();
+    let victim = *hosts.last().context("no ranks")?;
+    eprintln!("drain: the same job; h{victim} is drained at step {drain_at_step}");
+    t.submit("moved", o, &hosts)?;
+    let mut w = Watch::new("moved", o.deadline);
+    let mut drained_at: Option<Instant> = None;
+    let mut moved_after = None;
+    let run = loop {
+        if let Some(r) = w.poll(t, o)? {
+            break r;
+        }
+        let inc = w.last()["incarnation"].as_u64().unwrap_or(0);
+        if drained_at.is_none()
+            && inc == 1
+            && t.max_step("moved", 1, o.hosts, o.ranks) >= drain_at_step
+        {
+            t.c.cli(&[
+                "node",
+                "drain",
+                &format!("h{victim}"),
+                "--reason",
+                "chaos: drain scenario",
+            ])?;
+            drained_at = Some(Instant::now());
+            eprintln!(
+                "  {:>7.1}s  railguard node drain h{victim}",
+                w.elapsed().as_secs_f64()
+            );
+        }
+        if let (Some(at), None) = (drained_at, moved_after) {
+            let resume = w.last()["resume_step"].as_u64().unwrap_or(0);
+            if inc >= 2 && t.max_step("moved", inc, o.hosts, o.ranks) > resume {
+                moved_after = Some(at.elapsed());
+                eprintln!(
+                    "  {:>7.1}s  training resumed from step {resume} on the new hosts",
+                    w.elapsed().as_secs_f64()
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let reached = t.max_step("moved", 1, o.hosts, o.ranks);
+    let job = t.job("moved").unwrap_or_default();
+    let resume = job["resume_step"].as_u64().unwrap_or(0);
+    let lost_steps = reached.saturating_sub(resume);
+    let same = run.digest.is_some() && run.digest == base.digest;
+    let host = t.c.cli_json(&["node", "show", &format!("h{victim}")])?;
+    let drained = host["host"]["drain"]["phase"] == "drained";
+    let placement = t.placement("moved");
+    eprintln!(
+        "drain: step {reached} reached, resumed from {resume} ({lost_steps} lost); h{victim} {}; digest {}",
+        if drained { "drained" } else { "NOT drained" },
+        if same { "equal" } else { "DIFFERENT" }
+    );
+    let ok = drained_at.is_some()
+        && run.state == "succeeded"
+        && same
+        && lost_steps == 0
+        && drained
+        && run.restarts == 0
+        && !placement.contains(&victim);
+    Ok(serde_json::json!({
+        "ok": ok,
+        "drained_host": format!("h{victim}"),
+        "steps": o.steps,
+        "reached_step": reached,
+        "resumed_from_step": resume,
+        "lost_steps": lost_steps,
+        "moved_after_ms": moved_after.map(|d| d.as_millis() as u64),
+        "host_drained": drained,
+        "restarts": run.restarts,
+        "digest_equal": same,
+    }))
+}
+
+/// `bench goodput`: the same flap storm (same seed) against the job with
+/// railguard's migration and against the fragile job that dies on a
+/// network error and restarts from its checkpoint, one after the other in
+/// one cluster.
+pub async fn goodput(o: &TrainOpts, storm: Storm) -> anyhow::Result<serde_json::Value> {
+    let mut t = Training::start(o).await?;
+    let r = goodput_in(&mut t, o, storm).await;
+    t.keep_on_failure(&r);
+    r
+}
+
+async fn goodput_in(
+    t: &mut Training,
+    o: &TrainOpts,
+    storm: Storm,
+) -> anyhow::Result<serde_json::Value> {
+    eprintln!("goodput: with railguard's migration");
+    let (with, flaps_with) = stormy(t, "resilient", o, &storm).await?;
+    eprintln!(
+        "goodput: {:.2} steps/s, {} restarts, {flaps_with} flaps",
+        with.steps_per_s, with.restarts
+    );
+    eprintln!("goodput: without (fragile job: no backup rail, dies on a network error)");
+    let fragile = TrainOpts {
+        fragile: true,
+        ..o.clone()
+    };
+    let (without, flaps_without) = stormy(t, "fragile", &fragile, &storm).await?;
+    eprintln!(
+        "goodput: {:.2} steps/s, {} restarts, {flaps_without} flaps",
+        without.steps_per_s, without.restarts
+    );
+    let same = with.digest.is_some() && with.digest == without.digest;
+    let ok = with.state == "succeeded" && without.state == "succeeded" && same;
+    Ok(serde_json::json!({
+        "ok": ok,
+        "steps": o.steps,
+        "checkpoint_every": o.checkpoint_every,
+        "railguard_steps_per_s": round2(with.steps_per_s),
+        "railguard_restarts": with.restarts,
+        "railguard_flaps": flaps_with,
+        "without_steps_per_s": round2(without.steps_per_s),
+        "without_restarts": without.restarts,
+        "without_flaps": flaps_without,
+        "ratio": round2(with.steps_per_s / without.steps_per_s.max(1e-9)),
+        "digests_equal": same,
+    }))
+}
+
+/// What the demo's training part showed.
+#[derive(Debug, Clone, Serialize)]
+pub struct DemoTraining {
+    pub ok: bool,
+    pub steps: u64,
+    pub fault_free_steps_per_s: f64,
+    pub steps_per_s: f64,
+    pub restarts: u64,
+    pub digest_equal: bool,
+    pub moved_connections: usize,
+}
+
+/// The demo's training part: a fault-free ringtrain run, then the same
+/// job with a cable pulled under it for `outage`; `say` prints the
+/// timeline.
+pub async fn demo_training(
+    t: &mut Training,
+    o: &TrainOpts,
+    outage: Duration,
+    say: &dyn Fn(&str),
+) -> anyhow::Result<DemoTraining> {
+    say(&format!(
+        "TRAINING: ringtrain, {} ranks (one per host), {} steps, ring all-reduce over resilient connections on rail0/rail1",
+        o.ranks, o.steps
+    ));
+    let base = fault_free(t, "demo-base", o).await?;
+    say(&format!(
+        "  fault-free run: {:.1} s, {:.1} steps/s, digest {}",
+        base.wall_ms as f64 / 1e3,
+        base.steps_per_s,
+        short_digest(base.digest.as_deref())
+    ));
+    let hosts: Vec<usize> = (0..o.ranks as usize).collect();
+    t.submit("demo", o, &hosts)?;
+    say("  the same job again; a cable will be pulled under it at a third of the run");
+    let mut w = Watch::new("demo", o.deadline);
+    let victim = 1.min(o.ranks as usize - 1);
+    let mut pulled: Option<Instant> = None;
+    let mut restored = false;
+    let mut moved = 0;
+    let run = loop {
+        if let Some(r) = w.poll(t, o)? {
+            break r;
+        }
+        let step = t.max_step("demo", 1, o.hosts, o.ranks);
+        match pulled {
+            None if step >= o.steps / 3 => {
+                t.c.tb.set_cable(victim, 0, Side::Fabric, false).await?;
+                pulled = Some(Instant::now());
+                say(&format!(
+                    "  FAULT at step {step}: cable of h{victim}/rail0 pulled (carrier lost; NCCL would now retry and give up)"
+                ));
+            }
+            Some(at) if !restored && at.elapsed() >= outage => {
+                let qps =
+                    t.c.cli_json(&["qp", "list", "--job", "demo"])
+                        .unwrap_or_default();
+                moved = qps["qps"]
+                    .as_array()
+                    .map_or(0, |a| a.iter().filter(|q| q["moved"] == true).count());
+                say(&format!(
+                    "  {:.1} s later: training at step {step}; {moved} connections run off their home NIC (railguard qp list)",
+                    at.elapsed().as_secs_f64()
+                ));
+                t.c.tb.set_cable(victim, 0, Side::Fabric, true).await?;
+                restored = true;
+                say("  REPAIR: cable back; connections fail back once the NIC is reusable");
+            }
+            _ => {}
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    if !restored {
+        t.c.tb.set_cable(victim, 0, Side::Fabric, true).await?;
+    }
+    let same = run.digest.is_some() && run.digest == base.digest;
+    say(&format!(
+        "  finished: {:.1} steps/s ({:.0} % of fault-free), restarts {}, digest {} ({})",
+        run.steps_per_s,
+        100.0 * run.steps_per_s / base.steps_per_s.max(1e-9),
+        run.restarts,
+        short_digest(run.digest.as_deref()),
+        if same {
+            "equal: not one bit lost"
+        } else {
+            "DIFFERENT"
+        }
+    ));
+    Ok(DemoTraining {
+        ok: run.state == "succeeded" && run.restarts == 0 && same && pulled.is_some(),
+        steps: o.steps,
+        fault_free_steps_per_s: round2(base.steps_per_s),
+        steps_per_s: round2(run.steps_per_s),
+        restarts: run.restarts,
+        digest_equal: same,
+        moved_connections: moved,
+    })
+}
+
+fn short_digest(d: Option<&str>) -> String {
+    d.map(|d| format!("{}…", &d[..d.len().min(12)]))
+        .unwrap_or_else(|| "-".into())
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+fn round3(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ringtrain_logs_are_read() {
+        let log = "start rank=0 world=2\nstep=1 elapsed_ms=3 loss=1\nstep=2 elapsed_ms=5 loss=1\ncheckpoint step=2 ordered=0 path=x\ndigest=abc\n";
+        assert_eq!(last_step(log), 2);
+        assert_eq!(digest_of(log).as_deref(), Some("abc"));
+        assert_eq!(last_step(""), 0);
+        assert_eq!(digest_of("step=1 elapsed_ms=1"), None);
+    }
+}

@@ -1,0 +1,341 @@
+//! HTB shaping through raw rtnetlink (`nodeagent::shape`) on a real veth
+//! NIC inside the testbed (needs root; fails instead of skipping when `CI`
+//! is set): the kernel holds exactly the rates we asked for (64-bit rates
+//! included), apply is idempotent, a new set replaces the old, clear leaves
+//! nothing, and a shape really limits a TCP flow.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use chaos_tests::testbed::{rail_addr, require_root, Node, Testbed, TestbedSpec};
+use futures::TryStreamExt;
+use nodeagent::shape::{
+    self, FlowMatch, Installed, L4Port, Shape, ShapeError, DEFAULT_MINOR, FILTER_PRIO, ROOT_MINOR,
+};
+
+async fn two_hosts() -> Testbed {
+    Testbed::build(TestbedSpec {
+        supervisors: 0,
+        hosts: 2,
+    })
+    .await
+    .expect("build testbed")
+}
+
+async fn rail0(tb: &Testbed) -> (rtnetlink::Handle, u32) {
+    let h = tb.ns(Node::Host(0)).netlink().expect("netlink in h0");
+    let link = h
+        .link()
+        .get()
+        .match_name("rail0")
+        .execute()
+        .try_next()
+        .await
+        .expect("find rail0")
+        .expect("rail0 exists");
+    (h, link.header.index)
+}
+
+fn shape(minor: u16, rate: u64, ceil: u64, dst: Ipv4Addr, port: Option<L4Port>) -> Shape {
+    Shape {
+        class_minor: minor,
+        rate_bps: rate,
+        ceil_bps: ceil,
+        match_: FlowMatch {
+            dst,
+            dst_port: port,
+        },
+    }
+}
+
+/// (minor, parent, rate, ceil) of a class.
+type ClassRow = (u16, Option<u16>, u64, u64);
+/// (class, flow) of a filter.
+type FilterRow = (Option<u16>, Option<FlowMatch>);
+
+/// The (minor, parent, rate, ceil) of every class, and the (class, flow)
+/// of every filter: what must match the shapes.
+fn summary(i: &Installed) -> (Vec<ClassRow>, Vec<FilterRow>) {
+    (
+        i.classes
+            .iter()
+            .map(|c| (c.minor, c.parent_minor, c.rate_bps, c.ceil_bps))
+            .collect(),
+        i.filters.iter().map(|f| (f.class_minor, f.flow)).collect(),
+    )
+}
+
+fn expected(shapes: &[Shape], default_bps: u64) -> Vec<ClassRow> {
+    let link = shapes
+        .iter()
+        .map(|s| s.ceil_bps)
+        .max()
+        .unwrap_or(0)
+        .max(default_bps);
+    let mut v = vec![
+        (ROOT_MINOR, None, link, link),
+        (DEFAULT_MINOR, Some(ROOT_MINOR), default_bps, default_bps),
+    ];
+    v.extend(
+        shapes
+            .iter()
+            .map(|s| (s.class_minor, Some(ROOT_MINOR), s.rate_bps, s.ceil_bps)),
+    );
+    v.sort();
+    v
+}
+
+fn check(i: &Installed, shapes: &[Shape], default_bps: u64) {
+    let q = i.qdisc.as_ref().expect("root htb qdisc 1:");
+    assert_eq!(q.default_minor, DEFAULT_MINOR);
+    let (classes, filters) = summary(i);
+    assert_eq!(classes, expected(shapes, default_bps), "{i:#?}");
+    let want: Vec<_> = shapes
+        .iter()
+        .map(|s| (Some(s.class_minor), Some(s.match_)))
+        .collect();
+    assert_eq!(filters, want, "{i:#?}");
+    for f in &i.filters {
+        assert_eq!(
+            (f.kind.as_str(), f.prio, f.protocol),
+            ("u32", FILTER_PRIO, 0x0800)
+        );
+    }
+    for c in &i.classes {
+        assert!(c.buffer_ticks > 0 && c.cbuffer_ticks > 0, "{c:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn htb_shapes_round_trip_through_the_kernel() {
+    if !require_root("shape_netns::round_trip").unwrap() {
+        return;
+    }
+    let tb = two_hosts().await;
+    let (h, ifindex) = rail0(&tb).await;
+    let h1 = rail_addr(1, 0);
+
+    // Nothing to clear on a fresh NIC.
+    assert!(shape::list(&h, ifindex).await.unwrap().is_empty());
+    assert!(!shape::clear(&h, ifindex).await.unwrap());
+
+    let default_bps = 1_000_000_000;
+    let first = [
+        shape(0x10, 400_000_000, 800_000_000, h1, Some(L4Port::Tcp(5201))),
+        // 40 Gbit/s = 5e9 bytes/s > u32::MAX: the 64-bit attributes.
+        shape(
+            0x20,
+            40_000_000_000,
+            80_000_000_000,
+            h1,
+            Some(L4Port::Udp(4791)),
+        ),
+        shape(
+            0x30,
+            8_000_000,
+            16_000_000,
+            Ipv4Addr::new(10, 201, 0, 9),
+            None,
+        ),
+    ];
+    shape::apply(&h, ifindex, &first, default_bps)
+        .await
+        .unwrap();
+    let a = shape::list(&h, ifindex).await.unwrap();
+    check(&a, &first, default_bps);
+    assert_eq!(a.class(0x20).unwrap().rate_bps, 40_000_000_000);
+    assert_eq!(a.class(0x20).unwrap().ceil_bps, 80_000_000_000);
+
+    // Idempotent: the same dump, filter handles included.
+    shape::apply(&h, ifindex, &first, default_bps)
+        .await
+        .unwrap();
+    let b = shape::list(&h, ifindex).await.unwrap();
+    check(&b, &first, default_bps);
+    let handles = |i: &Installed| i.filters.iter().map(|f| f.handle).collect::<Vec<_>>();
+    assert_eq!(handles(&a), handles(&b));
+    let params = |i: &Installed| {
+        i.classes
+            .iter()
+            .map(|c| (c.minor, c.buffer_ticks, c.cbuffer_ticks, c.quantum))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(params(&a), params(&b));
+
+    // Bad input changes nothing.
+    let bad = [shape(0x40, 10, 10, h1, None)];
+    let e = shape::apply(&h, ifindex, &bad, default_bps)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ShapeError::RateOutOfRange { .. }), "{e}");
+    assert_eq!(
+        summary(&shape::list(&h, ifindex).await.unwrap()),
+        summary(&b)
+    );
+
+    // A different set replaces the old one: 0x10 changes rate and match,
+    // 0x20 and 0x30 go, 0x50 arrives; the default rate moves.
+    let second = [
+        shape(
+            0x50,
+            2_000_000_000,
+            2_000_000_000,
+            h1,
+            Some(L4Port::Tcp(6000)),
+        ),
+        shape(0x10, 100_000_000, 300_000_000, h1, Some(L4Port::Tcp(7000))),
+    ];
+    shape::apply(&h, ifindex, &second, 500_000_000)
+        .await
+        .unwrap();
+    let c = shape::list(&h, ifindex).await.unwrap();
+    check(&c, &second, 500_000_000);
+    assert!(c.class(0x20).is_none() && c.class(0x30).is_none());
+
+    // An empty set keeps only the root and default classes, no filter.
+    shape::apply(&h, ifindex, &[], 500_000_000).await.unwrap();
+    let d = shape::list(&h, ifindex).await.unwrap();
+    check(&d, &[], 500_000_000);
+
+    // Clear: nothing stays behind.
+    shape::apply(&h, ifindex, &first, default_bps)
+        .await
+        .unwrap();
+    assert!(shape::clear(&h, ifindex).await.unwrap());
+    let e = shape::list(&h, ifindex).await.unwrap();
+    assert!(e.is_empty(), "{e:#?}");
+    assert!(!shape::clear(&h, ifindex).await.unwrap());
+}
+
+/// Bytes the receiver got in `window` after `skip`, while the sender in h0
+/// pushed as fast as it could for `skip + window + 0.5 s`.
+fn tcp_throughput(tb: &Testbed, port: u16, skip: Duration, window: Duration) -> u64 {
+    let addr = SocketAddr::from((rail_addr(1, 0), port));
+    let listener = tb
+        .ns(Node::Host(1))
+        .run(move || TcpListener::bind(addr))
+        .expect("enter h1")
+        .expect("bind in h1");
+    let receiver = std::thread::spawn(move || -> u64 {
+        let (mut s, _) = listener.accept().expect("accept");
+        s.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut start = None;
+        let mut counted = 0u64;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            let n = match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n as u64,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut =>
+                {
+                    continue
+                }
+                Err(_) => break,
+            };
+            let t0 = *start.get_or_insert_with(Instant::now);
+            let el = t0.elapsed();
+            if el >= skip && el < skip + window {
+                counted += n;
+            }
+            if el >= skip + window {
+                break;
+            }
+        }
+        counted
+    });
+    let mut out = tb
+        .ns(Node::Host(0))
+        .run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
+        .expect("enter h0")
+        .expect("connect from h0");
+    out.set_write_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let chunk = vec![0x5au8; 1 << 16];
+    let until = Instant::now() + skip + window + Duration::from_millis(500);
+    while Instant::now() < until {
+        match out.write(&chunk) {
+            Ok(_) => {}
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break,
+        }
+    }
+    drop(out);
+    receiver.join().expect("receiver thread")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shape_limits_a_tcp_flow() {
+    if !require_root("shape_netns::limits_a_flow").unwrap() {
+        return;
+    }
+    let tb = two_hosts().await;
+    let (h, ifindex) = rail0(&tb).await;
+    let rate_bps = 50_000_000;
+    let shaped_port = 5301;
+    shape::apply(
+        &h,
+        ifindex,
+        &[shape(
+            0x10,
+            rate_bps,
+            rate_bps,
+            rail_addr(1, 0),
+            Some(L4Port::Tcp(shaped_port)),
+        )],
+        10_000_000_000,
+    )
+    .await
+    .unwrap();
+
+    let window = Duration::from_millis(1500);
+    let skip = Duration::from_millis(500);
+    let tb_ref = &tb;
+    let got = tokio::task::block_in_place(|| tcp_throughput(tb_ref, shaped_port, skip, window));
+    let allowed = rate_bps / 8 * 3 / 2; // bytes in 1.5 s at the rate
+    eprintln!(
+        "shaped flow: {got} bytes in {window:?} ({:.1} Mbit/s; shape {} Mbit/s)",
+        got as f64 * 8.0 / window.as_secs_f64() / 1e6,
+        rate_bps / 1_000_000
+    );
+    assert!(got <= allowed * 13 / 10, "{got} > 1.3 × {allowed}");
+    assert!(
+        got >= allowed * 3 / 10,
+        "{got} < 0.3 × {allowed}: flow barely moved"
+    );
+
+    // The kernel's counters agree: the bytes went through class 1:10.
+    let i = shape::list(&h, ifindex).await.unwrap();
+    let c = i.class(0x10).unwrap();
+    assert!(
+        c.sent_bytes >= got,
+        "class 1:10 sent {} < {got}",
+        c.sent_bytes
+    );
+    let d = i.class(DEFAULT_MINOR).unwrap();
+    assert!(
+        d.sent_bytes < c.sent_bytes / 10,
+        "default {d:?} vs shaped {c:?}"
+    );
+
+    // Control: a flow to another port is not matched, goes through the
+    // default class (10 Gbit/s) and is not held to the shape's rate.
+    let free =
+        tokio::task::block_in_place(|| tcp_throughput(tb_ref, shaped_port + 1, skip, window));
+    eprintln!(
+        "unmatched flow: {free} bytes in {window:?} ({:.1} Mbit/s)",
+        free as f64 * 8.0 / window.as_secs_f64() / 1e6
+    );
+    assert!(free > allowed * 2, "unmatched flow {free} <= 2 × {allowed}");
+    let i = shape::list(&h, ifindex).await.unwrap();
+    assert!(i.class(DEFAULT_MINOR).unwrap().sent_bytes >= free);
+
+    assert!(shape::clear(&h, ifindex).await.unwrap());
+    assert!(shape::list(&h, ifindex).await.unwrap().is_empty());
+}

@@ -1,0 +1,150 @@
+//! Training under railguard in a real netns cluster (needs root; fails
+//! instead of skipping when `CI` is set): short forms of `train-nic-flap`,
+//! `host-loss` and `drain`. Each runs a fault-free job first and compares
+//! digests, so a wrong restart point, a lost or repeated step or a bad
+//! reduction shows up as a different digest. Bounds are generous; the
+//! figures come from the full scenarios.
+
+use std::time::Duration;
+
+use chaos_tests::testbed::require_root;
+use chaos_tests::training::{self, Storm, TrainOpts};
+
+fn short(hosts: usize) -> TrainOpts {
+    TrainOpts {
+        hosts,
+        ranks: 3,
+        steps: 60,
+        checkpoint_every: 10,
+        hidden: Some(256),
+        deadline: Duration::from_secs(180),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn training_survives_nic_flaps_without_a_restart() {
+    if !require_root("training_netns::train_nic_flap").unwrap() {
+        return;
+    }
+    let o = TrainOpts {
+        steps: 120,
+        ..short(3)
+    };
+    let v = training::train_nic_flap(
+        &o,
+        Storm {
+            every: Duration::from_millis(1500),
+            down: Duration::from_millis(1000),
+            seed: 3,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    assert!(v["flaps"].as_u64().unwrap() >= 1, "{v}");
+    assert_eq!(v["restarts"], 0, "{v}");
+    assert_eq!(v["digest_equal"], true, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_host_is_replaced_and_training_resumes_from_the_checkpoint() {
+    if !require_root("training_netns::host_loss").unwrap() {
+        return;
+    }
+    let o = short(4);
+    let v = training::host_loss(&o, 25).await.unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["on_spare"], true, "{v}");
+    assert!(v["lost_steps"].as_u64().unwrap() <= 10, "{v}");
+    assert_eq!(v["restarts"], 1, "{v}");
+    assert_eq!(v["digest_equal"], true, "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn draining_a_host_moves_the_job_without_losing_a_step() {
+    if !require_root("training_netns::drain").unwrap() {
+        return;
+    }
+    let o = short(4);
+    let v = training::drain(&o, 25).await.unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    assert_eq!(v["lost_steps"], 0, "{v}");
+    assert_eq!(v["host_drained"], true, "{v}");
+    assert_eq!(v["restarts"], 0, "{v}");
+    assert_eq!(v["digest_equal"], true, "{v}");
+}
+
+/// The admin side of a running job: an ordered checkpoint (all ranks at
+/// one step, recorded complete), its logs through the agents, cancel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_logs_and_cancel_from_the_cli() {
+    if !require_root("training_netns::job_cli").unwrap() {
+        return;
+    }
+    let o = TrainOpts {
+        steps: 100_000,
+        checkpoint_every: 0,
+        ..short(2)
+    };
+    let o = TrainOpts { ranks: 2, ..o };
+    let t = training::Training::start(&o).await.unwrap();
+    t.submit("cli", &o, &[0, 1]).unwrap();
+    t.c.wait_until("ranks started", Duration::from_secs(30), |c| {
+        c.cli_json(&["job", "show", "cli"]).is_ok_and(|v| {
+            v["job"]["ranks"]
+                .as_array()
+                .is_some_and(|r| r.len() == 2 && r.iter().all(|x| x["started"] == true))
+        })
+    })
+    .await
+    .unwrap();
+    // Progress first, so the checkpoint lands at a real step.
+    t.c.wait_until("a few steps", Duration::from_secs(30), |_| {
+        t.max_step("cli", 1, 2, 2) >= 5
+    })
+    .await
+    .unwrap();
+    let out =
+        t.c.cli(&["job", "checkpoint", "cli", "--wait", "60s"])
+            .unwrap();
+    assert!(out.contains("complete"), "{out}");
+    let job = t.c.cli_json(&["job", "show", "cli"]).unwrap()["job"].clone();
+    let step = job["latest_checkpoint"]
+        .as_u64()
+        .expect("a complete checkpoint");
+    assert!(step >= 5, "{job}");
+    for r in 0..2 {
+        let f = t
+            .checkpoint_dir("cli")
+            .join(format!("step-{step}"))
+            .join(format!("rank-{r}.ckpt"));
+        assert!(f.exists(), "{} missing", f.display());
+    }
+    let logs =
+        t.c.cli_json(&["job", "logs", "cli", "--rank", "1"])
+            .unwrap();
+    assert!(
+        logs["text"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("checkpoint step={step}")),
+        "{logs}"
+    );
+    assert_eq!(logs["host"], "h1");
+    let err = t.c.cli(&["job", "logs", "cli", "--rank", "7"]).unwrap_err();
+    assert!(err.to_string().contains("rank 7"), "{err}");
+    t.c.cli(&["job", "cancel", "cli"]).unwrap();
+    t.c.wait_until("ranks stopped", Duration::from_secs(30), |c| {
+        c.cli_json(&["job", "show", "cli"]).is_ok_and(|v| {
+            v["job"]["state"] == "cancelled"
+                && v["job"]["stopping"]
+                    .as_object()
+                    .is_some_and(|s| s.is_empty())
+        })
+    })
+    .await
+    .unwrap();
+    let err = t.c.cli(&["job", "cancel", "cli"]).unwrap_err();
+    assert!(err.to_string().contains("already ended"), "{err}");
+}
