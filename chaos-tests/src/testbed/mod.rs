@@ -10,7 +10,12 @@
 //! - `<p>s<i>`: `mgmt0` = 10.200.0.(i+1)/16.
 //! - `<p>h<i>`: `mgmt0` = 10.200.1.i/16, `rail0` = 10.201.0.(i+1)/16,
 //!   `rail1` = 10.202.0.(i+1)/16 (each rail the other's backup).
+//!
+//! With [`TestbedOptions::leaf_split`] one rail is two leaf bridges joined
+//! by a shaped veth uplink ([`leaf`]); [`Testbed::topology`] describes
+//! what was built for the supervisor's `--topology`.
 
+pub mod leaf;
 pub mod netns;
 
 use std::collections::BTreeMap;
@@ -24,6 +29,7 @@ use futures::TryStreamExt;
 use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, State};
 use rtnetlink::{Handle, LinkBridge, LinkMessageBuilder, LinkUnspec, LinkVeth};
 
+pub use leaf::{LeafSplit, TestbedOptions, UplinkStats};
 pub use netns::Netns;
 
 /// Directory of owner files: `<prefix>.owner` holds the creating pid.
@@ -45,11 +51,17 @@ pub fn require_root(test_name: &str) -> anyhow::Result<bool> {
     Ok(false)
 }
 
-/// What to build.
+/// What to build (optional parts: [`TestbedOptions`]).
 #[derive(Debug, Clone, Copy)]
 pub struct TestbedSpec {
     pub supervisors: usize,
     pub hosts: usize,
+}
+
+/// The name host `i` registers under (`railguard-agent --host`), and its
+/// name in the topology file.
+pub fn host_name(i: usize) -> String {
+    format!("h{i}")
 }
 
 /// A node of the testbed.
@@ -160,6 +172,8 @@ pub fn sweep() -> Vec<String> {
 pub struct Testbed {
     pub prefix: String,
     pub spec: TestbedSpec,
+    /// The optional parts this testbed was built with.
+    pub options: TestbedOptions,
     pub fab: Netns,
     pub supervisors: Vec<Netns>,
     pub hosts: Vec<Netns>,
@@ -189,6 +203,23 @@ async fn set_up(h: &Handle, name: &str, up: bool) -> anyhow::Result<()> {
         .execute()
         .await
         .with_context(|| format!("set {name} {}", if up { "up" } else { "down" }))
+}
+
+/// Makes `port` a port of `bridge` and sets it up; returns its index.
+async fn attach_up(h: &Handle, port: &str, bridge: &str) -> anyhow::Result<u32> {
+    let br_idx = link_index(h, bridge).await?;
+    let idx = link_index(h, port).await?;
+    h.link()
+        .set(
+            LinkUnspec::new_with_index(idx)
+                .controller(br_idx)
+                .up()
+                .build(),
+        )
+        .execute()
+        .await
+        .with_context(|| format!("attach {port} to {bridge}"))?;
+    Ok(idx)
 }
 
 /// Which end of a host's cable a flap is made on.
@@ -226,8 +257,17 @@ pub struct LinkStatus {
 impl Testbed {
     /// Builds the topology. On any error everything made so far is removed.
     pub async fn build(spec: TestbedSpec) -> anyhow::Result<Testbed> {
+        Self::build_with(spec, TestbedOptions::default()).await
+    }
+
+    /// Builds the topology with optional parts (a leaf split). On any
+    /// error everything made so far is removed.
+    pub async fn build_with(spec: TestbedSpec, options: TestbedOptions) -> anyhow::Result<Testbed> {
         if spec.hosts > 200 || spec.supervisors > 9 {
             bail!("testbed too large: at most 200 hosts and 9 supervisors");
+        }
+        if let Some(s) = &options.leaf_split {
+            s.validate(spec.hosts)?;
         }
         sweep();
         let suffix: u32 = rand::random::<u32>() % 36u32.pow(5);
@@ -241,6 +281,7 @@ impl Testbed {
         let mut tb = Testbed {
             prefix: prefix.clone(),
             spec,
+            options,
             fab,
             supervisors: Vec::new(),
             hosts: Vec::new(),
@@ -305,11 +346,23 @@ impl Testbed {
         Ok(h)
     }
 
+    /// The fabric bridge host `host`'s `rail<rail>` cable attaches to.
+    pub fn rail_bridge(&self, host: usize, rail: usize) -> String {
+        match &self.options.leaf_split {
+            Some(s) if s.rail == rail => s.bridge(s.leaf_of(host)),
+            _ => format!("rail{rail}"),
+        }
+    }
+
     async fn wire(&mut self) -> anyhow::Result<()> {
         let fab_name = self.fab.name.clone();
         let fab = self.handle(&fab_name)?;
         set_up(&fab, "lo", true).await?;
-        for br in ["mgmt", "rail0", "rail1"] {
+        let mut bridges = vec!["mgmt".to_string(), "rail0".into(), "rail1".into()];
+        if let Some(s) = &self.options.leaf_split {
+            bridges.push(s.bridge(1));
+        }
+        for br in &bridges {
             fab.link()
                 .add(LinkBridge::new(br).build())
                 .execute()
@@ -340,7 +393,7 @@ impl Testbed {
                     Node::Host(i),
                     format!("h{i}r{r}"),
                     format!("rail{r}"),
-                    format!("rail{r}"),
+                    self.rail_bridge(i, r),
                     rail_addr(i, r),
                 ));
             }
@@ -363,18 +416,7 @@ impl Testbed {
                 .execute()
                 .await
                 .with_context(|| format!("create cable {fab_end} <-> {node_ns_name}/{node_end}"))?;
-            let br_idx = link_index(&fab, &bridge).await?;
-            let idx = link_index(&fab, &fab_end).await?;
-            fab.link()
-                .set(
-                    LinkUnspec::new_with_index(idx)
-                        .controller(br_idx)
-                        .up()
-                        .build(),
-                )
-                .execute()
-                .await
-                .with_context(|| format!("attach {fab_end} to {bridge}"))?;
+            attach_up(&fab, &fab_end, &bridge).await?;
             let nh = self.handle(&node_ns_name)?;
             let nidx = link_index(&nh, &node_end).await?;
             nh.address()
@@ -388,7 +430,80 @@ impl Testbed {
             let h = self.handle(&n)?;
             set_up(&h, "lo", true).await?;
         }
+        if let Some(s) = self.options.leaf_split.clone() {
+            self.wire_uplink(&fab, &s).await?;
+        }
         Ok(())
+    }
+
+    /// The leaf split's uplink: a veth pair between the two leaf bridges,
+    /// each end a root HTB whose default class has rate = ceil = the
+    /// uplink rate, so each direction queues at its sending end.
+    async fn wire_uplink(&self, fab: &Handle, s: &LeafSplit) -> anyhow::Result<()> {
+        let (a, b) = s.uplink_ends();
+        fab.link()
+            .add(LinkVeth::new(&a, &b).build())
+            .execute()
+            .await
+            .with_context(|| format!("create uplink {a} <-> {b}"))?;
+        for (end, leaf) in [(&a, 0), (&b, 1)] {
+            let idx = attach_up(fab, end, &s.bridge(leaf)).await?;
+            nodeagent::shape::apply(fab, idx, &[], s.uplink_bps)
+                .await
+                .with_context(|| format!("shape uplink end {end} to {} bit/s", s.uplink_bps))?;
+        }
+        tracing::info!(
+            prefix = %self.prefix,
+            rail = s.rail,
+            leaf1_hosts = ?s.right,
+            uplink_bps = s.uplink_bps,
+            "leaf split wired"
+        );
+        Ok(())
+    }
+
+    /// The topology this testbed was built with (hosts named by
+    /// [`host_name`]), for the supervisor's `--topology`.
+    pub fn topology(&self) -> supervisor::topology::TopologyFile {
+        leaf::topology(self.spec.hosts, self.options.leaf_split.as_ref())
+    }
+
+    /// Bytes each end of the leaf split's uplink has transmitted (one
+    /// direction each). Fails when the testbed has no split.
+    pub async fn uplink_stats(&mut self) -> anyhow::Result<UplinkStats> {
+        let (a, b) = self.uplink_ends()?;
+        let fab = self.fab.name.clone();
+        Ok(UplinkStats {
+            leaf0_to_leaf1_bytes: self.link_tx_bytes(&fab, &a).await?,
+            leaf1_to_leaf0_bytes: self.link_tx_bytes(&fab, &b).await?,
+        })
+    }
+
+    /// What our HTB code reads back from each uplink end (leaf 0's, leaf
+    /// 1's): qdisc, classes with their counters. Fails without a split.
+    pub async fn uplink_shaping(
+        &mut self,
+    ) -> anyhow::Result<(nodeagent::shape::Installed, nodeagent::shape::Installed)> {
+        let (a, b) = self.uplink_ends()?;
+        let fab_name = self.fab.name.clone();
+        let fab = self.handle(&fab_name)?;
+        let mut dumps = Vec::with_capacity(2);
+        for end in [&a, &b] {
+            let idx = link_index(&fab, end).await?;
+            let i = nodeagent::shape::list(&fab, idx)
+                .await
+                .with_context(|| format!("dump qdisc of uplink end {end}"))?;
+            dumps.push(i);
+        }
+        let [a, b]: [nodeagent::shape::Installed; 2] = dumps.try_into().expect("one dump per end");
+        Ok((a, b))
+    }
+
+    fn uplink_ends(&self) -> anyhow::Result<(String, String)> {
+        match &self.options.leaf_split {
+            Some(s) => Ok(s.uplink_ends()),
+            None => bail!("testbed {} has no leaf split (no uplink)", self.prefix),
+        }
     }
 
     /// Reads a link's state in a namespace.
@@ -471,7 +586,7 @@ impl Testbed {
         let msg = if on {
             b.nocontroller().build()
         } else {
-            let br = link_index(&h, &format!("rail{rail}")).await?;
+            let br = link_index(&h, &self.rail_bridge(host, rail)).await?;
             b.controller(br).build()
         };
         h.link()
