@@ -27,6 +27,7 @@
 pub mod admin_history;
 pub mod agentsim;
 pub mod bench;
+pub mod bulk;
 pub mod clock_sync;
 pub mod cluster;
 pub mod demo;
