@@ -2,6 +2,10 @@
 //! `<p>s<i>` listening on their management addresses, one `railguard-agent`
 //! per host namespace watching its real `rail0`/`rail1`, and the admin CLI
 //! run inside a supervisor namespace.
+//!
+//! With a leaf split ([`NetClusterOptions::leaf_split`]) the testbed's
+//! topology is written to `<run dir>/topology.toml` and every supervisor
+//! starts with `--topology` on it.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -10,10 +14,21 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::cluster::bin_path;
-use crate::testbed::{mgmt_addr, Node, Testbed, TestbedSpec};
+use crate::testbed::{host_name, mgmt_addr, LeafSplit, Node, Testbed, TestbedOptions, TestbedSpec};
 
 /// Port every supervisor listens on (inside its own namespace).
 pub const SUP_PORT: u16 = 7400;
+
+/// Optional parts of a [`NetCluster`].
+#[derive(Debug, Clone, Default)]
+pub struct NetClusterOptions {
+    /// Extra flags for host `h`'s agent in `agent_args[h]` (missing
+    /// entries: none).
+    pub agent_args: Vec<Vec<String>>,
+    /// Split a rail into two leaves with a shaped uplink; the supervisors
+    /// get the resulting topology (`--topology`).
+    pub leaf_split: Option<LeafSplit>,
+}
 
 /// The running cluster.
 pub struct NetCluster {
@@ -24,6 +39,8 @@ pub struct NetCluster {
     cli_bin: PathBuf,
     /// Extra flags per host's agent (kept for restarts).
     agent_args: Vec<Vec<String>>,
+    /// The topology file every supervisor is started with, if any.
+    topology_file: Option<PathBuf>,
     /// The pid of each host's latest agent.
     agent_pids: std::sync::Mutex<std::collections::BTreeMap<usize, u32>>,
     /// Set when a bounded wait timed out: the run directory (named in the
@@ -43,17 +60,50 @@ impl NetCluster {
         spec: TestbedSpec,
         agent_args: Vec<Vec<String>>,
     ) -> anyhow::Result<NetCluster> {
-        let tb = Testbed::build(spec).await?;
+        Self::start_opts(
+            spec,
+            NetClusterOptions {
+                agent_args,
+                ..Default::default()
+            },
+        )
+        .await
+    }
+
+    /// Like [`Self::start`], with the optional parts in `opts`.
+    pub async fn start_opts(
+        spec: TestbedSpec,
+        opts: NetClusterOptions,
+    ) -> anyhow::Result<NetCluster> {
+        let split = opts.leaf_split.is_some();
+        let tb = Testbed::build_with(
+            spec,
+            TestbedOptions {
+                leaf_split: opts.leaf_split,
+            },
+        )
+        .await?;
         let run_dir = tempfile::Builder::new()
             .prefix("railguard-net-")
             .tempdir()?;
+        let topology_file = if split {
+            let path = run_dir.path().join("topology.toml");
+            let text = toml::to_string(&tb.topology()).context("serialise the topology")?;
+            std::fs::write(&path, text)
+                .with_context(|| format!("write topology file {}", path.display()))?;
+            tracing::info!(path = %path.display(), "topology written for the supervisors");
+            Some(path)
+        } else {
+            None
+        };
         let c = NetCluster {
             tb,
             run_dir,
             sup_bin: bin_path("railguard-supervisor")?,
             agent_bin: bin_path("railguard-agent")?,
             cli_bin: bin_path("railguard")?,
-            agent_args,
+            agent_args: opts.agent_args,
+            topology_file,
             agent_pids: Default::default(),
             keep_on_drop: std::sync::atomic::AtomicBool::new(
                 std::env::var_os("RAILGUARD_KEEP_RUN_DIR").is_some(),
@@ -112,6 +162,9 @@ impl NetCluster {
                 cmd.args(["--peer", &format!("{}={a}", j + 1)]);
             }
         }
+        if let Some(t) = &self.topology_file {
+            cmd.arg("--topology").arg(t);
+        }
         let log = self.log(&format!("s{i}.log"))?;
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -127,7 +180,7 @@ impl NetCluster {
             .command(Node::Host(h), self.agent_bin.to_str().unwrap_or_default())?;
         cmd.args([
             "--host",
-            &format!("h{h}"),
+            &host_name(h),
             "--supervisor",
             &self.sup_addrs().join(","),
             "--data-dir",
@@ -147,6 +200,11 @@ impl NetCluster {
             .unwrap_or_else(|e| e.into_inner())
             .insert(h, pid);
         Ok(pid)
+    }
+
+    /// The topology file the supervisors were started with (leaf split only).
+    pub fn topology_file(&self) -> Option<&std::path::Path> {
+        self.topology_file.as_deref()
     }
 
     /// The pid of host `h`'s latest agent.
