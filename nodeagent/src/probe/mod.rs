@@ -132,6 +132,8 @@ impl Summary {
             clocks,
             paths,
             bytes_sent: self.bytes_sent,
+            // Filled by the agent's summary loop (crate::shaping).
+            shaped: Vec::new(),
         }
     }
 }
