@@ -8,8 +8,15 @@
 //! class  1:1       rate = ceil = link                  (link = max(default, every shape's ceil))
 //! class  1:<minor> rate/ceil of one Shape               (parent 1:1), one per shape
 //! class  1:fffe    rate = ceil = default_rate_bps       (parent 1:1), everything unmatched
-//! filter parent 1: prio 10 protocol ip u32, handle 800::<i+1> → flowid 1:<minor of shape i>
+//! filter parent 1: prio 10 protocol ip u32, handle 800::<n> → flowid 1:<minor of its shape>
 //! ```
+//!
+//! Each shape carries 1..=[`MAX_MATCHES_PER_CLASS`] flow matches, one u32
+//! node each. Nodes are numbered 1, 2, … over the shapes in the order given
+//! and, within a shape, over its matches in order; the kernel keeps a hash
+//! bucket's nodes sorted by node number and stops at the first terminal
+//! hit, so **the first listed match wins**: a job's specific class listed
+//! before a catch-all class (a bare destination) takes the job's flows.
 //!
 //! [`apply`] reconciles the interface towards that picture (idempotent: a
 //! second apply of the same set sends no change for filters and leaves the
@@ -68,11 +75,13 @@
 //! The kernels railguard runs on (and this CI's) may lack `cls_flower`
 //! (`CONFIG_NET_CLS_FLOWER` is off here) while `cls_u32` is nearly always
 //! built in, and netlink-packet-route types u32's selector. The price: the
-//! L4 port key assumes a 20-byte IPv4 header (no options), like `tc`'s
-//! `match ip dport`, and the kernel never changes the selector of an
+//! L4 port keys assume a 20-byte IPv4 header (no options), like `tc`'s
+//! `match ip dport`/`sport` (the word at offset 20: source port in the high
+//! half, destination port in the low half), and the kernel never changes the selector of an
 //! existing u32 node (it silently keeps the old keys), so a filter whose
 //! match changes is deleted and created again.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -99,6 +108,8 @@ pub const DEFAULT_MINOR: u16 = 0xfffe;
 pub const FILTER_PRIO: u16 = 10;
 /// At most this many shapes on one interface.
 pub const MAX_SHAPES: usize = 64;
+/// At most this many flow matches (u32 nodes) per shape.
+pub const MAX_MATCHES_PER_CLASS: usize = 16;
 /// Highest rate or ceiling accepted: 10 Tbit/s.
 pub const MAX_RATE_BPS: u64 = 10_000_000_000_000;
 /// Lowest rate or ceiling accepted: 8 kbit/s (1000 bytes/s; HTB's byte
@@ -132,7 +143,7 @@ pub const TC_HTB_GLOB_LEN: usize = 20;
 pub const TC_HTB_OPT_LEN: usize = 44;
 const TC_RATESPEC_LEN: usize = 12;
 
-/// An L4 destination port (the protocol is matched too).
+/// An L4 port (the protocol is matched too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum L4Port {
     Tcp(u16),
@@ -153,33 +164,88 @@ impl L4Port {
     }
 }
 
-/// The flows of one job: IPv4 destination, optionally one L4 destination
-/// port.
+/// Some flows: IPv4 destination, optionally an L4 destination port and an
+/// L4 source port (so a TCP connection can be matched whichever side
+/// listened). When both ports are given they must name the same protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct FlowMatch {
     pub dst: Ipv4Addr,
     pub dst_port: Option<L4Port>,
+    pub src_port: Option<L4Port>,
 }
 
-impl fmt::Display for FlowMatch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.dst_port {
-            None => write!(f, "dst {}", self.dst),
-            Some(L4Port::Tcp(p)) => write!(f, "dst {} tcp dport {p}", self.dst),
-            Some(L4Port::Udp(p)) => write!(f, "dst {} udp dport {p}", self.dst),
+impl FlowMatch {
+    /// All packets to `dst`.
+    pub fn to_addr(dst: Ipv4Addr) -> FlowMatch {
+        FlowMatch {
+            dst,
+            dst_port: None,
+            src_port: None,
+        }
+    }
+
+    /// The protocol the ports name (`None`: no port, or two protocols).
+    fn proto(&self) -> Option<u8> {
+        match (self.src_port, self.dst_port) {
+            (None, None) => None,
+            (Some(p), None) | (None, Some(p)) => Some(p.proto()),
+            (Some(s), Some(d)) => (s.proto() == d.proto()).then_some(s.proto()),
         }
     }
 }
 
-/// One shaped class: flows matching `match_` go to class `1:<class_minor>`,
-/// guaranteed `rate_bps`, borrowing up to `ceil_bps`. Rates are in bits/s
-/// and are rounded down to whole bytes/s on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+impl fmt::Display for FlowMatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "dst {}", self.dst)?;
+        let name = |p: L4Port| match p {
+            L4Port::Tcp(_) => "tcp",
+            L4Port::Udp(_) => "udp",
+        };
+        match (self.src_port, self.dst_port) {
+            (None, None) => Ok(()),
+            (Some(s), None) => write!(f, " {} sport {}", name(s), s.port()),
+            (None, Some(d)) => write!(f, " {} dport {}", name(d), d.port()),
+            (Some(s), Some(d)) if s.proto() == d.proto() => {
+                write!(f, " {} sport {} dport {}", name(s), s.port(), d.port())
+            }
+            (Some(s), Some(d)) => write!(
+                f,
+                " {} sport {} {} dport {}",
+                name(s),
+                s.port(),
+                name(d),
+                d.port()
+            ),
+        }
+    }
+}
+
+/// One shaped class: flows matching any of `matches` go to class
+/// `1:<class_minor>`, guaranteed `rate_bps`, borrowing up to `ceil_bps`.
+/// Rates are in bits/s and are rounded down to whole bytes/s on the wire.
+/// `matches` holds 1..=[`MAX_MATCHES_PER_CLASS`] entries, tried in order
+/// (after every match of the shapes listed before this one).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Shape {
     pub class_minor: u16,
     pub rate_bps: u64,
     pub ceil_bps: u64,
-    pub match_: FlowMatch,
+    pub matches: Vec<FlowMatch>,
+}
+
+/// A class's counters as the kernel reports them (`TCA_STATS2` basic and
+/// queue, else the old `TCA_STATS`). Counters start at zero when the class
+/// is created and are not reset when it is changed in place.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    /// Bytes the class sent.
+    pub bytes: u64,
+    /// Packets the class sent.
+    pub packets: u64,
+    /// Packets dropped in the class.
+    pub drops: u32,
+    /// Times the class was over its rate (packets delayed).
+    pub overlimits: u32,
 }
 
 /// Errors of this module. Validation errors name the bad value; nothing is
@@ -198,8 +264,14 @@ pub enum ShapeError {
     ReservedMinor { minor: u16 },
     #[error("class minor {minor} (1:{minor:x}) is used by more than one shape")]
     DuplicateMinor { minor: u16 },
-    #[error("match `{flow}` is used by more than one shape")]
+    #[error("match `{flow}` is used more than once")]
     DuplicateMatch { flow: FlowMatch },
+    #[error("class 1:{minor:x} has no flow match (it needs 1..={MAX_MATCHES_PER_CLASS})")]
+    NoMatches { minor: u16 },
+    #[error("class 1:{minor:x} has {count} flow matches, at most {MAX_MATCHES_PER_CLASS}")]
+    TooManyMatches { minor: u16, count: usize },
+    #[error("class 1:{minor:x}: match `{flow}` gives its source and destination ports different protocols")]
+    MixedProtocols { minor: u16, flow: FlowMatch },
     #[error("{count} shapes, at most {MAX_SHAPES} per interface")]
     TooManyShapes { count: usize },
     #[error("{op} on ifindex {ifindex}: kernel said: {source}")]
@@ -254,6 +326,8 @@ pub struct InstalledClass {
     /// Bytes and packets the class has sent (`TCA_STATS2` basic).
     pub sent_bytes: u64,
     pub sent_packets: u32,
+    /// All of the class's counters.
+    pub stats: ClassStats,
 }
 
 /// One filter node under `1:`.
@@ -305,7 +379,10 @@ fn check_rate(what: impl FnOnce() -> String, bps: u64) -> Result<(), ShapeError>
     }
 }
 
-/// Checks a shape set; [`apply`] calls it before sending anything.
+/// Checks a shape set; [`apply`] calls it before sending anything: at most
+/// [`MAX_SHAPES`] shapes with distinct, unreserved minors, rates in range
+/// and ceil ≥ rate, 1..=[`MAX_MATCHES_PER_CLASS`] matches per shape, no
+/// match used twice (in any shape), ports of one match on one protocol.
 pub fn validate(shapes: &[Shape], default_rate_bps: u64) -> Result<(), ShapeError> {
     if shapes.len() > MAX_SHAPES {
         return Err(ShapeError::TooManyShapes {
@@ -332,8 +409,22 @@ pub fn validate(shapes: &[Shape], default_rate_bps: u64) -> Result<(), ShapeErro
                 ceil_bps: s.ceil_bps,
             });
         }
-        if !flows.insert(s.match_) {
-            return Err(ShapeError::DuplicateMatch { flow: s.match_ });
+        if s.matches.is_empty() {
+            return Err(ShapeError::NoMatches { minor: m });
+        }
+        if s.matches.len() > MAX_MATCHES_PER_CLASS {
+            return Err(ShapeError::TooManyMatches {
+                minor: m,
+                count: s.matches.len(),
+            });
+        }
+        for f in &s.matches {
+            if f.src_port.is_some() && f.dst_port.is_some() && f.proto().is_none() {
+                return Err(ShapeError::MixedProtocols { minor: m, flow: *f });
+            }
+            if !flows.insert(*f) {
+                return Err(ShapeError::DuplicateMatch { flow: *f });
+            }
         }
     }
     Ok(())
@@ -623,14 +714,20 @@ fn key(off: i32, mask: u32, val: u32) -> TcU32Key {
     k
 }
 
-/// The u32 selector of a match: IPv4 dst (offset 16), and for a port the
-/// protocol byte (offset 9, in the word at 8) and the dst port (low half of
-/// the word at 20, assuming a 20-byte IP header). Terminal: a hit
-/// classifies.
+/// The u32 selector of a match: IPv4 dst (offset 16), and with a port the
+/// protocol byte (offset 9, in the word at 8), the src port (high half of
+/// the word at 20, assuming a 20-byte IP header) and the dst port (its low
+/// half), one key each. Terminal: a hit classifies. A match is validated
+/// first (ports on one protocol).
 pub fn u32_selector(m: &FlowMatch) -> TcU32Selector {
     let mut keys = vec![key(16, u32::MAX, u32::from(m.dst))];
+    if let Some(proto) = m.proto() {
+        keys.push(key(8, 0x00ff_0000, u32::from(proto) << 16));
+    }
+    if let Some(p) = m.src_port {
+        keys.push(key(20, 0xffff_0000, u32::from(p.port()) << 16));
+    }
     if let Some(p) = m.dst_port {
-        keys.push(key(8, 0x00ff_0000, u32::from(p.proto()) << 16));
         keys.push(key(20, 0x0000_ffff, u32::from(p.port())));
     }
     let mut sel = TcU32Selector::default();
@@ -640,27 +737,55 @@ pub fn u32_selector(m: &FlowMatch) -> TcU32Selector {
     sel
 }
 
-/// The match a selector written by [`u32_selector`] encodes.
+/// The match a selector written by [`u32_selector`] encodes (also the
+/// form `tc` writes, with both ports merged into one key at offset 20);
+/// `None` for any other selector.
 pub fn flow_from_selector(sel: &TcU32Selector) -> Option<FlowMatch> {
-    let (mut dst, mut proto, mut port) = (None, None, None);
+    let (mut dst, mut proto, mut sport, mut dport) = (None, None, None, None);
     for k in &sel.keys {
+        if k.offmask != 0 {
+            return None;
+        }
         match (k.off, k.mask) {
             (16, u32::MAX) => dst = Some(Ipv4Addr::from(k.val)),
             (8, 0x00ff_0000) => proto = Some((k.val >> 16) as u8),
-            (20, 0x0000_ffff) => port = Some(k.val as u16),
+            (20, 0xffff_0000) => sport = Some((k.val >> 16) as u16),
+            (20, 0x0000_ffff) => dport = Some(k.val as u16),
+            (20, u32::MAX) => {
+                sport = Some((k.val >> 16) as u16);
+                dport = Some(k.val as u16);
+            }
             _ => return None,
         }
     }
-    let dst_port = match (proto, port) {
-        (None, None) => None,
-        (Some(6), Some(p)) => Some(L4Port::Tcp(p)),
-        (Some(17), Some(p)) => Some(L4Port::Udp(p)),
-        _ => return None,
+    let port = |p: Option<u16>| -> Option<Option<L4Port>> {
+        match (proto, p) {
+            (_, None) => Some(None),
+            (Some(6), Some(p)) => Some(Some(L4Port::Tcp(p))),
+            (Some(17), Some(p)) => Some(Some(L4Port::Udp(p))),
+            _ => None,
+        }
     };
+    let (src_port, dst_port) = (port(sport)?, port(dport)?);
+    if proto.is_some() && src_port.is_none() && dst_port.is_none() {
+        return None; // a protocol-only match is not one of ours
+    }
     Some(FlowMatch {
         dst: dst?,
         dst_port,
+        src_port,
     })
+}
+
+/// The u32 nodes [`apply`] installs for `shapes`: (node number, class
+/// minor, match), node numbers from 1 in evaluation order.
+pub fn filter_plan(shapes: &[Shape]) -> Vec<(u32, u16, FlowMatch)> {
+    shapes
+        .iter()
+        .flat_map(|s| s.matches.iter().map(move |m| (s.class_minor, *m)))
+        .enumerate()
+        .map(|(i, (minor, m))| (i as u32 + 1, minor, m))
+        .collect()
 }
 
 fn u32_handle(node: u32) -> u32 {
@@ -828,17 +953,7 @@ fn parse_class(msg: &TcMessage) -> Result<Option<InstalledClass>, String> {
     let parent_minor =
         (parent != TcHandle::ROOT && parent.major == QDISC_MAJOR && parent.minor != 0)
             .then_some(parent.minor);
-    let (mut sent_bytes, mut sent_packets) = (0, 0);
-    for a in &msg.attributes {
-        if let TcAttribute::Stats2(s) = a {
-            for s in s {
-                if let TcStats2::Basic(b) = s {
-                    sent_bytes = b.bytes;
-                    sent_packets = b.packets;
-                }
-            }
-        }
-    }
+    let stats = stats_of(msg);
     Ok(Some(InstalledClass {
         minor: msg.header.handle.minor,
         parent_minor,
@@ -849,9 +964,50 @@ fn parse_class(msg: &TcMessage) -> Result<Option<InstalledClass>, String> {
         quantum: p.quantum,
         level: p.level,
         prio: p.prio,
-        sent_bytes,
-        sent_packets,
+        sent_bytes: stats.bytes,
+        sent_packets: u32::try_from(stats.packets).unwrap_or(u32::MAX),
+        stats,
     }))
+}
+
+/// A class message's counters: `TCA_STATS2` basic and queue when the
+/// kernel sent them, else the compatibility `TCA_STATS`.
+fn stats_of(msg: &TcMessage) -> ClassStats {
+    let mut out = ClassStats::default();
+    let mut have2 = false;
+    let mut compat = None;
+    for a in &msg.attributes {
+        match a {
+            TcAttribute::Stats2(s) => {
+                for s in s {
+                    match s {
+                        TcStats2::Basic(b) => {
+                            have2 = true;
+                            out.bytes = b.bytes;
+                            out.packets = u64::from(b.packets);
+                        }
+                        TcStats2::Queue(q) => {
+                            have2 = true;
+                            out.drops = q.drops;
+                            out.overlimits = q.overlimits;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            TcAttribute::Stats(s) => compat = Some(*s),
+            _ => {}
+        }
+    }
+    if let (false, Some(s)) = (have2, compat) {
+        out = ClassStats {
+            bytes: s.bytes,
+            packets: u64::from(s.packets),
+            drops: s.drops,
+            overlimits: s.overlimits,
+        };
+    }
+    out
 }
 
 fn parse_filter(msg: &TcMessage) -> Option<InstalledFilter> {
@@ -968,6 +1124,27 @@ pub async fn list(handle: &rtnetlink::Handle, ifindex: u32) -> Result<Installed,
     Ok(out)
 }
 
+/// The counters of every HTB class of `1:` on `ifindex` (root and default
+/// classes included), by minor, from one class dump. Empty when there is
+/// no shaping.
+pub async fn class_stats(
+    handle: &rtnetlink::Handle,
+    ifindex: u32,
+) -> Result<BTreeMap<u16, ClassStats>, ShapeError> {
+    let classes = dump(
+        handle,
+        ifindex,
+        "dump classes",
+        RouteNetlinkMessage::GetTrafficClass(TcMessage::with_index(ifindex as i32)),
+    )
+    .await?;
+    Ok(classes
+        .iter()
+        .filter(|c| c.header.handle.major == QDISC_MAJOR && kind_of(c) == Some(HTB_KIND))
+        .map(|c| (c.header.handle.minor, stats_of(c)))
+        .collect())
+}
+
 /// Installs `shapes` on `ifindex` (see the module doc for the layout):
 /// validates first (bad input sends nothing), then reconciles. Applying the
 /// same set twice leaves the same state; a different set replaces it.
@@ -1072,12 +1249,13 @@ pub async fn apply(
         );
     }
 
-    // 3. Filters: node i+1 steers shape i. u32 never changes the keys of an
+    // 3. Filters: node n steers the n-th match (over the shapes in order,
+    // then each shape's matches in order). u32 never changes the keys of an
     // existing node, so a node whose match differs is deleted and re-made.
-    let mut wanted_nodes = std::collections::BTreeMap::new();
-    for (i, s) in shapes.iter().enumerate() {
-        wanted_nodes.insert(u32_handle(i as u32 + 1), s);
-    }
+    let wanted_nodes: BTreeMap<u32, (u16, FlowMatch)> = filter_plan(shapes)
+        .into_iter()
+        .map(|(node, minor, flow)| (u32_handle(node), (minor, flow)))
+        .collect();
     for f in &before.filters {
         let keep = f.kind == U32_KIND
             && f.prio == FILTER_PRIO
@@ -1087,12 +1265,12 @@ pub async fn apply(
             delete_filter(handle, ifindex, f).await?;
         }
     }
-    for (h, s) in &wanted_nodes {
+    for (h, (minor, flow)) in &wanted_nodes {
         let existing = before.filters.iter().find(|f| {
             f.kind == U32_KIND && f.prio == FILTER_PRIO && f.protocol == ETH_P_IP && f.handle == *h
         });
         if let Some(f) = existing {
-            if f.flow == Some(s.match_) && f.class_minor == Some(s.class_minor) {
+            if f.flow == Some(*flow) && f.class_minor == Some(*minor) {
                 continue;
             }
             delete_filter(handle, ifindex, f).await?;
@@ -1100,19 +1278,14 @@ pub async fn apply(
         send_ack(
             handle,
             ifindex,
-            format!("add u32 filter {h:x} for {}", s.match_),
-            RouteNetlinkMessage::NewTrafficFilter(filter_message(
-                ifindex,
-                h & 0xfff,
-                s.class_minor,
-                &s.match_,
-            )),
+            format!("add u32 filter {h:x} for {flow}"),
+            RouteNetlinkMessage::NewTrafficFilter(filter_message(ifindex, h & 0xfff, *minor, flow)),
             NLM_F_CREATE | NLM_F_EXCL,
         )
         .await?;
-        debug!(ifindex, filter = format!("{h:x}"), flow = %s.match_, minor = s.class_minor, "filter set");
+        debug!(ifindex, filter = format!("{h:x}"), flow = %flow, minor, "filter set");
     }
-    if shapes.is_empty() {
+    if wanted_nodes.is_empty() {
         // No node left: drop the (empty) classifier instance too.
         let any_tp = filters_present(handle, ifindex).await?;
         if any_tp {
@@ -1250,16 +1423,28 @@ mod tests {
     use super::*;
     use netlink_packet_core::{Emitable, Parseable};
 
+    fn flow(dst: [u8; 4], dport: Option<L4Port>, sport: Option<L4Port>) -> FlowMatch {
+        FlowMatch {
+            dst: Ipv4Addr::from(dst),
+            dst_port: dport,
+            src_port: sport,
+        }
+    }
+
     fn shape(minor: u16, rate: u64, ceil: u64, dst: [u8; 4], port: Option<L4Port>) -> Shape {
         Shape {
             class_minor: minor,
             rate_bps: rate,
             ceil_bps: ceil,
-            match_: FlowMatch {
-                dst: Ipv4Addr::from(dst),
-                dst_port: port,
-            },
+            matches: vec![flow(dst, port, None)],
         }
+    }
+
+    /// Emits a filter message and parses it back as a dump would.
+    fn filter_round_trip(f: &TcMessage) -> InstalledFilter {
+        let mut buf = vec![0u8; f.buffer_len()];
+        f.emit(&mut buf);
+        parse_filter(&TcMessage::parse(&buf).unwrap()).unwrap()
     }
 
     #[test]
@@ -1374,10 +1559,7 @@ mod tests {
 
     #[test]
     fn u32_selector_round_trips() {
-        let m = FlowMatch {
-            dst: Ipv4Addr::new(10, 201, 0, 2),
-            dst_port: Some(L4Port::Tcp(5201)),
-        };
+        let m = flow([10, 201, 0, 2], Some(L4Port::Tcp(5201)), None);
         let sel = u32_selector(&m);
         assert_eq!(sel.nkeys, 3);
         assert_eq!(sel.keys[0].off, 16);
@@ -1398,18 +1580,216 @@ mod tests {
         assert_eq!(pf.flow, Some(m));
         assert_eq!(pf.class_minor, Some(0x10));
         assert_eq!(pf.protocol, ETH_P_IP);
-        let plain = FlowMatch {
-            dst: Ipv4Addr::new(10, 0, 0, 1),
-            dst_port: None,
-        };
+        let plain = FlowMatch::to_addr(Ipv4Addr::new(10, 0, 0, 1));
         assert_eq!(flow_from_selector(&u32_selector(&plain)), Some(plain));
+    }
+
+    #[test]
+    fn a_source_port_is_the_high_half_of_the_word_at_20() {
+        let m = flow([10, 201, 0, 2], None, Some(L4Port::Tcp(40000)));
+        let sel = u32_selector(&m);
+        assert_eq!(sel.nkeys, 3);
+        assert_eq!((sel.keys[1].off, sel.keys[1].mask), (8, 0x00ff_0000));
+        assert_eq!(sel.keys[1].val, 6 << 16);
+        assert_eq!((sel.keys[2].off, sel.keys[2].mask), (20, 0xffff_0000));
+        assert_eq!(sel.keys[2].val, 40000 << 16);
+        assert_eq!(flow_from_selector(&sel), Some(m));
+        let f = filter_message(9, 4, 0x11, &m);
+        let mut buf = vec![0u8; f.buffer_len()];
+        f.emit(&mut buf);
+        // The key on the wire: mask ffff0000, value 40000 << 16 (network
+        // order), offset 20.
+        let p = 40000u16.to_be_bytes();
+        let needle = [0xff, 0xff, 0, 0, p[0], p[1], 0, 0, 20, 0, 0, 0];
+        assert!(buf.windows(needle.len()).any(|w| w == needle));
+        let pf = filter_round_trip(&f);
+        assert_eq!((pf.flow, pf.class_minor), (Some(m), Some(0x11)));
+        assert_eq!(pf.handle, 0x8000_0004);
+
+        // Both ports: one protocol key, two port keys.
+        let both = flow(
+            [10, 0, 0, 1],
+            Some(L4Port::Udp(4791)),
+            Some(L4Port::Udp(5000)),
+        );
+        let sel = u32_selector(&both);
+        assert_eq!(sel.nkeys, 4);
+        assert_eq!(sel.keys[1].val, 17 << 16);
+        assert_eq!(
+            filter_round_trip(&filter_message(1, 1, 2, &both)).flow,
+            Some(both)
+        );
+        assert_eq!(both.to_string(), "dst 10.0.0.1 udp sport 5000 dport 4791");
+        // tc's merged form (one key, mask ffffffff) parses as well.
+        let mut merged = u32_selector(&both);
+        merged.keys.truncate(2);
+        merged.keys.push(key(20, u32::MAX, (5000 << 16) | 4791));
+        merged.nkeys = 3;
+        assert_eq!(flow_from_selector(&merged), Some(both));
+        // Selectors that are not ours: no flow.
+        let mut proto_only = u32_selector(&both);
+        proto_only.keys.truncate(2);
+        proto_only.nkeys = 2;
+        assert_eq!(flow_from_selector(&proto_only), None);
+        let mut odd = u32_selector(&plain_of(&both));
+        odd.keys.push(key(12, u32::MAX, 1));
+        assert_eq!(flow_from_selector(&odd), None);
+    }
+
+    fn plain_of(f: &FlowMatch) -> FlowMatch {
+        FlowMatch::to_addr(f.dst)
+    }
+
+    #[test]
+    fn a_multi_match_class_gets_one_node_per_match_in_order() {
+        let job_a = Shape {
+            class_minor: 0x10,
+            rate_bps: 120_000_000,
+            ceil_bps: 120_000_000,
+            matches: vec![
+                flow([10, 0, 0, 2], Some(L4Port::Tcp(7000)), None),
+                flow([10, 0, 0, 2], None, Some(L4Port::Tcp(7000))),
+                flow([10, 0, 0, 3], Some(L4Port::Tcp(7000)), None),
+            ],
+        };
+        let other = Shape {
+            class_minor: 0x20,
+            rate_bps: 120_000_000,
+            ceil_bps: 120_000_000,
+            matches: vec![
+                FlowMatch::to_addr(Ipv4Addr::new(10, 0, 0, 2)),
+                FlowMatch::to_addr(Ipv4Addr::new(10, 0, 0, 3)),
+            ],
+        };
+        let set = [job_a.clone(), other.clone()];
+        assert!(validate(&set, 1_000_000_000).is_ok());
+        let plan = filter_plan(&set);
+        let want: Vec<(u32, u16, FlowMatch)> = vec![
+            (1, 0x10, job_a.matches[0]),
+            (2, 0x10, job_a.matches[1]),
+            (3, 0x10, job_a.matches[2]),
+            (4, 0x20, other.matches[0]),
+            (5, 0x20, other.matches[1]),
+        ];
+        assert_eq!(plan, want);
+        // Each node's message parses back to its class and match, with a
+        // handle that orders it (800::n).
+        for (node, minor, m) in plan {
+            let pf = filter_round_trip(&filter_message(3, node, minor, &m));
+            assert_eq!(pf.handle, U32_ROOT_HT | node);
+            assert_eq!((pf.class_minor, pf.flow), (Some(minor), Some(m)));
+        }
+    }
+
+    #[test]
+    fn class_counters_come_from_stats2_or_the_old_stats() {
+        let c = PschedClock::default();
+        let p = HtbClassParams::new(&c, 8_000_000, 8_000_000);
+        let mut m = class_message(3, 0x10, ROOT_MINOR, &p);
+        let mut basic = netlink_packet_route::tc::TcStatsBasic::default();
+        basic.bytes = 123_456;
+        basic.packets = 78;
+        let mut queue = netlink_packet_route::tc::TcStatsQueue::default();
+        queue.drops = 3;
+        queue.overlimits = 9;
+        m.attributes.push(TcAttribute::Stats2(vec![
+            TcStats2::Basic(basic),
+            TcStats2::Queue(queue),
+        ]));
+        let mut buf = vec![0u8; m.buffer_len()];
+        m.emit(&mut buf);
+        let back = TcMessage::parse(&buf).unwrap();
+        let want = ClassStats {
+            bytes: 123_456,
+            packets: 78,
+            drops: 3,
+            overlimits: 9,
+        };
+        assert_eq!(stats_of(&back), want);
+        let ic = parse_class(&back).unwrap().unwrap();
+        assert_eq!(
+            (ic.stats, ic.sent_bytes, ic.sent_packets),
+            (want, 123_456, 78)
+        );
+        // Only TCA_STATS (old kernels).
+        let mut old = class_message(3, 0x10, ROOT_MINOR, &p);
+        let mut st = netlink_packet_route::tc::TcStats::default();
+        st.bytes = 5;
+        st.packets = 1;
+        st.drops = 2;
+        st.overlimits = 4;
+        old.attributes.push(TcAttribute::Stats(st));
+        let mut buf = vec![0u8; old.buffer_len()];
+        old.emit(&mut buf);
+        let back = TcMessage::parse(&buf).unwrap();
+        assert_eq!(
+            stats_of(&back),
+            ClassStats {
+                bytes: 5,
+                packets: 1,
+                drops: 2,
+                overlimits: 4
+            }
+        );
+        // None at all: zeros.
+        assert_eq!(
+            stats_of(&class_message(3, 0x10, ROOT_MINOR, &p)),
+            ClassStats::default()
+        );
+    }
+
+    #[test]
+    fn match_lists_are_validated() {
+        let mut s = shape(0x10, 8_000, 8_000, [10, 0, 0, 1], None);
+        s.matches.clear();
+        let e = validate(std::slice::from_ref(&s), 1_000_000).unwrap_err();
+        assert!(matches!(e, ShapeError::NoMatches { minor: 0x10 }), "{e}");
+        assert!(
+            e.to_string().contains("class 1:10 has no flow match"),
+            "{e}"
+        );
+        s.matches = (0..17u16)
+            .map(|i| flow([10, 0, 0, 1], Some(L4Port::Tcp(i)), None))
+            .collect();
+        let e = validate(std::slice::from_ref(&s), 1_000_000).unwrap_err();
+        assert!(e.to_string().contains("17 flow matches, at most 16"), "{e}");
+        s.matches.truncate(16);
+        assert!(validate(std::slice::from_ref(&s), 1_000_000).is_ok());
+        // Ports of one match on two protocols.
+        s.matches = vec![flow(
+            [10, 0, 0, 1],
+            Some(L4Port::Tcp(1)),
+            Some(L4Port::Udp(2)),
+        )];
+        let e = validate(std::slice::from_ref(&s), 1_000_000).unwrap_err();
+        assert!(
+            matches!(e, ShapeError::MixedProtocols { minor: 0x10, .. }),
+            "{e}"
+        );
+        assert!(
+            e.to_string()
+                .contains("dst 10.0.0.1 udp sport 2 tcp dport 1"),
+            "{e}"
+        );
+        // The same match twice within one class.
+        let m = flow([10, 0, 0, 1], None, Some(L4Port::Tcp(9)));
+        s.matches = vec![m, m];
+        let e = validate(std::slice::from_ref(&s), 1_000_000).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("dst 10.0.0.1 tcp sport 9` is used more than once"),
+            "{e}"
+        );
+        // A src-port match and a dst-port match on the same number differ.
+        s.matches = vec![m, flow([10, 0, 0, 1], Some(L4Port::Tcp(9)), None)];
+        assert!(validate(std::slice::from_ref(&s), 1_000_000).is_ok());
     }
 
     #[test]
     fn validation_names_the_bad_value() {
         let ok = shape(0x10, 400_000_000, 800_000_000, [10, 0, 0, 1], None);
-        assert!(validate(&[ok], 1_000_000_000).is_ok());
-        let e = validate(&[ok], 0).unwrap_err();
+        assert!(validate(std::slice::from_ref(&ok), 1_000_000_000).is_ok());
+        let e = validate(std::slice::from_ref(&ok), 0).unwrap_err();
         assert!(e.to_string().contains("default rate 0 bit/s"), "{e}");
         let e = validate(&[shape(0x10, 0, 8_000, [10, 0, 0, 1], None)], 1_000_000).unwrap_err();
         assert!(e.to_string().contains("class 1:10 rate 0 bit/s"), "{e}");
