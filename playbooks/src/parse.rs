@@ -810,12 +810,12 @@ impl Ctx<'_> {
                 }
             }
             "failback" => Action::Failback,
-            "reshape_rate" => {
-                need(self, "rate", &st.rate);
-                Action::ReshapeRate {
-                    bits_per_sec: self.rate(st.rate.as_ref()?)?,
-                }
-            }
+            "reshape_rate" => Action::ReshapeRate {
+                bits_per_sec: match st.rate.as_ref() {
+                    Some(r) => Some(self.rate(r)?),
+                    None => None,
+                },
+            },
             "checkpoint_job" => Action::CheckpointJob,
             "restart_job" => Action::RestartJob,
             "cordon" => Action::Cordon,

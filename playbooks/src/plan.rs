@@ -392,7 +392,11 @@ fn describe(
                 (None, Some(n)) => format!("NIC {n}"),
                 (None, None) => "all traffic".into(),
             };
-            (format!("host {host}: {what} at {bits_per_sec} bit/s"), None)
+            let rate = match bits_per_sec {
+                Some(b) => format!("fair shares of {b} bit/s"),
+                None => "fair shares of the link's rate × 0.9".into(),
+            };
+            (format!("host {host}: {what}, {rate}"), None)
         }
         Action::CheckpointJob => (format!("host {host}: checkpoint {}", jobs()), None),
         Action::RestartJob => (format!("restart {} (from host {host})", jobs()), None),

@@ -260,8 +260,11 @@ pub enum Action {
     MigrateQps { to: MigrateTarget },
     /// Move connections whose home is the incident NIC back to it.
     Failback,
-    /// Pace the incident's traffic (NIC, or the job's connections).
-    ReshapeRate { bits_per_sec: u64 },
+    /// Reshape the traffic crossing a contended link: HTB classes per job
+    /// (fair shares of `bits_per_sec`, or of the link's rate × 0.9 from
+    /// the topology when absent) on every sending host, and pacing through
+    /// the job contract. Undone when the incident closes.
+    ReshapeRate { bits_per_sec: Option<u64> },
     /// Checkpoint the incident's jobs.
     CheckpointJob,
     /// Restart the incident's jobs from their latest checkpoint, elsewhere

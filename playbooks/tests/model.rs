@@ -62,7 +62,7 @@ fn every_variant_round_trips_through_bincode() {
         },
         Action::Failback,
         Action::ReshapeRate {
-            bits_per_sec: 400_000_000,
+            bits_per_sec: Some(400_000_000),
         },
         Action::CheckpointJob,
         Action::RestartJob,

@@ -91,6 +91,18 @@ pub enum AdminRequest {
         /// At most this many (the worst p99 first); must be ≥ 1.
         top: Option<u32>,
     },
+    /// Per-path queueing delay and contention (leader memory).
+    Queueing {
+        host: Option<String>,
+        contended_only: bool,
+        top: Option<u32>,
+    },
+    /// The topology's links with their contention scores (leader memory).
+    Links,
+    /// Desired and applied HTB shapes (replicated state).
+    ShapeList {
+        host: Option<String>,
+    },
     /// Every job (ended ones included), by name.
     JobList,
     JobShow {
@@ -139,7 +151,11 @@ impl AdminRequest {
     pub fn is_leader_memory(&self) -> bool {
         matches!(
             self,
-            AdminRequest::Clock | AdminRequest::Paths { .. } | AdminRequest::JobLogs { .. }
+            AdminRequest::Clock
+                | AdminRequest::Paths { .. }
+                | AdminRequest::JobLogs { .. }
+                | AdminRequest::Queueing { .. }
+                | AdminRequest::Links
         )
     }
 }
@@ -234,6 +250,14 @@ pub enum AdminReply {
     Clock(ClockView),
     /// `railguard paths`.
     Paths(PathsView),
+    /// `railguard paths --contended`.
+    Queueing(QueueingView),
+    /// `railguard links`.
+    Links(LinksView),
+    /// `railguard shape list`.
+    Shapes {
+        shapes: Vec<ShapeRow>,
+    },
     Jobs {
         jobs: Vec<crate::jobs::Job>,
     },
@@ -462,6 +486,41 @@ pub struct PathView {
     pub age_ms: u64,
     /// The weakest correction applied to a second in the window.
     pub correction: Correction,
+}
+
+/// `railguard paths --contended`: the detector's per-path state.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct QueueingView {
+    pub answered_by: NodeId,
+    /// Whether a topology is loaded (without one nothing is localised).
+    pub topology: bool,
+    pub enter_us: f64,
+    pub exit_us: f64,
+    pub total: usize,
+    pub paths: Vec<crate::contention::PathQueueing>,
+}
+
+/// `railguard links`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct LinksView {
+    pub answered_by: NodeId,
+    pub topology: Option<String>,
+    pub links: Vec<crate::topology::Link>,
+    /// Directed links crossed by fresh paths, with their scores.
+    pub scores: Vec<crate::contention::LinkScore>,
+    /// Open `link_contention` incidents.
+    pub incidents: Vec<crate::model::Incident>,
+}
+
+/// One host NIC's shape in `railguard shape list`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ShapeRow {
+    pub host: String,
+    pub nic: String,
+    /// The desired shape (none: only an applied one is left to remove).
+    pub desired: Option<crate::shaping::NicShape>,
+    /// The version the agent confirmed (none: nothing installed).
+    pub applied_version: Option<u64>,
 }
 
 /// How a path's delays were corrected.

@@ -48,6 +48,11 @@ use crate::api::{
 use crate::model::{ClockChange, ClockState, ClusterState, Command, Liveness, NodeId};
 use crate::node::Supervisor;
 
+/// Shaped NICs read from one summary.
+pub const MAX_SUMMARY_SHAPED: usize = 16;
+/// Shaped classes carrying this share of their rate are busy: the demand
+/// that made the contention is still there.
+pub const SHAPED_BUSY_SHARE: f64 = 0.5;
 /// Most peer clocks in one summary.
 pub const MAX_SUMMARY_CLOCKS: usize = 256;
 /// Most path statistics in one summary.
@@ -153,6 +158,13 @@ struct PathSecond {
     line_offset_ns: Option<f64>,
 }
 
+/// A shaped NIC's traffic as last reported.
+struct ShapedTrack {
+    at: Instant,
+    bytes: u64,
+    busy_at: Option<Instant>,
+}
+
 /// A directed path into a receiving host.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct PathFrom {
@@ -252,6 +264,8 @@ struct Store {
     paths: HashMap<String, HashMap<PathFrom, VecDeque<PathSecond>>>,
     /// host → when a peer last reported receiving its probes.
     evidence: HashMap<String, Instant>,
+    /// (host, NIC) → its shaped classes' traffic, as last reported.
+    shaped: HashMap<(String, String), ShapedTrack>,
     solved: Option<Arc<Solved>>,
 }
 
@@ -435,6 +449,27 @@ impl ClockService {
             );
             out.clocks += 1;
         }
+        for sh in s.shaped.iter().take(MAX_SUMMARY_SHAPED) {
+            if !reporter.nics.contains_key(&sh.nic) {
+                out.ignored += 1;
+                continue;
+            }
+            let key = (s.host.clone(), sh.nic.clone());
+            let t = store.shaped.entry(key).or_insert(ShapedTrack {
+                at: now,
+                bytes: sh.shaped_bytes,
+                busy_at: None,
+            });
+            let secs = now.saturating_duration_since(t.at).as_secs_f64();
+            if sh.shaped_bytes >= t.bytes && secs > 0.0 {
+                let bps = (sh.shaped_bytes - t.bytes) as f64 * 8.0 / secs;
+                if bps >= SHAPED_BUSY_SHARE * sh.limit_bps as f64 {
+                    t.busy_at = Some(now);
+                }
+            }
+            t.at = now;
+            t.bytes = sh.shaped_bytes;
+        }
         for p in &s.paths {
             let Some(peer) = st.hosts.get(&p.peer) else {
                 tracing::debug!(host = %s.host, peer = %short(&p.peer), "path from an unknown peer ignored");
@@ -502,6 +537,9 @@ impl ClockService {
             !t.is_empty() && st.hosts.contains_key(h)
         });
         store.evidence.retain(|h, _| st.hosts.contains_key(h));
+        store
+            .shaped
+            .retain(|(h, _), t| st.hosts.contains_key(h) && !old(t.at, PATH_WINDOW));
     }
 
     /// Prunes the store and gathers the next solve's input (none without
@@ -519,6 +557,62 @@ impl ClockService {
             at_ns,
             names,
         })
+    }
+
+    /// Every path's seconds that arrived after `after` (all without),
+    /// oldest first per path, with the delays corrected like `paths`
+    /// does: what the contention detector ([`crate::contention`]) reads.
+    pub fn path_seconds_after(
+        &self,
+        st: &ClusterState,
+        after: Option<Instant>,
+        now: Instant,
+    ) -> Vec<PathSample> {
+        let hosts: HashMap<&str, u32> =
+            st.hosts.values().map(|h| (h.name.as_str(), h.id)).collect();
+        let store = self.lock();
+        let sol = store.solved.as_ref().and_then(|s| s.solution.as_ref());
+        let mut out = Vec::new();
+        for (dst, table) in &store.paths {
+            for (k, ring) in table {
+                for s in ring {
+                    if after.is_some_and(|a| s.arrived <= a)
+                        || now.saturating_duration_since(s.arrived) > PATH_WINDOW
+                        || s.delays == 0
+                    {
+                        continue;
+                    }
+                    let theta = match (sol, hosts.get(dst.as_str()), hosts.get(k.src.as_str())) {
+                        (Some(sol), Some(d), Some(src)) => network_offset(sol, *d, *src, s.at_ns),
+                        _ => None,
+                    };
+                    let (shift, correction) = correction(s, theta);
+                    out.push(PathSample {
+                        src: k.src.clone(),
+                        src_nic: k.src_nic.clone(),
+                        dst: dst.clone(),
+                        dst_nic: k.dst_nic.clone(),
+                        rail: k.rail,
+                        arrived: s.arrived,
+                        min_ns: s.min_ns as f64 + shift,
+                        p50_ns: s.p50_ns as f64 + shift,
+                        p99_ns: s.p99_ns as f64 + shift,
+                        correction,
+                    });
+                }
+            }
+        }
+        out.sort_by_key(|p| p.arrived);
+        out
+    }
+
+    /// When `host`'s shaped classes on `nic` last carried at least
+    /// [`SHAPED_BUSY_SHARE`] of their rate (none: not since reported).
+    pub fn shaped_busy(&self, host: &str, nic: &str) -> Option<Instant> {
+        self.lock()
+            .shaped
+            .get(&(host.to_owned(), nic.to_owned()))
+            .and_then(|t| t.busy_at)
     }
 
     /// Keeps the latest solve (none: no edges).
@@ -731,6 +825,35 @@ fn model_state(s: clocksync::ClockState) -> ClockState {
     }
 }
 
+/// One path's second for the contention detector: one-way delays (ns)
+/// after correction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PathSample {
+    pub src: String,
+    pub src_nic: String,
+    pub dst: String,
+    pub dst_nic: String,
+    pub rail: u32,
+    pub arrived: Instant,
+    pub min_ns: f64,
+    pub p50_ns: f64,
+    pub p99_ns: f64,
+    pub correction: Correction,
+}
+
+/// The shift that corrects a second's delays, and how: owd_net =
+/// owd_pair + (θ_net − line_offset); raw delays are owd − θ, so they take
+/// θ whole. `theta` is the network solution's `clock_src − clock_dst` at
+/// the second's time, if known.
+fn correction(s: &PathSecond, theta: Option<f64>) -> (f64, Correction) {
+    match (s.line_offset_ns, theta) {
+        (Some(line), Some(t)) => (t - line, Correction::Network),
+        (Some(_), None) => (0.0, Correction::Pair),
+        (None, Some(t)) => (t, Correction::Network),
+        (None, None) => (0.0, Correction::Raw),
+    }
+}
+
 /// Per-second figures of one path folded over the window.
 #[derive(Default)]
 struct PathAggregate {
@@ -751,14 +874,7 @@ impl PathAggregate {
         self.seconds += 1;
         self.expected += u64::from(s.expected);
         self.received += u64::from(s.received);
-        // owd_net = owd_pair + (θ_net − line_offset); raw delays are
-        // owd − θ, so they take θ whole.
-        let (shift, how) = match (s.line_offset_ns, theta) {
-            (Some(line), Some(t)) => (t - line, Correction::Network),
-            (Some(_), None) => (0.0, Correction::Pair),
-            (None, Some(t)) => (t, Correction::Network),
-            (None, None) => (0.0, Correction::Raw),
-        };
+        let (shift, how) = correction(s, theta);
         self.correction = Some(self.correction.map_or(how, |c| c.min(how)));
         if s.delays == 0 {
             return;
@@ -1130,6 +1246,7 @@ mod tests {
             clocks,
             paths,
             bytes_sent: 0,
+            shaped: Vec::new(),
         }
     }
 

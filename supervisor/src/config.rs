@@ -51,6 +51,9 @@ pub struct FileConfig {
     /// Start uninitialised and wait to be added to an existing cluster.
     #[serde(default)]
     pub join: bool,
+    /// The fabric topology file ([`crate::topology`]); without one,
+    /// contended paths are reported but no link is localised.
+    pub topology: Option<PathBuf>,
 }
 
 /// The resolved, validated configuration.
@@ -64,6 +67,10 @@ pub struct SupervisorConfig {
     pub raft: RaftTuning,
     /// Never self-initialise; wait for `railguard cluster add-member`.
     pub join: bool,
+    /// The fabric topology, loaded and validated at start.
+    pub topology: Option<crate::topology::Topology>,
+    /// Where it came from.
+    pub topology_path: Option<PathBuf>,
 }
 
 /// A configuration problem, with what to do about it.
@@ -91,6 +98,7 @@ pub struct Overrides {
     pub peers: Vec<String>,
     pub join: bool,
     pub snapshot_every: Option<u64>,
+    pub topology: Option<PathBuf>,
 }
 
 fn parse_addr(what: &str, s: &str) -> Result<SocketAddr, ConfigError> {
@@ -191,6 +199,12 @@ impl SupervisorConfig {
                 "raft.snapshot_every must be positive".into(),
             ));
         }
+        let topology_path = over.topology.or(fc.topology);
+        let topology = topology_path
+            .as_deref()
+            .map(crate::topology::Topology::load)
+            .transpose()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         Ok(Self {
             id,
             listen,
@@ -198,6 +212,8 @@ impl SupervisorConfig {
             peers,
             raft,
             join,
+            topology,
+            topology_path,
         })
     }
 }
@@ -245,5 +261,30 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("ID=IP:PORT"), "{e}");
+        let topo = dir.path().join("topo.toml");
+        std::fs::write(
+            &topo,
+            "[[switches]]\nname = \"a\"\n[[switches]]\nname = \"a\"\n",
+        )
+        .unwrap();
+        let e = SupervisorConfig::load(
+            None,
+            Overrides {
+                topology: Some(topo.clone()),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("defined twice"), "{e}");
+        std::fs::write(&topo, "[[switches]]\nname = \"a\"\n").unwrap();
+        let c = SupervisorConfig::load(
+            None,
+            Overrides {
+                topology: Some(topo),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(c.topology.is_some());
     }
 }

@@ -56,6 +56,7 @@ pub async fn run(
     }
     tokio::spawn(crate::reconciler::run(sup.clone()));
     tokio::spawn(crate::clock::run(sup.clone()));
+    tokio::spawn(crate::contention::run(sup.clone()));
     tokio::spawn(crate::liveness::run(
         sup.clone(),
         crate::liveness::LivenessConfig::default(),

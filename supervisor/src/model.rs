@@ -124,6 +124,9 @@ pub enum Command {
     /// the endpoint's answer (see `webhooks.rs`); a second answer is a
     /// no-op.
     WebhookDone { id: u64, ok: bool, detail: String },
+    /// The leader's contention detector opens or closes a
+    /// `link_contention` incident ([`crate::shaping`]).
+    Contention(crate::shaping::ContentionCommand),
 }
 
 /// Identifies one client request across retries: the client's session id
@@ -201,6 +204,11 @@ pub enum AdminOp {
     PlaybookDelete {
         name: String,
     },
+    /// Drop every desired shape of the host; the reconciler then orders
+    /// its agent to remove what it installed (the incident stays open).
+    ShapeClear {
+        host: String,
+    },
 }
 
 impl AdminOp {
@@ -237,7 +245,8 @@ impl AdminOp {
             | AdminOp::Undrain { host }
             | AdminOp::SetLabels { host, .. }
             | AdminOp::NicFailover { host, .. }
-            | AdminOp::NicFailback { host, .. } => Some(host),
+            | AdminOp::NicFailback { host, .. }
+            | AdminOp::ShapeClear { host } => Some(host),
             AdminOp::Job(_) | AdminOp::PlaybookApply { .. } | AdminOp::PlaybookDelete { .. } => {
                 None
             }
@@ -422,6 +431,15 @@ pub enum Action {
         host: String,
         op: StepOp,
     },
+    /// Order the host's agent to install the desired shape `version` on
+    /// `nic` ([`crate::shaping`]).
+    ShapeNic {
+        host: String,
+        nic: String,
+        version: u64,
+    },
+    /// Order the host's agent to remove every shape from `nic`.
+    ClearShape { host: String, nic: String },
 }
 
 impl Action {
@@ -434,7 +452,9 @@ impl Action {
             | Action::StartRank { host, .. }
             | Action::StopJob { host, .. }
             | Action::CheckpointJob { host, .. }
-            | Action::PlaybookStep { host, .. } => host,
+            | Action::PlaybookStep { host, .. }
+            | Action::ShapeNic { host, .. }
+            | Action::ClearShape { host, .. } => host,
         }
     }
 
@@ -665,6 +685,9 @@ pub struct Incident {
     /// The incident's latest playbook run (none: never had one).
     #[serde(default)]
     pub run: Option<u64>,
+    /// A `link_contention` incident's link, sides and evidence.
+    #[serde(default)]
+    pub link: Option<crate::shaping::LinkContention>,
 }
 
 /// Intent status.
@@ -782,6 +805,14 @@ pub struct ClusterState {
     /// [`MAX_QPS_PER_HOST`]).
     #[serde(default)]
     pub qps: BTreeMap<String, BTreeMap<QpKey, Qp>>,
+    /// Desired HTB shaping, host → NIC → shape ([`crate::shaping`]).
+    #[serde(default)]
+    pub shapes: BTreeMap<String, BTreeMap<String, crate::shaping::NicShape>>,
+    /// What each agent confirmed installing: host → NIC → shape version.
+    #[serde(default)]
+    pub applied_shapes: BTreeMap<String, BTreeMap<String, u64>>,
+    #[serde(default)]
+    pub next_shape_version: u64,
     /// The next host id to give (ids are never reused).
     pub next_host_id: u32,
     /// Host names by id.
@@ -1083,6 +1114,12 @@ impl ClusterState {
                     Action::PlaybookStep { .. } => Err(CmdError::InvalidArgument(
                         "playbook steps are opened by their run, not on their own".into(),
                     )),
+                    Action::ShapeNic { nic, .. } | Action::ClearShape { nic, .. } => {
+                        if !host.nics.contains_key(nic) {
+                            return Err(not_found("NIC", nic));
+                        }
+                        Ok(())
+                    }
                 }
             }
             Command::CloseIntent { id, .. } => match self.intents.get(id) {
@@ -1111,6 +1148,9 @@ impl ClusterState {
             Command::Job(c) => self.validate_job_command(c),
             Command::Playbook(c) => self.validate_run_command(c),
             Command::InstallShippedPlaybooks { .. } => Ok(()),
+            Command::Contention(c) => {
+                crate::shaping::validate(self, c).map_err(CmdError::InvalidArgument)
+            }
             Command::WebhookDone { id, detail, .. } => {
                 if detail.len() > MAX_REASON_LEN {
                     return Err(CmdError::InvalidArgument(format!(
@@ -1321,6 +1361,19 @@ impl ClusterState {
                     self.log_event(at_ms, None, format!("{what} (by {actor})"));
                     return Ok(CmdOk::Done);
                 };
+                if let AdminOp::ShapeClear { host } = op {
+                    let dropped = self.clear_host_shapes(host);
+                    let applied = self.applied_shapes.get(host).map_or(0, |m| m.len());
+                    self.record_admin(index, at_ms, actor, op);
+                    self.log_event(
+                        at_ms,
+                        Some(host),
+                        format!(
+                            "shapes cleared: {dropped} desired dropped, {applied} to remove (by {actor})"
+                        ),
+                    );
+                    return Ok(CmdOk::Done);
+                }
                 let host = self.hosts.get_mut(host_name).expect("validated");
                 let mut order = None;
                 let what = match op {
@@ -1387,6 +1440,7 @@ impl ClusterState {
                     | AdminOp::PlaybookDelete { .. } => {
                         unreachable!("cluster-wide operations have no host")
                     }
+                    AdminOp::ShapeClear { .. } => unreachable!("applied above"),
                 };
                 let host_name = host_name.to_owned();
                 self.record_admin(index, at_ms, actor, op);
@@ -1497,6 +1551,10 @@ impl ClusterState {
                 };
                 self.close_intent(at_ms, *id, outcome, detail)
             }
+            Command::Contention(c) => {
+                crate::shaping::apply(self, at_ms, c);
+                Ok(CmdOk::Done)
+            }
         }
     }
 
@@ -1580,8 +1638,10 @@ impl ClusterState {
                 | Action::CheckpointJob { .. } => {}
                 // Step effects were applied when the attempt started.
                 Action::PlaybookStep { .. } => {}
+                Action::ShapeNic { .. } | Action::ClearShape { .. } => {}
             }
         }
+        self.shape_order_closed(&intent.action, &outcome);
         let host = intent.action.host().to_owned();
         let e = self.intents.get_mut(&id).expect("validated");
         e.status = IntentStatus::Closed(outcome.clone());
@@ -1868,6 +1928,7 @@ impl ClusterState {
                 closed_ms: None,
                 detail,
                 run: None,
+                link: None,
             },
         );
         self.log_event(at_ms, Some(host), format!("incident {id} opened: {kind}"));
@@ -1925,6 +1986,8 @@ impl ClusterState {
             format!("incident {id} ({kind}) closed: {why}"),
         );
         self.closed_incidents.push_back(id);
+        // Its shapes go; the reconciler clears what was applied.
+        self.drop_desired_shapes(id);
         // A run still acting on it is cancelled (a waiting one goes on).
         self.incident_cleared(at_ms, id);
         while self.closed_incidents.len() > MAX_CLOSED_RECORDS {
@@ -2630,7 +2693,7 @@ mod tests {
                 webhook: Some("http://127.0.0.1:9/hook".into()),
             },
             StepOp::ReshapeRate {
-                bits_per_sec: 40_000_000_000,
+                bits_per_sec: Some(40_000_000_000),
             },
         ];
         let mut cmds = cmds;

@@ -63,6 +63,8 @@ pub struct Supervisor {
     pub clocks: crate::clock::ClockService,
     /// Leader memory: webhook POSTs in flight.
     pub webhooks: crate::webhooks::WebhookSender,
+    /// Leader memory: per-path queueing and link scores.
+    pub contention: crate::contention::ContentionService,
 }
 
 /// Start-up failures.
@@ -115,6 +117,7 @@ impl Supervisor {
             orders: Default::default(),
             clocks: Default::default(),
             webhooks: Default::default(),
+            contention: Default::default(),
         });
         tokio::spawn(run_batcher(raft, rx));
         Ok(sup)

@@ -121,6 +121,16 @@ pub fn order_of(st: &ClusterState, id: u64, action: &Action) -> Option<(String, 
             }
             _ => return None,
         },
+        Action::ShapeNic { host, nic, version } => {
+            let want = st.shapes.get(host)?.get(nic)?;
+            if want.version != *version {
+                return None;
+            }
+            agent_order::Kind::ShapeNic(shape_order(nic, want))
+        }
+        Action::ClearShape { nic, .. } => {
+            agent_order::Kind::ClearShape(proto::v1::ClearShape { nic: nic.clone() })
+        }
         Action::CompleteDrain { .. } => return None,
     };
     Some((
@@ -130,6 +140,42 @@ pub fn order_of(st: &ClusterState, id: u64, action: &Action) -> Option<(String, 
             kind: Some(kind),
         },
     ))
+}
+
+/// The wire form of a desired NIC shape.
+fn shape_order(nic: &str, want: &crate::shaping::NicShape) -> proto::v1::ShapeNic {
+    proto::v1::ShapeNic {
+        nic: nic.to_owned(),
+        classes: want
+            .classes
+            .iter()
+            .map(|c| proto::v1::ShapeClass {
+                minor: u32::from(c.minor),
+                rate_bps: c.rate_bps,
+                ceil_bps: c.ceil_bps,
+                flows: c
+                    .flows
+                    .iter()
+                    .map(|f| proto::v1::FlowMatch {
+                        dst: f.dst.to_string(),
+                        protocol: u32::from(f.protocol),
+                        dst_port: u32::from(f.dst_port),
+                        src_port: u32::from(f.src_port),
+                    })
+                    .collect(),
+                label: c.label.clone(),
+            })
+            .collect(),
+        default_rate_bps: want.default_rate_bps,
+        pace: want
+            .pace
+            .iter()
+            .map(|(job, rate)| proto::v1::PaceJob {
+                job: job.clone(),
+                rate_bps: *rate,
+            })
+            .collect(),
+    }
 }
 
 /// A host's data NIC addresses in rail order (NICs without a rail or an

@@ -65,6 +65,7 @@ pub fn wanted_actions(st: &ClusterState) -> Vec<Action> {
             host: h.name.clone(),
         })
         .chain(crate::jobs::wanted_job_actions(st))
+        .chain(crate::shaping::wanted_shape_actions(st))
         .filter(|a| !open.contains(&a))
         .collect()
 }
@@ -110,6 +111,21 @@ pub fn evaluate(st: &ClusterState, intent: &Intent, now_ms: u64) -> Option<Outco
             None
         }
         Action::PlaybookStep { .. } => crate::runs::evaluate_step(st, intent, now_ms),
+        Action::ShapeNic { .. } | Action::ClearShape { .. } => {
+            if let Some(why) = crate::shaping::shape_order_obsolete(st, &intent.action) {
+                return Some(Outcome::Cancelled { why });
+            }
+            if now_ms >= intent.opened_ms.saturating_add(ORDER_DEADLINE_MS) {
+                return Some(Outcome::Failed {
+                    error: format!(
+                        "the agent of {} did not answer within {} s",
+                        intent.action.host(),
+                        ORDER_DEADLINE_MS / 1000
+                    ),
+                });
+            }
+            None
+        }
         Action::Failover { host, nic, .. } | Action::Failback { host, nic } => {
             let Some(h) = st.hosts.get(host) else {
                 return Some(Outcome::Cancelled {

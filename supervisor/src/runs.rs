@@ -48,8 +48,12 @@
 //! intent id, so a new leader re-sending after a crash is recognisable)
 //! and closes the intent with the answer; the step's timeout bounds it.
 //!
-//! **Not yet:** `reshape_rate` fails as not available (the contention
-//! work); nothing opens `link_contention` incidents yet.
+//! **Reshaping.** A `reshape_rate` step on a `link_contention` incident
+//! computes the plan ([`crate::shaping::plan`]) and installs it as the
+//! incident's desired shaping when the attempt starts; the attempt is done
+//! when every sending host's agent confirmed its shape, failed when an
+//! agent refused one [`crate::shaping::MAX_SHAPE_FAILURES`] times or on
+//! its timeout. The shapes stay until the incident closes.
 
 use std::collections::VecDeque;
 
@@ -189,8 +193,9 @@ pub enum StepOp {
         #[serde(default)]
         webhook: Option<String>,
     },
+    /// The incident's desired shaping was set; done when applied.
     ReshapeRate {
-        bits_per_sec: u64,
+        bits_per_sec: Option<u64>,
     },
 }
 
@@ -700,11 +705,47 @@ impl ClusterState {
                 // intent with the endpoint's answer.
                 webhook.is_none().then(|| Ok("logged".to_string()))
             }
-            StepOp::ReshapeRate { .. } => Some(Err(
-                "reshape_rate is not available yet (rate reshaping arrives with the contention \
-                 work)"
-                    .into(),
-            )),
+            StepOp::ReshapeRate { bits_per_sec } => {
+                let incident = self.runs[&run].incident;
+                let planned = match self.incidents.get(&incident) {
+                    None => Err(format!("incident {incident} is gone")),
+                    Some(i) => crate::shaping::plan(self, i, *bits_per_sec),
+                };
+                match planned {
+                    Err(e) => Some(Err(e)),
+                    Ok(plan) => {
+                        let summary: Vec<String> = plan
+                            .iter()
+                            .map(|(h, (nic, s))| {
+                                let classes: Vec<String> = s
+                                    .classes
+                                    .iter()
+                                    .map(|c| {
+                                        format!("{} {} Mbit/s", c.label, c.rate_bps / 1_000_000)
+                                    })
+                                    .collect();
+                                format!("{h}/{nic}: {}", classes.join(", "))
+                            })
+                            .collect();
+                        let (set, skipped) = self.set_desired_shapes(incident, plan);
+                        if set == 0 {
+                            Some(Err(format!(
+                                "every sending NIC ({skipped}) is shaped for another incident"
+                            )))
+                        } else {
+                            self.log_event(
+                                at_ms,
+                                Some(&host),
+                                format!(
+                                    "reshaping for incident {incident}: {} ({skipped} NICs kept for other incidents)",
+                                    summary.join("; ")
+                                ),
+                            );
+                            None
+                        }
+                    }
+                }
+            }
         };
         match ended {
             None => Begun::Waits(id),
@@ -854,6 +895,23 @@ impl ClusterState {
         let (incident, playbook) = (r.incident, r.playbook.clone());
         self.run_log(at_ms, run, format!("completed: {why}"));
         self.end_run(at_ms, run, RunState::Completed);
+        // A link's contention is over when the detector sees it quiet, not
+        // when the reshaping is in place: the incident (and its shapes)
+        // stay until then.
+        if self
+            .incidents
+            .get(&incident)
+            .is_some_and(|i| i.link.is_some())
+        {
+            self.log_event(
+                at_ms,
+                None,
+                format!(
+                    "incident {incident} stays open until its link is quiet (the contention detector closes it)"
+                ),
+            );
+            return;
+        }
         self.resolve_incident(
             at_ms,
             incident,
@@ -1147,12 +1205,32 @@ pub fn evaluate_step(st: &ClusterState, intent: &Intent, now_ms: u64) -> Option<
         StepOp::Notify {
             webhook: Some(_), ..
         } => timed_out.then(timeout).flatten(),
+        StepOp::ReshapeRate { .. } => {
+            let refused = st.shapes.values().flat_map(|m| m.iter()).find(|(_, s)| {
+                s.incident == r.incident && s.failures >= crate::shaping::MAX_SHAPE_FAILURES
+            });
+            if let Some((nic, _)) = refused {
+                return Some(Outcome::Failed {
+                    error: format!(
+                        "an agent refused the shape of {nic} {} times",
+                        crate::shaping::MAX_SHAPE_FAILURES
+                    ),
+                });
+            }
+            match st.shapes_applied(r.incident) {
+                Some(true) => Some(Outcome::Done),
+                None => Some(Outcome::Failed {
+                    error: "the incident's shapes are gone (incident closed?)".into(),
+                }),
+                Some(false) if timed_out => timeout(),
+                Some(false) => None,
+            }
+        }
         // Closed when they start.
         StepOp::Cordon
         | StepOp::ExcludeFromOwd
         | StepOp::IncludeInOwd
-        | StepOp::Notify { webhook: None, .. }
-        | StepOp::ReshapeRate { .. } => Some(Outcome::Done),
+        | StepOp::Notify { webhook: None, .. } => Some(Outcome::Done),
     }
 }
 
@@ -1958,6 +2036,187 @@ mod tests {
         assert!(!w.st.jobs["j"].placement.contains(&"h0".to_string()));
     }
 
+    fn contention_world() -> (World, u64) {
+        use crate::shaping::{ContentionCommand, HostNic, LinkContention};
+        let mut w = World::new(&["h0", "h1", "h2", "h3"], true);
+        let a = crate::jobs::placed_for_test("a", &["h0", "h2"]);
+        let mut b = crate::jobs::placed_for_test("b", &["h1", "h3"]);
+        b.port = a.port + 1;
+        w.st.jobs.insert("a".into(), a);
+        w.st.jobs.insert("b".into(), b);
+        let hn = |h: &str| HostNic {
+            host: h.into(),
+            nic: "rail0".into(),
+        };
+        let info = LinkContention {
+            link: crate::topology::DirLink {
+                link: "up".into(),
+                from: "l0".into(),
+                to: "l1".into(),
+            },
+            rate_bps: Some(400_000_000),
+            senders: vec![hn("h0"), hn("h1")],
+            receivers: vec![hn("h2"), hn("h3")],
+            paths: vec!["h0/rail0→h2/rail0".into(), "h1/rail0→h3/rail0".into()],
+            queueing_p99_us: 12_000.0,
+        };
+        let open = Command::Contention(ContentionCommand::Open {
+            host: "h0".into(),
+            info,
+        });
+        w.ok(open.clone());
+        // A second open for the same link while one is open: no-op.
+        w.ok(open);
+        let incs: Vec<u64> =
+            w.st.incidents
+                .values()
+                .filter(|i| i.kind == "link_contention")
+                .map(|i| i.id)
+                .collect();
+        assert_eq!(incs.len(), 1);
+        (w, incs[0])
+    }
+
+    /// The whole reshaping lifecycle in the model: the incident's playbook
+    /// plans fair shares, orders every sending host's agent, the step is
+    /// done when all confirmed; closing the incident orders every shape
+    /// removed, and nothing is left desired or applied.
+    #[test]
+    fn a_link_contention_incident_reshapes_and_its_close_clears_every_shape() {
+        use crate::shaping::ContentionCommand;
+        let (mut w, inc) = contention_world();
+        w.settle(obey);
+        let run = w.st.runs.values().find(|r| r.incident == inc).unwrap();
+        assert_eq!(run.state, RunState::Completed, "{:?}", run.state);
+        let evs: Vec<&str> = w.st.events.iter().map(|e| e.what.as_str()).collect();
+        assert_eq!(w.st.shapes.len(), 2, "h0 and h1 send across: {evs:#?}");
+        assert_eq!(w.st.shapes_applied(inc), Some(true));
+        let h0 = &w.st.shapes["h0"]["rail0"];
+        let labels: Vec<&str> = h0.classes.iter().map(|c| c.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            ["job a", "other"],
+            "job classes first, the rest last"
+        );
+        // 400 Mbit/s × 0.9 in three fair shares (a, b, the rest); the
+        // rest's share is split between the two senders.
+        assert_eq!(h0.classes[0].rate_bps, 120_000_000);
+        assert_eq!(h0.classes[1].rate_bps, 60_000_000);
+        let total: u64 =
+            w.st.shapes
+                .values()
+                .flat_map(|m| m.values())
+                .flat_map(|s| s.classes.iter())
+                .map(|c| c.ceil_bps)
+                .sum();
+        assert!(
+            total <= 360_000_000,
+            "never more than the usable rate: {total}"
+        );
+        let a_port = w.st.jobs["a"].port;
+        let dst: std::net::Ipv4Addr = "10.0.0.3".parse().unwrap();
+        assert!(h0.classes[0]
+            .flows
+            .iter()
+            .any(|f| f.dst == dst && f.dst_port == a_port));
+        assert!(h0.classes[0]
+            .flows
+            .iter()
+            .any(|f| f.dst == dst && f.src_port == a_port));
+        assert_eq!(h0.pace.get("a"), Some(&120_000_000));
+        let orders = |w: &World, clear: bool| {
+            w.st.intents
+                .values()
+                .filter(|i| match &i.action {
+                    Action::ShapeNic { .. } => !clear,
+                    Action::ClearShape { .. } => clear,
+                    _ => false,
+                })
+                .filter(|i| i.status == IntentStatus::Closed(Outcome::Done))
+                .count()
+        };
+        assert_eq!(orders(&w, false), 2, "one shape order per sender, once");
+        // Settled: nothing more is ordered.
+        w.settle(obey);
+        assert_eq!(orders(&w, false), 2);
+
+        w.ok(Command::Contention(ContentionCommand::Close {
+            incident: inc,
+            why: "quiet".into(),
+        }));
+        assert!(w.st.shapes.is_empty());
+        w.settle(obey);
+        assert!(w.st.applied_shapes.is_empty(), "{:?}", w.st.applied_shapes);
+        assert_eq!(orders(&w, true), 2, "every applied shape removed");
+        // Closing twice changes nothing.
+        w.ok(Command::Contention(ContentionCommand::Close {
+            incident: inc,
+            why: "again".into(),
+        }));
+        w.settle(obey);
+        assert_eq!(orders(&w, true), 2);
+    }
+
+    /// An agent that refuses its shape: retried a bounded number of
+    /// times, then the step fails; the incident's close still clears the
+    /// shape that another agent applied.
+    #[test]
+    fn a_refused_shape_is_retried_a_bounded_number_of_times() {
+        use crate::shaping::{ContentionCommand, MAX_SHAPE_FAILURES};
+        let (mut w, inc) = contention_world();
+        let refuse = |a: &Action| match a {
+            Action::ShapeNic { host, .. } if host == "h1" => {
+                Some((false, "rail0: no such device".to_string()))
+            }
+            other => obey(other),
+        };
+        w.settle(refuse);
+        let refused =
+            w.st.intents
+                .values()
+                .filter(|i| matches!(&i.action, Action::ShapeNic { host, .. } if host == "h1"))
+                .count();
+        assert_eq!(
+            refused as u32,
+            MAX_SHAPE_FAILURES * 2,
+            "two step attempts, each retried"
+        );
+        let run = w.st.runs.values().find(|r| r.incident == inc).unwrap();
+        assert!(
+            matches!(&run.state, RunState::Failed { why } if why.contains("refused")),
+            "{:?}",
+            run.state
+        );
+        assert!(w.st.applied_shapes.contains_key("h0"));
+        w.ok(Command::Contention(ContentionCommand::Close {
+            incident: inc,
+            why: "quiet".into(),
+        }));
+        w.settle(obey);
+        assert!(w.st.applied_shapes.is_empty() && w.st.shapes.is_empty());
+    }
+
+    /// `railguard shape clear HOST`: the host's shapes go, others stay.
+    #[test]
+    fn an_admin_clears_one_hosts_shapes() {
+        let (mut w, _) = contention_world();
+        w.settle(obey);
+        w.admin(AdminOp::ShapeClear { host: "h0".into() });
+        w.settle(obey);
+        assert!(!w.st.applied_shapes.contains_key("h0"));
+        assert!(w.st.applied_shapes.contains_key("h1"));
+        let e = w
+            .apply(Command::Admin {
+                actor: "t".into(),
+                op: AdminOp::ShapeClear {
+                    host: "nope".into(),
+                },
+                request: None,
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("nope"), "{e}");
+    }
+
     #[test]
     fn model_only_steps_and_unavailable_actions() {
         // clock-unsynced: the clock state changes open and close the
@@ -2009,21 +2268,18 @@ mod tests {
         w.ok(clock("h1", Synced));
         w.ok(clock("h1", Unsynced));
         assert!(w.st.hosts["h1"].clock_incident.is_some());
-        // link-contention: reshape_rate is not available yet → retried,
-        // then the run fails (no escalation target).
+        // link-contention without a link (not one the detector opened):
+        // reshape_rate fails, is retried, then the run fails (no
+        // escalation target).
         let inc =
             w.st.open_incident(w.now, "link_contention", "h0", None, "test".into());
         w.settle(obey);
         let run = w.st.runs.values().find(|r| r.incident == inc).unwrap();
         assert!(
-            matches!(&run.state, RunState::Failed { why } if why.contains("not available yet")),
+            matches!(&run.state, RunState::Failed { why } if why.contains("names no link")),
             "{:?}",
             run.state
         );
-        assert_eq!(
-            w.step_intents(run.id).len(),
-            3,
-            "retries = 2: three attempts"
-        );
+        assert_eq!(w.step_intents(run.id).len(), 2, "retries = 1: two attempts");
     }
 }

@@ -98,6 +98,7 @@ fn summary(me: usize) -> ProbeSummary {
         clocks,
         paths,
         bytes_sent: 1_000,
+        shaped: Vec::new(),
     }
 }
 

@@ -34,6 +34,11 @@ struct Args {
     /// Build a snapshot and compact the log every N entries (default 20000).
     #[arg(long, value_name = "N")]
     snapshot_every: Option<u64>,
+    /// The fabric topology (TOML: switches, links, where each host NIC
+    /// attaches), validated at start. Without it contended paths are still
+    /// reported, but no bottleneck link is localised.
+    #[arg(long, value_name = "FILE")]
+    topology: Option<PathBuf>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -84,6 +89,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             peers: args.peers,
             join: args.join,
             snapshot_every: args.snapshot_every,
+            topology: args.topology,
         },
     )
     .context("invalid configuration")?;

@@ -142,6 +142,12 @@ enum Cmd {
     /// "pair" (the receiver's own pair estimate) or "raw" (receive minus
     /// send time, which includes the clock offset). Leader memory, like
     /// `clock`.
+    ///
+    /// With --contended: the contention detector's view instead — per
+    /// path, the baseline (min OWD of calm seconds), the latest second's
+    /// queueing delay (median and p99 OWD minus the baseline) and whether
+    /// the path is contended (a second's median queueing ≥ 1 ms; clear
+    /// after 3 s below 300 µs); contended paths only.
     Paths {
         /// Only paths from or to this host.
         #[arg(long)]
@@ -149,7 +155,33 @@ enum Cmd {
         /// Only the N worst paths (N ≥ 1).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         top: Option<u32>,
+        /// Show queueing and contention instead of delays (contended paths
+        /// only).
+        #[arg(long)]
+        contended: bool,
     },
+    /// Fabric links from the topology file, each direction's contention
+    /// score (contended paths / fresh paths crossing it) and which are
+    /// named bottlenecks, with the open link_contention incidents.
+    /// Leader memory, like `clock`.
+    Links,
+    /// HTB shapes put on host NICs by reshaping playbooks.
+    #[command(subcommand)]
+    Shape(ShapeCmd),
+}
+
+#[derive(Subcommand, Debug)]
+enum ShapeCmd {
+    /// Desired shapes (classes, rates, flows) and whether each host's agent
+    /// confirmed installing them.
+    List {
+        /// Only this host.
+        host: Option<String>,
+    },
+    /// Remove every shape from a host's NICs now (the agent deletes its
+    /// HTB qdisc; the incident stays open and no new reshaping happens
+    /// for it).
+    Clear { host: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -641,7 +673,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Events { since, limit, .. } => AdminRequest::Events { since, limit },
         Cmd::History { limit } => AdminRequest::AdminHistory { limit },
         Cmd::Clock => AdminRequest::Clock,
-        Cmd::Paths { host, top } => AdminRequest::Paths { host, top },
+        Cmd::Paths {
+            host,
+            top,
+            contended: false,
+        } => AdminRequest::Paths { host, top },
+        Cmd::Paths {
+            host,
+            top,
+            contended: true,
+        } => AdminRequest::Queueing {
+            host,
+            contended_only: true,
+            top,
+        },
+        Cmd::Links => AdminRequest::Links,
+        Cmd::Shape(ShapeCmd::List { host }) => AdminRequest::ShapeList { host },
+        Cmd::Shape(ShapeCmd::Clear { host }) => AdminRequest::Write {
+            op: AdminOp::ShapeClear { host },
+        },
     };
     let reply = client.call(request, cli.stale).await?;
     if json {
@@ -965,6 +1015,10 @@ fn describe_action(a: &Action) -> String {
             "checkpoint {job}#{incarnation} on {host}{}",
             if *halt { " and halt" } else { "" }
         ),
+        Action::ShapeNic { host, nic, version } => {
+            format!("shape {host}/{nic} (version {version})")
+        }
+        Action::ClearShape { host, nic } => format!("clear shapes of {host}/{nic}"),
         Action::PlaybookStep {
             run,
             step,
@@ -1306,6 +1360,165 @@ fn print_paths(v: &PathsView) {
     }
 }
 
+fn print_queueing(v: &supervisor::api::QueueingView) {
+    if !v.topology {
+        println!("(no topology loaded: contended paths are not localised to a link)");
+    }
+    if v.paths.is_empty() {
+        println!(
+            "no contended paths (contended: a second's median queueing ≥ {:.0} µs)",
+            v.enter_us
+        );
+        return;
+    }
+    println!(
+        "{:<24} {:<24} {:>11} {:>11} {:>11} {:>10}",
+        "SRC", "DST", "BASE µs", "QUEUE p50", "QUEUE p99", "FOR s"
+    );
+    for p in &v.paths {
+        println!(
+            "{:<24} {:<24} {:>11.1} {:>11.1} {:>11.1} {:>10}",
+            format!("{}/{}", p.path.src, p.path.src_nic),
+            format!("{}/{}", p.path.dst, p.path.dst_nic),
+            p.baseline_us,
+            p.queueing_p50_us,
+            p.queueing_p99_us,
+            p.contended_ms
+                .map_or("-".into(), |ms| format!("{:.1}", ms as f64 / 1e3)),
+        );
+    }
+    if v.paths.len() < v.total {
+        println!("({} of {} paths shown)", v.paths.len(), v.total);
+    }
+}
+
+fn rate(bps: Option<u64>) -> String {
+    match bps {
+        None => "-".into(),
+        Some(b) if b >= 1_000_000_000 && b % 1_000_000_000 == 0 => {
+            format!("{}Gbit", b / 1_000_000_000)
+        }
+        Some(b) => format!("{}Mbit", b / 1_000_000),
+    }
+}
+
+fn print_links(v: &supervisor::api::LinksView) {
+    let Some(file) = &v.topology else {
+        println!("no topology loaded (start the supervisors with --topology FILE)");
+        return;
+    };
+    println!("topology: {file}");
+    println!(
+        "{:<20} {:<30} {:>8} {:>6} {:>10} {:>7} {:>12}  BOTTLENECK",
+        "LINK", "DIRECTION", "RATE", "PATHS", "CONTENDED", "SCORE", "QUEUE p99 µs"
+    );
+    for l in v.links.iter().filter(|l| !l.access) {
+        let dirs: Vec<&supervisor::contention::LinkScore> =
+            v.scores.iter().filter(|s| s.link.link == l.name).collect();
+        if dirs.is_empty() {
+            println!(
+                "{:<20} {:<30} {:>8} {:>6} {:>10} {:>7} {:>12}",
+                l.name,
+                format!("{} ↔ {}", l.a, l.b),
+                rate(l.rate_bps),
+                0,
+                0,
+                "-",
+                "-"
+            );
+        }
+        for s in dirs {
+            println!(
+                "{:<20} {:<30} {:>8} {:>6} {:>10} {:>7.2} {:>12}  {}",
+                l.name,
+                format!("{} → {}", s.link.from, s.link.to),
+                rate(l.rate_bps),
+                s.paths,
+                s.contended,
+                s.score,
+                num(s.queueing_p99_us, 0),
+                if s.bottleneck { "yes" } else { "" }
+            );
+        }
+    }
+    let cables: Vec<&supervisor::contention::LinkScore> = v
+        .scores
+        .iter()
+        .filter(|s| s.access && s.contended > 0)
+        .collect();
+    for s in cables {
+        println!(
+            "{:<20} {:<30} {:>8} {:>6} {:>10} {:>7.2} {:>12}  {}",
+            s.link.link,
+            format!("{} → {}", s.link.from, s.link.to),
+            rate(s.rate_bps),
+            s.paths,
+            s.contended,
+            s.score,
+            num(s.queueing_p99_us, 0),
+            if s.bottleneck { "yes" } else { "" }
+        );
+    }
+    let cables = v.links.iter().filter(|l| l.access).count();
+    println!("({cables} NIC cables; those with contended paths are listed)");
+    for i in &v.incidents {
+        println!(
+            "incident {} open since {}: {}",
+            i.id,
+            fmt_ms(i.opened_ms),
+            i.detail
+        );
+    }
+}
+
+fn print_shapes(rows: &[supervisor::api::ShapeRow]) {
+    if rows.is_empty() {
+        println!("no shapes");
+        return;
+    }
+    for r in rows {
+        let state = match (&r.desired, r.applied_version) {
+            (Some(d), Some(v)) if d.version == v => "applied".to_string(),
+            (Some(d), _) if d.failures >= supervisor::shaping::MAX_SHAPE_FAILURES => {
+                format!("refused {} times", d.failures)
+            }
+            (Some(_), _) => "pending".to_string(),
+            (None, Some(_)) => "to be removed".to_string(),
+            (None, None) => "-".to_string(),
+        };
+        match &r.desired {
+            Some(d) => {
+                println!(
+                    "{}/{}: {state} (incident {}, {}, version {})",
+                    r.host, r.nic, d.incident, d.link, d.version
+                );
+                for c in &d.classes {
+                    let flows: Vec<String> = c
+                        .flows
+                        .iter()
+                        .map(|f| match (f.protocol, f.dst_port, f.src_port) {
+                            (0, _, _) => format!("dst {}", f.dst),
+                            (_, p, 0) => format!("dst {} tcp dport {p}", f.dst),
+                            (_, _, p) => format!("dst {} tcp sport {p}", f.dst),
+                        })
+                        .collect();
+                    println!(
+                        "  1:{:x} {:<16} {:>9}  {}",
+                        c.minor,
+                        c.label,
+                        rate(Some(c.rate_bps)),
+                        flows.join(", ")
+                    );
+                }
+                for (job, bps) in &d.pace {
+                    println!("  pace job {job}: {} per connection", rate(Some(*bps)));
+                }
+            }
+            None => println!("{}/{}: {state}", r.host, r.nic),
+        }
+    }
+}
+
 fn render(reply: &AdminReply) {
     match reply {
         AdminReply::Status(s) => {
@@ -1460,6 +1673,9 @@ fn render(reply: &AdminReply) {
         } => println!("intent {id} opened (log index {log_index}): {detail}"),
         AdminReply::Clock(v) => print_clock(v),
         AdminReply::Paths(v) => print_paths(v),
+        AdminReply::Queueing(v) => print_queueing(v),
+        AdminReply::Links(v) => print_links(v),
+        AdminReply::Shapes { shapes } => print_shapes(shapes),
         AdminReply::Jobs { jobs } => print_jobs(jobs),
         AdminReply::Playbooks { playbooks, version } => print_playbooks(playbooks, *version),
         AdminReply::Playbook { playbook } => {

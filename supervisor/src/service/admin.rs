@@ -197,6 +197,90 @@ pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply
             sup.clocks
                 .paths_view(st, sup.id, host.as_deref(), top, Instant::now())
         })?)),
+        AdminRequest::Queueing {
+            host,
+            contended_only,
+            top,
+        } => {
+            if top == Some(0) {
+                return Err(ApiError::invalid("--top must be at least 1"));
+            }
+            if let Some(h) = &host {
+                if !sup.read(|st| st.hosts.contains_key(h)) {
+                    return Err(ApiError::new(
+                        ErrorKind::NotFound,
+                        format!("host {h:?} not found"),
+                    ));
+                }
+            }
+            let cfg = sup.contention.config();
+            let mut paths = sup.contention.paths(contended_only, Instant::now());
+            if let Some(h) = &host {
+                paths.retain(|p| &p.path.src == h || &p.path.dst == h);
+            }
+            let total = paths.len();
+            paths.truncate(top.map_or(crate::clock::MAX_PATHS_PER_CALL, |t| t as usize));
+            Ok(AdminReply::Queueing(crate::api::QueueingView {
+                answered_by: sup.id,
+                topology: sup.config.topology.is_some(),
+                enter_us: cfg.enter_us,
+                exit_us: cfg.exit_us,
+                total,
+                paths,
+            }))
+        }
+        AdminRequest::Links => Ok(AdminReply::Links(crate::api::LinksView {
+            answered_by: sup.id,
+            topology: sup
+                .config
+                .topology_path
+                .as_ref()
+                .map(|p| p.display().to_string()),
+            links: sup
+                .config
+                .topology
+                .as_ref()
+                .map(|t| t.links())
+                .unwrap_or_default(),
+            scores: sup.contention.scores(),
+            incidents: sup.read(|st| {
+                st.incidents
+                    .values()
+                    .filter(|i| i.link.is_some() && i.closed_ms.is_none())
+                    .cloned()
+                    .collect()
+            }),
+        })),
+        AdminRequest::ShapeList { host } => {
+            let rows = read!(|st| {
+                if let Some(h) = &host {
+                    if !st.hosts.contains_key(h) {
+                        return Err(ApiError::new(
+                            ErrorKind::NotFound,
+                            format!("host {h:?} not found"),
+                        ));
+                    }
+                }
+                let mut keys: std::collections::BTreeSet<(String, String)> = Default::default();
+                for (h, m) in &st.shapes {
+                    keys.extend(m.keys().map(|n| (h.clone(), n.clone())));
+                }
+                for (h, m) in &st.applied_shapes {
+                    keys.extend(m.keys().map(|n| (h.clone(), n.clone())));
+                }
+                Ok(keys
+                    .into_iter()
+                    .filter(|(h, _)| host.as_ref().is_none_or(|f| f == h))
+                    .map(|(h, n)| crate::api::ShapeRow {
+                        desired: st.shapes.get(&h).and_then(|m| m.get(&n)).cloned(),
+                        applied_version: st.applied_shapes.get(&h).and_then(|m| m.get(&n)).copied(),
+                        host: h,
+                        nic: n,
+                    })
+                    .collect::<Vec<_>>())
+            })?;
+            Ok(AdminReply::Shapes { shapes: rows })
+        }
         AdminRequest::JobList => Ok(AdminReply::Jobs {
             jobs: read!(|st| st.jobs.values().cloned().collect()),
         }),

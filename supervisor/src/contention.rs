@@ -1,0 +1,806 @@
+//! The leader's contention detector (DESIGN.md flow 4): queueing delay per
+//! path from the synchronised one-way delays, contended paths with
+//! hysteresis, the bottleneck localised over the topology, and
+//! `link_contention` incidents opened and closed through Raft.
+//!
+//! **Per path** (directed, per NIC pair), every second the agents report:
+//! queueing = the second's median OWD − the path's baseline, the baseline
+//! being the minimum of its per-second minimum OWDs over the last
+//! [`ContentionConfig::baseline_seconds`] *uncontended* seconds (a standing
+//! queue does not raise it). A path becomes contended when one second's
+//! median queueing reaches `enter_us` and clears after `exit_seconds`
+//! seconds in a row below `exit_us`. A change of correction (raw → pair →
+//! network) restarts the baseline, since the delays' zero moved.
+//!
+//! **Localisation** (network tomography over a tree): every fresh path is
+//! routed over the topology; each directed link scores the share of its
+//! paths that are contended. Greedily, the link that explains the most
+//! contended paths (with at least `min_paths` of them from at least two
+//! distinct host pairs, and a share of at least `min_share`) is named, its
+//! paths are explained, and the search goes on for what is left. A host's
+//! cable only wins when its own paths are what is contended; an uplink
+//! explains the paths of every host behind it.
+//!
+//! **Incidents**: a localised link without an open incident gets one
+//! (`ContentionCommand::Open`, with the link's rate and both sides' NICs
+//! from the topology). An open one closes after `quiet` without the link
+//! being localised *and* without its shaped NICs being busy (shaping hides
+//! the queue it removes; the demand behind it is what has to go).
+//!
+//! Leader memory only: a new leader starts empty and rebuilds within
+//! seconds; nothing opens or closes during its first `quiet`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::Correction;
+use crate::clock::PathSample;
+use crate::model::{ClusterState, Command};
+use crate::node::Supervisor;
+use crate::shaping::{ContentionCommand, HostNic, LinkContention, MAX_INCIDENT_PATHS};
+use crate::topology::{DirLink, Topology};
+
+/// Detector settings (DESIGN.md defaults; TIMELY's T_high is 500 µs).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContentionConfig {
+    /// A second's median queueing at or above this makes a path contended.
+    pub enter_us: f64,
+    /// Below this for `exit_seconds` seconds in a row clears it.
+    pub exit_us: f64,
+    pub exit_seconds: u32,
+    /// Uncontended seconds the baseline is the minimum of.
+    pub baseline_seconds: usize,
+    /// Contended paths a link needs to be named.
+    pub min_paths: usize,
+    /// Share of its paths that must be contended.
+    pub min_share: f64,
+    /// A path whose last second is older is not scored.
+    pub fresh: Duration,
+    /// An incident closes after this long without its link named.
+    pub quiet: Duration,
+    /// How often the detector reads new seconds.
+    pub tick: Duration,
+}
+
+impl Default for ContentionConfig {
+    fn default() -> Self {
+        Self {
+            enter_us: 1_000.0,
+            exit_us: 300.0,
+            exit_seconds: 3,
+            baseline_seconds: 120,
+            min_paths: 2,
+            min_share: 0.5,
+            fresh: Duration::from_secs(3),
+            quiet: Duration::from_secs(10),
+            tick: Duration::from_millis(200),
+        }
+    }
+}
+
+/// A directed path between two host NICs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PathKey {
+    pub src: String,
+    pub src_nic: String,
+    pub dst: String,
+    pub dst_nic: String,
+    pub rail: u32,
+}
+
+impl fmt::Display for PathKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}/{}→{}/{}",
+            self.src, self.src_nic, self.dst, self.dst_nic
+        )
+    }
+}
+
+struct Track {
+    /// Per-second minimum OWDs (ns) of uncontended seconds, newest last.
+    baseline: VecDeque<f64>,
+    correction: Correction,
+    last: Instant,
+    queue_p50_us: f64,
+    queue_p99_us: f64,
+    contended: bool,
+    /// Seconds in a row below `exit_us` while contended.
+    calm: u32,
+    since: Option<Instant>,
+}
+
+/// A path's detector state (`railguard paths --contended`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PathQueueing {
+    pub path: PathKey,
+    pub baseline_us: f64,
+    pub queueing_p50_us: f64,
+    pub queueing_p99_us: f64,
+    pub contended: bool,
+    /// How long it has been contended (ms).
+    pub contended_ms: Option<u64>,
+    pub age_ms: u64,
+}
+
+/// A directed link's score (`railguard links`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkScore {
+    pub link: DirLink,
+    pub rate_bps: Option<u64>,
+    pub access: bool,
+    /// Fresh paths crossing it, and how many are contended.
+    pub paths: usize,
+    pub contended: usize,
+    pub score: f64,
+    /// Named as a bottleneck now.
+    pub bottleneck: bool,
+    /// The worst queueing p99 among its contended paths (µs).
+    pub queueing_p99_us: Option<f64>,
+}
+
+/// One named bottleneck.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Localised {
+    pub link: DirLink,
+    pub contended: Vec<PathKey>,
+    pub paths: usize,
+    pub queueing_p99_us: f64,
+}
+
+/// Per-path queueing state.
+pub struct Detector {
+    cfg: ContentionConfig,
+    tracks: HashMap<PathKey, Track>,
+}
+
+impl Detector {
+    pub fn new(cfg: ContentionConfig) -> Self {
+        Self {
+            cfg,
+            tracks: HashMap::new(),
+        }
+    }
+
+    pub fn config(&self) -> &ContentionConfig {
+        &self.cfg
+    }
+
+    pub fn clear(&mut self) {
+        self.tracks.clear();
+    }
+
+    /// Folds in new seconds (oldest first) and forgets paths silent for
+    /// longer than the clock service keeps them.
+    pub fn ingest(&mut self, samples: &[PathSample], now: Instant) {
+        for s in samples {
+            let key = PathKey {
+                src: s.src.clone(),
+                src_nic: s.src_nic.clone(),
+                dst: s.dst.clone(),
+                dst_nic: s.dst_nic.clone(),
+                rail: s.rail,
+            };
+            if !(s.min_ns.is_finite() && s.p50_ns.is_finite() && s.p99_ns.is_finite()) {
+                continue;
+            }
+            let t = self.tracks.entry(key.clone()).or_insert_with(|| Track {
+                baseline: VecDeque::new(),
+                correction: s.correction,
+                last: s.arrived,
+                queue_p50_us: 0.0,
+                queue_p99_us: 0.0,
+                contended: false,
+                calm: 0,
+                since: None,
+            });
+            if t.correction != s.correction {
+                t.baseline.clear();
+                t.correction = s.correction;
+                t.contended = false;
+                t.calm = 0;
+                t.since = None;
+            }
+            let floor = t.baseline.iter().copied().fold(s.min_ns, f64::min);
+            t.last = s.arrived;
+            t.queue_p50_us = (s.p50_ns - floor).max(0.0) / 1_000.0;
+            t.queue_p99_us = (s.p99_ns - floor).max(0.0) / 1_000.0;
+            if t.queue_p50_us >= self.cfg.enter_us {
+                if !t.contended {
+                    tracing::info!(path = %key, queueing_p50_us = t.queue_p50_us, queueing_p99_us = t.queue_p99_us, "path contended");
+                    t.since = Some(s.arrived);
+                }
+                t.contended = true;
+                t.calm = 0;
+            } else if t.contended {
+                if t.queue_p50_us < self.cfg.exit_us {
+                    t.calm += 1;
+                    if t.calm >= self.cfg.exit_seconds {
+                        tracing::info!(path = %key, "path clear");
+                        t.contended = false;
+                        t.since = None;
+                        t.calm = 0;
+                    }
+                } else {
+                    t.calm = 0;
+                }
+            }
+            // Only calm seconds move the baseline: a standing queue would
+            // otherwise become the new zero.
+            if !t.contended && t.queue_p50_us < self.cfg.enter_us {
+                t.baseline.push_back(s.min_ns);
+                while t.baseline.len() > self.cfg.baseline_seconds {
+                    t.baseline.pop_front();
+                }
+            }
+        }
+        let keep = crate::clock::PATH_WINDOW;
+        self.tracks
+            .retain(|_, t| now.saturating_duration_since(t.last) <= keep);
+    }
+
+    /// Every path's state, contended first, then worst queueing.
+    pub fn paths(&self, now: Instant) -> Vec<PathQueueing> {
+        let mut out: Vec<PathQueueing> = self
+            .tracks
+            .iter()
+            .map(|(k, t)| PathQueueing {
+                path: k.clone(),
+                baseline_us: t.baseline.iter().copied().fold(f64::INFINITY, f64::min) / 1_000.0,
+                queueing_p50_us: t.queue_p50_us,
+                queueing_p99_us: t.queue_p99_us,
+                contended: t.contended,
+                contended_ms: t
+                    .since
+                    .map(|s| now.saturating_duration_since(s).as_millis() as u64),
+                age_ms: now.saturating_duration_since(t.last).as_millis() as u64,
+            })
+            .map(|mut p| {
+                if !p.baseline_us.is_finite() {
+                    p.baseline_us = 0.0;
+                }
+                p
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            b.contended
+                .cmp(&a.contended)
+                .then(b.queueing_p50_us.total_cmp(&a.queueing_p50_us))
+                .then_with(|| a.path.cmp(&b.path))
+        });
+        out
+    }
+
+    /// Scores every directed link crossed by a fresh path and names the
+    /// bottlenecks (see the module docs).
+    pub fn localise(&self, topo: &Topology, now: Instant) -> (Vec<LinkScore>, Vec<Localised>) {
+        struct Acc<'a> {
+            paths: usize,
+            contended: Vec<(&'a PathKey, f64)>,
+        }
+        let mut per: BTreeMap<DirLink, Acc> = BTreeMap::new();
+        for (k, t) in &self.tracks {
+            if now.saturating_duration_since(t.last) > self.cfg.fresh {
+                continue;
+            }
+            let Some(route) = topo.route(&k.src, &k.src_nic, &k.dst, &k.dst_nic) else {
+                continue;
+            };
+            for l in route {
+                let a = per.entry(l).or_insert(Acc {
+                    paths: 0,
+                    contended: Vec::new(),
+                });
+                a.paths += 1;
+                if t.contended {
+                    a.contended.push((k, t.queue_p99_us));
+                }
+            }
+        }
+        let mut explained: BTreeSet<&PathKey> = BTreeSet::new();
+        let mut named = Vec::new();
+        // Bounded: each round explains at least `min_paths` new paths.
+        loop {
+            let best = per
+                .iter()
+                .filter_map(|(l, a)| {
+                    let left: Vec<&(&PathKey, f64)> = a
+                        .contended
+                        .iter()
+                        .filter(|(k, _)| !explained.contains(k))
+                        .collect();
+                    let pairs: BTreeSet<(&str, &str)> = left
+                        .iter()
+                        .map(|(k, _)| (k.src.as_str(), k.dst.as_str()))
+                        .collect();
+                    let share = a.contended.len() as f64 / a.paths as f64;
+                    (left.len() >= self.cfg.min_paths
+                        && pairs.len() >= 2
+                        && share >= self.cfg.min_share)
+                        .then_some((l, left.len(), share))
+                })
+                .max_by(|a, b| a.1.cmp(&b.1).then(a.2.total_cmp(&b.2)));
+            let Some((link, _, _)) = best else {
+                break;
+            };
+            let a = &per[link];
+            let mut contended: Vec<PathKey> =
+                a.contended.iter().map(|(k, _)| (*k).clone()).collect();
+            contended.sort();
+            let q = a.contended.iter().map(|(_, q)| *q).fold(0.0, f64::max);
+            explained.extend(a.contended.iter().map(|(k, _)| *k));
+            named.push(Localised {
+                link: link.clone(),
+                contended,
+                paths: a.paths,
+                queueing_p99_us: q,
+            });
+        }
+        let scores = per
+            .iter()
+            .map(|(l, a)| {
+                let link = topo.link(&l.link);
+                LinkScore {
+                    link: l.clone(),
+                    rate_bps: link.as_ref().and_then(|x| x.rate_bps),
+                    access: link.is_some_and(|x| x.access),
+                    paths: a.paths,
+                    contended: a.contended.len(),
+                    score: a.contended.len() as f64 / a.paths as f64,
+                    bottleneck: named.iter().any(|n| &n.link == l),
+                    queueing_p99_us: a.contended.iter().map(|(_, q)| *q).reduce(f64::max),
+                }
+            })
+            .collect();
+        (scores, named)
+    }
+}
+
+/// The host NICs on each side of a directed link: (senders, receivers).
+pub fn sides(topo: &Topology, l: &DirLink) -> (Vec<HostNic>, Vec<HostNic>) {
+    let to_vec = |s: BTreeSet<(String, String)>| -> Vec<HostNic> {
+        s.into_iter()
+            .map(|(host, nic)| HostNic { host, nic })
+            .collect()
+    };
+    let Some(link) = topo.link(&l.link) else {
+        return (Vec::new(), Vec::new());
+    };
+    if link.access {
+        // `a` is the NIC's end, `b` its switch.
+        let (host, nic) = link.name.split_once(':').unwrap_or((&link.name, ""));
+        let me = (host.to_owned(), nic.to_owned());
+        let mut rest = topo.side(&l.link, &link.b);
+        rest.remove(&me);
+        let me = to_vec(BTreeSet::from([me]));
+        if l.from == link.a {
+            (me, to_vec(rest))
+        } else {
+            (to_vec(rest), me)
+        }
+    } else {
+        (
+            to_vec(topo.side(&l.link, &l.from)),
+            to_vec(topo.side(&l.link, &l.to)),
+        )
+    }
+}
+
+/// The leader's detector and its last view, shared with the admin API.
+pub struct ContentionService {
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    detector: Detector,
+    last_seen: Option<Instant>,
+    scores: Vec<LinkScore>,
+    /// When each directed link was last named.
+    named_at: HashMap<DirLink, Instant>,
+}
+
+impl Default for ContentionService {
+    fn default() -> Self {
+        Self::new(ContentionConfig::default())
+    }
+}
+
+impl ContentionService {
+    pub fn new(cfg: ContentionConfig) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                detector: Detector::new(cfg),
+                last_seen: None,
+                scores: Vec::new(),
+                named_at: HashMap::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn config(&self) -> ContentionConfig {
+        self.lock().detector.config().clone()
+    }
+
+    pub fn clear(&self) {
+        let mut g = self.lock();
+        g.detector.clear();
+        g.last_seen = None;
+        g.scores.clear();
+        g.named_at.clear();
+    }
+
+    /// Path states (all, or contended only).
+    pub fn paths(&self, contended_only: bool, now: Instant) -> Vec<PathQueueing> {
+        let mut v = self.lock().detector.paths(now);
+        if contended_only {
+            v.retain(|p| p.contended);
+        }
+        v
+    }
+
+    /// The latest link scores.
+    pub fn scores(&self) -> Vec<LinkScore> {
+        self.lock().scores.clone()
+    }
+
+    /// One detector round: read new seconds, score, and decide which
+    /// incidents to open and close.
+    fn round(
+        &self,
+        sup: &Supervisor,
+        topo: Option<&Topology>,
+        now: Instant,
+        settled: bool,
+    ) -> Vec<ContentionCommand> {
+        let mut g = self.lock();
+        let after = g.last_seen;
+        let samples = sup.read(|st| sup.clocks.path_seconds_after(st, after, now));
+        if let Some(last) = samples.last() {
+            g.last_seen = Some(last.arrived);
+        }
+        g.detector.ingest(&samples, now);
+        let Some(topo) = topo else {
+            return Vec::new();
+        };
+        let (scores, named) = g.detector.localise(topo, now);
+        g.scores = scores;
+        for n in &named {
+            g.named_at.insert(n.link.clone(), now);
+        }
+        if !settled {
+            return Vec::new();
+        }
+        let quiet = g.detector.config().quiet;
+        let named_at = g.named_at.clone();
+        drop(g);
+        sup.read(|st| {
+            decide(
+                st,
+                topo,
+                &named,
+                &named_at,
+                |h, n| sup.clocks.shaped_busy(h, n),
+                quiet,
+                now,
+            )
+        })
+    }
+}
+
+/// Which incidents to open (named links without one) and close (open
+/// ones whose link has been quiet and whose shaped NICs idle for `quiet`).
+pub fn decide(
+    st: &ClusterState,
+    topo: &Topology,
+    named: &[Localised],
+    named_at: &HashMap<DirLink, Instant>,
+    busy_at: impl Fn(&str, &str) -> Option<Instant>,
+    quiet: Duration,
+    now: Instant,
+) -> Vec<ContentionCommand> {
+    let mut out = Vec::new();
+    for n in named {
+        if st.open_link_incident(&n.link).is_some() {
+            continue;
+        }
+        let (senders, receivers) = sides(topo, &n.link);
+        let host = n
+            .contended
+            .iter()
+            .map(|k| &k.src)
+            .find(|h| st.hosts.contains_key(*h));
+        let Some(host) = host else {
+            continue;
+        };
+        let mut paths: Vec<String> = n.contended.iter().map(|k| k.to_string()).collect();
+        paths.truncate(MAX_INCIDENT_PATHS);
+        out.push(ContentionCommand::Open {
+            host: host.clone(),
+            info: LinkContention {
+                link: n.link.clone(),
+                rate_bps: topo.link(&n.link.link).and_then(|l| l.rate_bps),
+                senders,
+                receivers,
+                paths,
+                queueing_p99_us: n.queueing_p99_us,
+            },
+        });
+    }
+    for inc in st.incidents.values() {
+        let Some(info) = &inc.link else {
+            continue;
+        };
+        if inc.closed_ms.is_some() {
+            continue;
+        }
+        let quiet_since =
+            |t: Option<Instant>| t.is_none_or(|t| now.saturating_duration_since(t) >= quiet);
+        if !quiet_since(named_at.get(&info.link).copied()) {
+            continue;
+        }
+        let busy = st.shapes.iter().any(|(h, m)| {
+            m.iter()
+                .any(|(nic, s)| s.incident == inc.id && !quiet_since(busy_at(h, nic)))
+        });
+        if busy {
+            continue;
+        }
+        out.push(ContentionCommand::Close {
+            incident: inc.id,
+            why: format!(
+                "no contention on {} for {} s and its shaped traffic idle",
+                info.link,
+                quiet.as_secs()
+            ),
+        });
+    }
+    out
+}
+
+/// Runs on every supervisor; detects while it leads, forgets when not.
+pub async fn run(sup: Arc<Supervisor>) {
+    let tick_every = sup.contention.config().tick;
+    let quiet = sup.contention.config().quiet;
+    let mut tick = tokio::time::interval(tick_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut leading_since: Option<Instant> = None;
+    let topo = sup.config.topology.clone();
+    if topo.is_none() {
+        tracing::info!("no topology: contended paths are reported, no link is localised");
+    }
+    loop {
+        tick.tick().await;
+        if !sup.is_leader() {
+            if leading_since.take().is_some() {
+                tracing::info!("no longer leading: contention data forgotten");
+            }
+            sup.contention.clear();
+            continue;
+        }
+        let now = Instant::now();
+        let since = *leading_since.get_or_insert(now);
+        let settled = now.saturating_duration_since(since) >= quiet;
+        let cmds = sup.contention.round(&sup, topo.as_ref(), now, settled);
+        for c in cmds {
+            match &c {
+                ContentionCommand::Open { host, info } => {
+                    tracing::warn!(link = %info.link, host = %host, paths = info.paths.len(), queueing_p99_us = info.queueing_p99_us, "link contended: opening an incident")
+                }
+                ContentionCommand::Close { incident, why } => {
+                    tracing::info!(incident, why = %why, "link contention over: closing the incident")
+                }
+            }
+            if let Err(e) = sup.propose(Command::Contention(c)).await {
+                tracing::warn!(error = %e, "cannot commit a contention decision");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOPO: &str = r#"
+[[switches]]
+name = "l0"
+[[switches]]
+name = "l1"
+[[links]]
+name = "up"
+a = "l0"
+b = "l1"
+rate = "400Mbit"
+[[attach]]
+host = "h0"
+nic = "rail0"
+switch = "l0"
+[[attach]]
+host = "h1"
+nic = "rail0"
+switch = "l0"
+[[attach]]
+host = "h2"
+nic = "rail0"
+switch = "l1"
+[[attach]]
+host = "h3"
+nic = "rail0"
+switch = "l1"
+"#;
+
+    fn sample(src: &str, dst: &str, at: Instant, min_us: f64, p50_us: f64) -> PathSample {
+        PathSample {
+            src: src.into(),
+            src_nic: "rail0".into(),
+            dst: dst.into(),
+            dst_nic: "rail0".into(),
+            rail: 0,
+            arrived: at,
+            min_ns: min_us * 1e3,
+            p50_ns: p50_us * 1e3,
+            p99_ns: p50_us * 1.5e3,
+            correction: Correction::Network,
+        }
+    }
+
+    const ALL: [(&str, &str); 12] = [
+        ("h0", "h1"),
+        ("h1", "h0"),
+        ("h2", "h3"),
+        ("h3", "h2"),
+        ("h0", "h2"),
+        ("h0", "h3"),
+        ("h1", "h2"),
+        ("h1", "h3"),
+        ("h2", "h0"),
+        ("h3", "h0"),
+        ("h2", "h1"),
+        ("h3", "h1"),
+    ];
+
+    /// `secs` seconds of every path; paths from l0 to l1 queue
+    /// `queue_us` from second `from` on.
+    fn feed(d: &mut Detector, t0: Instant, secs: u64, from: u64, queue_us: f64) -> Instant {
+        let mut at = t0;
+        for i in 0..secs {
+            at = t0 + Duration::from_secs(i + 1);
+            let batch: Vec<PathSample> = ALL
+                .iter()
+                .map(|(s, dd)| {
+                    let cross = matches!(*s, "h0" | "h1") && matches!(*dd, "h2" | "h3");
+                    let q = if cross && i >= from { queue_us } else { 0.0 };
+                    sample(s, dd, at, 20.0 + q * 0.8, 30.0 + q)
+                })
+                .collect();
+            d.ingest(&batch, at);
+        }
+        at
+    }
+
+    #[test]
+    fn an_uplink_queue_is_named_and_only_in_its_direction() {
+        let topo = Topology::parse(TOPO).unwrap();
+        let mut d = Detector::new(ContentionConfig::default());
+        let t0 = Instant::now();
+        let now = feed(&mut d, t0, 20, 10, 5_000.0);
+        let (scores, named) = d.localise(&topo, now);
+        assert_eq!(named.len(), 1, "{named:?}");
+        assert_eq!(
+            named[0].link,
+            DirLink {
+                link: "up".into(),
+                from: "l0".into(),
+                to: "l1".into()
+            }
+        );
+        assert_eq!(named[0].contended.len(), 4);
+        assert!(named[0].queueing_p99_us > 5_000.0);
+        let back = scores
+            .iter()
+            .find(|s| s.link.link == "up" && s.link.from == "l1")
+            .unwrap();
+        assert_eq!(back.contended, 0);
+        // The senders' cables see half their paths contended: not named.
+        let cable = scores.iter().find(|s| s.link.link == "h0:rail0").unwrap();
+        assert!(!cable.bottleneck && cable.score > 0.0 && cable.score < 1.0);
+        let (senders, receivers) = sides(&topo, &named[0].link);
+        assert_eq!(
+            senders.iter().map(|h| h.host.as_str()).collect::<Vec<_>>(),
+            ["h0", "h1"]
+        );
+        assert_eq!(receivers.len(), 2);
+    }
+
+    #[test]
+    fn quiet_paths_and_single_spikes_name_nothing() {
+        let topo = Topology::parse(TOPO).unwrap();
+        let mut d = Detector::new(ContentionConfig::default());
+        let t0 = Instant::now();
+        // Noise below the threshold.
+        let now = feed(&mut d, t0, 30, 0, 400.0);
+        let (_, named) = d.localise(&topo, now);
+        assert!(named.is_empty(), "{named:?}");
+        // One path alone queueing: below min_paths.
+        let at = now + Duration::from_secs(1);
+        d.ingest(&[sample("h0", "h2", at, 20.0, 9_000.0)], at);
+        let (_, named) = d.localise(&topo, at);
+        assert!(named.is_empty(), "{named:?}");
+    }
+
+    #[test]
+    fn hysteresis_and_a_standing_queue_do_not_move_the_baseline() {
+        let mut d = Detector::new(ContentionConfig::default());
+        let t0 = Instant::now();
+        // 5 calm seconds, then 150 s of a standing queue (longer than the
+        // baseline window): still contended.
+        let now = feed(&mut d, t0, 155, 5, 3_000.0);
+        let p = d.paths(now);
+        assert_eq!(p.iter().filter(|p| p.contended).count(), 4);
+        assert!((p[0].baseline_us - 20.0).abs() < 1e-6, "{:?}", p[0]);
+        // Two calm seconds: still contended (exit needs three).
+        let mut at = now;
+        for _ in 0..2 {
+            at += Duration::from_secs(1);
+            d.ingest(&[sample("h0", "h2", at, 20.0, 30.0)], at);
+        }
+        assert!(d
+            .paths(at)
+            .iter()
+            .any(|p| p.path.src == "h0" && p.path.dst == "h2" && p.contended));
+        at += Duration::from_secs(1);
+        d.ingest(&[sample("h0", "h2", at, 20.0, 30.0)], at);
+        assert!(!d
+            .paths(at)
+            .iter()
+            .any(|p| p.path.src == "h0" && p.path.dst == "h2" && p.contended));
+    }
+
+    #[test]
+    fn a_new_correction_restarts_the_baseline() {
+        let mut d = Detector::new(ContentionConfig::default());
+        let t0 = Instant::now();
+        let mut s = sample("h0", "h2", t0, 20.0, 30.0);
+        s.correction = Correction::Raw;
+        // Raw delays carry the clock offset: 1 s.
+        s.min_ns += 1e9;
+        s.p50_ns += 1e9;
+        d.ingest(&[s], t0);
+        let at = t0 + Duration::from_secs(1);
+        d.ingest(&[sample("h0", "h2", at, 20.0, 30.0)], at);
+        let p = &d.paths(at)[0];
+        assert!(!p.contended && p.queueing_p50_us < 20.0, "{p:?}");
+    }
+
+    #[test]
+    fn a_host_cable_is_named_when_its_own_paths_queue() {
+        let topo = Topology::parse(TOPO).unwrap();
+        let mut d = Detector::new(ContentionConfig::default());
+        let t0 = Instant::now();
+        let mut at = t0;
+        for i in 0..10u64 {
+            at = t0 + Duration::from_secs(i + 1);
+            let batch: Vec<PathSample> = ALL
+                .iter()
+                .map(|(s, dd)| {
+                    let q = if *s == "h0" && i >= 5 { 4_000.0 } else { 0.0 };
+                    sample(s, dd, at, 20.0, 30.0 + q)
+                })
+                .collect();
+            d.ingest(&batch, at);
+        }
+        let (_, named) = d.localise(&topo, at);
+        assert_eq!(named.len(), 1, "{named:?}");
+        assert_eq!(named[0].link.link, "h0:rail0");
+        assert_eq!(named[0].contended.len(), 3);
+    }
+}
