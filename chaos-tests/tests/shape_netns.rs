@@ -1,8 +1,12 @@
 //! HTB shaping through raw rtnetlink (`nodeagent::shape`) on a real veth
 //! NIC inside the testbed (needs root; fails instead of skipping when `CI`
 //! is set): the kernel holds exactly the rates we asked for (64-bit rates
-//! included), apply is idempotent, a new set replaces the old, clear leaves
-//! nothing, and a shape really limits a TCP flow.
+//! included) and the filters in the order given (several per class), apply
+//! is idempotent, a new set replaces the old, clear leaves nothing, a shape
+//! really limits a TCP flow, a source-port match takes the traffic of the
+//! side that listened (first listed, first matched), and the agent's
+//! `ShapeNic`/`ClearShape` orders (`nodeagent::shaping`) apply, verify by
+//! dump, count bytes and clear.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -13,6 +17,8 @@ use futures::TryStreamExt;
 use nodeagent::shape::{
     self, FlowMatch, Installed, L4Port, Shape, ShapeError, DEFAULT_MINOR, FILTER_PRIO, ROOT_MINOR,
 };
+use nodeagent::shaping::{ShapeOrder, Shaper};
+use proto::v1::{ClearShape, PaceJob, ShapeClass, ShapeNic};
 
 async fn two_hosts() -> Testbed {
     Testbed::build(TestbedSpec {
@@ -42,10 +48,11 @@ fn shape(minor: u16, rate: u64, ceil: u64, dst: Ipv4Addr, port: Option<L4Port>) 
         class_minor: minor,
         rate_bps: rate,
         ceil_bps: ceil,
-        match_: FlowMatch {
+        matches: vec![FlowMatch {
             dst,
             dst_port: port,
-        },
+            src_port: None,
+        }],
     }
 }
 
@@ -91,9 +98,11 @@ fn check(i: &Installed, shapes: &[Shape], default_bps: u64) {
     assert_eq!(q.default_minor, DEFAULT_MINOR);
     let (classes, filters) = summary(i);
     assert_eq!(classes, expected(shapes, default_bps), "{i:#?}");
+    // One filter per match, classes in order, each class's matches in
+    // order (the u32 nodes are listed by handle = evaluation order).
     let want: Vec<_> = shapes
         .iter()
-        .map(|s| (Some(s.class_minor), Some(s.match_)))
+        .flat_map(|s| s.matches.iter().map(|m| (Some(s.class_minor), Some(*m))))
         .collect();
     assert_eq!(filters, want, "{i:#?}");
     for f in &i.filters {
@@ -121,8 +130,15 @@ async fn htb_shapes_round_trip_through_the_kernel() {
     assert!(!shape::clear(&h, ifindex).await.unwrap());
 
     let default_bps = 1_000_000_000;
+    // 1:10 takes a TCP connection whichever side listened on 5201.
+    let mut job = shape(0x10, 400_000_000, 800_000_000, h1, Some(L4Port::Tcp(5201)));
+    job.matches.push(FlowMatch {
+        dst: h1,
+        dst_port: None,
+        src_port: Some(L4Port::Tcp(5201)),
+    });
     let first = [
-        shape(0x10, 400_000_000, 800_000_000, h1, Some(L4Port::Tcp(5201))),
+        job,
         // 40 Gbit/s = 5e9 bytes/s > u32::MAX: the 64-bit attributes.
         shape(
             0x20,
@@ -144,6 +160,7 @@ async fn htb_shapes_round_trip_through_the_kernel() {
         .unwrap();
     let a = shape::list(&h, ifindex).await.unwrap();
     check(&a, &first, default_bps);
+    assert_eq!(a.filters.len(), 4);
     assert_eq!(a.class(0x20).unwrap().rate_bps, 40_000_000_000);
     assert_eq!(a.class(0x20).unwrap().ceil_bps, 80_000_000_000);
 
@@ -169,13 +186,26 @@ async fn htb_shapes_round_trip_through_the_kernel() {
         .await
         .unwrap_err();
     assert!(matches!(e, ShapeError::RateOutOfRange { .. }), "{e}");
+    let mut mixed = shape(0x40, 8_000, 8_000, h1, Some(L4Port::Tcp(1)));
+    mixed.matches[0].src_port = Some(L4Port::Udp(2));
+    let e = shape::apply(&h, ifindex, &[mixed], default_bps)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ShapeError::MixedProtocols { .. }), "{e}");
+    let mut none = shape(0x40, 8_000, 8_000, h1, None);
+    none.matches.clear();
+    let e = shape::apply(&h, ifindex, &[none], default_bps)
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ShapeError::NoMatches { .. }), "{e}");
     assert_eq!(
         summary(&shape::list(&h, ifindex).await.unwrap()),
         summary(&b)
     );
 
-    // A different set replaces the old one: 0x10 changes rate and match,
-    // 0x20 and 0x30 go, 0x50 arrives; the default rate moves.
+    // A different set replaces the old one: 0x10 changes rate and match
+    // (and loses its second match), 0x20 and 0x30 go, 0x50 arrives; the
+    // default rate moves.
     let second = [
         shape(
             0x50,
@@ -337,5 +367,307 @@ async fn a_shape_limits_a_tcp_flow() {
     assert!(i.class(DEFAULT_MINOR).unwrap().sent_bytes >= free);
 
     assert!(shape::clear(&h, ifindex).await.unwrap());
+    assert!(shape::list(&h, ifindex).await.unwrap().is_empty());
+}
+
+/// h0 listens on `port` (rail0), h1 connects and reads; h0 sends `bytes`.
+/// Returns what h1 received. h0's data leaves with source port `port`.
+fn send_from_listener(tb: &Testbed, port: u16, bytes: usize) -> usize {
+    let addr = SocketAddr::from((rail_addr(0, 0), port));
+    let listener = tb
+        .ns(Node::Host(0))
+        .run(move || TcpListener::bind(addr))
+        .expect("enter h0")
+        .expect("bind in h0");
+    let mut client = tb
+        .ns(Node::Host(1))
+        .run(move || TcpStream::connect_timeout(&addr, Duration::from_secs(5)))
+        .expect("enter h1")
+        .expect("connect from h1");
+    client
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let reader = std::thread::spawn(move || -> usize {
+        let mut buf = vec![0u8; 1 << 16];
+        let mut got = 0;
+        loop {
+            match client.read(&mut buf) {
+                Ok(0) | Err(_) => return got,
+                Ok(n) => got += n,
+            }
+        }
+    });
+    let (mut s, _) = listener.accept().expect("accept in h0");
+    s.write_all(&vec![0xa5u8; bytes]).expect("send from h0");
+    drop(s);
+    reader.join().expect("reader thread")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_port_match_takes_the_listeners_traffic_first_match_wins() {
+    if !require_root("shape_netns::src_port").unwrap() {
+        return;
+    }
+    let tb = two_hosts().await;
+    let (h, ifindex) = rail0(&tb).await;
+    let h1 = rail_addr(1, 0);
+    let port = 5401;
+    let job = Shape {
+        class_minor: 0x40,
+        rate_bps: 1_000_000_000,
+        ceil_bps: 1_000_000_000,
+        matches: vec![
+            FlowMatch {
+                dst: h1,
+                dst_port: Some(L4Port::Tcp(port)),
+                src_port: None,
+            },
+            FlowMatch {
+                dst: h1,
+                dst_port: None,
+                src_port: Some(L4Port::Tcp(port)),
+            },
+        ],
+    };
+    let catch_all = Shape {
+        class_minor: 0x50,
+        rate_bps: 1_000_000_000,
+        ceil_bps: 1_000_000_000,
+        matches: vec![FlowMatch::to_addr(h1)],
+    };
+    let bytes = 4 << 20;
+    let tb_ref = &tb;
+
+    // The job's class first: the listener's data (source port 5401) is
+    // the job's, not the catch-all's.
+    let set = [job.clone(), catch_all.clone()];
+    shape::apply(&h, ifindex, &set, 10_000_000_000)
+        .await
+        .unwrap();
+    check(
+        &shape::list(&h, ifindex).await.unwrap(),
+        &set,
+        10_000_000_000,
+    );
+    let s0 = shape::class_stats(&h, ifindex).await.unwrap();
+    let got = tokio::task::block_in_place(|| send_from_listener(tb_ref, port, bytes));
+    assert_eq!(got, bytes);
+    let s1 = shape::class_stats(&h, ifindex).await.unwrap();
+    let delta = |m: u16,
+                 a: &std::collections::BTreeMap<u16, shape::ClassStats>,
+                 b: &std::collections::BTreeMap<u16, shape::ClassStats>| {
+        b[&m].bytes - a.get(&m).map_or(0, |s| s.bytes)
+    };
+    eprintln!("job first: {s1:?}");
+    assert!(
+        delta(0x40, &s0, &s1) >= bytes as u64,
+        "job class 1:40 sent {} < {bytes}",
+        delta(0x40, &s0, &s1)
+    );
+    assert!(s1[&0x40].packets > 0);
+    assert!(
+        delta(0x50, &s0, &s1) < bytes as u64 / 10,
+        "catch-all 1:50 took {} bytes",
+        delta(0x50, &s0, &s1)
+    );
+    assert!(delta(DEFAULT_MINOR, &s0, &s1) < bytes as u64 / 10);
+
+    // The catch-all first: it now takes the same traffic.
+    let set = [catch_all, job];
+    shape::apply(&h, ifindex, &set, 10_000_000_000)
+        .await
+        .unwrap();
+    check(
+        &shape::list(&h, ifindex).await.unwrap(),
+        &set,
+        10_000_000_000,
+    );
+    let got = tokio::task::block_in_place(|| send_from_listener(tb_ref, port, bytes));
+    assert_eq!(got, bytes);
+    let s2 = shape::class_stats(&h, ifindex).await.unwrap();
+    eprintln!("catch-all first: {s2:?}");
+    assert!(delta(0x50, &s1, &s2) >= bytes as u64, "{s1:?} → {s2:?}");
+    assert!(delta(0x40, &s1, &s2) < bytes as u64 / 10, "{s1:?} → {s2:?}");
+
+    assert!(shape::clear(&h, ifindex).await.unwrap());
+    assert!(shape::class_stats(&h, ifindex).await.unwrap().is_empty());
+}
+
+fn wire_flow(dst: Ipv4Addr, protocol: u32, dst_port: u32, src_port: u32) -> proto::v1::FlowMatch {
+    proto::v1::FlowMatch {
+        dst: dst.to_string(),
+        protocol,
+        dst_port,
+        src_port,
+    }
+}
+
+fn order(nic: &str, classes: Vec<ShapeClass>, pace: Vec<PaceJob>) -> ShapeOrder {
+    ShapeOrder::Shape(ShapeNic {
+        nic: nic.into(),
+        classes,
+        default_rate_bps: 1_000_000_000,
+        pace,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shape_orders_apply_verify_count_and_clear() {
+    if !require_root("shape_netns::orders").unwrap() {
+        return;
+    }
+    let tb = two_hosts().await;
+    let (h, ifindex) = rail0(&tb).await;
+    let h1 = rail_addr(1, 0);
+    let nics = vec![nodeagent::agent::NicConfig {
+        name: "rail0".into(),
+        rail: Some(0),
+        backup: None,
+        rdma_device: None,
+        addr: Some(rail_addr(0, 0)),
+    }];
+    let control = nodeagent::control::Control::new(nics.clone());
+    let shaper = Shaper::new(h.clone(), nics, control);
+    // Nothing found on a fresh NIC.
+    shaper.adopt_existing().await;
+    assert!(shaper.shaped_nics().is_empty());
+
+    let class = |minor: u32, label: &str, flows| ShapeClass {
+        minor,
+        rate_bps: 120_000_000,
+        ceil_bps: 120_000_000,
+        flows,
+        label: label.into(),
+    };
+    let classes = vec![
+        class(
+            0x10,
+            "job a",
+            vec![wire_flow(h1, 6, 5501, 0), wire_flow(h1, 6, 0, 5501)],
+        ),
+        class(
+            0x20,
+            "job b",
+            vec![wire_flow(h1, 6, 5502, 0), wire_flow(h1, 6, 0, 5502)],
+        ),
+        class(0x30, "other", vec![wire_flow(h1, 0, 0, 0)]),
+    ];
+    let shape_order = order(
+        "rail0",
+        classes.clone(),
+        vec![PaceJob {
+            job: "a".into(),
+            rate_bps: 50_000_000,
+        }],
+    );
+    let (ok, detail) = shaper.execute(&shape_order).await;
+    eprintln!("{detail}");
+    assert!(ok, "{detail}");
+    assert_eq!(
+        detail,
+        "rail0: 3 classes (job a 120 Mbit/s, job b 120 Mbit/s, other 120 Mbit/s), 5 filters, \
+         verified by dump; job a has no ranks on this host"
+    );
+    let installed = shape::list(&h, ifindex).await.unwrap();
+    assert_eq!(installed.filters.len(), 5);
+    assert_eq!(
+        installed
+            .classes
+            .iter()
+            .map(|c| (c.minor, c.rate_bps))
+            .collect::<Vec<_>>(),
+        [
+            (ROOT_MINOR, 1_000_000_000),
+            (0x10, 120_000_000),
+            (0x20, 120_000_000),
+            (0x30, 120_000_000),
+            (DEFAULT_MINOR, 1_000_000_000)
+        ]
+    );
+    assert_eq!(shaper.shaped_nics(), ["rail0"]);
+
+    // The summary counts the bytes of job a's class (h0 listened on 5501).
+    let before = shaper.summary().await;
+    assert_eq!(before.len(), 1);
+    assert_eq!(
+        (before[0].nic.as_str(), before[0].limit_bps),
+        ("rail0", 360_000_000)
+    );
+    let bytes = 1 << 20;
+    let tb_ref = &tb;
+    let got = tokio::task::block_in_place(|| send_from_listener(tb_ref, 5501, bytes));
+    assert_eq!(got, bytes);
+    let after = shaper.summary().await;
+    assert!(
+        after[0].shaped_bytes >= before[0].shaped_bytes + bytes as u64,
+        "{before:?} → {after:?}"
+    );
+
+    // Bad orders fail and change nothing.
+    let unknown = order("rail9", classes.clone(), vec![]);
+    let (ok, detail) = shaper.execute(&unknown).await;
+    assert!(!ok);
+    assert!(
+        detail.contains("NIC \"rail9\" is not a data NIC of this host (it has rail0)"),
+        "{detail}"
+    );
+    let mut bad_classes = classes.clone();
+    bad_classes[2].flows[0].dst = "10.0.0.300".into();
+    let (ok, detail) = shaper.execute(&order("rail0", bad_classes, vec![])).await;
+    assert!(!ok);
+    assert!(detail.contains("not an IPv4 address"), "{detail}");
+    let mut slow = classes.clone();
+    slow[0].rate_bps = 1;
+    let (ok, detail) = shaper.execute(&order("rail0", slow, vec![])).await;
+    assert!(!ok);
+    assert!(detail.contains("class 1:10 rate 1 bit/s"), "{detail}");
+    assert_eq!(
+        summary(&shape::list(&h, ifindex).await.unwrap()),
+        summary(&installed)
+    );
+
+    // The same order again: same state, verified again.
+    let (ok, _) = shaper.execute(&shape_order).await;
+    assert!(ok);
+    assert_eq!(
+        summary(&shape::list(&h, ifindex).await.unwrap()),
+        summary(&installed)
+    );
+
+    // Clear: nothing left; clearing again has nothing to do.
+    let clear = ShapeOrder::Clear(ClearShape {
+        nic: "rail0".into(),
+    });
+    let (ok, detail) = shaper.execute(&clear).await;
+    assert!(ok, "{detail}");
+    assert_eq!(detail, "rail0: shaping cleared");
+    assert!(shape::list(&h, ifindex).await.unwrap().is_empty());
+    assert!(shaper.shaped_nics().is_empty());
+    assert!(shaper.summary().await.is_empty());
+    let (ok, detail) = shaper.execute(&clear).await;
+    assert!(ok);
+    assert_eq!(detail, "rail0: nothing to clear");
+
+    // A shape found at start is adopted (and counted), not removed.
+    let (ok, _) = shaper.execute(&shape_order).await;
+    assert!(ok);
+    let control = nodeagent::control::Control::new(vec![]);
+    let restarted = Shaper::new(
+        h.clone(),
+        vec![nodeagent::agent::NicConfig {
+            name: "rail0".into(),
+            rail: Some(0),
+            backup: None,
+            rdma_device: None,
+            addr: None,
+        }],
+        control,
+    );
+    restarted.adopt_existing().await;
+    assert_eq!(restarted.shaped_nics(), ["rail0"]);
+    assert_eq!(restarted.summary().await[0].limit_bps, 360_000_000);
+    assert_eq!(shape::list(&h, ifindex).await.unwrap().filters.len(), 5);
+    let (ok, detail) = restarted.execute(&clear).await;
+    assert!(ok && detail == "rail0: shaping cleared", "{detail}");
     assert!(shape::list(&h, ifindex).await.unwrap().is_empty());
 }

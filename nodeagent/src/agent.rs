@@ -21,6 +21,13 @@
 //! ([`crate::journal`], `executed.jsonl` in the data directory): the audit
 //! trail the chaos suite's duplicate-action checker reads.
 //!
+//! **Shaping.** `ShapeNic` and `ClearShape` take the same at-most-once
+//! path and run in [`crate::shaping::Shaper`] (HTB on the NIC in the
+//! agent's network namespace, verified by a dump; pacing through the job
+//! contract). Shapes outlive the agent: at start the shaping found on its
+//! NICs is logged and kept; at exit it is left for the supervisor. Each
+//! probe summary carries the shaped NICs' counters.
+//!
 //! **Ranks.** Job orders (`StartRank`, `StopJob`, `CheckpointJob`) take the
 //! same at-most-once path and run in the job runner ([`crate::jobs`]); rank
 //! exits and checkpoints reach the outbox from it. A `TailLog` query (its id
@@ -45,6 +52,7 @@ use crate::damper::DampingConfig;
 use crate::jobs::{JobOrder, JobsConfig, JobsError, Launcher};
 use crate::link::{LinkTracker, LinkTransition, NicHealth, PortEvent};
 use crate::outbox::{NicReport, OrderLog, Outbox, OutboxError, Report, StoredOrder};
+use crate::shaping::{ShapeOrder, Shaper};
 
 /// Heartbeat period (DESIGN.md default).
 pub const HEARTBEAT: Duration = Duration::from_millis(250);
@@ -105,6 +113,8 @@ pub enum AgentError {
     Jobs(#[from] JobsError),
     #[error(transparent)]
     Journal(#[from] crate::journal::JournalError),
+    #[error("cannot open a netlink socket for shaping: {0}")]
+    Netlink(std::io::Error),
 }
 
 fn health_to_wire(h: NicHealth) -> i32 {
@@ -240,6 +250,12 @@ pub async fn run(
         Some(launcher.clone() as Arc<dyn crate::control::RankEvents>),
     );
     let server = tokio::spawn(control.clone().serve(listener));
+    // Shaping: a netlink socket in this (the host's) namespace; shapes an
+    // earlier run left are logged and kept.
+    let (nl_conn, nl_handle, _) = rtnetlink::new_connection().map_err(AgentError::Netlink)?;
+    let netlink = tokio::spawn(nl_conn);
+    let shaper = Arc::new(Shaper::new(nl_handle, cfg.nics.clone(), control.clone()));
+    shaper.adopt_existing().await;
     let placements = tokio::spawn(placement_loop(
         control.clone(),
         outbox.clone(),
@@ -250,6 +266,7 @@ pub async fn run(
         hint.clone(),
         control.clone(),
         launcher.clone(),
+        shaper.clone(),
         order_log,
         journal,
     ));
@@ -271,7 +288,7 @@ pub async fn run(
         }));
     }
     let tracker = tokio::spawn(link_tracker.run(tx));
-    let probes = start_probes(&cfg, &hint, evidence_tx)?;
+    let probes = start_probes(&cfg, &hint, evidence_tx, shaper.clone())?;
 
     // Transitions → outbox.
     let ob = outbox.clone();
@@ -330,6 +347,8 @@ pub async fn run(
     reporter.abort();
     heartbeats.abort();
     server.abort();
+    // Shapes stay (the supervisor owns them); only the socket goes.
+    netlink.abort();
     if let Some(t) = rdma_forward {
         t.abort();
     }
@@ -348,6 +367,7 @@ fn start_probes(
     cfg: &Arc<AgentConfig>,
     hint: &Arc<LeaderHint>,
     evidence: mpsc::Sender<PortEvent>,
+    shaper: Arc<Shaper>,
 ) -> Result<Option<ProbeTasks>, AgentError> {
     let Some(opts) = cfg.probe.clone() else {
         tracing::info!("probe mesh off");
@@ -383,7 +403,7 @@ fn start_probes(
         .map_err(|e| AgentError::Probe(e.to_string()))?;
     let runner = Arc::new(runner);
     let plan = tokio::spawn(plan_loop(cfg.clone(), hint.clone(), runner, port));
-    let summary = tokio::spawn(summary_loop(cfg.clone(), hint.clone(), sum_rx));
+    let summary = tokio::spawn(summary_loop(cfg.clone(), hint.clone(), sum_rx, shaper));
     Ok(Some((plan, summary)))
 }
 
@@ -416,18 +436,21 @@ async fn plan_loop(
     }
 }
 
-/// Sends each summary to the leader; a summary that cannot be delivered
-/// within a second is dropped (the next one supersedes it).
+/// Sends each summary, with the shaped NICs' counters (one class dump per
+/// shaped NIC), to the leader; a summary that cannot be delivered within a
+/// second is dropped (the next one supersedes it).
 async fn summary_loop(
     cfg: Arc<AgentConfig>,
     hint: Arc<LeaderHint>,
     mut rx: mpsc::Receiver<crate::probe::Summary>,
+    shaper: Arc<Shaper>,
 ) {
     let mut rotate = 0usize;
     while let Some(s) = rx.recv().await {
+        let mut msg = s.to_wire(&cfg.host);
+        msg.shaped = shaper.summary().await;
         let addr = hint.target(&cfg.supervisors, &mut rotate);
         let Ok(mut c) = client(&addr) else { continue };
-        let msg = s.to_wire(&cfg.host);
         match tokio::time::timeout(Duration::from_secs(1), c.send_probe_summary(msg)).await {
             Ok(Ok(_)) => {}
             Ok(Err(st)) => {
@@ -471,6 +494,7 @@ async fn placement_loop(
 enum Work {
     Nic(SupervisorOrder),
     Job(JobOrder),
+    Shape(ShapeOrder),
 }
 
 impl Work {
@@ -478,6 +502,7 @@ impl Work {
         match self {
             Work::Nic(o) => o.describe(),
             Work::Job(o) => o.describe(),
+            Work::Shape(o) => o.describe(),
         }
     }
 }
@@ -507,6 +532,8 @@ fn work(o: &AgentOrder) -> Option<Work> {
             incarnation: c.incarnation,
             halt: c.halt,
         }),
+        agent_order::Kind::ShapeNic(s) => Work::Shape(ShapeOrder::Shape(s.clone())),
+        agent_order::Kind::ClearShape(c) => Work::Shape(ShapeOrder::Clear(c.clone())),
         agent_order::Kind::TailLog(_) => return None,
     })
 }
@@ -518,6 +545,7 @@ struct OrderCtx {
     hint: Arc<LeaderHint>,
     control: Arc<Control>,
     launcher: Arc<Launcher>,
+    shaper: Arc<Shaper>,
     log: OrderLog,
     /// Every execution (not repeat) is appended here first.
     journal: Arc<crate::journal::Journal>,
@@ -531,6 +559,7 @@ async fn orders_loop(
     hint: Arc<LeaderHint>,
     control: Arc<Control>,
     launcher: Arc<Launcher>,
+    shaper: Arc<Shaper>,
     log: OrderLog,
     journal: Arc<crate::journal::Journal>,
 ) {
@@ -539,6 +568,7 @@ async fn orders_loop(
         hint: hint.clone(),
         control,
         launcher,
+        shaper,
         log,
         journal,
         inflight: Default::default(),
@@ -684,6 +714,7 @@ fn handle_order(ctx: &OrderCtx, o: AgentOrder) {
         let (ok, detail) = match &order {
             Work::Nic(o) => ctx.control.execute(o).await,
             Work::Job(o) => ctx.launcher.execute(&ctx.control, o).await,
+            Work::Shape(o) => ctx.shaper.execute(o).await,
         };
         tracing::info!(order_id = id, order = %desc, ok, detail = %detail, "order executed");
         let stored = StoredOrder {

@@ -18,6 +18,8 @@
 //! (after `conn_moved` for each connection). An order unanswered for
 //! [`JOB_ORDER_TIMEOUT`] fails; an order whose job reconnects meanwhile is
 //! pushed again to the new socket (the client delivers each id once).
+//! [`Control::pace_job`] sends a `pace` order per connection of a job (for
+//! the shaping orders, [`crate::shaping`]) the same way.
 //!
 //! **Reflex.** When the link tracker sees a NIC go down, every connection
 //! still on it (and not already under an order) is ordered to the NIC's
@@ -184,6 +186,19 @@ pub struct RankAnswer {
     pub rank: u32,
     pub ok: bool,
     pub detail: String,
+}
+
+/// What [`Control::pace_job`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PaceOutcome {
+    /// Ranks of the job connected to the control socket.
+    pub ranks: usize,
+    /// The job's connections on this host.
+    pub conns: usize,
+    /// Connections whose rank confirmed the pace order.
+    pub paced: usize,
+    /// Why the others were not paced, one line each.
+    pub failed: Vec<String>,
 }
 
 /// An order from the supervisor, as the agent executes it.
@@ -786,6 +801,86 @@ impl Control {
             failed.is_empty(),
             contract::truncate(&detail, MAX_DETAIL).to_owned(),
         )
+    }
+
+    /// Paces every connection of `job` on this host (whatever NIC it is
+    /// on) at `bytes_per_s` (`None`: unpaced): one job-contract `pace`
+    /// order per connection, sent to the socket that registered it, all
+    /// awaited together for at most [`JOB_ORDER_TIMEOUT`]. Bounded by the
+    /// inventory ([`MAX_CONNS`]). Like [`Control::execute`], waits until
+    /// jobs had [`RESYNC_GRACE`] to re-register after the agent started.
+    pub async fn pace_job(&self, job: &str, bytes_per_s: Option<u64>) -> PaceOutcome {
+        tokio::time::sleep_until((self.started + RESYNC_GRACE).into()).await;
+        let mut out = PaceOutcome::default();
+        let mut waits = Vec::new();
+        {
+            let mut inv = self.lock();
+            out.ranks = inv
+                .sessions
+                .values()
+                .filter(|s| s.hello.job == job)
+                .map(|s| s.hello.rank)
+                .collect::<BTreeSet<u32>>()
+                .len();
+            let keys: Vec<(ConnKey, Option<u64>)> = inv
+                .conns
+                .iter()
+                .filter(|(k, _)| k.job == job)
+                .map(|(k, r)| (k.clone(), r.session))
+                .collect();
+            out.conns = keys.len();
+            for (key, session) in keys {
+                let Some(tx) = session
+                    .and_then(|s| inv.sessions.get(&s))
+                    .map(|s| s.tx.clone())
+                else {
+                    out.failed
+                        .push(format!("{key}: its rank is not connected to the agent"));
+                    continue;
+                };
+                let order_id = self.next_order.fetch_add(1, Ordering::Relaxed);
+                let order = Order {
+                    order_id,
+                    kind: OrderKind::Pace {
+                        conn_id: key.conn_id,
+                        bytes_per_s,
+                    },
+                };
+                if tx.try_send(AgentMessage::Order(order.clone())).is_err() {
+                    out.failed
+                        .push(format!("{key}: its socket is backed up or closed"));
+                    continue;
+                }
+                let (reply, rx) = oneshot::channel();
+                inv.pending.insert(
+                    order_id,
+                    Pending {
+                        job: job.to_owned(),
+                        rank: key.rank,
+                        order,
+                        conns: Vec::new(),
+                        reply: Some(reply),
+                        delivered: true,
+                    },
+                );
+                waits.push((key, order_id, rx));
+            }
+        }
+        tracing::info!(job = %job, bytes_per_s = ?bytes_per_s, conns = out.conns, sent = waits.len(), "pace orders sent to the job");
+        let deadline = tokio::time::Instant::now() + JOB_ORDER_TIMEOUT;
+        for (key, order_id, rx) in waits {
+            match tokio::time::timeout_at(deadline, rx).await {
+                Ok(Ok((true, _))) => out.paced += 1,
+                Ok(Ok((false, d))) => out.failed.push(format!("{key}: {d}")),
+                Ok(Err(_)) => out.failed.push(format!("{key}: the order was dropped")),
+                Err(_) => out.failed.push(format!(
+                    "{key}: no answer within {} s",
+                    JOB_ORDER_TIMEOUT.as_secs()
+                )),
+            }
+            self.forget_order(order_id);
+        }
+        out
     }
 
     /// The ranks of `job` connected to the control socket now.

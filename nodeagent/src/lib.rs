@@ -14,6 +14,10 @@
 //! - [`agent`]: the runtime (tracker → outbox → report stream, heartbeats,
 //!   orders from the leader).
 //! - [`config`]: TOML + flags, NIC discovery.
+//! - [`shape`]: HTB classes and u32 filters through raw rtnetlink.
+//! - [`shaping`]: the supervisor's `ShapeNic`/`ClearShape` orders on this
+//!   host's NICs (apply, verify by dump, pace jobs) and the shaped NICs'
+//!   counters.
 //!
 //! - [`probe`]: the probe mesh (coded probe pairs with kernel timestamps,
 //!   per-pair clock estimation, one-way delays, probe evidence of dead NICs).
@@ -31,3 +35,4 @@ pub mod outbox;
 pub mod probe;
 pub mod rdma_events;
 pub mod shape;
+pub mod shaping;

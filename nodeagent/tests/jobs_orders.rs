@@ -1,7 +1,8 @@
 //! The agent's job orders end to end: a fake leader (the `Agent` gRPC
 //! service) streams `StartRank` and `TailLog` orders to a real agent, which
 //! launches real processes and answers through `OrderDone`, `LogTail` and
-//! its `Report` stream.
+//! its `Report` stream. Shaping orders take the same at-most-once path
+//! (the kernel side is in chaos-tests' `shape_netns`, which needs root).
 
 use std::pin::Pin;
 use std::time::Duration;
@@ -244,4 +245,112 @@ async fn the_agent_starts_ranks_reports_their_exits_and_answers_log_tails() {
         .map(|e| e.order_id)
         .collect();
     assert_eq!(ids, [1, 2, 3]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shaping_orders_take_the_order_path_and_refuse_unknown_nics() {
+    use proto::v1::{ClearShape, ShapeClass, ShapeNic};
+    let dir = tempfile::tempdir().unwrap();
+    let (orders, _) = broadcast::channel(16);
+    let (done_tx, mut done) = mpsc::unbounded_channel();
+    let (tails_tx, _tails) = mpsc::unbounded_channel();
+    let (events_tx, _events) = mpsc::unbounded_channel();
+    let fake = Fake {
+        orders: orders.clone(),
+        done: done_tx,
+        tails: tails_tx,
+        events: events_tx,
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(AgentServer::new(fake))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    let cfg = nodeagent::agent::AgentConfig {
+        host: "h0".into(),
+        supervisors: vec![addr.to_string()],
+        nics: vec![],
+        data_dir: dir.path().join("data"),
+        damping: Default::default(),
+        control_socket: dir.path().join("agent.sock"),
+        probe: None,
+        test_order_delay: Duration::ZERO,
+    };
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let agent = tokio::spawn(nodeagent::agent::run(cfg, async {
+        let _ = stop_rx.await;
+    }));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while orders.receiver_count() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no order stream");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let shape = AgentOrder {
+        order_id: 11,
+        kind: Some(agent_order::Kind::ShapeNic(ShapeNic {
+            nic: "rail0".into(),
+            classes: vec![ShapeClass {
+                minor: 0x10,
+                rate_bps: 120_000_000,
+                ceil_bps: 120_000_000,
+                flows: vec![proto::v1::FlowMatch {
+                    dst: "10.0.0.2".into(),
+                    protocol: 0,
+                    dst_port: 0,
+                    src_port: 0,
+                }],
+                label: "job a".into(),
+            }],
+            default_rate_bps: 1_000_000_000,
+            pace: vec![],
+        })),
+    };
+    orders.send(shape.clone()).unwrap();
+    let d = next(&mut done, "shape outcome").await;
+    assert_eq!((d.order_id, d.ok), (11, false), "{d:?}");
+    assert_eq!(
+        d.detail,
+        "NIC \"rail0\" is not a data NIC of this host (it has none); nothing changed"
+    );
+    // A repeat is answered from the order log.
+    orders.send(shape).unwrap();
+    let again = next(&mut done, "repeated shape outcome").await;
+    assert_eq!(
+        (again.order_id, again.ok, &again.detail),
+        (11, false, &d.detail)
+    );
+
+    orders
+        .send(AgentOrder {
+            order_id: 12,
+            kind: Some(agent_order::Kind::ClearShape(ClearShape {
+                nic: "rail0".into(),
+            })),
+        })
+        .unwrap();
+    let d = next(&mut done, "clear outcome").await;
+    assert_eq!((d.order_id, d.ok), (12, false), "{d:?}");
+    assert!(d.detail.contains("not a data NIC"), "{d:?}");
+
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(20), agent)
+        .await
+        .expect("agent stops")
+        .unwrap()
+        .unwrap();
+    let journal: Vec<(u64, String)> = nodeagent::journal::read_journal(&dir.path().join("data"))
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.order_id, e.order))
+        .collect();
+    assert_eq!(journal.len(), 2, "{journal:?}");
+    assert_eq!(journal[0].0, 11);
+    assert!(
+        journal[0].1.starts_with("shape rail0: 1 classes"),
+        "{journal:?}"
+    );
+    assert_eq!(journal[1], (12, "clear shaping on rail0".to_string()));
 }
