@@ -29,6 +29,7 @@ pub mod agentsim;
 pub mod bench;
 pub mod bulk;
 pub mod clock_sync;
+pub mod contention;
 pub mod cluster;
 pub mod demo;
 pub mod detect;

@@ -2098,10 +2098,10 @@ mod tests {
             ["job a", "other"],
             "job classes first, the rest last"
         );
-        // 400 Mbit/s × 0.9 in three fair shares (a, b, the rest); the
-        // rest's share is split between the two senders.
-        assert_eq!(h0.classes[0].rate_bps, 120_000_000);
-        assert_eq!(h0.classes[1].rate_bps, 60_000_000);
+        // 400 Mbit/s × 0.9: 20 % for the rest (split between the two
+        // senders), the jobs share what is left fairly.
+        assert_eq!(h0.classes[0].rate_bps, 144_000_000);
+        assert_eq!(h0.classes[1].rate_bps, 36_000_000);
         let total: u64 =
             w.st.shapes
                 .values()
@@ -2123,7 +2123,7 @@ mod tests {
             .flows
             .iter()
             .any(|f| f.dst == dst && f.src_port == a_port));
-        assert_eq!(h0.pace.get("a"), Some(&120_000_000));
+        assert_eq!(h0.pace.get("a"), Some(&144_000_000));
         let orders = |w: &World, clear: bool| {
             w.st.intents
                 .values()

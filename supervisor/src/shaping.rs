@@ -6,8 +6,11 @@
 //! without reading the file) and the link's rate. A playbook's
 //! `reshape_rate` step then computes a **plan** in apply: for every host
 //! NIC sending across the link, HTB classes with filters for each job's
-//! flows that cross it and one class for everything else crossing it,
-//! rates splitting the usable rate fairly between the jobs and the rest.
+//! flows that cross it and one class for everything else crossing it:
+//! the jobs split the usable rate fairly after [`OTHER_SHARE`] of it is
+//! set aside for the rest (split between the sending hosts), and every
+//! class's ceiling is its rate, so the sum never exceeds the usable rate
+//! and the link's queue stays empty.
 //! The plan is the **desired** shaping (`ClusterState::shapes`); the
 //! reconciler orders each agent to install it (`ShapeNic`) and records
 //! what each confirmed (`applied_shapes`). When the incident closes, its
@@ -30,6 +33,10 @@ use crate::topology::DirLink;
 /// Share of a link's rate the plan hands out when the step names none
 /// (the rest keeps the queue empty).
 pub const DEFAULT_HEADROOM: f64 = 0.9;
+/// Share of the usable rate left to traffic that is not a job's (bulk
+/// copies, anything unknown) when jobs cross the link; the jobs split the
+/// rest fairly. Without jobs crossing, the rest gets it all.
+pub const OTHER_SHARE: f64 = 0.2;
 /// An agent's refusals of one desired shape before the reconciler stops
 /// asking (the shape stays desired and shown; an admin can clear it).
 pub const MAX_SHAPE_FAILURES: u32 = 3;
@@ -169,8 +176,12 @@ pub fn plan(st: &ClusterState, inc: &Incident, step_rate: Option<u64>) -> Result
             }
         }
     }
-    let parties = job_hops.len() as u64 + 1;
-    let share = usable / parties;
+    let (job_share, other_share) = if job_hops.is_empty() {
+        (0, usable)
+    } else {
+        let other = (usable as f64 * OTHER_SHARE) as u64;
+        ((usable - other) / job_hops.len() as u64, other)
+    };
     let live_senders: Vec<&HostNic> = info
         .senders
         .iter()
@@ -194,7 +205,7 @@ pub fn plan(st: &ClusterState, inc: &Incident, step_rate: Option<u64>) -> Result
             info.link
         ));
     }
-    let other_rate = (share / live_senders.len() as u64).max(MIN_CLASS_BPS);
+    let other_rate = (other_share / live_senders.len() as u64).max(MIN_CLASS_BPS);
     let mut out = Plan::new();
     for hn in &live_senders {
         let mut classes = Vec::new();
@@ -205,7 +216,7 @@ pub fn plan(st: &ClusterState, inc: &Incident, step_rate: Option<u64>) -> Result
             if mine.is_empty() {
                 continue;
             }
-            let rate = (share / hops.len() as u64).max(MIN_CLASS_BPS);
+            let rate = (job_share / hops.len() as u64).max(MIN_CLASS_BPS);
             let mut flows = Vec::new();
             for (_, d, port) in &mine {
                 let Some(dst) = nic_addr(st, d) else {

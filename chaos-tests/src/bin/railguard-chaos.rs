@@ -36,6 +36,46 @@ enum Cmd {
     Bench(Bench),
 }
 
+#[derive(clap::Args, Debug, Clone)]
+struct ContentionArgs {
+    /// Hosts on each leaf (3..=8): jobs on the first two of each, the
+    /// bulk flow from the third of leaf 0 to the third of leaf 1.
+    #[arg(long, default_value_t = 3)]
+    hosts_per_leaf: usize,
+    /// Rate of each direction of the uplink between the leaves (Mbit/s).
+    #[arg(long, default_value_t = 400)]
+    uplink_mbit: u64,
+    /// Steps of each ringtrain job.
+    #[arg(long, default_value_t = 150)]
+    steps: u64,
+    /// ringtrain's hidden width (default 1024: 4.5 MB of gradients per step).
+    #[arg(long)]
+    hidden: Option<u32>,
+    /// Longest one phase may take (s).
+    #[arg(long, default_value_t = 600)]
+    deadline_secs: u64,
+}
+
+impl ContentionArgs {
+    fn opts(&self, quiet_secs: u64) -> anyhow::Result<chaos_tests::contention::ContentionOpts> {
+        if !(10..=3_600).contains(&self.deadline_secs) {
+            anyhow::bail!("--deadline-secs takes 10..=3600");
+        }
+        if quiet_secs > 3_600 {
+            anyhow::bail!("--quiet-secs takes 0..=3600");
+        }
+        Ok(chaos_tests::contention::ContentionOpts {
+            hosts_per_leaf: self.hosts_per_leaf,
+            uplink_mbit: self.uplink_mbit,
+            steps: self.steps,
+            hidden: self.hidden,
+            quiet: std::time::Duration::from_secs(quiet_secs),
+            reshaping: true,
+            deadline: std::time::Duration::from_secs(self.deadline_secs),
+        })
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Scenario {
     /// Concurrent admin writes and linearizable reads while the leader is SIGKILLed every round.
@@ -96,6 +136,18 @@ enum Scenario {
         cut_secs: f64,
         #[arg(long, default_value_t = 21)]
         seed: u64,
+    },
+    /// Two leaves joined by a shaped uplink, two ringtrain jobs crossing it
+    /// and a bulk flow: the link_contention incident must name the uplink
+    /// within 2 s of the load starting, shapes must be applied on the
+    /// senders and removed (nothing left on any NIC) when the load ends;
+    /// a quiet run before the load must raise no incident. Needs root.
+    Contention {
+        #[command(flatten)]
+        args: ContentionArgs,
+        /// Length of the quiet run before the load (s).
+        #[arg(long, default_value_t = 300)]
+        quiet_secs: u64,
     },
     /// A NIC's cable is detached from its rail bridge (carrier stays up,
     /// netlink sees nothing): probe loss must take it Down within 1 s, and
@@ -337,6 +389,13 @@ enum Bench {
         #[command(flatten)]
         storm: StormArgs,
     },
+    /// The contention setup with reshaping off, then on (fresh clusters):
+    /// p99 OWD across the uplink and each job's mean/p99 step time side by
+    /// side. Needs root.
+    Reshaping {
+        #[command(flatten)]
+        args: ContentionArgs,
+    },
     /// Committed events/s and latency of 3 supervisors at 1, 16 and 256 clients.
     RaftCommit {
         /// Seconds measured per concurrency level.
@@ -554,6 +613,22 @@ fn main() {
                 )
                 .await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
+            }
+            Cmd::Scenario(Scenario::Contention { args, quiet_secs }) => {
+                let o = args.opts(quiet_secs)?;
+                if !chaos_tests::testbed::require_root("scenario contention")? {
+                    anyhow::bail!("scenario contention needs root");
+                }
+                let v = chaos_tests::contention::scenario(&o).await?;
+                Ok((v["ok"] == true, v))
+            }
+            Cmd::Bench(Bench::Reshaping { args }) => {
+                let o = args.opts(0)?;
+                if !chaos_tests::testbed::require_root("bench reshaping")? {
+                    anyhow::bail!("bench reshaping needs root");
+                }
+                let v = chaos_tests::contention::bench(&o).await?;
+                Ok((v["ok"] == true, v))
             }
             Cmd::Scenario(Scenario::ProbeBlackhole {
                 hosts,

@@ -499,6 +499,22 @@ impl Testbed {
         Ok((a, b))
     }
 
+    /// Dumps our HTB shaping on host `host`'s `rail<rail>` (empty when
+    /// nothing is installed).
+    pub async fn nic_shaping(
+        &mut self,
+        host: usize,
+        rail: usize,
+    ) -> anyhow::Result<nodeagent::shape::Installed> {
+        let ns = self.ns(Node::Host(host)).name.clone();
+        let h = self.handle(&ns)?;
+        let nic = format!("rail{rail}");
+        let idx = link_index(&h, &nic).await?;
+        nodeagent::shape::list(&h, idx)
+            .await
+            .with_context(|| format!("dump qdisc of h{host}/{nic}"))
+    }
+
     fn uplink_ends(&self) -> anyhow::Result<(String, String)> {
         match &self.options.leaf_split {
             Some(s) => Ok(s.uplink_ends()),

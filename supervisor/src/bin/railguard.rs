@@ -157,8 +157,12 @@ enum Cmd {
         top: Option<u32>,
         /// Show queueing and contention instead of delays (contended paths
         /// only).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "queueing")]
         contended: bool,
+        /// Show every path's queueing (baseline, latest second's queueing
+        /// p50/p99, contended or not).
+        #[arg(long)]
+        queueing: bool,
     },
     /// Fabric links from the topology file, each direction's contention
     /// score (contended paths / fresh paths crossing it) and which are
@@ -677,14 +681,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             host,
             top,
             contended: false,
+            queueing: false,
         } => AdminRequest::Paths { host, top },
         Cmd::Paths {
             host,
             top,
-            contended: true,
+            contended,
+            ..
         } => AdminRequest::Queueing {
             host,
-            contended_only: true,
+            contended_only: contended,
             top,
         },
         Cmd::Links => AdminRequest::Links,
@@ -1366,23 +1372,24 @@ fn print_queueing(v: &supervisor::api::QueueingView) {
     }
     if v.paths.is_empty() {
         println!(
-            "no contended paths (contended: a second's median queueing ≥ {:.0} µs)",
+            "no such paths (contended: a second's median queueing ≥ {:.0} µs)",
             v.enter_us
         );
         return;
     }
     println!(
-        "{:<24} {:<24} {:>11} {:>11} {:>11} {:>10}",
-        "SRC", "DST", "BASE µs", "QUEUE p50", "QUEUE p99", "FOR s"
+        "{:<24} {:<24} {:>11} {:>11} {:>11} {:>9}  CONTENDED FOR s",
+        "SRC", "DST", "BASE µs", "QUEUE p50", "QUEUE p99", "AGE s"
     );
     for p in &v.paths {
         println!(
-            "{:<24} {:<24} {:>11.1} {:>11.1} {:>11.1} {:>10}",
+            "{:<24} {:<24} {:>11.1} {:>11.1} {:>11.1} {:>9.1}  {}",
             format!("{}/{}", p.path.src, p.path.src_nic),
             format!("{}/{}", p.path.dst, p.path.dst_nic),
             p.baseline_us,
             p.queueing_p50_us,
             p.queueing_p99_us,
+            p.age_ms as f64 / 1e3,
             p.contended_ms
                 .map_or("-".into(), |ms| format!("{:.1}", ms as f64 / 1e3)),
         );
