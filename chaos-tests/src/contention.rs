@@ -408,7 +408,6 @@ async fn loaded(t: &mut Training, o: &ContentionOpts) -> anyhow::Result<Phase> {
     }
     // Revert.
     let mut revert_ms = None;
-    let mut open_after = 0;
     if o.reshaping {
         let by = Instant::now() + Duration::from_secs(90);
         while Instant::now() < by {
@@ -420,10 +419,10 @@ async fn loaded(t: &mut Training, o: &ContentionOpts) -> anyhow::Result<Phase> {
                 revert_ms = Some(load_end.elapsed().as_millis() as u64);
                 break;
             }
-            open_after = open;
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
     }
+    let open_after = link_incidents(&t.c)?.len();
     let mut leftover_qdiscs = 0;
     for h in 0..o.hosts() {
         if !t.c.tb.nic_shaping(h, RAIL).await?.is_empty() {
