@@ -508,6 +508,7 @@ fn order(nic: &str, classes: Vec<ShapeClass>, pace: Vec<PaceJob>) -> ShapeOrder 
         classes,
         default_rate_bps: 1_000_000_000,
         pace,
+        hold_queueing_us: 0,
     })
 }
 

@@ -711,6 +711,7 @@ mod tests {
                 job: "a".into(),
                 rate_bps: 50_000_000,
             }],
+            hold_queueing_us: 0,
         }
     }
 

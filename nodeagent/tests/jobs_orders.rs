@@ -306,6 +306,7 @@ async fn shaping_orders_take_the_order_path_and_refuse_unknown_nics() {
             }],
             default_rate_bps: 1_000_000_000,
             pace: vec![],
+            hold_queueing_us: 0,
         })),
     };
     orders.send(shape.clone()).unwrap();
