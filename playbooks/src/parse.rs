@@ -76,6 +76,8 @@ struct RawStep {
     #[serde(default)]
     rate: Option<S<String>>,
     #[serde(default)]
+    edge_hold: Option<S<String>>,
+    #[serde(default)]
     deadline: Option<S<String>>,
     #[serde(default)]
     condition: Option<S<String>>,
@@ -107,6 +109,10 @@ pub struct Located {
 
 /// Placeholders a notify message may use.
 pub const PLACEHOLDERS: [&str; 7] = ["host", "nic", "rail", "job", "kind", "incident", "playbook"];
+
+/// Bounds of `reshape_rate`'s `edge_hold` queueing threshold.
+pub const MIN_EDGE_HOLD: Duration = Duration::from_micros(100);
+pub const MAX_EDGE_HOLD: Duration = Duration::from_secs(1);
 
 const DURATION_HINT: &str = "durations look like \"30s\", \"10m\" or \"1h 30m\"";
 const RATE_HINT: &str = "rates are bits per second, like \"400Mbit\", \"2.5Gbit\" or \"800kbit\"";
@@ -751,9 +757,10 @@ impl Ctx<'_> {
             );
             return None;
         };
-        let params: [(&str, &Option<S<String>>); 6] = [
+        let params: [(&str, &Option<S<String>>); 7] = [
             ("to", &st.to),
             ("rate", &st.rate),
+            ("edge_hold", &st.edge_hold),
             ("deadline", &st.deadline),
             ("condition", &st.condition),
             ("message", &st.message),
@@ -761,7 +768,7 @@ impl Ctx<'_> {
         ];
         let takes: &[&str] = match known {
             "migrate_qps" => &["to"],
-            "reshape_rate" => &["rate"],
+            "reshape_rate" => &["rate", "edge_hold"],
             "drain" => &["deadline"],
             "wait_until" => &["condition"],
             "notify" => &["message", "webhook"],
@@ -813,6 +820,15 @@ impl Ctx<'_> {
             "reshape_rate" => Action::ReshapeRate {
                 bits_per_sec: match st.rate.as_ref() {
                     Some(r) => Some(self.rate(r)?),
+                    None => None,
+                },
+                edge_hold: match st.edge_hold.as_ref() {
+                    Some(d) => Some(self.duration(
+                        d,
+                        "edge_hold threshold",
+                        MIN_EDGE_HOLD,
+                        MAX_EDGE_HOLD,
+                    )?),
                     None => None,
                 },
             },
@@ -939,6 +955,9 @@ fn param_hint(p: &str) -> &'static str {
     match p {
         "to" => "to = \"backup\" or a NIC name on the same host",
         "rate" => RATE_HINT,
+        "edge_hold" => {
+            "edge_hold = \"1ms\": hold a job's flow at the sender while its one-way delay exceeds the path's baseline by this much (100us..1s)"
+        }
         "deadline" => "deadline = \"10m\": how long work may take to leave before it is stopped",
         "condition" => "condition = \"nic_reusable\" (any condition, optionally with `not`)",
         "message" => {

@@ -386,7 +386,10 @@ fn describe(
             Some(n) => (format!("host {host}: connections back to {n}"), None),
             None => (format!("host {host}"), no_nic()),
         },
-        Action::ReshapeRate { bits_per_sec } => {
+        Action::ReshapeRate {
+            bits_per_sec,
+            edge_hold,
+        } => {
             let what = match (&inc.job, nic) {
                 (Some(j), _) => format!("job {j}"),
                 (None, Some(n)) => format!("NIC {n}"),
@@ -396,7 +399,14 @@ fn describe(
                 Some(b) => format!("fair shares of {b} bit/s"),
                 None => "fair shares of the link's rate × 0.9".into(),
             };
-            (format!("host {host}: {what}, {rate}"), None)
+            let hold = match edge_hold {
+                Some(d) => format!(
+                    ", edge hold above {} of queueing",
+                    humantime::format_duration(*d)
+                ),
+                None => String::new(),
+            };
+            (format!("host {host}: {what}, {rate}{hold}"), None)
         }
         Action::CheckpointJob => (format!("host {host}: checkpoint {}", jobs()), None),
         Action::RestartJob => (format!("restart {} (from host {host})", jobs()), None),

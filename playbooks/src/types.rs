@@ -264,7 +264,14 @@ pub enum Action {
     /// (fair shares of `bits_per_sec`, or of the link's rate × 0.9 from
     /// the topology when absent) on every sending host, and pacing through
     /// the job contract. Undone when the incident closes.
-    ReshapeRate { bits_per_sec: Option<u64> },
+    ///
+    /// With `edge_hold`, On-Ramp-style edge holding as well: the sending
+    /// agents hold a job's connections to a peer while the one-way delay
+    /// to it exceeds the path's baseline by more than this.
+    ReshapeRate {
+        bits_per_sec: Option<u64>,
+        edge_hold: Option<Duration>,
+    },
     /// Checkpoint the incident's jobs.
     CheckpointJob,
     /// Restart the incident's jobs from their latest checkpoint, elsewhere

@@ -63,6 +63,7 @@ fn every_variant_round_trips_through_bincode() {
         Action::Failback,
         Action::ReshapeRate {
             bits_per_sec: Some(400_000_000),
+            edge_hold: Some(Duration::from_millis(1)),
         },
         Action::CheckpointJob,
         Action::RestartJob,

@@ -2694,6 +2694,7 @@ mod tests {
             },
             StepOp::ReshapeRate {
                 bits_per_sec: Some(40_000_000_000),
+                edge_hold_us: Some(1_000),
             },
         ];
         let mut cmds = cmds;

@@ -167,6 +167,7 @@ fn shape_order(nic: &str, want: &crate::shaping::NicShape) -> proto::v1::ShapeNi
             })
             .collect(),
         default_rate_bps: want.default_rate_bps,
+        hold_queueing_us: want.hold_queueing_us.unwrap_or(0),
         pace: want
             .pace
             .iter()

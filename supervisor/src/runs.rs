@@ -196,6 +196,9 @@ pub enum StepOp {
     /// The incident's desired shaping was set; done when applied.
     ReshapeRate {
         bits_per_sec: Option<u64>,
+        /// On-Ramp-style edge holding threshold (µs of queueing).
+        #[serde(default)]
+        edge_hold_us: Option<u32>,
     },
 }
 
@@ -513,8 +516,12 @@ impl ClusterState {
                         .map_err(|e| e.to_string()),
                 },
             },
-            A::ReshapeRate { bits_per_sec } => Ok(StepOp::ReshapeRate {
+            A::ReshapeRate {
+                bits_per_sec,
+                edge_hold,
+            } => Ok(StepOp::ReshapeRate {
                 bits_per_sec: *bits_per_sec,
+                edge_hold_us: edge_hold.map(|d| d.as_micros().min(u128::from(u32::MAX)) as u32),
             }),
             A::CheckpointJob => Ok(StepOp::CheckpointJobs {
                 jobs: self.job_marks(&host),
@@ -705,11 +712,14 @@ impl ClusterState {
                 // intent with the endpoint's answer.
                 webhook.is_none().then(|| Ok("logged".to_string()))
             }
-            StepOp::ReshapeRate { bits_per_sec } => {
+            StepOp::ReshapeRate {
+                bits_per_sec,
+                edge_hold_us,
+            } => {
                 let incident = self.runs[&run].incident;
                 let planned = match self.incidents.get(&incident) {
                     None => Err(format!("incident {incident} is gone")),
-                    Some(i) => crate::shaping::plan(self, i, *bits_per_sec),
+                    Some(i) => crate::shaping::plan(self, i, *bits_per_sec, *edge_hold_us),
                 };
                 match planned {
                     Err(e) => Some(Err(e)),

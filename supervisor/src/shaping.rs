@@ -115,6 +115,11 @@ pub struct NicShape {
     pub default_rate_bps: u64,
     /// Per-connection pacing of each job's ranks on the host (bits/s).
     pub pace: BTreeMap<String, u64>,
+    /// On-Ramp-style edge holding: the agent holds a job's connections to
+    /// a peer while the one-way delay to it exceeds the path's baseline by
+    /// more than this (µs); none = off.
+    #[serde(default)]
+    pub hold_queueing_us: Option<u32>,
     /// Refusals of this version so far.
     pub failures: u32,
 }
@@ -136,7 +141,12 @@ fn nic_addr(st: &ClusterState, hn: &HostNic) -> Option<Ipv4Addr> {
 /// Computes the reshaping plan for a contention incident (deterministic:
 /// runs in apply). `usable_bps`: the step's rate, else the link's rate ×
 /// [`DEFAULT_HEADROOM`].
-pub fn plan(st: &ClusterState, inc: &Incident, step_rate: Option<u64>) -> Result<Plan, String> {
+pub fn plan(
+    st: &ClusterState,
+    inc: &Incident,
+    step_rate: Option<u64>,
+    edge_hold_us: Option<u32>,
+) -> Result<Plan, String> {
     let Some(info) = &inc.link else {
         return Err(format!(
             "incident {} ({}) names no link: reshape_rate needs a link_contention incident",
@@ -283,6 +293,7 @@ pub fn plan(st: &ClusterState, inc: &Incident, step_rate: Option<u64>) -> Result
                     classes,
                     default_rate_bps: DEFAULT_NIC_RATE_BPS,
                     pace,
+                    hold_queueing_us: edge_hold_us,
                     failures: 0,
                 },
             ),
