@@ -20,6 +20,11 @@
 //! keeps the raw delays of completed pairs; the summary turns them into
 //! one-way delays under the pair's clock line.
 //!
+//! **Outgoing queueing.** Each of my pairs that closes (its receive stamps
+//! came back in an `Rx` record) is also one outgoing one-way delay sample
+//! under the path's latest line; [`super::queueing`] keeps its baseline
+//! and queueing, [`Mesh::publish_outgoing`] hands them to the agent.
+//!
 //! **Probe liveness of my NICs.** A NIC is *probe-dead* when nothing has
 //! arrived on it for `silence` while at least two peers that have a NIC on
 //! the same rail were heard on another rail within that time: they are
@@ -36,6 +41,7 @@ use std::time::{Duration, Instant};
 
 use clocksync::{Direction, PairConfig, PairEstimator, Probe as Stamp, ProbePair};
 
+use super::queueing::{OutgoingTracker, QueueingBoard};
 use super::wire::{Probe, Record, MAX_RECORDS, PACKET_LEN};
 
 /// Pairs awaiting their other stamps, per path and direction.
@@ -173,6 +179,10 @@ struct PathState {
     delays: Vec<(i64, i64)>,
     /// The last [`DRIFT_HISTORY`] window estimates (centre, offset).
     history: VecDeque<(i64, f64)>,
+    /// The latest disciplined line (from the last summary).
+    line: Option<clocksync::Estimate>,
+    /// Outgoing delays me → peer, baseline and queueing.
+    outgoing: OutgoingTracker,
 }
 
 impl PathState {
@@ -192,6 +202,8 @@ impl PathState {
             received: 0,
             delays: Vec::new(),
             history: VecDeque::new(),
+            line: None,
+            outgoing: OutgoingTracker::default(),
         }
     }
 
@@ -476,7 +488,7 @@ impl Mesh {
     }
 
     /// A transmit timestamp from the error queue of the socket on `rail`.
-    pub fn on_tx_stamp(&mut self, rail: u32, probe: &Probe, ts: i64) {
+    pub fn on_tx_stamp(&mut self, rail: u32, probe: &Probe, ts: i64, now: Instant) {
         if probe.from != self.self_id || u32::from(probe.rail) != rail {
             return;
         }
@@ -496,7 +508,7 @@ impl Mesh {
             push_bounded(&mut path.tx_records, PENDING_RECORDS, (probe.seq, [a, b]));
             if let Some(rx) = path.out[i].rx {
                 path.out.remove(i);
-                forward_pair(path, &mut self.counters, [a, b], rx, purity);
+                forward_pair(path, &mut self.counters, [a, b], rx, purity, now);
             }
         }
     }
@@ -604,7 +616,7 @@ impl Mesh {
                     };
                     if let [Some(a), Some(b)] = path.out[j].tx {
                         path.out.remove(j);
-                        forward_pair(path, &mut self.counters, [a, b], ts, purity);
+                        forward_pair(path, &mut self.counters, [a, b], ts, purity, now);
                     } else {
                         path.out[j].rx = Some(ts);
                     }
@@ -684,6 +696,10 @@ impl Mesh {
                     }
                     Err(_) => None,
                 };
+                if estimate != path.line {
+                    path.outgoing.reline(path.line.as_ref(), estimate.as_ref());
+                    path.line = estimate.clone();
+                }
                 let ntp = path.est.ntp_estimate().ok();
                 let mut delays_ns: Vec<i64> = path
                     .delays
@@ -720,6 +736,26 @@ impl Mesh {
         out
     }
 
+    /// Copies every path's outgoing sample made since the last call onto
+    /// `board` (one lock; no allocation for paths already on it).
+    pub fn publish_outgoing(&mut self, board: &QueueingBoard) {
+        let version = self.plan_version;
+        let fresh = self.peers.values_mut().flat_map(|p| {
+            let spec = &p.spec;
+            p.paths.iter_mut().filter_map(move |(rail, path)| {
+                let s = path.outgoing.take_fresh()?;
+                let addr = *spec.nics.get(rail)?.addr.ip();
+                Some((addr, spec.host.as_str(), *rail, s))
+            })
+        });
+        board.publish(version, fresh);
+    }
+
+    /// The latest outgoing sample of the path to `peer` on `rail`.
+    pub fn outgoing(&self, peer: u32, rail: u32) -> Option<super::queueing::OutgoingSample> {
+        self.peers.get(&peer)?.paths.get(&rail)?.outgoing.latest()
+    }
+
     /// Peers and rails with a path (for tests and logs).
     pub fn paths(&self) -> Vec<(u32, u32)> {
         self.peers
@@ -741,14 +777,19 @@ fn coded(tx: [i64; 2], rx: [i64; 2]) -> ProbePair {
     }
 }
 
-/// My pair to the peer is complete: a forward sample.
+/// My pair to the peer is complete: a forward sample and an outgoing
+/// delay.
 fn forward_pair(
     path: &mut PathState,
     counters: &mut Counters,
     tx: [i64; 2],
     rx: [i64; 2],
     purity: u64,
+    now: Instant,
 ) {
+    if let Some(raw) = rx[0].checked_sub(tx[0]) {
+        path.outgoing.add(tx[0], raw, path.line.as_ref(), now);
+    }
     add(path, counters, Direction::Forward, &coded(tx, rx), purity);
 }
 
@@ -799,6 +840,8 @@ mod tests {
         rng: u64,
         /// Drop every packet to or from (host, rail).
         dead: Option<(usize, u32)>,
+        /// Extra delay (ns) of every packet from one host to another.
+        queue: Option<(usize, usize, i64)>,
     }
 
     fn addr(host: usize, rail: u32) -> SocketAddrV4 {
@@ -855,6 +898,7 @@ mod tests {
                 wire: Vec::new(),
                 rng: 0x1234_5678_9ABC_DEF1,
                 dead: None,
+                queue: None,
             }
         }
 
@@ -884,7 +928,7 @@ mod tests {
                             // The transmit stamp comes back on the error queue.
                             let p = Probe::decode(pkt).unwrap();
                             let own = tx + self.offsets_ns[h];
-                            self.meshes[h].on_tx_stamp(op.rail, &p, own);
+                            self.meshes[h].on_tx_stamp(op.rail, &p, own, now);
                             let dropped = self
                                 .dead
                                 .is_some_and(|(dh, dr)| dr == op.rail && (dh == h || dh == to));
@@ -894,11 +938,16 @@ mod tests {
                             // 20 µs floor; 30 % of first probes queue up to 200 µs
                             // (their pair then fails the purity test).
                             let r = self.rand();
-                            let q = if i == 0 && r % 10 < 3 {
+                            let mut q = if i == 0 && r % 10 < 3 {
                                 (r >> 8) as i64 % 200_000
                             } else {
                                 0
                             };
+                            if let Some((from, dst, extra)) = self.queue {
+                                if (from, dst) == (h, to) {
+                                    q += extra;
+                                }
+                            }
                             self.wire
                                 .push((tx + 20_000 + q, to, op.rail, addr(h, op.rail), *pkt));
                         }
@@ -1183,6 +1232,44 @@ mod tests {
         let after = path.discipline(step.clone());
         assert_eq!(after, step);
         assert_eq!(path.history.len(), 1);
+    }
+
+    #[test]
+    fn outgoing_queueing_shows_on_the_sender_only() {
+        // h1's clock 300 µs ahead; 20 µs paths, then 2 ms of queue h0 → h1.
+        let mut sim = Sim::new(vec![0, 300_000], 1);
+        let t0 = sim.t_ns;
+        sim.run(t0, 2_000);
+        let now = sim.now(t0);
+        sim.meshes[0].summarise(now);
+        sim.meshes[1].summarise(now);
+        sim.run(t0, 500);
+        let calm = sim.meshes[0].outgoing(1, 0).expect("a sample");
+        assert!(
+            (calm.baseline_ns - 20_000).abs() < 1_000,
+            "baseline under the line: {calm:?}"
+        );
+        assert!(calm.queueing_ns < 250_000, "{calm:?}");
+        sim.queue = Some((0, 1, 2_000_000));
+        sim.run(t0, 500);
+        let now = sim.now(t0);
+        let q = sim.meshes[0].outgoing(1, 0).unwrap();
+        assert!(
+            (q.queueing_ns - 2_000_000).abs() < 250_000,
+            "the sender sees its queue: {q:?}"
+        );
+        assert!(now.saturating_duration_since(q.at) < Duration::from_millis(100));
+        let back = sim.meshes[1].outgoing(0, 0).unwrap();
+        assert!(back.queueing_ns < 250_000, "not the other way: {back:?}");
+        // Published by peer address, once per fresh sample.
+        let board = QueueingBoard::new();
+        sim.meshes[0].publish_outgoing(&board);
+        let e = board.get(*addr(1, 0).ip()).expect("h1 on the board");
+        assert_eq!((e.peer.as_str(), e.rail), ("h1", 0));
+        assert_eq!(e.sample, q);
+        sim.queue = None;
+        sim.run(t0, 200);
+        assert!(sim.meshes[0].outgoing(1, 0).unwrap().queueing_ns < 250_000);
     }
 
     #[test]

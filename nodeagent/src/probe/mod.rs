@@ -18,9 +18,12 @@
 //! (the link tracker's evidence channel) and per-second summaries out
 //! (sent to the leader by [`summary_loop`], dropped when the leader cannot
 //! be reached: summaries are not state, the next one supersedes them).
+//! After each tick's reads it copies the paths' fresh outgoing queueing
+//! samples onto the runner's [`QueueingBoard`] ([`ProbeRunner::queueing`]).
 
 pub mod clock;
 pub mod mesh;
+pub mod queueing;
 pub mod sock;
 pub mod wire;
 
@@ -35,6 +38,7 @@ use tokio::sync::{mpsc, watch};
 use crate::link::{Evidence, PortEvent};
 use clock::TestClock;
 use mesh::{LocalNic, Mesh, MeshConfig, PathSummary, Plan};
+use queueing::QueueingBoard;
 use sock::{RecvBufs, TsMode, TsSocket};
 use wire::Probe;
 
@@ -184,6 +188,7 @@ pub struct MeshNic {
 /// The running probe thread. Dropping it stops the thread.
 pub struct ProbeRunner {
     plan: watch::Sender<Option<Plan>>,
+    queueing: Arc<QueueingBoard>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -221,6 +226,8 @@ impl ProbeRunner {
         let (plan_tx, plan_rx) = watch::channel(None);
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
+        let queueing = QueueingBoard::new();
+        let board = queueing.clone();
         let thread = std::thread::Builder::new()
             .name("probe-mesh".into())
             .spawn(move || {
@@ -231,6 +238,7 @@ impl ProbeRunner {
                     plan_rx,
                     evidence,
                     summaries,
+                    board,
                     st,
                 )
             })
@@ -242,9 +250,15 @@ impl ProbeRunner {
             })?;
         Ok(Self {
             plan: plan_tx,
+            queueing,
             stop,
             thread: Some(thread),
         })
+    }
+
+    /// The outgoing queueing of every path, updated once per tick.
+    pub fn queueing(&self) -> Arc<QueueingBoard> {
+        self.queueing.clone()
     }
 
     /// Hands the thread a new plan (ignored if unchanged).
@@ -269,6 +283,7 @@ impl Drop for ProbeRunner {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_thread(
     mut mesh: Mesh,
     sockets: Vec<(u32, TsSocket)>,
@@ -276,6 +291,7 @@ fn run_thread(
     mut plan_rx: watch::Receiver<Option<Plan>>,
     evidence: mpsc::Sender<PortEvent>,
     summaries: mpsc::Sender<Summary>,
+    board: Arc<QueueingBoard>,
     stop: Arc<AtomicBool>,
 ) {
     let mut bufs = RecvBufs::default();
@@ -325,6 +341,7 @@ fn run_thread(
                 &mut no_stamp,
             );
         }
+        mesh.publish_outgoing(&board);
         let ops = mesh.due(now);
         for (rail, s) in &sockets {
             let batch: Vec<(SocketAddrV4, &[u8; wire::PACKET_LEN])> = ops
@@ -420,7 +437,7 @@ fn drain(
             Ok(n) => {
                 for t in tx.iter() {
                     if let Ok(p) = Probe::decode(&t.tail) {
-                        mesh.on_tx_stamp(rail, &p, tc.apply(t.ts_ns));
+                        mesh.on_tx_stamp(rail, &p, tc.apply(t.ts_ns), now);
                     }
                 }
                 if n < sock::BATCH {
