@@ -401,6 +401,7 @@ fn start_probes(
     let (sum_tx, sum_rx) = mpsc::channel(4);
     let runner = crate::probe::ProbeRunner::start(opts, &nics, evidence, sum_tx)
         .map_err(|e| AgentError::Probe(e.to_string()))?;
+    shaper.attach_queueing(runner.queueing());
     let runner = Arc::new(runner);
     let plan = tokio::spawn(plan_loop(cfg.clone(), hint.clone(), runner, port));
     let summary = tokio::spawn(summary_loop(cfg.clone(), hint.clone(), sum_rx, shaper));

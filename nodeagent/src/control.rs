@@ -811,22 +811,43 @@ impl Control {
     /// jobs had [`RESYNC_GRACE`] to re-register after the agent started.
     pub async fn pace_job(&self, job: &str, bytes_per_s: Option<u64>) -> PaceOutcome {
         tokio::time::sleep_until((self.started + RESYNC_GRACE).into()).await;
-        let mut out = PaceOutcome::default();
-        let mut waits = Vec::new();
-        {
-            let mut inv = self.lock();
-            out.ranks = inv
+        let (ranks, keys) = {
+            let inv = self.lock();
+            let ranks = inv
                 .sessions
                 .values()
                 .filter(|s| s.hello.job == job)
                 .map(|s| s.hello.rank)
                 .collect::<BTreeSet<u32>>()
                 .len();
-            let keys: Vec<(ConnKey, Option<u64>)> = inv
-                .conns
+            let keys: Vec<ConnKey> = inv.conns.keys().filter(|k| k.job == job).cloned().collect();
+            (ranks, keys)
+        };
+        let mut out = self.pace_conns(&keys, bytes_per_s, JOB_ORDER_TIMEOUT).await;
+        out.ranks = ranks;
+        tracing::info!(job = %job, bytes_per_s = ?bytes_per_s, conns = out.conns, paced = out.paced, "job paced");
+        out
+    }
+
+    /// Paces the connections `keys` at `bytes_per_s` (`None`: unpaced): one
+    /// job-contract `pace` order per connection, sent to the socket that
+    /// registered it, all awaited together for at most `timeout` (an order
+    /// not answered by then is forgotten, not retried; the rank may still
+    /// carry it out). Keys no longer in the inventory are skipped. Does not
+    /// wait for [`RESYNC_GRACE`]; `ranks` of the outcome is 0.
+    pub async fn pace_conns(
+        &self,
+        keys: &[ConnKey],
+        bytes_per_s: Option<u64>,
+        timeout: Duration,
+    ) -> PaceOutcome {
+        let mut out = PaceOutcome::default();
+        let mut waits = Vec::new();
+        {
+            let mut inv = self.lock();
+            let keys: Vec<(ConnKey, Option<u64>)> = keys
                 .iter()
-                .filter(|(k, _)| k.job == job)
-                .map(|(k, r)| (k.clone(), r.session))
+                .filter_map(|k| inv.conns.get(k).map(|r| (k.clone(), r.session)))
                 .collect();
             out.conns = keys.len();
             for (key, session) in keys {
@@ -855,7 +876,7 @@ impl Control {
                 inv.pending.insert(
                     order_id,
                     Pending {
-                        job: job.to_owned(),
+                        job: key.job.clone(),
                         rank: key.rank,
                         order,
                         conns: Vec::new(),
@@ -866,16 +887,16 @@ impl Control {
                 waits.push((key, order_id, rx));
             }
         }
-        tracing::info!(job = %job, bytes_per_s = ?bytes_per_s, conns = out.conns, sent = waits.len(), "pace orders sent to the job");
-        let deadline = tokio::time::Instant::now() + JOB_ORDER_TIMEOUT;
+        tracing::debug!(bytes_per_s = ?bytes_per_s, conns = out.conns, sent = waits.len(), "pace orders sent");
+        let deadline = tokio::time::Instant::now() + timeout;
         for (key, order_id, rx) in waits {
             match tokio::time::timeout_at(deadline, rx).await {
                 Ok(Ok((true, _))) => out.paced += 1,
                 Ok(Ok((false, d))) => out.failed.push(format!("{key}: {d}")),
                 Ok(Err(_)) => out.failed.push(format!("{key}: the order was dropped")),
                 Err(_) => out.failed.push(format!(
-                    "{key}: no answer within {} s",
-                    JOB_ORDER_TIMEOUT.as_secs()
+                    "{key}: no answer within {} ms",
+                    timeout.as_millis()
                 )),
             }
             self.forget_order(order_id);

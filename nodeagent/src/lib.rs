@@ -18,6 +18,8 @@
 //! - [`shaping`]: the supervisor's `ShapeNic`/`ClearShape` orders on this
 //!   host's NICs (apply, verify by dump, pace jobs) and the shaped NICs'
 //!   counters.
+//! - [`hold`]: On-Ramp-style edge holding of shaped jobs' connections while
+//!   the outgoing queueing to their peer is above the order's threshold.
 //!
 //! - [`probe`]: the probe mesh (coded probe pairs with kernel timestamps,
 //!   per-pair clock estimation, one-way delays, probe evidence of dead NICs).
@@ -27,6 +29,7 @@
 pub mod agent;
 pub mod config;
 pub mod control;
+pub mod hold;
 pub mod jobs;
 pub mod journal;
 pub use rdma::damper;

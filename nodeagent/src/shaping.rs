@@ -14,6 +14,14 @@
 //! outcome is `(ok, one-line detail)`; the agent stores and reports it like
 //! every order (at most once per id, see [`crate::agent`]).
 //!
+//! **Edge holding.** An order with `hold_queueing_us > 0` also starts a
+//! [`HoldLoop`] for the NIC (see [`crate::hold`]) over the jobs of its
+//! classes labelled `job <name>`, fed by the probe mesh's outgoing queueing
+//! ([`Shaper::attach_queueing`]; without a probe mesh the order succeeds and
+//! its detail says holding is off). Every order for the NIC (and
+//! `ClearShape`) first stops the NIC's loop, which releases what it held;
+//! its counters end up in that order's detail.
+//!
 //! **Lifetime.** Shapes outlive the agent: a clean exit leaves them (the
 //! supervisor owns them). At start, [`Shaper::adopt_existing`] logs the
 //! shaping it finds on its NICs and keeps counting it; the supervisor
@@ -27,7 +35,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use futures::TryStreamExt;
@@ -36,6 +44,8 @@ use rdma::contract;
 
 use crate::agent::NicConfig;
 use crate::control::{Control, MAX_DETAIL};
+use crate::hold::{HoldLoop, HoldSpec, JobHold};
+use crate::probe::queueing::QueueingBoard;
 use crate::shape::{self, FlowMatch, Installed, L4Port, Shape, DEFAULT_MINOR, ROOT_MINOR};
 
 /// Jobs one order may pace.
@@ -87,6 +97,35 @@ struct Plan {
     default_rate_bps: u64,
     /// (job, bytes/s per connection; None = unpaced), in order.
     pace: Vec<(String, Option<u64>)>,
+    /// Edge-holding threshold (ns; None = off).
+    hold_threshold_ns: Option<i64>,
+}
+
+/// Label prefix of a job's class (the supervisor's `job <name>`).
+const JOB_LABEL: &str = "job ";
+
+impl Plan {
+    /// The jobs to hold: each class labelled `job <name>`, its
+    /// destinations and the job's pace from the order.
+    fn holds(&self) -> BTreeMap<String, JobHold> {
+        let mut out: BTreeMap<String, JobHold> = BTreeMap::new();
+        for c in &self.classes {
+            let Some(job) = c.label.strip_prefix(JOB_LABEL) else {
+                continue;
+            };
+            let release = self
+                .pace
+                .iter()
+                .find(|(j, _)| j == job)
+                .and_then(|(_, r)| *r);
+            let e = out.entry(job.to_owned()).or_insert_with(|| JobHold {
+                dsts: BTreeSet::new(),
+                release_bytes_per_s: release,
+            });
+            e.dsts.extend(c.shape.matches.iter().map(|m| m.dst));
+        }
+        out
+    }
 }
 
 impl Plan {
@@ -180,6 +219,7 @@ fn plan_from_wire(s: &ShapeNic) -> Result<Plan, String> {
         classes,
         default_rate_bps: s.default_rate_bps,
         pace,
+        hold_threshold_ns: (s.hold_queueing_us > 0).then(|| i64::from(s.hold_queueing_us) * 1_000),
     })
 }
 
@@ -310,6 +350,10 @@ pub struct Shaper {
     state: Mutex<BTreeMap<String, NicState>>,
     /// One shaping order at a time.
     serial: tokio::sync::Mutex<()>,
+    /// The probe mesh's outgoing queueing (None: no mesh, no holding).
+    queueing: OnceLock<Arc<QueueingBoard>>,
+    /// Edge-hold loops, by NIC.
+    holds: Mutex<BTreeMap<String, HoldLoop>>,
 }
 
 impl Shaper {
@@ -322,7 +366,76 @@ impl Shaper {
             control,
             state: Mutex::new(BTreeMap::new()),
             serial: tokio::sync::Mutex::new(()),
+            queueing: OnceLock::new(),
+            holds: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Feeds edge holding with the probe mesh's outgoing queueing (the
+    /// first board given is kept).
+    pub fn attach_queueing(&self, board: Arc<QueueingBoard>) {
+        let _ = self.queueing.set(board);
+    }
+
+    /// The NICs with an edge-hold loop now, and its counters.
+    pub fn holds(&self) -> Vec<(String, crate::hold::HoldCounters)> {
+        self.holds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(n, h)| (n.clone(), h.counters()))
+            .collect()
+    }
+
+    /// Stops the NIC's hold loop (releasing what it held); the detail of
+    /// what it did ("" when there was none).
+    async fn stop_hold(&self, nic: &str) -> String {
+        let h = self
+            .holds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(nic);
+        match h {
+            Some(h) => format!("edge hold stopped ({})", h.stop().await),
+            None => String::new(),
+        }
+    }
+
+    /// Starts the NIC's hold loop for `plan` if it asks for one.
+    fn start_hold(&self, nic: &str, plan: &Plan) -> String {
+        let Some(threshold_ns) = plan.hold_threshold_ns else {
+            return String::new();
+        };
+        let us = threshold_ns / 1_000;
+        let Some(board) = self.queueing.get() else {
+            tracing::warn!(nic = %nic, threshold_us = us, "edge holding asked but there is no probe mesh");
+            return format!("edge hold at {us} µs off: no probe mesh on this host");
+        };
+        let Some(rail) = self
+            .nics
+            .iter()
+            .find(|n| n.name == nic)
+            .and_then(|n| n.rail)
+        else {
+            return format!("edge hold at {us} µs off: {nic} has no rail");
+        };
+        let jobs = plan.holds();
+        if jobs.is_empty() {
+            return format!("edge hold at {us} µs off: no job class");
+        }
+        let n = jobs.len();
+        let spec = HoldSpec {
+            nic: nic.to_owned(),
+            rail,
+            threshold_ns,
+            jobs,
+        };
+        let h = HoldLoop::start(spec, self.control.clone(), board.clone());
+        self.holds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(nic.to_owned(), h);
+        format!("edge hold at {us} µs for {n} jobs")
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, NicState>> {
@@ -434,14 +547,25 @@ impl Shaper {
             Ok(i) => i,
             Err(e) => return (false, e),
         };
+        // The old loop goes first (its releases come before the new
+        // shaping and pacing); a failed order leaves holding off.
+        let stopped = self.stop_hold(&s.nic).await;
+        let (ok, detail) = self.install(s, &plan, ifindex).await;
+        if !ok {
+            return (false, join(detail, stopped));
+        }
+        let paced = self.pace(&s.nic, &plan.pace).await;
+        let held = self.start_hold(&s.nic, &plan);
+        (true, join(join(join(detail, paced), held), stopped))
+    }
+
+    /// Installs and verifies the classes of a checked order (none: clears
+    /// the NIC's shaping); returns (ok, detail). Pacing and holding are the
+    /// caller's.
+    async fn install(&self, s: &ShapeNic, plan: &Plan, ifindex: u32) -> (bool, String) {
         if plan.classes.is_empty() {
-            // No classes: the shaping goes; the pacing below still applies.
-            let (ok, cleared) = self.clear_htb(&s.nic, ifindex).await;
-            if !ok {
-                return (false, cleared);
-            }
-            let paced = self.pace(&s.nic, &plan.pace).await;
-            return (true, join(cleared, paced));
+            // No classes: the shaping goes; the pacing still applies.
+            return self.clear_htb(&s.nic, ifindex).await;
         }
         let shapes = plan.shapes();
         // Count what the old classes sent before they change.
@@ -492,8 +616,7 @@ impl Shaper {
             shapes.len(),
             classes.join(", ")
         );
-        let paced = self.pace(&s.nic, &plan.pace).await;
-        (true, join(head, paced))
+        (true, head)
     }
 
     /// Deletes our HTB on the NIC and checks the dump is empty.
@@ -540,9 +663,10 @@ impl Shaper {
             Ok(i) => i,
             Err(e) => return (false, e),
         };
+        let stopped = self.stop_hold(nic).await;
         let (ok, detail) = self.clear_htb(nic, ifindex).await;
         let paced = self.pace(nic, &[]).await;
-        (ok, join(detail, paced))
+        (ok, join(join(detail, paced), stopped))
     }
 
     /// Paces `want` for `nic` and unpaces the jobs paced for it before that
@@ -741,6 +865,29 @@ mod tests {
             vec![FlowMatch::to_addr(Ipv4Addr::new(10, 0, 0, 2))]
         );
         assert_eq!(p.pace, vec![("a".to_string(), Some(6_250_000))]);
+    }
+
+    #[test]
+    fn edge_holding_takes_the_job_classes_and_their_pace() {
+        let p = plan_from_wire(&order()).unwrap();
+        assert_eq!(p.hold_threshold_ns, None, "0 is off");
+        let mut o = order();
+        o.hold_queueing_us = 500;
+        let p = plan_from_wire(&o).unwrap();
+        assert_eq!(p.hold_threshold_ns, Some(500_000));
+        let h = p.holds();
+        assert_eq!(
+            h.keys().collect::<Vec<_>>(),
+            vec!["a"],
+            "\"other\" is no job"
+        );
+        assert_eq!(h["a"].dsts, [Ipv4Addr::new(10, 0, 0, 2)].into());
+        assert_eq!(h["a"].release_bytes_per_s, Some(6_250_000));
+        o.pace.clear();
+        assert_eq!(
+            plan_from_wire(&o).unwrap().holds()["a"].release_bytes_per_s,
+            None
+        );
     }
 
     #[test]

@@ -245,6 +245,24 @@ impl QueueingBoard {
             .map(|(a, e)| (*a, e.clone()))
     }
 
+    /// The queueing (ns) to the peer NIC at `addr` and its sample's age at
+    /// `now` (no allocation).
+    pub fn queueing(&self, addr: Ipv4Addr, now: Instant) -> Option<(i64, Duration)> {
+        self.lock()
+            .paths
+            .get(&addr)
+            .map(|e| (e.sample.queueing_ns, e.age(now)))
+    }
+
+    /// The address of `peer`'s NIC on `rail` (no allocation).
+    pub fn address_of(&self, peer: &str, rail: u32) -> Option<Ipv4Addr> {
+        self.lock()
+            .paths
+            .iter()
+            .find(|(_, e)| e.peer == peer && e.rail == rail)
+            .map(|(a, _)| *a)
+    }
+
     /// Every entry (for logs and tests).
     pub fn snapshot(&self) -> Vec<(Ipv4Addr, PeerQueueing)> {
         self.lock()
