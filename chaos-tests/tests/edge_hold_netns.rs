@@ -5,7 +5,10 @@
 //! on a port of its own). With a TCP bulk flow h0 → h2 across the uplink,
 //! the outgoing queueing h0 publishes for h2 rises well above 1 ms while
 //! the one for h1 (same leaf) stays near zero; without the flow both are
-//! near zero.
+//! near zero. And the whole chain on h0: a `ShapeNic` with
+//! `hold_queueing_us` carried out by the agent's `Shaper` holds the job's
+//! connection to h2 (not the one to h1) while the flow runs and releases
+//! it after.
 
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -16,10 +19,17 @@ use chaos_tests::bulk::BulkFlow;
 use chaos_tests::testbed::{
     host_name, rail_addr, require_root, LeafSplit, Node, Testbed, TestbedOptions, TestbedSpec,
 };
+use futures::TryStreamExt;
+use nodeagent::agent::NicConfig;
+use nodeagent::control::{bind, Control};
+use nodeagent::hold::HOLD_RATE_BYTES_PER_S;
 use nodeagent::link::PortEvent;
 use nodeagent::probe::mesh::{PeerNic, PeerSpec, Plan};
 use nodeagent::probe::queueing::QueueingBoard;
 use nodeagent::probe::{MeshNic, ProbeOptions, ProbeRunner, Summary};
+use nodeagent::shaping::{ShapeOrder, Shaper};
+use proto::v1::{ClearShape, FlowMatch, PaceJob, ShapeClass, ShapeNic};
+use rdma::contract::{ClientOptions, ConnUp, ContractClient, Hello, OrderKind};
 use tokio::sync::mpsc;
 
 const HOSTS: usize = 3;
@@ -166,6 +176,222 @@ async fn outgoing_queueing_rises_across_a_loaded_uplink_only() {
     let after = watch(&board, &[h2], Duration::from_secs(1)).await;
     eprintln!("after: to h2 median {} µs", median(&after[0]));
     assert!(median(&after[0]) < 300, "queueing goes with the flow");
+    drop(meshes);
+    tb.teardown();
+}
+
+fn split_testbed() -> TestbedOptions {
+    TestbedOptions {
+        leaf_split: Some(LeafSplit {
+            rail: 0,
+            right: vec![2],
+            uplink_bps: UPLINK_BPS,
+        }),
+    }
+}
+
+async fn next_pace(
+    rx: &mut mpsc::UnboundedReceiver<(u64, Option<u64>)>,
+    within: Duration,
+) -> Option<(u64, Option<u64>)> {
+    tokio::time::timeout(within, rx.recv()).await.ok().flatten()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shape_order_with_edge_hold_holds_the_connection_to_the_loaded_peer() {
+    if !require_root("edge_hold_netns::hold").unwrap() {
+        return;
+    }
+    let mut tb = Testbed::build_with(
+        TestbedSpec {
+            supervisors: 0,
+            hosts: HOSTS,
+        },
+        split_testbed(),
+    )
+    .await
+    .expect("testbed with a leaf split");
+    let meshes: Vec<Mesh> = (0..HOSTS).map(|h| start_mesh(&tb, h)).collect();
+    let (h1, h2) = (rail_addr(1, 0), rail_addr(2, 0));
+
+    // h0's agent side: control socket, shaper fed by its probe mesh.
+    let nics = vec![NicConfig {
+        name: "rail0".into(),
+        rail: Some(0),
+        backup: None,
+        rdma_device: None,
+        addr: Some(rail_addr(0, 0)),
+    }];
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("h0.sock");
+    let control = Control::new(nics.clone());
+    tokio::spawn(control.clone().serve(bind(&sock).unwrap()));
+    let nl = tb.ns(Node::Host(0)).netlink().expect("netlink in h0");
+    assert!(nl
+        .link()
+        .get()
+        .match_name("rail0".to_string())
+        .execute()
+        .try_next()
+        .await
+        .expect("find rail0")
+        .is_some());
+    let shaper = Shaper::new(nl, nics, control.clone());
+    shaper.attach_queueing(meshes[0].runner.queueing());
+
+    // Job a, rank 0 on h0: connection 1 to h2 (across the uplink), 2 to h1.
+    let (job, mut orders) = ContractClient::connect_with(
+        &sock,
+        Hello {
+            job: "a".into(),
+            rank: 0,
+            pid: std::process::id(),
+        },
+        ClientOptions {
+            backoff_max: Duration::from_millis(100),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    for (id, peer) in [(1, "h2"), (2, "h1")] {
+        job.conn_up(ConnUp {
+            job: "a".into(),
+            rank: 0,
+            conn_id: id,
+            nic: "rail0".into(),
+            peer_host: peer.into(),
+            peer_rank: 1,
+            rail: 0,
+        })
+        .await
+        .unwrap();
+    }
+    let (pace_tx, mut paces) = mpsc::unbounded_channel();
+    let j = job.clone();
+    tokio::spawn(async move {
+        while let Some(o) = orders.next().await {
+            if let OrderKind::Pace {
+                conn_id,
+                bytes_per_s,
+            } = o.kind
+            {
+                let _ = pace_tx.send((conn_id, bytes_per_s));
+            }
+            j.order_done(o.order_id, true, "ok").await.unwrap();
+        }
+    });
+    // Lines and baselines settle.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    // The job's class (its port to h1 and h2) and the pace; the bulk flow
+    // (another port) takes the default class: the uplink stays the
+    // bottleneck.
+    let flow = |dst: Ipv4Addr, dst_port, src_port| FlowMatch {
+        dst: dst.to_string(),
+        protocol: 6,
+        dst_port,
+        src_port,
+    };
+    let order = ShapeNic {
+        nic: "rail0".into(),
+        classes: vec![ShapeClass {
+            minor: 0x10,
+            rate_bps: 500_000_000,
+            ceil_bps: 500_000_000,
+            flows: vec![
+                flow(h2, 5301, 0),
+                flow(h2, 0, 5301),
+                flow(h1, 5301, 0),
+                flow(h1, 0, 5301),
+            ],
+            label: "job a".into(),
+        }],
+        default_rate_bps: 1_000_000_000,
+        pace: vec![PaceJob {
+            job: "a".into(),
+            rate_bps: 50_000_000,
+        }],
+        hold_queueing_us: 1_000,
+    };
+    let (ok, detail) = shaper.execute(&ShapeOrder::Shape(order)).await;
+    eprintln!("shape: {detail}");
+    assert!(ok, "{detail}");
+    assert!(
+        detail.contains("edge hold at 1000 µs for 1 jobs"),
+        "{detail}"
+    );
+    let release = Some(50_000_000 / 8);
+    let mut initial = vec![
+        next_pace(&mut paces, Duration::from_secs(1)).await,
+        next_pace(&mut paces, Duration::from_secs(1)).await,
+    ];
+    initial.sort();
+    assert_eq!(initial, vec![Some((1, release)), Some((2, release))]);
+    assert_eq!(
+        next_pace(&mut paces, Duration::from_millis(500)).await,
+        None,
+        "calm: nothing held"
+    );
+
+    let f = tokio::task::block_in_place(|| {
+        BulkFlow::start(&tb, 0, 2, 0, 5202, Duration::from_secs(30)).expect("bulk h0 → h2")
+    });
+    let t = Instant::now();
+    let held = next_pace(&mut paces, Duration::from_secs(3)).await;
+    let hold_after = t.elapsed();
+    assert_eq!(
+        held,
+        Some((1, Some(HOLD_RATE_BYTES_PER_S))),
+        "h2's connection held"
+    );
+    // Let it run; count what the loop does (only connection 1 moves).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let report = tokio::task::block_in_place(|| f.stop()).expect("stop the bulk flow");
+    let mut during = Vec::new();
+    while let Ok(p) = paces.try_recv() {
+        during.push(p);
+    }
+    assert!(during.iter().all(|(c, _)| *c == 1), "{during:?}");
+    // After the flow the last order for connection 1 is its release.
+    let mut last = during
+        .last()
+        .copied()
+        .unwrap_or((1, Some(HOLD_RATE_BYTES_PER_S)));
+    let t = Instant::now();
+    let mut released_after = Duration::ZERO;
+    while let Some(p) = next_pace(&mut paces, Duration::from_secs(2)).await {
+        assert_eq!(p.0, 1, "{p:?}");
+        last = p;
+        released_after = t.elapsed();
+    }
+    eprintln!(
+        "bulk {:.1} Mbit/s; held {} ms after the flow started; {} pace orders while it ran; counters {:?}; last order {} ms after it stopped",
+        report.mbps,
+        hold_after.as_millis(),
+        during.len(),
+        shaper.holds(),
+        released_after.as_millis()
+    );
+    assert_eq!(last, (1, release), "released at the order's pace");
+    let c = shaper.holds();
+    assert_eq!(c.len(), 1);
+    assert!(c[0].1.holds >= 1 && c[0].1.held_now == 0, "{c:?}");
+
+    let (ok, detail) = shaper
+        .execute(&ShapeOrder::Clear(ClearShape {
+            nic: "rail0".into(),
+        }))
+        .await;
+    eprintln!("clear: {detail}");
+    assert!(ok && detail.contains("edge hold stopped ("), "{detail}");
+    assert!(shaper.holds().is_empty());
+    let mut unpaced = vec![
+        next_pace(&mut paces, Duration::from_secs(1)).await,
+        next_pace(&mut paces, Duration::from_secs(1)).await,
+    ];
+    unpaced.sort();
+    assert_eq!(unpaced, vec![Some((1, None)), Some((2, None))]);
     drop(meshes);
     tb.teardown();
 }
