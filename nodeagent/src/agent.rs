@@ -254,7 +254,10 @@ pub async fn run(
     // earlier run left are logged and kept.
     let (nl_conn, nl_handle, _) = rtnetlink::new_connection().map_err(AgentError::Netlink)?;
     let netlink = tokio::spawn(nl_conn);
-    let shaper = Arc::new(Shaper::new(nl_handle, cfg.nics.clone(), control.clone()));
+    let shaper = Arc::new(
+        Shaper::new(nl_handle, cfg.nics.clone(), control.clone())
+            .with_probe_port(cfg.probe.as_ref().map(|p| p.port)),
+    );
     shaper.adopt_existing().await;
     let placements = tokio::spawn(placement_loop(
         control.clone(),

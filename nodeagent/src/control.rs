@@ -809,7 +809,14 @@ impl Control {
     /// awaited together for at most [`JOB_ORDER_TIMEOUT`]. Bounded by the
     /// inventory ([`MAX_CONNS`]). Like [`Control::execute`], waits until
     /// jobs had [`RESYNC_GRACE`] to re-register after the agent started.
-    pub async fn pace_job(&self, job: &str, bytes_per_s: Option<u64>) -> PaceOutcome {
+    /// Only connections currently on `nic` (when given) are paced: the
+    /// shaped NIC's, not the job's other rails.
+    pub async fn pace_job(
+        &self,
+        job: &str,
+        nic: Option<&str>,
+        bytes_per_s: Option<u64>,
+    ) -> PaceOutcome {
         tokio::time::sleep_until((self.started + RESYNC_GRACE).into()).await;
         let (ranks, keys) = {
             let inv = self.lock();
@@ -820,7 +827,12 @@ impl Control {
                 .map(|s| s.hello.rank)
                 .collect::<BTreeSet<u32>>()
                 .len();
-            let keys: Vec<ConnKey> = inv.conns.keys().filter(|k| k.job == job).cloned().collect();
+            let keys: Vec<ConnKey> = inv
+                .conns
+                .iter()
+                .filter(|(k, r)| k.job == job && nic.is_none_or(|n| r.conn.nic == n))
+                .map(|(k, _)| k.clone())
+                .collect();
             (ranks, keys)
         };
         let mut out = self.pace_conns(&keys, bytes_per_s, JOB_ORDER_TIMEOUT).await;

@@ -354,6 +354,40 @@ pub struct Shaper {
     queueing: OnceLock<Arc<QueueingBoard>>,
     /// Edge-hold loops, by NIC.
     holds: Mutex<BTreeMap<String, HoldLoop>>,
+    /// The probe mesh's UDP port: probes to the order's destinations get a
+    /// class of their own ([`PROBE_MINOR`]) so they never queue behind the
+    /// traffic they measure.
+    probe_port: Option<u16>,
+}
+
+/// Class of the probe mesh's traffic on a shaped NIC (first in filter
+/// order; not counted in the shaped bytes).
+pub const PROBE_MINOR: u16 = 0xfff0;
+/// Its rate and ceil (the mesh sends ~1.4 Mbit/s per agent to 5 peers).
+pub const PROBE_CLASS_BPS: u64 = 20_000_000;
+
+/// The probe class for an order's classes: UDP to the probe port at each
+/// destination they name (at most 16, the class limit).
+fn probe_class(port: u16, shapes: &[Shape]) -> Option<Shape> {
+    let dsts: BTreeSet<Ipv4Addr> = shapes
+        .iter()
+        .flat_map(|s| s.matches.iter().map(|m| m.dst))
+        .collect();
+    let matches: Vec<FlowMatch> = dsts
+        .into_iter()
+        .take(16)
+        .map(|dst| FlowMatch {
+            dst,
+            dst_port: Some(L4Port::Udp(port)),
+            src_port: None,
+        })
+        .collect();
+    (!matches.is_empty()).then_some(Shape {
+        class_minor: PROBE_MINOR,
+        rate_bps: PROBE_CLASS_BPS,
+        ceil_bps: PROBE_CLASS_BPS,
+        matches,
+    })
 }
 
 impl Shaper {
@@ -368,7 +402,14 @@ impl Shaper {
             serial: tokio::sync::Mutex::new(()),
             queueing: OnceLock::new(),
             holds: Mutex::new(BTreeMap::new()),
+            probe_port: None,
         }
+    }
+
+    /// Gives probes to shaped destinations a class of their own.
+    pub fn with_probe_port(mut self, port: Option<u16>) -> Self {
+        self.probe_port = port;
+        self
     }
 
     /// Feeds edge holding with the probe mesh's outgoing queueing (the
@@ -502,7 +543,7 @@ impl Shaper {
             let rates: BTreeMap<u16, u64> = found
                 .classes
                 .iter()
-                .filter(|c| c.minor != ROOT_MINOR && c.minor != DEFAULT_MINOR)
+                .filter(|c| ![ROOT_MINOR, DEFAULT_MINOR, PROBE_MINOR].contains(&c.minor))
                 .map(|c| (c.minor, c.rate_bps))
                 .collect();
             tracing::warn!(
@@ -567,7 +608,12 @@ impl Shaper {
             // No classes: the shaping goes; the pacing still applies.
             return self.clear_htb(&s.nic, ifindex).await;
         }
-        let shapes = plan.shapes();
+        let ordered = plan.shapes();
+        let mut shapes = Vec::with_capacity(ordered.len() + 1);
+        if let Some(p) = self.probe_port.and_then(|port| probe_class(port, &ordered)) {
+            shapes.push(p);
+        }
+        shapes.extend(ordered.iter().cloned());
         // Count what the old classes sent before they change.
         self.sample(&s.nic).await;
         if let Err(e) = shape::apply(&self.handle, ifindex, &shapes, plan.default_rate_bps).await {
@@ -588,7 +634,10 @@ impl Shaper {
             let mut st = self.lock();
             let e = st.entry(s.nic.clone()).or_default();
             e.ifindex = ifindex;
-            e.rates = shapes.iter().map(|s| (s.class_minor, s.rate_bps)).collect();
+            e.rates = ordered
+                .iter()
+                .map(|s| (s.class_minor, s.rate_bps))
+                .collect();
             let stats = installed
                 .classes
                 .iter()
@@ -689,7 +738,7 @@ impl Shaper {
         let mut parts = Vec::new();
         let mut paced_now = BTreeSet::new();
         for (job, rate) in &todo {
-            let o = self.control.pace_job(job, *rate).await;
+            let o = self.control.pace_job(job, Some(nic), *rate).await;
             let what = match rate {
                 Some(b) => format!("paced at {}", fmt_rate(b.saturating_mul(8))),
                 None => "unpaced".to_string(),
@@ -954,6 +1003,28 @@ mod tests {
             .describe(),
             "clear shaping on rail0"
         );
+    }
+
+    #[test]
+    fn probes_get_a_class_of_their_own_to_every_shaped_destination() {
+        let plan = plan_from_wire(&order()).unwrap();
+        let shapes = plan.shapes();
+        let p = probe_class(7410, &shapes).unwrap();
+        assert_eq!(p.class_minor, PROBE_MINOR);
+        let dsts: BTreeSet<Ipv4Addr> = shapes
+            .iter()
+            .flat_map(|s| s.matches.iter().map(|m| m.dst))
+            .collect();
+        assert_eq!(p.matches.len(), dsts.len());
+        assert!(p
+            .matches
+            .iter()
+            .all(|m| m.dst_port == Some(L4Port::Udp(7410)) && m.src_port.is_none()));
+        // With it first, the whole set still validates.
+        let mut all = vec![p];
+        all.extend(shapes);
+        shape::validate(&all, plan.default_rate_bps).unwrap();
+        assert!(probe_class(7410, &[]).is_none());
     }
 
     #[test]
