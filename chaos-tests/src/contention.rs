@@ -27,6 +27,8 @@ const RAIL: usize = 0;
 const UPLINK: &str = "rail0-uplink";
 const BULK_PORT: u16 = 5201;
 const JOBS: [&str; 2] = ["ring-a", "ring-b"];
+/// Time given to the queue to drain before the steady state is measured.
+const SETTLE: Duration = Duration::from_secs(3);
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -216,8 +218,9 @@ fn crosses(p: &serde_json::Value, n: usize) -> bool {
 }
 
 /// Per-second OWD p99s (µs) of the paths crossing the uplink, as the
-/// leader's detector last saw them (fresh seconds only).
-fn uplink_owd_sample(c: &NetCluster, n: usize) -> Vec<f64> {
+/// leader's detector last saw them (fresh seconds only), with whether the
+/// path goes from leaf 0 to leaf 1.
+fn uplink_owd_sample(c: &NetCluster, n: usize) -> Vec<(bool, f64)> {
     let Ok(v) = c.cli_json(&["paths", "--queueing"]) else {
         return Vec::new();
     };
@@ -226,7 +229,16 @@ fn uplink_owd_sample(c: &NetCluster, n: usize) -> Vec<f64> {
         .into_iter()
         .flatten()
         .filter(|p| crosses(p, n) && p["age_ms"].as_u64().is_some_and(|a| a <= 1_200))
-        .filter_map(|p| Some(p["baseline_us"].as_f64()? + p["queueing_p99_us"].as_f64()?))
+        .filter_map(|p| {
+            let forward = p["path"]["src"]
+                .as_str()
+                .and_then(|s| s.strip_prefix('h')?.parse::<usize>().ok())
+                .is_some_and(|i| i < n);
+            Some((
+                forward,
+                p["baseline_us"].as_f64()? + p["queueing_p99_us"].as_f64()?,
+            ))
+        })
         .collect()
 }
 
@@ -280,7 +292,8 @@ struct Phase {
     incidents: Vec<(u64, String, String, u64)>,
     shaped_nics: usize,
     verified_on_nics: usize,
-    owd_us: Vec<f64>,
+    /// (leaf 0 → leaf 1, per-second p99 OWD µs) samples.
+    owd_us: Vec<(bool, f64)>,
     steps: BTreeMap<&'static str, Vec<f64>>,
     runs: Vec<JobRun>,
     bulk_mbps: f64,
@@ -356,8 +369,10 @@ async fn loaded(t: &mut Training, o: &ContentionOpts) -> anyhow::Result<Phase> {
             t0.elapsed().as_secs_f64()
         );
     }
-    // Steady state: from here on OWDs and step times count.
-    let measure_from = t0.elapsed();
+    // Steady state: from SETTLE after detection (off) or after the shapes
+    // are in (on), OWDs and step times count — the queue built before
+    // reshaping has drained by then; the transient is `detection_ms`.
+    let measure_from = t0.elapsed() + SETTLE;
     let mut owd_us = Vec::new();
     let mut watches: Vec<Watch> = JOBS.iter().map(|j| Watch::new(j, o.deadline)).collect();
     let mut runs: Vec<Option<JobRun>> = vec![None, None];
@@ -372,7 +387,7 @@ async fn loaded(t: &mut Training, o: &ContentionOpts) -> anyhow::Result<Phase> {
                 *r = w.poll(t, &train)?;
             }
         }
-        if last_sample.elapsed() >= Duration::from_secs(1) {
+        if last_sample.elapsed() >= Duration::from_secs(1) && t0.elapsed() >= measure_from {
             last_sample = Instant::now();
             owd_us.extend(uplink_owd_sample(&t.c, n));
         }
@@ -521,9 +536,22 @@ pub async fn bench(o: &ContentionOpts) -> anyhow::Result<serde_json::Value> {
         if r.is_err() {
             t.keep_run_dir();
         }
-        let mut p = r?;
-        let owd_p50 = pct(&mut p.owd_us, 0.5);
-        let owd_p99 = pct(&mut p.owd_us, 0.99);
+        let p = r?;
+        let mut all: Vec<f64> = p.owd_us.iter().map(|(_, v)| *v).collect();
+        let mut fwd: Vec<f64> = p
+            .owd_us
+            .iter()
+            .filter(|(f, _)| *f)
+            .map(|(_, v)| *v)
+            .collect();
+        let mut rev: Vec<f64> = p
+            .owd_us
+            .iter()
+            .filter(|(f, _)| !*f)
+            .map(|(_, v)| *v)
+            .collect();
+        let owd_p50 = pct(&mut all, 0.5);
+        let owd_p99 = pct(&mut all, 0.99);
         let mut jobs = serde_json::Map::new();
         for (job, v) in &p.steps {
             let mut v = v.clone();
@@ -542,6 +570,11 @@ pub async fn bench(o: &ContentionOpts) -> anyhow::Result<serde_json::Value> {
                 "uplink_owd_p50_us": r1(owd_p50),
                 "uplink_owd_p99_us": r1(owd_p99),
                 "owd_samples": p.owd_us.len(),
+                "leaf0_to_leaf1_owd_p50_us": r1(pct(&mut fwd, 0.5)),
+                "leaf0_to_leaf1_owd_p99_us": r1(pct(&mut fwd, 0.99)),
+                "leaf1_to_leaf0_owd_p50_us": r1(pct(&mut rev, 0.5)),
+                "leaf1_to_leaf0_owd_p99_us": r1(pct(&mut rev, 0.99)),
+                "incidents": p.incidents.iter().map(|i| format!("{} {}", i.1, i.2)).collect::<Vec<_>>(),
                 "detection_ms": p.detection_ms,
                 "shaped_nics": p.shaped_nics,
                 "jobs": jobs,

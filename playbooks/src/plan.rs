@@ -397,7 +397,7 @@ fn describe(
             };
             let rate = match bits_per_sec {
                 Some(b) => format!("fair shares of {b} bit/s"),
-                None => "fair shares of the link's rate × 0.9".into(),
+                None => "fair shares of the link's rate × 0.95".into(),
             };
             let hold = match edge_hold {
                 Some(d) => format!(

@@ -8,8 +8,10 @@
 //! being the minimum of its per-second minimum OWDs over the last
 //! [`ContentionConfig::baseline_seconds`] *uncontended* seconds (a standing
 //! queue does not raise it). A path becomes contended when one second's
-//! median queueing reaches `enter_us` and clears after `exit_seconds`
-//! seconds in a row below `exit_us`. A change of correction (raw → pair →
+//! median queueing reaches `enter_us` (1 ms) or its p99 queueing
+//! `enter_p99_us` (5 ms: bursty contention), and clears after
+//! `exit_seconds` seconds in a row with the median below `exit_us` and the
+//! p99 below half of `enter_p99_us`. A change of correction (raw → pair →
 //! network) restarts the baseline, since the delays' zero moved.
 //!
 //! **Localisation** (network tomography over a tree): every fresh path is
@@ -49,6 +51,9 @@ use crate::topology::{DirLink, Topology};
 pub struct ContentionConfig {
     /// A second's median queueing at or above this makes a path contended.
     pub enter_us: f64,
+    /// …and so does a second's p99 queueing at or above this (bursty
+    /// contention: a ring all-reduce fills a queue for part of a second).
+    pub enter_p99_us: f64,
     /// Below this for `exit_seconds` seconds in a row clears it.
     pub exit_us: f64,
     pub exit_seconds: u32,
@@ -70,6 +75,7 @@ impl Default for ContentionConfig {
     fn default() -> Self {
         Self {
             enter_us: 1_000.0,
+            enter_p99_us: 5_000.0,
             exit_us: 300.0,
             exit_seconds: 3,
             baseline_seconds: 120,
@@ -210,7 +216,11 @@ impl Detector {
             t.last = s.arrived;
             t.queue_p50_us = (s.p50_ns - floor).max(0.0) / 1_000.0;
             t.queue_p99_us = (s.p99_ns - floor).max(0.0) / 1_000.0;
-            if t.queue_p50_us >= self.cfg.enter_us {
+            let entering =
+                t.queue_p50_us >= self.cfg.enter_us || t.queue_p99_us >= self.cfg.enter_p99_us;
+            let calm =
+                t.queue_p50_us < self.cfg.exit_us && t.queue_p99_us < self.cfg.enter_p99_us / 2.0;
+            if entering {
                 if !t.contended {
                     tracing::info!(path = %key, queueing_p50_us = t.queue_p50_us, queueing_p99_us = t.queue_p99_us, "path contended");
                     t.since = Some(s.arrived);
@@ -218,7 +228,7 @@ impl Detector {
                 t.contended = true;
                 t.calm = 0;
             } else if t.contended {
-                if t.queue_p50_us < self.cfg.exit_us {
+                if calm {
                     t.calm += 1;
                     if t.calm >= self.cfg.exit_seconds {
                         tracing::info!(path = %key, "path clear");
@@ -232,7 +242,7 @@ impl Detector {
             }
             // Only calm seconds move the baseline: a standing queue would
             // otherwise become the new zero.
-            if !t.contended && t.queue_p50_us < self.cfg.enter_us {
+            if !t.contended && !entering {
                 t.baseline.push_back(s.min_ns);
                 while t.baseline.len() > self.cfg.baseline_seconds {
                     t.baseline.pop_front();
@@ -763,6 +773,37 @@ switch = "l1"
             .paths(at)
             .iter()
             .any(|p| p.path.src == "h0" && p.path.dst == "h2" && p.contended));
+    }
+
+    #[test]
+    fn bursty_queueing_enters_on_the_p99_alone() {
+        let mut d = Detector::new(ContentionConfig::default());
+        let t0 = Instant::now();
+        let mut s = sample("h0", "h2", t0, 20.0, 30.0);
+        d.ingest(&[s.clone()], t0);
+        // Median calm, p99 8 ms above the baseline: contended.
+        let at = t0 + Duration::from_secs(1);
+        s.arrived = at;
+        s.p99_ns = 8_020e3;
+        d.ingest(&[s.clone()], at);
+        assert!(d.paths(at)[0].contended);
+        // p99 3 ms: not calm yet (needs < 2.5 ms), so it stays contended
+        // however long it lasts.
+        let mut at = at;
+        for _ in 0..5 {
+            at += Duration::from_secs(1);
+            s.arrived = at;
+            s.p99_ns = 3_020e3;
+            d.ingest(&[s.clone()], at);
+        }
+        assert!(d.paths(at)[0].contended);
+        for _ in 0..3 {
+            at += Duration::from_secs(1);
+            s.arrived = at;
+            s.p99_ns = 500e3;
+            d.ingest(&[s.clone()], at);
+        }
+        assert!(!d.paths(at)[0].contended);
     }
 
     #[test]

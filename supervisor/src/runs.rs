@@ -2108,10 +2108,10 @@ mod tests {
             ["job a", "other"],
             "job classes first, the rest last"
         );
-        // 400 Mbit/s × 0.9: 20 % for the rest (split between the two
+        // 400 Mbit/s × 0.95: 5 % for the rest (split between the two
         // senders), the jobs share what is left fairly.
-        assert_eq!(h0.classes[0].rate_bps, 144_000_000);
-        assert_eq!(h0.classes[1].rate_bps, 36_000_000);
+        assert_eq!(h0.classes[0].rate_bps, 180_500_000);
+        assert_eq!(h0.classes[1].rate_bps, 9_500_000);
         let total: u64 =
             w.st.shapes
                 .values()
@@ -2120,7 +2120,7 @@ mod tests {
                 .map(|c| c.ceil_bps)
                 .sum();
         assert!(
-            total <= 360_000_000,
+            total <= 380_000_000,
             "never more than the usable rate: {total}"
         );
         let a_port = w.st.jobs["a"].port;
@@ -2133,7 +2133,7 @@ mod tests {
             .flows
             .iter()
             .any(|f| f.dst == dst && f.src_port == a_port));
-        assert_eq!(h0.pace.get("a"), Some(&144_000_000));
+        assert_eq!(h0.pace.get("a"), Some(&180_500_000));
         let orders = |w: &World, clear: bool| {
             w.st.intents
                 .values()

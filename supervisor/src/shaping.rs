@@ -32,11 +32,13 @@ use crate::topology::DirLink;
 
 /// Share of a link's rate the plan hands out when the step names none
 /// (the rest keeps the queue empty).
-pub const DEFAULT_HEADROOM: f64 = 0.9;
+pub const DEFAULT_HEADROOM: f64 = 0.95;
 /// Share of the usable rate left to traffic that is not a job's (bulk
 /// copies, anything unknown) when jobs cross the link; the jobs split the
-/// rest fairly. Without jobs crossing, the rest gets it all.
-pub const OTHER_SHARE: f64 = 0.2;
+/// rest fairly. Deliberately small: the training jobs are what the
+/// cluster is for (MLTCP/CASSINI-style unfairness in their favour).
+/// Without jobs crossing, the rest gets it all.
+pub const OTHER_SHARE: f64 = 0.05;
 /// An agent's refusals of one desired shape before the reconciler stops
 /// asking (the shape stays desired and shown; an admin can clear it).
 pub const MAX_SHAPE_FAILURES: u32 = 3;
