@@ -430,13 +430,37 @@ fn main() {
         .init();
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let result: anyhow::Result<(bool, serde_json::Value)> = rt.block_on(async {
-        // Ctrl-C: kill what this run started and remove its namespaces.
+        // Ctrl-C or SIGTERM (e.g. `timeout`): kill what this run started
+        // and remove its namespaces.
         tokio::spawn(async {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                eprintln!("interrupted: cleaning up");
-                chaos_tests::testbed::cleanup_all_live();
-                std::process::exit(130);
-            }
+            use tokio::signal::unix::{signal, SignalKind};
+            let mut term = match signal(SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("warning: no SIGTERM handler ({e}); only Ctrl-C cleans up");
+                    if tokio::signal::ctrl_c().await.is_ok() {
+                        eprintln!("interrupted: cleaning up");
+                        chaos_tests::testbed::cleanup_all_live();
+                        std::process::exit(130);
+                    }
+                    return;
+                }
+            };
+            let code = tokio::select! {
+                r = tokio::signal::ctrl_c() => {
+                    if r.is_err() {
+                        // No Ctrl-C handler: SIGTERM still cleans up.
+                        term.recv().await;
+                        143
+                    } else {
+                        130
+                    }
+                }
+                _ = term.recv() => 143,
+            };
+            eprintln!("interrupted: cleaning up");
+            chaos_tests::testbed::cleanup_all_live();
+            std::process::exit(code);
         });
         match cli.cmd {
             Cmd::Demo { drain: true } => {
