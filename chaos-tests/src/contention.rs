@@ -191,8 +191,9 @@ fn incidents_opened(c: &NetCluster) -> anyhow::Result<usize> {
         .count())
 }
 
-/// (desired, applied) shapes per `railguard shape list`.
-fn shapes(c: &NetCluster) -> anyhow::Result<(usize, usize)> {
+/// (rows, desired, applied) shapes per `railguard shape list`: a row is a
+/// host NIC with a desired shape or an applied one still to be removed.
+fn shapes(c: &NetCluster) -> anyhow::Result<(usize, usize, usize)> {
     let v = c.cli_json(&["shape", "list"])?;
     let rows = v["shapes"].as_array().cloned().unwrap_or_default();
     let desired = rows.iter().filter(|r| !r["desired"].is_null()).count();
@@ -200,7 +201,7 @@ fn shapes(c: &NetCluster) -> anyhow::Result<(usize, usize)> {
         .iter()
         .filter(|r| !r["desired"].is_null() && r["desired"]["version"] == r["applied_version"])
         .count();
-    Ok((desired, applied))
+    Ok((rows.len(), desired, applied))
 }
 
 /// Whether a path (from `paths --queueing`) crosses the uplink.
@@ -352,7 +353,7 @@ async fn loaded(t: &mut Training, o: &ContentionOpts) -> anyhow::Result<Phase> {
     if o.reshaping && detection_ms.is_some() {
         let by = Instant::now() + Duration::from_secs(30);
         while Instant::now() < by {
-            let (d, a) = shapes(&t.c)?;
+            let (_, d, a) = shapes(&t.c)?;
             if d > 0 && a == d {
                 shaped_nics = d;
                 break;
@@ -427,10 +428,8 @@ async fn loaded(t: &mut Training, o: &ContentionOpts) -> anyhow::Result<Phase> {
         let by = Instant::now() + Duration::from_secs(90);
         while Instant::now() < by {
             let open = link_incidents(&t.c)?.len();
-            let (d, _) = shapes(&t.c)?;
-            let v = t.c.cli_json(&["shape", "list"])?;
-            let rows = v["shapes"].as_array().map_or(0, |r| r.len());
-            if open == 0 && d == 0 && rows == 0 {
+            let (rows, _, _) = shapes(&t.c)?;
+            if open == 0 && rows == 0 {
                 revert_ms = Some(load_end.elapsed().as_millis() as u64);
                 break;
             }

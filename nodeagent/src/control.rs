@@ -803,20 +803,14 @@ impl Control {
         )
     }
 
-    /// Paces every connection of `job` on this host (whatever NIC it is
-    /// on) at `bytes_per_s` (`None`: unpaced): one job-contract `pace`
+    /// Paces the connections of `job` on this host that are on `nic` (the
+    /// shaped NIC's, not the job's other rails) at `bytes_per_s` (`None`:
+    /// unpaced): one job-contract `pace`
     /// order per connection, sent to the socket that registered it, all
     /// awaited together for at most [`JOB_ORDER_TIMEOUT`]. Bounded by the
     /// inventory ([`MAX_CONNS`]). Like [`Control::execute`], waits until
     /// jobs had [`RESYNC_GRACE`] to re-register after the agent started.
-    /// Only connections currently on `nic` (when given) are paced: the
-    /// shaped NIC's, not the job's other rails.
-    pub async fn pace_job(
-        &self,
-        job: &str,
-        nic: Option<&str>,
-        bytes_per_s: Option<u64>,
-    ) -> PaceOutcome {
+    pub async fn pace_job(&self, job: &str, nic: &str, bytes_per_s: Option<u64>) -> PaceOutcome {
         tokio::time::sleep_until((self.started + RESYNC_GRACE).into()).await;
         let (ranks, keys) = {
             let inv = self.lock();
@@ -830,7 +824,7 @@ impl Control {
             let keys: Vec<ConnKey> = inv
                 .conns
                 .iter()
-                .filter(|(k, r)| k.job == job && nic.is_none_or(|n| r.conn.nic == n))
+                .filter(|(k, r)| k.job == job && r.conn.nic == nic)
                 .map(|(k, _)| k.clone())
                 .collect();
             (ranks, keys)

@@ -738,7 +738,7 @@ impl Shaper {
         let mut parts = Vec::new();
         let mut paced_now = BTreeSet::new();
         for (job, rate) in &todo {
-            let o = self.control.pace_job(job, Some(nic), *rate).await;
+            let o = self.control.pace_job(job, nic, *rate).await;
             let what = match rate {
                 Some(b) => format!("paced at {}", fmt_rate(b.saturating_mul(8))),
                 None => "unpaced".to_string(),

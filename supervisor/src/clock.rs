@@ -575,11 +575,13 @@ impl ClockService {
         let mut out = Vec::new();
         for (dst, table) in &store.paths {
             for (k, ring) in table {
-                for s in ring {
-                    if after.is_some_and(|a| s.arrived <= a)
-                        || now.saturating_duration_since(s.arrived) > PATH_WINDOW
-                        || s.delays == 0
-                    {
+                // Rings are in arrival order: read back only what is new.
+                let fresh = ring
+                    .iter()
+                    .rev()
+                    .take_while(|s| after.is_none_or(|a| s.arrived > a));
+                for s in fresh {
+                    if now.saturating_duration_since(s.arrived) > PATH_WINDOW || s.delays == 0 {
                         continue;
                     }
                     let theta = match (sol, hosts.get(dst.as_str()), hosts.get(k.src.as_str())) {

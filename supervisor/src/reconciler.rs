@@ -96,35 +96,17 @@ pub fn evaluate(st: &ClusterState, intent: &Intent, now_ms: u64) -> Option<Outco
             None
         }
         Action::StartRank { .. } | Action::StopJob { .. } | Action::CheckpointJob { .. } => {
-            if let Some(why) = crate::jobs::job_order_obsolete(st, &intent.action) {
-                return Some(Outcome::Cancelled { why });
+            match crate::jobs::job_order_obsolete(st, &intent.action) {
+                Some(why) => Some(Outcome::Cancelled { why }),
+                None => unanswered(intent, now_ms),
             }
-            if now_ms >= intent.opened_ms.saturating_add(ORDER_DEADLINE_MS) {
-                return Some(Outcome::Failed {
-                    error: format!(
-                        "the agent of {} did not answer within {} s",
-                        intent.action.host(),
-                        ORDER_DEADLINE_MS / 1000
-                    ),
-                });
-            }
-            None
         }
         Action::PlaybookStep { .. } => crate::runs::evaluate_step(st, intent, now_ms),
         Action::ShapeNic { .. } | Action::ClearShape { .. } => {
-            if let Some(why) = crate::shaping::shape_order_obsolete(st, &intent.action) {
-                return Some(Outcome::Cancelled { why });
+            match crate::shaping::shape_order_obsolete(st, &intent.action) {
+                Some(why) => Some(Outcome::Cancelled { why }),
+                None => unanswered(intent, now_ms),
             }
-            if now_ms >= intent.opened_ms.saturating_add(ORDER_DEADLINE_MS) {
-                return Some(Outcome::Failed {
-                    error: format!(
-                        "the agent of {} did not answer within {} s",
-                        intent.action.host(),
-                        ORDER_DEADLINE_MS / 1000
-                    ),
-                });
-            }
-            None
         }
         Action::Failover { host, nic, .. } | Action::Failback { host, nic } => {
             let Some(h) = st.hosts.get(host) else {
@@ -146,17 +128,21 @@ pub fn evaluate(st: &ClusterState, intent: &Intent, now_ms: u64) -> Option<Outco
             }
             // The agent answers (Agent.OrderDone); a host that is away gets
             // the order when it is back, within the deadline.
-            if now_ms >= intent.opened_ms.saturating_add(ORDER_DEADLINE_MS) {
-                return Some(Outcome::Failed {
-                    error: format!(
-                        "the agent of {host} did not answer within {} s",
-                        ORDER_DEADLINE_MS / 1000
-                    ),
-                });
-            }
-            None
+            unanswered(intent, now_ms)
         }
     }
+}
+
+/// An order intent still open [`ORDER_DEADLINE_MS`] after it opened:
+/// Failed (its agent never answered).
+fn unanswered(intent: &Intent, now_ms: u64) -> Option<Outcome> {
+    (now_ms >= intent.opened_ms.saturating_add(ORDER_DEADLINE_MS)).then(|| Outcome::Failed {
+        error: format!(
+            "the agent of {} did not answer within {} s",
+            intent.action.host(),
+            ORDER_DEADLINE_MS / 1000
+        ),
+    })
 }
 
 async fn step(sup: &Arc<Supervisor>) -> Result<(), crate::api::ApiError> {

@@ -1419,6 +1419,20 @@ fn print_links(v: &supervisor::api::LinksView) {
         "{:<20} {:<30} {:>8} {:>6} {:>10} {:>7} {:>12}  BOTTLENECK",
         "LINK", "DIRECTION", "RATE", "PATHS", "CONTENDED", "SCORE", "QUEUE p99 µs"
     );
+    // One directed link's row (its rate is the topology's).
+    let score_row = |s: &supervisor::contention::LinkScore| {
+        println!(
+            "{:<20} {:<30} {:>8} {:>6} {:>10} {:>7.2} {:>12}  {}",
+            s.link.link,
+            format!("{} → {}", s.link.from, s.link.to),
+            rate(s.rate_bps),
+            s.paths,
+            s.contended,
+            s.score,
+            num(s.queueing_p99_us, 0),
+            if s.bottleneck { "yes" } else { "" }
+        );
+    };
     for l in v.links.iter().filter(|l| !l.access) {
         let dirs: Vec<&supervisor::contention::LinkScore> =
             v.scores.iter().filter(|s| s.link.link == l.name).collect();
@@ -1434,38 +1448,12 @@ fn print_links(v: &supervisor::api::LinksView) {
                 "-"
             );
         }
-        for s in dirs {
-            println!(
-                "{:<20} {:<30} {:>8} {:>6} {:>10} {:>7.2} {:>12}  {}",
-                l.name,
-                format!("{} → {}", s.link.from, s.link.to),
-                rate(l.rate_bps),
-                s.paths,
-                s.contended,
-                s.score,
-                num(s.queueing_p99_us, 0),
-                if s.bottleneck { "yes" } else { "" }
-            );
-        }
+        dirs.into_iter().for_each(score_row);
     }
-    let cables: Vec<&supervisor::contention::LinkScore> = v
-        .scores
+    v.scores
         .iter()
         .filter(|s| s.access && s.contended > 0)
-        .collect();
-    for s in cables {
-        println!(
-            "{:<20} {:<30} {:>8} {:>6} {:>10} {:>7.2} {:>12}  {}",
-            s.link.link,
-            format!("{} → {}", s.link.from, s.link.to),
-            rate(s.rate_bps),
-            s.paths,
-            s.contended,
-            s.score,
-            num(s.queueing_p99_us, 0),
-            if s.bottleneck { "yes" } else { "" }
-        );
-    }
+        .for_each(score_row);
     let cables = v.links.iter().filter(|l| l.access).count();
     println!("({cables} NIC cables; those with contended paths are listed)");
     for i in &v.incidents {
