@@ -146,8 +146,9 @@ enum Cmd {
     /// With --contended: the contention detector's view instead — per
     /// path, the baseline (min OWD of calm seconds), the latest second's
     /// queueing delay (median and p99 OWD minus the baseline) and whether
-    /// the path is contended (a second's median queueing ≥ 1 ms; clear
-    /// after 3 s below 300 µs); contended paths only.
+    /// the path is contended (a second's median queueing ≥ 1 ms or its
+    /// p99 ≥ 5 ms; clear after 3 s with the median below 300 µs and the
+    /// p99 below 2.5 ms); contended paths only.
     Paths {
         /// Only paths from or to this host.
         #[arg(long)]
