@@ -195,3 +195,113 @@ async fn demo_runs_end_to_end() {
     let r = chaos_tests::demo::drain().await.unwrap();
     assert!(r.ok && r.drain_survived_failover, "{r:?}");
 }
+
+/// openraft restores a restarted leader whose vote is committed as leader
+/// of its old term at once. Alone, it never hears of the newer term, so it
+/// keeps believing it leads on a state that misses writes acknowledged
+/// since. It must not answer from that state: not a read, and not a
+/// refusal either (the leader-kill scenario once caught an uncordon refused
+/// as "draining" after the undrain had been acknowledged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restored_stale_leader_answers_nothing_from_its_state() {
+    let mut c = SupervisorCluster::start(3).unwrap();
+    let old = c.init().await.unwrap();
+    register_host(&c.addrs(), "h0").await.unwrap();
+    let all = c.client("test", 0, Duration::from_secs(5)).unwrap();
+    let drain = AdminOp::Drain {
+        host: "h0".into(),
+        reason: "test".into(),
+        deadline_ms: None,
+    };
+    all.call(AdminRequest::Write { op: drain }, false)
+        .await
+        .unwrap();
+    // The drain's commit index reaches the old leader's disk with the next
+    // append's flush (a restart re-applies what its disk says is committed).
+    let label = AdminOp::SetLabels {
+        host: "h0".into(),
+        set: BTreeMap::from([("k".to_string(), "v".to_string())]),
+        remove: vec![],
+    };
+    all.call(AdminRequest::Write { op: label }, false)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // The old leader dies; the other two elect a leader and undrain h0.
+    c.kill(old);
+    let new = c.wait_leader(Duration::from_secs(20)).await.unwrap();
+    assert_ne!(new, old);
+    let live: Vec<String> = c
+        .nodes
+        .iter()
+        .filter(|n| n.is_running())
+        .map(|n| n.addr.clone())
+        .collect();
+    let live_client =
+        supervisor::client::AdminClient::new(&live, "test", Duration::from_secs(5)).unwrap();
+    live_client
+        .call(
+            AdminRequest::Write {
+                op: AdminOp::Undrain { host: "h0".into() },
+            },
+            false,
+        )
+        .await
+        .unwrap();
+
+    // Both die; the old leader comes back alone, believing it still leads.
+    for id in 1..=3 {
+        c.kill(id);
+    }
+    c.restart(old).unwrap();
+    let stale = c.client_for(old, Duration::from_secs(1)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(AdminReply::Status(s)) = stale.call(AdminRequest::Status, true).await {
+            if s.leader == Some(old) {
+                break;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the old leader never restored itself"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Its own state still says "draining", so an uncordon would be refused.
+    let AdminReply::Host { host, .. } = stale
+        .call(AdminRequest::NodeShow { host: "h0".into() }, true)
+        .await
+        .unwrap()
+    else {
+        panic!("node show answered something else")
+    };
+    assert!(
+        host.drain.is_some(),
+        "the stale state still drains h0: {host:?}"
+    );
+    let e = stale
+        .call(
+            AdminRequest::Write {
+                op: AdminOp::Uncordon { host: "h0".into() },
+            },
+            false,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Unavailable, "{e}");
+    let e = stale
+        .call(AdminRequest::NodeShow { host: "h0".into() }, false)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Unavailable, "{e}");
+    // Nor do its leader-side services start on that state.
+    let log = std::fs::read_to_string(c.log_of(old)).unwrap();
+    let after_restart = log.rsplit("starting supervisor").next().unwrap();
+    assert!(
+        !after_restart.contains("liveness grace period starts"),
+        "the stale leader's services started:\n{after_restart}"
+    );
+}

@@ -1141,7 +1141,7 @@ pub async fn run(sup: Arc<Supervisor>) {
     let mut leading_since = Instant::now();
     loop {
         tick.tick().await;
-        if !sup.is_leader() {
+        if !sup.leads() {
             if leading {
                 tracing::info!("no longer leading: clock data forgotten");
                 leading = false;

@@ -589,7 +589,7 @@ pub async fn run(sup: Arc<Supervisor>) {
     }
     loop {
         tick.tick().await;
-        if !sup.is_leader() {
+        if !sup.leads() {
             if leading_since.take().is_some() {
                 tracing::info!("no longer leading: contention data forgotten");
             }

@@ -89,7 +89,7 @@ pub async fn run(sup: Arc<Supervisor>, cfg: LivenessConfig) {
     let mut leader_since: Option<(u64, Instant)> = None;
     loop {
         tick.tick().await;
-        if !sup.is_leader() {
+        if !sup.leads() {
             leader_since = None;
             continue;
         }

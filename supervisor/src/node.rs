@@ -12,6 +12,7 @@
 //! (`ensure_linearizable`) on the leader; `--stale` reads use local state.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -65,6 +66,9 @@ pub struct Supervisor {
     pub webhooks: crate::webhooks::WebhookSender,
     /// Leader memory: per-path queueing and link scores.
     pub contention: crate::contention::ContentionService,
+    /// The term in which this node last confirmed its leadership with a
+    /// quorum (0: never); see [`Supervisor::leads`].
+    confirmed_term: Arc<AtomicU64>,
 }
 
 /// Start-up failures.
@@ -118,8 +122,10 @@ impl Supervisor {
             clocks: Default::default(),
             webhooks: Default::default(),
             contention: Default::default(),
+            confirmed_term: Arc::new(AtomicU64::new(0)),
         });
-        tokio::spawn(run_batcher(raft, rx));
+        tokio::spawn(run_batcher(raft.clone(), rx));
+        tokio::spawn(confirm_leadership(raft, sup.confirmed_term.clone()));
         Ok(sup)
     }
 
@@ -136,6 +142,18 @@ impl Supervisor {
     /// Whether this node is the leader right now.
     pub fn is_leader(&self) -> bool {
         self.raft.metrics().borrow().state == ServerState::Leader
+    }
+
+    /// Whether this node leads and has confirmed it with a quorum in its
+    /// current term. The leader-side services (reconciler, liveness, clock,
+    /// contention) act only then: a restarted leader that openraft restores
+    /// into its old term believes it leads until it hears of the newer
+    /// term, and must not decide anything from its stale state meanwhile.
+    pub fn leads(&self) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.state == ServerState::Leader
+            && self.confirmed_term.load(Ordering::Acquire) == m.current_term
     }
 
     /// Address of the leader, if known.
@@ -184,7 +202,22 @@ impl Supervisor {
         &self,
         f: impl FnOnce(&ClusterState) -> T,
     ) -> Result<T, ApiError> {
-        // Everything in the leader's log when the read starts, which
+        self.linearizable_barrier("linearizable read").await?;
+        Ok(self.read(f))
+    }
+
+    /// Returns once this node has confirmed with a quorum that it leads and
+    /// has applied every entry acknowledged before the call, so local state
+    /// read afterwards is linearizable. `Unavailable` if it does not lead.
+    ///
+    /// `is_leader()` alone is not enough: openraft restores a restarted
+    /// leader whose persisted vote is committed as leader of its old term at
+    /// once, and until it hears of the newer term it answers from a state
+    /// that may miss writes the cluster has acknowledged since (found by the
+    /// leader-kill scenario: an uncordon refused as "draining" after the
+    /// undrain was acknowledged).
+    pub async fn linearizable_barrier(&self, what: &'static str) -> Result<(), ApiError> {
+        // Everything in the leader's log when the barrier starts, which
         // includes every write acknowledged before it.
         let last_log = self.raft.metrics().borrow().last_log_index;
         self.raft.ensure_linearizable().await.map_err(|e| match e {
@@ -196,13 +229,14 @@ impl Supervisor {
         // reuses its old noop and a committed id that may be stale, so the
         // read index alone can be behind writes it acknowledged before the
         // crash (found by the cluster-crash scenario). Waiting for the log
-        // as of the read's start closes that gap without a flush per commit.
+        // as of the barrier's start closes that gap without a flush per
+        // commit.
         self.raft
             .wait(Some(WRITE_TIMEOUT))
-            .applied_index_at_least(last_log, "linearizable read")
+            .applied_index_at_least(last_log, what)
             .await
-            .map_err(|e| ApiError::unavailable(format!("read not served: {e}")))?;
-        Ok(self.read(f))
+            .map_err(|e| ApiError::unavailable(format!("{what} not served: {e}")))?;
+        Ok(())
     }
 
     /// Validates and proposes one command; resolves when it is applied.
@@ -223,22 +257,16 @@ impl Supervisor {
             } => Some(r.clone()),
             _ => None,
         };
-        let checked = self.read(|st| precheck(st, request.as_ref(), &cmd));
-        let checked = match (checked, &request) {
-            (Some(Err(_)), Some(_)) => {
-                // A retry whose first attempt is committed but not yet
-                // applied here would fail validation against the state
-                // before it: catch up with the whole log, then decide.
-                let last_log = self.raft.metrics().borrow().last_log_index;
-                self.raft
-                    .wait(Some(WRITE_TIMEOUT))
-                    .applied_index_at_least(last_log, "retried request")
-                    .await
-                    .map_err(|e| ApiError::unavailable(format!("cannot catch up: {e}")))?;
-                self.read(|st| precheck(st, request.as_ref(), &cmd))
-            }
-            (c, _) => c,
-        };
+        let mut checked = self.read(|st| precheck(st, request.as_ref(), &cmd));
+        if matches!(checked, Some(Err(_))) {
+            // A refusal is an answer about the state, so it must be as
+            // linearizable as a read: confirm leadership and catch up with
+            // the whole log (a retry whose first attempt is committed but
+            // not yet applied here would otherwise fail validation against
+            // the state before it), then decide again.
+            self.linearizable_barrier("validation").await?;
+            checked = self.read(|st| precheck(st, request.as_ref(), &cmd));
+        }
         if let Some(done) = checked {
             return done.map_err(ApiError::from);
         }
@@ -381,6 +409,45 @@ fn membership_err(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> 
             ApiError::new(ErrorKind::FailedPrecondition, e.to_string())
         }
         RaftError::Fatal(e) => ApiError::internal(e.to_string()),
+    }
+}
+
+/// How long one leadership confirmation may take before it is tried again.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(1);
+/// Pause after a refused confirmation before the next try.
+const CONFIRM_RETRY: Duration = Duration::from_millis(50);
+
+/// Confirms leadership once per term (a read-index round with a quorum)
+/// and records the term in `confirmed`, for [`Supervisor::leads`].
+async fn confirm_leadership(raft: Raft<TypeConfig>, confirmed: Arc<AtomicU64>) {
+    let mut metrics = raft.metrics();
+    loop {
+        let (leader, term) = {
+            let m = metrics.borrow_and_update();
+            (m.state == ServerState::Leader, m.current_term)
+        };
+        if leader && confirmed.load(Ordering::Acquire) != term {
+            match tokio::time::timeout(CONFIRM_TIMEOUT, raft.ensure_linearizable()).await {
+                Ok(Ok(_)) => {
+                    confirmed.store(term, Ordering::Release);
+                    tracing::info!(term, "leadership confirmed by a quorum");
+                }
+                Ok(Err(RaftError::Fatal(e))) => {
+                    tracing::warn!(error = %e, "raft stopped; leadership never confirmed");
+                    return;
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(term, error = %e, "leadership not confirmed");
+                    tokio::time::sleep(CONFIRM_RETRY).await;
+                }
+                Err(_) => tracing::debug!(term, "leadership confirmation timed out"),
+            }
+            // Re-examine: the term or the role may have changed meanwhile.
+            continue;
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
     }
 }
 

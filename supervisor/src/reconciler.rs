@@ -44,7 +44,7 @@ pub async fn run(sup: Arc<Supervisor>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tick.tick().await;
-        if !sup.is_leader() {
+        if !sup.leads() {
             sup.orders.clear();
             sup.webhooks.clear();
             continue;
