@@ -420,11 +420,13 @@ const CONFIRM_RETRY: Duration = Duration::from_millis(50);
 /// Confirms leadership once per term (a read-index round with a quorum)
 /// and records the term in `confirmed`, for [`Supervisor::leads`].
 async fn confirm_leadership(raft: Raft<TypeConfig>, confirmed: Arc<AtomicU64>) {
-    let mut metrics = raft.metrics();
+    // Server metrics change with the role, vote or membership only, not
+    // with every append and commit (as the full metrics do).
+    let mut metrics = raft.server_metrics();
     loop {
         let (leader, term) = {
             let m = metrics.borrow_and_update();
-            (m.state == ServerState::Leader, m.current_term)
+            (m.state == ServerState::Leader, m.vote.leader_id().term)
         };
         if leader && confirmed.load(Ordering::Acquire) != term {
             match tokio::time::timeout(CONFIRM_TIMEOUT, raft.ensure_linearizable()).await {
