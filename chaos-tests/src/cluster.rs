@@ -134,6 +134,20 @@ impl SupervisorCluster {
         self.nodes.iter().map(|n| n.addr.clone()).collect()
     }
 
+    /// Addresses of the members running now, in id order.
+    pub fn live_addrs(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .filter(|n| n.is_running())
+            .map(|n| n.addr.clone())
+            .collect()
+    }
+
+    /// A client over the members running now.
+    pub fn live_client(&self, actor: &str, timeout: Duration) -> anyhow::Result<AdminClient> {
+        Ok(AdminClient::new(&self.live_addrs(), actor, timeout)?)
+    }
+
     /// (Re)starts member `id` on its data directory and port.
     pub fn restart(&mut self, id: u64) -> anyhow::Result<()> {
         if self.node(id).is_running() {

@@ -536,19 +536,15 @@ pub async fn bench(o: &ContentionOpts) -> anyhow::Result<serde_json::Value> {
             t.keep_run_dir();
         }
         let p = r?;
-        let mut all: Vec<f64> = p.owd_us.iter().map(|(_, v)| *v).collect();
-        let mut fwd: Vec<f64> = p
-            .owd_us
-            .iter()
-            .filter(|(f, _)| *f)
-            .map(|(_, v)| *v)
-            .collect();
-        let mut rev: Vec<f64> = p
-            .owd_us
-            .iter()
-            .filter(|(f, _)| !*f)
-            .map(|(_, v)| *v)
-            .collect();
+        // OWD samples in one direction (`Some(leaf 0 → leaf 1)`) or both.
+        let owds = |dir: Option<bool>| -> Vec<f64> {
+            p.owd_us
+                .iter()
+                .filter(|(f, _)| dir.is_none_or(|d| d == *f))
+                .map(|(_, v)| *v)
+                .collect()
+        };
+        let (mut all, mut fwd, mut rev) = (owds(None), owds(Some(true)), owds(Some(false)));
         let owd_p50 = pct(&mut all, 0.5);
         let owd_p99 = pct(&mut all, 0.99);
         let mut jobs = serde_json::Map::new();

@@ -127,12 +127,7 @@ pub async fn drain() -> anyhow::Result<DemoReport> {
     t.say(&format!(
         "supervisor {new_leader} leads after {failover_ms} ms"
     ));
-    let live: Vec<String> = cluster
-        .nodes
-        .iter()
-        .filter(|n| n.is_running())
-        .map(|n| n.addr.clone())
-        .collect();
+    let live = cluster.live_addrs();
     let show_h1 = cli(&live, &["node", "show", "h1"])?;
     show("node show h1", &show_h1);
     let survived = show_h1.contains("Drained");

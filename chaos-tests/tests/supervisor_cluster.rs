@@ -120,15 +120,8 @@ async fn membership_add_promote_transfer_remove() {
     c.kill(first_leader);
 
     // The reshaped cluster still commits writes.
-    let live: Vec<String> = c
-        .nodes
-        .iter()
-        .filter(|n| n.is_running())
-        .map(|n| n.addr.clone())
-        .collect();
-    register_host(&live, "h0").await.unwrap();
-    let live_client =
-        supervisor::client::AdminClient::new(&live, "test", Duration::from_secs(5)).unwrap();
+    register_host(&c.live_addrs(), "h0").await.unwrap();
+    let live_client = c.live_client("test", Duration::from_secs(5)).unwrap();
     live_client
         .call(
             AdminRequest::Write {
@@ -232,14 +225,7 @@ async fn restored_stale_leader_answers_nothing_from_its_state() {
     c.kill(old);
     let new = c.wait_leader(Duration::from_secs(20)).await.unwrap();
     assert_ne!(new, old);
-    let live: Vec<String> = c
-        .nodes
-        .iter()
-        .filter(|n| n.is_running())
-        .map(|n| n.addr.clone())
-        .collect();
-    let live_client =
-        supervisor::client::AdminClient::new(&live, "test", Duration::from_secs(5)).unwrap();
+    let live_client = c.live_client("test", Duration::from_secs(5)).unwrap();
     live_client
         .call(
             AdminRequest::Write {
