@@ -450,6 +450,7 @@ async fn summary_loop(
     shaper: Arc<Shaper>,
 ) {
     let mut rotate = 0usize;
+    let mut refused = 0u64;
     while let Some(s) = rx.recv().await {
         let mut msg = s.to_wire(&cfg.host);
         msg.shaped = shaper.summary().await;
@@ -458,7 +459,20 @@ async fn summary_loop(
         match tokio::time::timeout(Duration::from_secs(1), c.send_probe_summary(msg)).await {
             Ok(Ok(_)) => {}
             Ok(Err(st)) => {
-                tracing::debug!(addr = %addr, status = %st.message(), "probe summary refused");
+                // Not leading is routine (the hint follows the leader);
+                // anything else means the leader drops this host's clocks,
+                // paths and probe evidence, which an operator must see.
+                if matches!(
+                    st.code(),
+                    tonic::Code::InvalidArgument | tonic::Code::NotFound
+                ) {
+                    refused += 1;
+                    if refused.is_power_of_two() {
+                        tracing::warn!(addr = %addr, status = %st.message(), refused, "probe summary refused by the leader");
+                    }
+                } else {
+                    tracing::debug!(addr = %addr, status = %st.message(), "probe summary not taken");
+                }
                 hint.learn(&st);
             }
             Err(_) => tracing::debug!(addr = %addr, "probe summary timed out; dropped"),
