@@ -86,10 +86,10 @@ fn run(seed: u64, fwd: Path, rev: Path, cfg: PairConfig) -> Stats {
         if let Ok(e) = raw.estimate() {
             s.huygens_raw.push(err(&e));
         }
-        let ntp = raw.ntp_estimate().unwrap();
+        let ntp = raw.ntp_estimate(None).unwrap();
         s.ntp_raw
             .push(ntp.offset_ns - true_offset(&a, &b, ntp.at_ns));
-        if let Ok(ntp) = pure.ntp_estimate() {
+        if let Ok(ntp) = pure.ntp_estimate(None) {
             s.ntp_pure
                 .push(ntp.offset_ns - true_offset(&a, &b, ntp.at_ns));
         }

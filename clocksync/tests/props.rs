@@ -80,7 +80,7 @@ proptest! {
         // Both delays are read on B's rate; the midline is unaffected.
         prop_assert!((est.half_gap_ns - owd * (1.0 + b.rho)).abs() < 2.0);
         // The NTP-style estimate is exact too without noise.
-        let ntp = e.ntp_estimate().unwrap();
+        let ntp = e.ntp_estimate(None).unwrap();
         prop_assert!((ntp.offset_ns - true_offset(&a, &b, ntp.at_ns)).abs() < 2.0);
     }
 

@@ -700,7 +700,10 @@ impl Mesh {
                     path.outgoing.reline(path.line.as_ref(), estimate.as_ref());
                     path.line = estimate.clone();
                 }
-                let ntp = path.est.ntp_estimate().ok();
+                let ntp = path
+                    .est
+                    .ntp_estimate(estimate.as_ref().map(|e| e.drift_ppb))
+                    .ok();
                 let mut delays_ns: Vec<i64> = path
                     .delays
                     .drain(..)
