@@ -29,8 +29,9 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::netcluster::NetCluster;
-use crate::testbed::TestbedSpec;
+use crate::bulk::BulkFlow;
+use crate::netcluster::{NetCluster, NetClusterOptions};
+use crate::testbed::{LeafSplit, TestbedSpec};
 
 /// One run's parameters.
 #[derive(Debug, Clone)]
@@ -42,7 +43,14 @@ pub struct ClockSyncRun {
     pub seed: u64,
     /// Longest wait for convergence.
     pub converge_timeout: Duration,
+    /// Mbit/s of the shaped uplink a bulk flow fills (0: no load).
+    pub uplink_load_mbit: u64,
 }
+
+/// The rail the load splits and queues.
+const LOAD_RAIL: usize = 0;
+/// TCP port of the bulk flow.
+const LOAD_PORT: u16 = 5201;
 
 /// Percentiles of absolute errors (ns).
 #[derive(Debug, Clone, Serialize, Default)]
@@ -106,6 +114,8 @@ pub struct ClockSyncReport {
     pub probe_thread_sys_pct_max: f64,
     pub agent_cpu_pct_max: f64,
     pub bytes_per_s_per_agent: f64,
+    /// The load's bulk flow, Mbit/s received (none on an idle fabric).
+    pub load_mbps: Option<f64>,
     pub goal: &'static str,
     pub goal_met: bool,
     pub errors: Vec<String>,
@@ -297,7 +307,22 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         supervisors: p.supervisors,
         hosts: p.hosts,
     };
-    let mut c = NetCluster::start_with(spec, args).await?;
+    // Leaf 1 is the upper half of the hosts: with a random probe graph,
+    // many probe paths of the loaded rail cross the uplink.
+    let split = (p.uplink_load_mbit > 0).then(|| LeafSplit {
+        rail: LOAD_RAIL,
+        right: (p.hosts / 2..p.hosts).collect(),
+        uplink_bps: p.uplink_load_mbit * 1_000_000,
+    });
+    let mut c = NetCluster::start_opts(
+        spec,
+        NetClusterOptions {
+            agent_args: args,
+            leaf_split: split,
+            ..Default::default()
+        },
+    )
+    .await?;
     let started = Instant::now();
     let mut errors = Vec::new();
 
@@ -351,6 +376,21 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         }
         bytes0.push(b);
     }
+    let load = if p.uplink_load_mbit > 0 {
+        eprintln!(
+            "[clock-sync] load: bulk TCP h0 -> h{} across the {} Mbit/s rail{LOAD_RAIL} uplink",
+            p.hosts - 1,
+            p.uplink_load_mbit
+        );
+        let max = Duration::from_secs(p.seconds + 30);
+        let flow = BulkFlow::start(&c.tb, 0, p.hosts - 1, LOAD_RAIL, LOAD_PORT, max)
+            .context("start the load")?;
+        // Let the uplink's queue build before measuring.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        Some(flow)
+    } else {
+        None
+    };
     let w0 = Instant::now();
     let mut all = Sample::default();
     let mut recent: VecDeque<String> = VecDeque::new();
@@ -410,6 +450,14 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         bytes += b.saturating_sub(*b0);
     }
     errors.extend(recent);
+    let load_mbps = match load.map(BulkFlow::stop) {
+        None => None,
+        Some(Ok(r)) => Some(r.mbps),
+        Some(Err(e)) => {
+            errors.push(format!("load: {e}"));
+            None
+        }
+    };
 
     let violations = all
         .host_err
@@ -455,6 +503,7 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         probe_thread_sys_pct_max: sys_max,
         agent_cpu_pct_max: agent_cpu,
         bytes_per_s_per_agent: bytes_per_s,
+        load_mbps,
         goal: "per-host p99 error <= 1 us, >= 10x better than NTP-style at p99, probe thread <= 1 % of a core",
         goal_met,
         errors,

@@ -61,6 +61,7 @@ async fn clocks_converge_against_the_injected_truth() {
         seconds: 5,
         seed: 3,
         converge_timeout: Duration::from_secs(45),
+        uplink_load_mbit: 0,
     })
     .await
     .unwrap();

@@ -423,6 +423,10 @@ pub struct ClockEdgeView {
     pub ntp_at_ns: Option<i64>,
     pub ntp_offset_ns: Option<f64>,
     pub ntp_rtt_ns: Option<i64>,
+    /// Half this edge's round trip beyond its host pair's quietest rail:
+    /// the queueing bias it may carry, added to its error in the solve.
+    #[serde(default)]
+    pub queueing_ns: f64,
     /// Loop residual: measured minus fitted offset (ns).
     pub residual_ns: Option<f64>,
     /// Studentised residual.

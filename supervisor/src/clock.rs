@@ -184,9 +184,19 @@ pub struct SelectedEdge {
     pub to_id: u32,
     pub rail: u32,
     pub report: ClockReport,
+    /// Half this edge's minimum round trip beyond the smallest of its host
+    /// pair's rails (ns; 0 on the pair's quietest rail or without round
+    /// trips). Both rails join the same two clocks, so the excess is
+    /// queueing that never drained on this rail within the window, and an
+    /// offset taken from one-way floors can be biased by up to this much
+    /// (half the difference of the directions' queueing).
+    pub queueing_ns: f64,
 }
 
 impl SelectedEdge {
+    /// The edge as the solve sees it: its error is the pair fit's bound
+    /// and the possible queueing bias together, so a rail that stays
+    /// queued weighs little next to a quiet rail between the same hosts.
     fn estimate(&self) -> EdgeEstimate {
         EdgeEstimate {
             from: HostId(self.from_id),
@@ -194,7 +204,7 @@ impl SelectedEdge {
             at_ns: self.report.at_ns,
             offset_ns: self.report.offset_ns,
             drift_ppb: self.report.drift_ppb,
-            offset_error_ns: self.report.error_bound_ns,
+            offset_error_ns: self.report.error_bound_ns.hypot(self.queueing_ns),
             drift_error_ppb: self.report.drift_error_ppb,
         }
     }
@@ -699,6 +709,7 @@ impl ClockService {
                     ntp_at_ns: e.report.ntp.map(|n| n.at_ns),
                     ntp_offset_ns: e.report.ntp.map(|n| n.offset_ns),
                     ntp_rtt_ns: e.report.ntp.map(|n| n.rtt_ns),
+                    queueing_ns: e.queueing_ns,
                     residual_ns: fit.and_then(|f| finite(f.residual_ns)),
                     z: fit.and_then(|f| finite(f.z)),
                     drift_residual_ppb: fit.and_then(|f| finite(f.drift_residual_ppb)),
@@ -972,11 +983,26 @@ pub fn select_edges(
                     to_id: ph.id,
                     rail: *rail,
                     report: r.clone(),
+                    queueing_ns: 0.0,
                 },
             );
         }
     }
-    best.into_values().collect()
+    let mut quietest: BTreeMap<(u32, u32), i64> = BTreeMap::new();
+    for ((a, b, _), e) in &best {
+        if let Some(n) = e.report.ntp {
+            let q = quietest.entry((*a, *b)).or_insert(n.rtt_ns);
+            *q = (*q).min(n.rtt_ns);
+        }
+    }
+    best.into_iter()
+        .map(|((a, b, _), mut e)| {
+            if let (Some(n), Some(q)) = (e.report.ntp, quietest.get(&(a, b))) {
+                e.queueing_ns = (n.rtt_ns.saturating_sub(*q)) as f64 / 2.0;
+            }
+            e
+        })
+        .collect()
 }
 
 /// The lowest-id host that is not Down and is on an edge.
@@ -1389,6 +1415,60 @@ mod tests {
             assert_eq!(api.kind, kind, "case {i}");
             assert!(is_empty(&svc), "case {i}: nothing stored");
         }
+    }
+
+    /// Two hosts, both rails: rail 0 stays queued one way (its offset is
+    /// 3 µs off, its round trip 6 µs longer). The two edges are parallel,
+    /// so no loop can expose either; the round-trip excess gives rail 0 a
+    /// 3 µs error and the solve follows the quiet rail.
+    #[test]
+    fn a_rail_that_stays_queued_weighs_little_next_to_a_quiet_one() {
+        let mut st = ClusterState::default();
+        for i in 0..2u64 {
+            let nic = |r: u32| NicSpec {
+                name: format!("rail{r}"),
+                rail: Some(r),
+                backup: None,
+                rdma_device: None,
+                addr: Some(format!("10.20{r}.0.{i}")),
+            };
+            st.apply_proposal(
+                &LogId::new(CommittedLeaderId::new(1, 1), i + 1),
+                &Proposal {
+                    at_ms: 1,
+                    cmds: vec![Command::RegisterHost {
+                        host: format!("h{i}"),
+                        nics: vec![nic(0), nic(1)],
+                        labels: Default::default(),
+                    }],
+                },
+            );
+        }
+        let svc = ClockService::default();
+        let now = Instant::now();
+        let offsets = [0.0, 100.0];
+        let clean = peer_clock(&offsets, 0, 1, 10.0);
+        let queued = PeerClock {
+            rail: 0,
+            offset_ns: clean.offset_ns + 3_000.0,
+            ntp_rtt_ns: clean.ntp_rtt_ns + 6_000,
+            ..clean.clone()
+        };
+        let quiet = PeerClock { rail: 1, ..clean };
+        svc.ingest(&st, &summary("h0", vec![queued, quiet], vec![]), now)
+            .unwrap();
+        let input = svc.solve_input(&st, now).expect("fresh edges");
+        let q: Vec<(u32, f64)> = input
+            .edges
+            .iter()
+            .map(|e| (e.rail, e.queueing_ns))
+            .collect();
+        assert_eq!(q, vec![(0, 3_000.0), (1, 0.0)]);
+        let solved = input.solve(&SolveConfig::default(), now, 0);
+        let sol = solved.solution.expect("solved");
+        let h1 = sol.host(HostId(1)).expect("h1 solved");
+        // Equal weights would land half way, 1.5 µs off.
+        assert!((h1.offset_ns - 100.0).abs() < 5.0, "{h1:?}");
     }
 
     /// Regression: a negative NTP-style round trip (relative drift over

@@ -378,6 +378,11 @@ enum Bench {
         supervisors: usize,
         #[arg(long, default_value_t = 17)]
         seed: u64,
+        /// Queue one rail: split rail 0 into two leaves joined by an uplink
+        /// shaped to this many Mbit/s and run a bulk TCP flow across it
+        /// (leaf 0 → leaf 1) for the whole window. 0: an idle fabric.
+        #[arg(long, default_value_t = 0)]
+        uplink_load_mbit: u64,
     },
     /// The same ringtrain job under the same flap storm, with railguard's
     /// migration and without it (no backup rail: the job dies on a network
@@ -672,9 +677,13 @@ fn main() {
                 seconds,
                 supervisors,
                 seed,
+                uplink_load_mbit,
             }) => {
                 if !(1..=3600).contains(&seconds) || !(1..=5).contains(&supervisors) {
                     anyhow::bail!("--seconds takes 1..=3600 and --supervisors 1..=5");
+                }
+                if uplink_load_mbit > 10_000 {
+                    anyhow::bail!("--uplink-load-mbit takes 0 (idle) or 1..=10000");
                 }
                 if !chaos_tests::testbed::require_root("bench clock-sync")? {
                     anyhow::bail!("bench clock-sync needs root");
@@ -685,6 +694,7 @@ fn main() {
                     seconds,
                     seed,
                     converge_timeout: std::time::Duration::from_secs(60),
+                    uplink_load_mbit,
                 })
                 .await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
