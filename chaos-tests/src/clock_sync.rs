@@ -319,7 +319,6 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         NetClusterOptions {
             agent_args: args,
             leaf_split: split,
-            ..Default::default()
         },
     )
     .await?;
