@@ -114,7 +114,8 @@ pub struct ClockSyncReport {
     pub probe_thread_sys_pct_max: f64,
     pub agent_cpu_pct_max: f64,
     pub bytes_per_s_per_agent: f64,
-    /// The load's bulk flow, Mbit/s received (none on an idle fabric).
+    /// The load's bulk flow, Mbit/s received (none on an idle fabric);
+    /// with a load, `bytes_per_s_per_agent` leaves out its two ends.
     pub load_mbps: Option<f64>,
     pub goal: &'static str,
     pub goal_met: bool,
@@ -279,6 +280,11 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     if !(2..=32).contains(&p.hosts) {
         bail!("--hosts takes 2..=32");
     }
+    if p.uplink_load_mbit > 0 && p.hosts < 4 {
+        bail!(
+            "--uplink-load-mbit needs --hosts >= 4 (two leaves, and hosts besides the load's ends)"
+        );
+    }
     let mut rng = rand::rngs::StdRng::seed_from_u64(p.seed);
     let truth: Vec<Truth> = (0..p.hosts)
         .map(|_| Truth {
@@ -439,8 +445,18 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
             agent_cpu = agent_cpu.max(100.0 * (a - a0) as f64 / tck / window);
         }
     }
+    // The load's two ends also send its data and acks on their rails:
+    // they are left out of the probe bytes.
+    let load_ends = if p.uplink_load_mbit > 0 {
+        vec![0, p.hosts - 1]
+    } else {
+        Vec::new()
+    };
     let mut bytes = 0u64;
     for (h, b0) in bytes0.iter().enumerate() {
+        if load_ends.contains(&h) {
+            continue;
+        }
         let ns = c.tb.hosts[h].name.clone();
         let mut b = 0;
         for r in 0..2 {
@@ -472,7 +488,7 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     let ntp_style = ErrorStats::of(all.ntp_err);
     let improvement_p99 = ntp_style.p99_ns / railguard.p99_ns;
     let probe_max = probe_cpu.iter().copied().fold(0.0, f64::max);
-    let bytes_per_s = bytes as f64 / window / p.hosts as f64;
+    let bytes_per_s = bytes as f64 / window / (p.hosts - load_ends.len()).max(1) as f64;
     let enough = railguard.samples >= (p.seconds as usize / 2) * (p.hosts - 1);
     let goal_met =
         enough && railguard.p99_ns <= 1_000.0 && improvement_p99 >= 10.0 && probe_max <= 1.0;
