@@ -205,24 +205,6 @@ async fn set_up(h: &Handle, name: &str, up: bool) -> anyhow::Result<()> {
         .with_context(|| format!("set {name} {}", if up { "up" } else { "down" }))
 }
 
-/// Makes the fabric's bridges forward like switches: when the host has
-/// `br_netfilter` loaded (Docker and the like load it), every bridged frame
-/// would also run the iptables hooks; its sysctls are per namespace, so
-/// turning them off here touches nothing outside the testbed. Runs inside
-/// the fabric namespace (`/proc/sys/net` is the caller's namespace's).
-fn switch_bridges() -> std::io::Result<()> {
-    for table in ["iptables", "ip6tables", "arptables"] {
-        let path = format!("/proc/sys/net/bridge/bridge-nf-call-{table}");
-        match std::fs::write(&path, "0") {
-            Ok(()) => {}
-            // No br_netfilter: bridged frames skip netfilter already.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(std::io::Error::new(e.kind(), format!("{path}: {e}"))),
-        }
-    }
-    Ok(())
-}
-
 /// Makes `port` a port of `bridge` and sets it up; returns its index.
 async fn attach_up(h: &Handle, port: &str, bridge: &str) -> anyhow::Result<u32> {
     let br_idx = link_index(h, bridge).await?;
@@ -376,9 +358,6 @@ impl Testbed {
         let fab_name = self.fab.name.clone();
         let fab = self.handle(&fab_name)?;
         set_up(&fab, "lo", true).await?;
-        self.fab
-            .run(switch_bridges)?
-            .with_context(|| format!("configure the bridges of {fab_name}"))?;
         let mut bridges = vec!["mgmt".to_string(), "rail0".into(), "rail1".into()];
         if let Some(s) = &self.options.leaf_split {
             bridges.push(s.bridge(1));
