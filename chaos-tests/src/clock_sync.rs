@@ -43,7 +43,7 @@ pub struct ClockSyncRun {
     pub seed: u64,
     /// Longest wait for convergence.
     pub converge_timeout: Duration,
-    /// Mbit/s of the shaped uplink a bulk flow fills (0: no load).
+    /// Mbit/s of the shaped uplink a bulk flow crosses (0: no load).
     pub uplink_load_mbit: u64,
 }
 
