@@ -1225,17 +1225,24 @@ mod tests {
 
     /// Hosts `h0..hn` with one data NIC `rail0` on rail 0.
     fn state(n: usize) -> ClusterState {
+        state_with_rails(n, 1)
+    }
+
+    /// Hosts `h0..hn` with data NICs `rail0..rail<rails>`, one per rail.
+    fn state_with_rails(n: usize, rails: u32) -> ClusterState {
         let mut st = ClusterState::default();
         for i in 0..n {
             let cmd = Command::RegisterHost {
                 host: format!("h{i}"),
-                nics: vec![NicSpec {
-                    name: "rail0".into(),
-                    rail: Some(0),
-                    backup: None,
-                    rdma_device: None,
-                    addr: Some(format!("10.0.0.{i}")),
-                }],
+                nics: (0..rails)
+                    .map(|r| NicSpec {
+                        name: format!("rail{r}"),
+                        rail: Some(r),
+                        backup: None,
+                        rdma_device: None,
+                        addr: Some(format!("10.{r}.0.{i}")),
+                    })
+                    .collect(),
                 labels: Default::default(),
             };
             st.apply_proposal(
@@ -1423,27 +1430,7 @@ mod tests {
     /// 3 µs error and the solve follows the quiet rail.
     #[test]
     fn a_rail_that_stays_queued_weighs_little_next_to_a_quiet_one() {
-        let mut st = ClusterState::default();
-        for i in 0..2u64 {
-            let nic = |r: u32| NicSpec {
-                name: format!("rail{r}"),
-                rail: Some(r),
-                backup: None,
-                rdma_device: None,
-                addr: Some(format!("10.20{r}.0.{i}")),
-            };
-            st.apply_proposal(
-                &LogId::new(CommittedLeaderId::new(1, 1), i + 1),
-                &Proposal {
-                    at_ms: 1,
-                    cmds: vec![Command::RegisterHost {
-                        host: format!("h{i}"),
-                        nics: vec![nic(0), nic(1)],
-                        labels: Default::default(),
-                    }],
-                },
-            );
-        }
+        let st = state_with_rails(2, 2);
         let svc = ClockService::default();
         let now = Instant::now();
         let offsets = [0.0, 100.0];
