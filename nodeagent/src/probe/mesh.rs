@@ -13,7 +13,8 @@
 //! rail: `Tx` (my transmit stamps of an earlier pair of mine) and `Rx` (the
 //! receive stamps of an earlier pair of the peer's). So both hosts end up
 //! with all four stamps of every pair in both directions and each runs its
-//! own [`PairEstimator`] per (peer, rail).
+//! own [`PairEstimator`] per (peer, rail). A probe's first transmit stamp
+//! is the one kept (see [`Mesh::on_tx_stamp`]).
 //!
 //! **Paths.** For the directed path peer → me on a rail this host counts
 //! probes expected (from the peer's sequence numbers) and received, and
@@ -141,6 +142,9 @@ pub struct Counters {
     pub pairs_pure: u64,
     pub pairs_impure: u64,
     pub refused: u64,
+    /// Transmit stamps for a probe already stamped (ignored: see
+    /// [`Mesh::on_tx_stamp`]).
+    pub tx_stamps_repeated: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -488,6 +492,14 @@ impl Mesh {
     }
 
     /// A transmit timestamp from the error queue of the socket on `rail`.
+    ///
+    /// Only a probe's first stamp counts. The kernel stamps a datagram in
+    /// every driver that transmits it while it still belongs to the
+    /// socket, and a datagram keeps its socket across veth into other
+    /// namespaces: behind a bridge in the same kernel (a container host,
+    /// the netns testbed) the sender gets one stamp per hop, the last
+    /// taken after every queue on the way. The first, queued first, is the
+    /// one its own NIC took.
     pub fn on_tx_stamp(&mut self, rail: u32, probe: &Probe, ts: i64, now: Instant) {
         if probe.from != self.self_id || u32::from(probe.rail) != rail {
             return;
@@ -503,7 +515,12 @@ impl Mesh {
         let Some(i) = path.out.iter().position(|o| o.seq == probe.seq) else {
             return;
         };
-        path.out[i].tx[usize::from(probe.index)] = Some(ts);
+        let slot = &mut path.out[i].tx[usize::from(probe.index)];
+        if slot.is_some() {
+            self.counters.tx_stamps_repeated += 1;
+            return;
+        }
+        *slot = Some(ts);
         if let [Some(a), Some(b)] = path.out[i].tx {
             push_bounded(&mut path.tx_records, PENDING_RECORDS, (probe.seq, [a, b]));
             if let Some(rx) = path.out[i].rx {
@@ -845,6 +862,9 @@ mod tests {
         dead: Option<(usize, u32)>,
         /// Extra delay (ns) of every packet from one host to another.
         queue: Option<(usize, usize, i64)>,
+        /// Every probe is stamped again just before it arrives (a later
+        /// hop in the same kernel): (due ns, sender, rail, packet, stamp).
+        hop_stamps: Option<Vec<(i64, usize, u32, [u8; PACKET_LEN], i64)>>,
     }
 
     fn addr(host: usize, rail: u32) -> SocketAddrV4 {
@@ -902,6 +922,7 @@ mod tests {
                 rng: 0x1234_5678_9ABC_DEF1,
                 dead: None,
                 queue: None,
+                hop_stamps: None,
             }
         }
 
@@ -951,12 +972,24 @@ mod tests {
                                     q += extra;
                                 }
                             }
-                            self.wire
-                                .push((tx + 20_000 + q, to, op.rail, addr(h, op.rail), *pkt));
+                            let at = tx + 20_000 + q;
+                            if let Some(late) = &mut self.hop_stamps {
+                                let stamp = at - 1_000 + self.offsets_ns[h];
+                                late.push((at - 1_000, h, op.rail, *pkt, stamp));
+                            }
+                            self.wire.push((at, to, op.rail, addr(h, op.rail), *pkt));
                         }
                     }
                 }
                 let t = self.t_ns;
+                if let Some(late) = &mut self.hop_stamps {
+                    let (due, rest): (Vec<_>, Vec<_>) = late.drain(..).partition(|l| l.0 <= t);
+                    *late = rest;
+                    for (_, h, rail, pkt, stamp) in due {
+                        let p = Probe::decode(&pkt).unwrap();
+                        self.meshes[h].on_tx_stamp(rail, &p, stamp, now);
+                    }
+                }
                 let (ready, rest): (Vec<_>, Vec<_>) = self.wire.drain(..).partition(|w| w.0 <= t);
                 self.wire = rest;
                 for (at, to, rail, from, pkt) in ready {
@@ -1273,6 +1306,37 @@ mod tests {
         sim.queue = None;
         sim.run(t0, 200);
         assert!(sim.meshes[0].outgoing(1, 0).unwrap().queueing_ns < 250_000);
+    }
+
+    #[test]
+    fn a_probe_stamped_again_at_a_later_hop_keeps_its_first_stamp() {
+        // Each probe is also stamped just before it arrives, after any
+        // queue (a bridge in the same kernel): the first stamp is the
+        // sender's, so the clock line and the queueing stay right.
+        let mut sim = Sim::new(vec![0, 300_000], 1);
+        sim.hop_stamps = Some(Vec::new());
+        let t0 = sim.t_ns;
+        sim.run(t0, 2_000);
+        let now = sim.now(t0);
+        let summary = sim.meshes[0].summarise(now);
+        let line = summary[0].estimate.as_ref().expect("a line");
+        assert!(
+            (line.offset_ns - 300_000.0).abs() < 2_000.0,
+            "offset from the first stamps: {line:?}"
+        );
+        sim.meshes[1].summarise(now);
+        sim.queue = Some((0, 1, 2_000_000));
+        sim.run(t0, 500);
+        let q = sim.meshes[0].outgoing(1, 0).unwrap();
+        assert!(
+            (q.queueing_ns - 2_000_000).abs() < 250_000,
+            "the queue before the later hop is seen: {q:?}"
+        );
+        let repeated = sim.meshes[0].counters.tx_stamps_repeated;
+        assert!(
+            repeated > 100,
+            "later stamps are counted and ignored: {repeated}"
+        );
     }
 
     #[test]
