@@ -863,8 +863,17 @@ mod tests {
         /// Extra delay (ns) of every packet from one host to another.
         queue: Option<(usize, usize, i64)>,
         /// Every probe is stamped again just before it arrives (a later
-        /// hop in the same kernel): (due ns, sender, rail, packet, stamp).
-        hop_stamps: Option<Vec<(i64, usize, u32, [u8; PACKET_LEN], i64)>>,
+        /// hop in the same kernel).
+        hop_stamps: Option<Vec<HopStamp>>,
+    }
+
+    /// A later hop's transmit stamp of a probe, due at `at_ns`.
+    struct HopStamp {
+        at_ns: i64,
+        sender: usize,
+        rail: u32,
+        packet: [u8; PACKET_LEN],
+        stamp: i64,
     }
 
     fn addr(host: usize, rail: u32) -> SocketAddrV4 {
@@ -974,8 +983,13 @@ mod tests {
                             }
                             let at = tx + 20_000 + q;
                             if let Some(late) = &mut self.hop_stamps {
-                                let stamp = at - 1_000 + self.offsets_ns[h];
-                                late.push((at - 1_000, h, op.rail, *pkt, stamp));
+                                late.push(HopStamp {
+                                    at_ns: at - 1_000,
+                                    sender: h,
+                                    rail: op.rail,
+                                    packet: *pkt,
+                                    stamp: at - 1_000 + self.offsets_ns[h],
+                                });
                             }
                             self.wire.push((at, to, op.rail, addr(h, op.rail), *pkt));
                         }
@@ -983,11 +997,11 @@ mod tests {
                 }
                 let t = self.t_ns;
                 if let Some(late) = &mut self.hop_stamps {
-                    let (due, rest): (Vec<_>, Vec<_>) = late.drain(..).partition(|l| l.0 <= t);
+                    let (due, rest): (Vec<_>, Vec<_>) = late.drain(..).partition(|l| l.at_ns <= t);
                     *late = rest;
-                    for (_, h, rail, pkt, stamp) in due {
-                        let p = Probe::decode(&pkt).unwrap();
-                        self.meshes[h].on_tx_stamp(rail, &p, stamp, now);
+                    for l in due {
+                        let p = Probe::decode(&l.packet).unwrap();
+                        self.meshes[l.sender].on_tx_stamp(l.rail, &p, l.stamp, now);
                     }
                 }
                 let (ready, rest): (Vec<_>, Vec<_>) = self.wire.drain(..).partition(|w| w.0 <= t);

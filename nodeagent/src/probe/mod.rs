@@ -302,6 +302,7 @@ fn run_thread(
     let mut next_summary = Instant::now() + SUMMARY_EVERY;
     let mut send_errors = 0u64;
     let mut no_stamp = 0u64;
+    let mut told_repeats = false;
     tracing::info!(nics = sockets.len(), "probe mesh running");
     while !stop.load(Ordering::Relaxed) {
         if plan_rx.has_changed().unwrap_or(false) {
@@ -408,6 +409,13 @@ fn run_thread(
                 bytes_sent: mesh.bytes_sent,
             };
             tracing::debug!(counters = ?mesh.counters, no_stamp, send_errors, "probe mesh summary");
+            if mesh.counters.tx_stamps_repeated > 0 && !told_repeats {
+                told_repeats = true;
+                tracing::info!(
+                    repeated = mesh.counters.tx_stamps_repeated,
+                    "probes are stamped again after leaving this host (a bridge or veth in the same kernel); each probe's first transmit stamp is used"
+                );
+            }
             if let Err(mpsc::error::TrySendError::Closed(_)) = summaries.try_send(s) {
                 return;
             }
