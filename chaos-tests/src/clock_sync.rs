@@ -51,6 +51,8 @@ pub struct ClockSyncRun {
 const LOAD_RAIL: usize = 0;
 /// TCP port of the bulk flow.
 const LOAD_PORT: u16 = 5201;
+/// The shipped playbook that reshapes a contended link (deleted under load).
+const CONTENTION_PLAYBOOK: &str = "link-contention";
 
 /// Percentiles of absolute errors (ns).
 #[derive(Debug, Clone, Serialize, Default)]
@@ -382,6 +384,12 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         bytes0.push(b);
     }
     let load = if p.uplink_load_mbit > 0 {
+        // The bench measures clocks behind a queued uplink, not the cure:
+        // the shipped contention playbook would reshape the flow to its
+        // fair share and drain the very queue the load is for.
+        c.cli(&["playbook", "delete", CONTENTION_PLAYBOOK])
+            .context("delete the contention playbook before the load")?;
+        eprintln!("[clock-sync] load: playbook {CONTENTION_PLAYBOOK} deleted (no reshaping)");
         eprintln!(
             "[clock-sync] load: bulk TCP h0 -> h{} across the {} Mbit/s rail{LOAD_RAIL} uplink",
             p.hosts - 1,

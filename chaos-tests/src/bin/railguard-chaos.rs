@@ -380,7 +380,9 @@ enum Bench {
         seed: u64,
         /// Queue one rail: split rail 0 into two leaves joined by an uplink
         /// shaped to this many Mbit/s and run a bulk TCP flow across it
-        /// (leaf 0 → leaf 1) for the whole window. 0: an idle fabric.
+        /// (leaf 0 → leaf 1) for the whole window; the shipped
+        /// link-contention playbook is deleted first, so the flow is not
+        /// reshaped away. 0: an idle fabric.
         #[arg(long, default_value_t = 0)]
         uplink_load_mbit: u64,
     },
