@@ -119,6 +119,10 @@ pub struct ClockSyncReport {
     /// The load's bulk flow, Mbit/s received (none on an idle fabric);
     /// with a load, `bytes_per_s_per_agent` leaves out its two ends.
     pub load_mbps: Option<f64>,
+    /// The shipped link-contention playbook was deleted before the load
+    /// (so railguard did not reshape it; runs before this field existed
+    /// had it reshaped).
+    pub contention_playbook_deleted: bool,
     pub goal: &'static str,
     pub goal_met: bool,
     pub errors: Vec<String>,
@@ -527,6 +531,7 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         agent_cpu_pct_max: agent_cpu,
         bytes_per_s_per_agent: bytes_per_s,
         load_mbps,
+        contention_playbook_deleted: p.uplink_load_mbit > 0,
         goal: "per-host p99 error <= 1 us, >= 10x better than NTP-style at p99, probe thread <= 1 % of a core",
         goal_met,
         errors,

@@ -413,7 +413,7 @@ fn run_thread(
                 told_repeats = true;
                 tracing::info!(
                     repeated = mesh.counters.tx_stamps_repeated,
-                    "probes are stamped again after leaving this host (a bridge or veth in the same kernel); each probe's first transmit stamp is used"
+                    "probes are stamped more than once by devices in this kernel (veths into other namespaces); each probe's first transmit stamp is used"
                 );
             }
             if let Err(mpsc::error::TrySendError::Closed(_)) = summaries.try_send(s) {

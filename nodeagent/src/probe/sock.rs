@@ -39,6 +39,14 @@ pub const MAX_SEND_BATCH: usize = 128;
 const BUF: usize = 256;
 /// Control buffer per datagram (timestamps plus the error-queue cmsg).
 const CBUF: usize = 256;
+/// Receive buffer asked for (bytes; the kernel doubles it for overhead).
+/// Received probes and the error queue's transmit-stamp clones share it,
+/// and the kernel drops a stamp that does not fit: with the default
+/// 208 KiB, a probe thread stalled for ~100 ms could lose a probe's first
+/// stamp, and a later hop's would take its place. This is room for several
+/// hundred ms at the default rate. Set with `SO_RCVBUFFORCE` (root), else
+/// `SO_RCVBUF` (capped by `net.core.rmem_max`).
+pub const RCVBUF_BYTES: libc::c_int = 1 << 20;
 
 /// Which timestamps the socket uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -291,6 +299,11 @@ impl TsSocket {
         } as libc::c_int;
         setsockopt(raw, libc::SOL_SOCKET, SO_TIMESTAMPING, &flags)
             .map_err(|e| io_err("SO_TIMESTAMPING", e))?;
+        if let Err(e) = setsockopt(raw, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &RCVBUF_BYTES) {
+            tracing::debug!(nic, error = %e, "SO_RCVBUFFORCE refused; SO_RCVBUF instead");
+            setsockopt(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF_BYTES)
+                .map_err(|e| io_err("SO_RCVBUF", e))?;
+        }
         let sa = sockaddr(local);
         // SAFETY: `sa` is a valid sockaddr_in of the size passed.
         let rc = unsafe {
@@ -448,4 +461,36 @@ fn enable_hw_timestamps(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_receive_buffer_holds_the_error_queue_too() {
+        let s = TsSocket::open("lo", Ipv4Addr::LOCALHOST, 0, TsMode::Software).unwrap();
+        let mut got: libc::c_int = 0;
+        let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: a valid fd and an int-sized out buffer.
+        let rc = unsafe {
+            libc::getsockopt(
+                s.fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVBUF,
+                (&mut got as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(rc, 0);
+        // The kernel reports twice what was set; without root the setting
+        // is capped by net.core.rmem_max.
+        // SAFETY: geteuid(2) has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        if root {
+            assert!(got >= 2 * RCVBUF_BYTES, "receive buffer {got} bytes");
+        } else {
+            assert!(got > 0);
+        }
+    }
 }
