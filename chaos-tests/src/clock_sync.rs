@@ -30,7 +30,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::bulk::BulkFlow;
-use crate::netcluster::{NetCluster, NetClusterOptions};
+use crate::netcluster::{NetCluster, NetClusterOptions, RESHAPING_PLAYBOOK};
 use crate::testbed::{LeafSplit, TestbedSpec};
 
 /// One run's parameters.
@@ -51,8 +51,6 @@ pub struct ClockSyncRun {
 const LOAD_RAIL: usize = 0;
 /// TCP port of the bulk flow.
 const LOAD_PORT: u16 = 5201;
-/// The shipped playbook that reshapes a contended link (deleted under load).
-const CONTENTION_PLAYBOOK: &str = "link-contention";
 
 /// Percentiles of absolute errors (ns).
 #[derive(Debug, Clone, Serialize, Default)]
@@ -291,6 +289,8 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
             "--uplink-load-mbit needs --hosts >= 4 (two leaves, and hosts besides the load's ends)"
         );
     }
+    // The load's sender and receiver (leaf 0's first host, leaf 1's last).
+    let load_ends = (p.uplink_load_mbit > 0).then_some((0, p.hosts - 1));
     let mut rng = rand::rngs::StdRng::seed_from_u64(p.seed);
     let truth: Vec<Truth> = (0..p.hosts)
         .map(|_| Truth {
@@ -321,7 +321,7 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     };
     // Leaf 1 is the upper half of the hosts: with a random probe graph,
     // many probe paths of the loaded rail cross the uplink.
-    let split = (p.uplink_load_mbit > 0).then(|| LeafSplit {
+    let split = load_ends.map(|_| LeafSplit {
         rail: LOAD_RAIL,
         right: (p.hosts / 2..p.hosts).collect(),
         uplink_bps: p.uplink_load_mbit * 1_000_000,
@@ -387,20 +387,18 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         }
         bytes0.push(b);
     }
-    let load = if p.uplink_load_mbit > 0 {
+    let load = if let Some((from, to)) = load_ends {
         // The bench measures clocks behind a queued uplink, not the cure:
         // the shipped contention playbook would reshape the flow to its
         // fair share and drain the very queue the load is for.
-        c.cli(&["playbook", "delete", CONTENTION_PLAYBOOK])
-            .context("delete the contention playbook before the load")?;
-        eprintln!("[clock-sync] load: playbook {CONTENTION_PLAYBOOK} deleted (no reshaping)");
+        c.disable_reshaping()?;
+        eprintln!("[clock-sync] load: playbook {RESHAPING_PLAYBOOK} deleted (no reshaping)");
         eprintln!(
-            "[clock-sync] load: bulk TCP h0 -> h{} across the {} Mbit/s rail{LOAD_RAIL} uplink",
-            p.hosts - 1,
+            "[clock-sync] load: bulk TCP h{from} -> h{to} across the {} Mbit/s rail{LOAD_RAIL} uplink",
             p.uplink_load_mbit
         );
         let max = Duration::from_secs(p.seconds + 30);
-        let flow = BulkFlow::start(&c.tb, 0, p.hosts - 1, LOAD_RAIL, LOAD_PORT, max)
+        let flow = BulkFlow::start(&c.tb, from, to, LOAD_RAIL, LOAD_PORT, max)
             .context("start the load")?;
         // Let the uplink's queue build before measuring.
         tokio::time::sleep(Duration::from_secs(3)).await;
@@ -459,16 +457,14 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     }
     // The load's two ends also send its data and acks on their rails:
     // they are left out of the probe bytes.
-    let load_ends = if p.uplink_load_mbit > 0 {
-        vec![0, p.hosts - 1]
-    } else {
-        Vec::new()
-    };
+    let is_load_end = |h: usize| load_ends.is_some_and(|(a, b)| h == a || h == b);
     let mut bytes = 0u64;
+    let mut counted = 0usize;
     for (h, b0) in bytes0.iter().enumerate() {
-        if load_ends.contains(&h) {
+        if is_load_end(h) {
             continue;
         }
+        counted += 1;
         let ns = c.tb.hosts[h].name.clone();
         let mut b = 0;
         for r in 0..2 {
@@ -500,7 +496,7 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     let ntp_style = ErrorStats::of(all.ntp_err);
     let improvement_p99 = ntp_style.p99_ns / railguard.p99_ns;
     let probe_max = probe_cpu.iter().copied().fold(0.0, f64::max);
-    let bytes_per_s = bytes as f64 / window / (p.hosts - load_ends.len()).max(1) as f64;
+    let bytes_per_s = bytes as f64 / window / counted.max(1) as f64;
     let enough = railguard.samples >= (p.seconds as usize / 2) * (p.hosts - 1);
     let goal_met =
         enough && railguard.p99_ns <= 1_000.0 && improvement_p99 >= 10.0 && probe_max <= 1.0;
@@ -531,7 +527,7 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         agent_cpu_pct_max: agent_cpu,
         bytes_per_s_per_agent: bytes_per_s,
         load_mbps,
-        contention_playbook_deleted: p.uplink_load_mbit > 0,
+        contention_playbook_deleted: load_ends.is_some(),
         goal: "per-host p99 error <= 1 us, >= 10x better than NTP-style at p99, probe thread <= 1 % of a core",
         goal_met,
         errors,

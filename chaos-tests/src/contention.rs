@@ -147,8 +147,7 @@ async fn cluster(o: &ContentionOpts) -> anyhow::Result<Training> {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let t = Training::from_cluster(c)?;
     if !o.reshaping {
-        t.c.cli(&["playbook", "delete", "link-contention"])
-            .context("delete the reshaping playbook")?;
+        t.c.disable_reshaping()?;
     }
     Ok(t)
 }

@@ -16,6 +16,9 @@ use anyhow::{bail, Context};
 use crate::cluster::bin_path;
 use crate::testbed::{host_name, mgmt_addr, LeafSplit, Node, Testbed, TestbedOptions, TestbedSpec};
 
+/// The shipped playbook that reshapes a contended link.
+pub const RESHAPING_PLAYBOOK: &str = "link-contention";
+
 /// Port every supervisor listens on (inside its own namespace).
 pub const SUP_PORT: u16 = 7400;
 
@@ -245,6 +248,15 @@ impl NetCluster {
             );
         }
         Ok(String::from_utf8_lossy(&out.stdout).to_string())
+    }
+
+    /// Deletes the shipped `link-contention` playbook, so railguard does
+    /// not reshape a load a run wants left as it is (the queue it builds is
+    /// what the run measures).
+    pub fn disable_reshaping(&self) -> anyhow::Result<()> {
+        self.cli(&["playbook", "delete", RESHAPING_PLAYBOOK])
+            .map(drop)
+            .with_context(|| format!("delete the {RESHAPING_PLAYBOOK} playbook"))
     }
 
     /// Whether the cluster reports a leader.

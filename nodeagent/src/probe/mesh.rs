@@ -877,7 +877,6 @@ mod tests {
     /// A later hop's transmit stamp of a probe, due at `at_ns`.
     struct HopStamp {
         at_ns: i64,
-        sender: usize,
         rail: u32,
         packet: [u8; PACKET_LEN],
         stamp: i64,
@@ -992,7 +991,6 @@ mod tests {
                             if let Some((_, late)) = self.hop_stamps.as_mut().filter(|l| l.0 == h) {
                                 late.push(HopStamp {
                                     at_ns: at - 1_000,
-                                    sender: h,
                                     rail: op.rail,
                                     packet: *pkt,
                                     stamp: at - 1_000 + self.offsets_ns[h],
@@ -1003,12 +1001,12 @@ mod tests {
                     }
                 }
                 let t = self.t_ns;
-                if let Some((_, late)) = &mut self.hop_stamps {
+                if let Some((sender, late)) = &mut self.hop_stamps {
                     let (due, rest): (Vec<_>, Vec<_>) = late.drain(..).partition(|l| l.at_ns <= t);
                     *late = rest;
                     for l in due {
                         let p = Probe::decode(&l.packet).unwrap();
-                        self.meshes[l.sender].on_tx_stamp(l.rail, &p, l.stamp, now);
+                        self.meshes[*sender].on_tx_stamp(l.rail, &p, l.stamp, now);
                     }
                 }
                 let (ready, rest): (Vec<_>, Vec<_>) = self.wire.drain(..).partition(|w| w.0 <= t);
