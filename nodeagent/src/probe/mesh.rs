@@ -1,9 +1,12 @@
 //! The probe mesh's protocol state, without sockets (unit-testable).
 //!
-//! **Pairs.** Every `1/pairs_per_s` (a *tick*, one wake-up for all peers)
-//! this host sends a coded probe pair to each peer, rotating over the rails
-//! both hosts have (so each (peer, rail) path carries
-//! `pairs_per_s / rails`). Hosts' ticks have independent phases. A pair has a sequence
+//! **Pairs.** On every *tick* (one wake-up for all peers) this host sends a
+//! coded probe pair on each (peer, rail) path, over every rail both hosts
+//! have. A peer with `n` such rails is due every `n / pairs_per_s`, so it
+//! gets `pairs_per_s` pairs a second in all and each path
+//! `pairs_per_s / n`; with two rails that is one wake-up per 20 ms at the
+//! default rate instead of one per 10 ms, the same cadence on every path.
+//! Hosts' ticks have independent phases. A pair has a sequence
 //! number per (peer, rail), starting from the agent's start time in µs so a
 //! restarted agent never reuses one.
 //!
@@ -43,7 +46,7 @@ use std::time::{Duration, Instant};
 use clocksync::{Direction, PairConfig, PairEstimator, Probe as Stamp, ProbePair};
 
 use super::queueing::{OutgoingTracker, QueueingBoard};
-use super::wire::{Probe, Record, MAX_RECORDS, PACKET_LEN};
+use super::wire::{Probe, Record, Records, MAX_RECORDS, PACKET_LEN};
 
 /// Pairs awaiting their other stamps, per path and direction.
 const PENDING_PAIRS: usize = 64;
@@ -261,6 +264,12 @@ impl PathState {
     }
 }
 
+/// How often a peer with `paths` paths is due (one pair on each) for it to
+/// get `pairs_per_s` pairs a second in all.
+fn interval(pairs_per_s: u32, paths: usize) -> Duration {
+    Duration::from_secs_f64(paths.max(1) as f64 / f64::from(pairs_per_s.max(1)))
+}
+
 fn push_bounded<T>(q: &mut VecDeque<T>, cap: usize, v: T) {
     if q.len() >= cap {
         q.pop_front();
@@ -271,7 +280,6 @@ fn push_bounded<T>(q: &mut VecDeque<T>, cap: usize, v: T) {
 struct PeerState {
     spec: PeerSpec,
     next_due: Instant,
-    cursor: usize,
     last_heard: Option<Instant>,
     paths: BTreeMap<u32, PathState>,
 }
@@ -350,10 +358,6 @@ impl Mesh {
         self.self_id
     }
 
-    fn interval(&self) -> Duration {
-        Duration::from_secs_f64(1.0 / f64::from(self.cfg.pairs_per_s))
-    }
-
     /// Adopts a plan: peers that stay keep their state (estimators,
     /// sequence numbers); new ones start with a random phase.
     pub fn set_plan(&mut self, plan: &Plan, now: Instant) {
@@ -363,14 +367,14 @@ impl Mesh {
         }
         self.self_id = plan.self_id;
         self.plan_version = plan.version;
-        let interval = self.interval();
         // New peers join the current tick schedule (one wake-up for all).
+        let first = interval(self.cfg.pairs_per_s, self.local.len());
         let tick = self
             .peers
             .values()
             .map(|p| p.next_due)
             .min()
-            .unwrap_or_else(|| now + interval.mul_f64(rand::random::<f64>()));
+            .unwrap_or_else(|| now + first.mul_f64(rand::random::<f64>()));
         let mut next = BTreeMap::new();
         for spec in &plan.peers {
             if spec.id == plan.self_id {
@@ -379,7 +383,6 @@ impl Mesh {
             let mut p = self.peers.remove(&spec.id).unwrap_or_else(|| PeerState {
                 spec: spec.clone(),
                 next_due: tick,
-                cursor: 0,
                 last_heard: None,
                 paths: BTreeMap::new(),
             });
@@ -413,66 +416,65 @@ impl Mesh {
     /// The pairs due at `now`, ready to send. Call [`Mesh::on_sent`] for
     /// each afterwards.
     pub fn due(&mut self, now: Instant) -> Vec<SendOp> {
-        let interval = self.interval();
         let mut out = Vec::new();
         let self_id = self.self_id;
+        let rate = self.cfg.pairs_per_s;
         for p in self.peers.values_mut() {
             if p.next_due > now || p.paths.is_empty() {
                 continue;
             }
             // Keep the cadence; never burst to catch up (every peer is
             // reset alike, so the schedule stays shared).
-            p.next_due += interval;
+            let every = interval(rate, p.paths.len());
+            p.next_due += every;
             if p.next_due <= now {
-                p.next_due = now + interval;
+                p.next_due = now + every;
             }
-            let rails: Vec<u32> = p.paths.keys().copied().collect();
-            let rail = rails[p.cursor % rails.len()];
-            p.cursor = p.cursor.wrapping_add(1);
-            let Some(nic) = p.spec.nics.get(&rail) else {
-                continue;
-            };
-            let to = nic.addr;
-            let path = p.paths.get_mut(&rail).expect("rail of this peer");
-            let seq = path.next_seq;
-            path.next_seq += 1;
-            let mut records = Vec::with_capacity(MAX_RECORDS);
-            while records.len() < MAX_RECORDS {
-                let before = records.len();
-                if let Some((s, ts)) = path.tx_records.pop_front() {
-                    records.push(Record::Tx { seq: s, ts });
-                }
-                if records.len() < MAX_RECORDS {
-                    if let Some((s, ts)) = path.rx_records.pop_front() {
-                        records.push(Record::Rx { seq: s, ts });
+            for (&rail, path) in p.paths.iter_mut() {
+                let Some(nic) = p.spec.nics.get(&rail) else {
+                    continue;
+                };
+                let to = nic.addr;
+                let seq = path.next_seq;
+                path.next_seq += 1;
+                let mut records = Records::new();
+                while records.len() < MAX_RECORDS {
+                    let before = records.len();
+                    if let Some((s, ts)) = path.tx_records.pop_front() {
+                        records.push(Record::Tx { seq: s, ts });
+                    }
+                    if records.len() < MAX_RECORDS {
+                        if let Some((s, ts)) = path.rx_records.pop_front() {
+                            records.push(Record::Rx { seq: s, ts });
+                        }
+                    }
+                    if records.len() == before {
+                        break;
                     }
                 }
-                if records.len() == before {
-                    break;
-                }
-            }
-            push_bounded(
-                &mut path.out,
-                PENDING_PAIRS,
-                OutPair {
+                push_bounded(
+                    &mut path.out,
+                    PENDING_PAIRS,
+                    OutPair {
+                        seq,
+                        tx: [None, None],
+                        rx: None,
+                    },
+                );
+                let probe = |index: u8| Probe {
+                    index,
+                    rail: rail as u8,
+                    from: self_id,
+                    to: p.spec.id,
                     seq,
-                    tx: [None, None],
-                    rx: None,
-                },
-            );
-            let probe = |index: u8| Probe {
-                index,
-                rail: rail as u8,
-                from: self_id,
-                to: p.spec.id,
-                seq,
-                records: records.clone(),
-            };
-            out.push(SendOp {
-                rail,
-                to,
-                packets: [probe(0).encode(), probe(1).encode()],
-            });
+                    records: records.clone(),
+                };
+                out.push(SendOp {
+                    rail,
+                    to,
+                    packets: [probe(0).encode(), probe(1).encode()],
+                });
+            }
         }
         // The first pair of a batch fares worst (its stamps take the cold
         // path, and the receiver's softirq often splits it): always putting
@@ -1021,6 +1023,35 @@ mod tests {
     }
 
     #[test]
+    fn a_tick_probes_every_path_and_each_peer_gets_its_rate() {
+        // Three hosts on two rails: host 0 probes two peers, two paths each.
+        let mut sim = Sim::new(vec![0, 0, 0], 2);
+        let m = &mut sim.meshes[0];
+        let mut t = sim.base;
+        let (mut ticks, mut per_path) = (0, BTreeMap::<(SocketAddrV4, u32), u32>::new());
+        // One simulated second in 1 ms steps.
+        for _ in 0..1_000 {
+            t += Duration::from_millis(1);
+            let ops = m.due(t);
+            if !ops.is_empty() {
+                ticks += 1;
+                assert_eq!(ops.len(), 4, "a tick sends on every path of every peer");
+            }
+            for op in ops {
+                *per_path.entry((op.to, op.rail)).or_default() += 1;
+            }
+        }
+        // 100 pairs/s per peer over two paths: a tick every 20 ms.
+        assert!((49..=51).contains(&ticks), "ticks in 1 s: {ticks}");
+        assert_eq!(per_path.len(), 4);
+        assert!(
+            per_path.values().all(|n| (49..=51).contains(n)),
+            "pairs per path in 1 s: {per_path:?}"
+        );
+        assert_eq!(m.next_due().map(|d| d > t), Some(true));
+    }
+
+    #[test]
     fn no_peer_is_always_first_in_a_tick() {
         // Four hosts on one rail: host 0 probes three peers per tick.
         let mut sim = Sim::new(vec![0, 0, 0, 0], 1);
@@ -1161,7 +1192,7 @@ mod tests {
             from: 1,
             to: 0,
             seq: 5,
-            records: vec![],
+            records: Records::new(),
         };
         let m = &mut sim.meshes[0];
         let before = m.counters.refused;

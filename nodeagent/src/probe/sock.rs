@@ -304,6 +304,16 @@ impl TsSocket {
             setsockopt(raw, libc::SOL_SOCKET, libc::SO_RCVBUF, &RCVBUF_BYTES)
                 .map_err(|e| io_err("SO_RCVBUF", e))?;
         }
+        // Don't fragment, and don't learn path MTUs: a probe is 128 bytes.
+        // (A DF datagram of an unconnected socket also skips the IP id
+        // generator, a shared atomic per packet.)
+        setsockopt(
+            raw,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            &libc::IP_PMTUDISC_PROBE,
+        )
+        .map_err(|e| io_err("IP_MTU_DISCOVER", e))?;
         let sa = sockaddr(local);
         // SAFETY: `sa` is a valid sockaddr_in of the size passed.
         let rc = unsafe {

@@ -42,6 +42,9 @@ pub enum Record {
     Rx { seq: u64, ts: [i64; 2] },
 }
 
+/// A probe's records, inline (no allocation per packet).
+pub type Records = arrayvec::ArrayVec<Record, MAX_RECORDS>;
+
 /// One decoded probe.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Probe {
@@ -50,7 +53,7 @@ pub struct Probe {
     pub from: u32,
     pub to: u32,
     pub seq: u64,
-    pub records: Vec<Record>,
+    pub records: Records,
 }
 
 /// Why a packet was refused.
@@ -73,21 +76,18 @@ pub enum WireError {
 }
 
 impl Probe {
-    /// Encodes into a full-size packet. At most [`MAX_RECORDS`] records are
-    /// written (extra ones are the caller's bug and are dropped).
+    /// Encodes into a full-size packet.
     pub fn encode(&self) -> [u8; PACKET_LEN] {
         let mut b = [0u8; PACKET_LEN];
         b[0..4].copy_from_slice(MAGIC);
         b[4] = VERSION;
         b[5] = self.index;
         b[6] = self.rail;
-        let n = self.records.len().min(MAX_RECORDS);
-        debug_assert!(self.records.len() <= MAX_RECORDS);
-        b[7] = n as u8;
+        b[7] = self.records.len() as u8;
         b[8..12].copy_from_slice(&self.from.to_le_bytes());
         b[12..16].copy_from_slice(&self.to.to_le_bytes());
         b[16..24].copy_from_slice(&self.seq.to_le_bytes());
-        for (i, r) in self.records.iter().take(n).enumerate() {
+        for (i, r) in self.records.iter().enumerate() {
             let o = HEADER_LEN + i * RECORD_LEN;
             let (tag, seq, ts) = match *r {
                 Record::Tx { seq, ts } => (1u8, seq, ts),
@@ -125,7 +125,7 @@ impl Probe {
         if seq == 0 {
             return Err(WireError::ZeroSeq);
         }
-        let mut records = Vec::with_capacity(usize::from(n));
+        let mut records = Records::new();
         for i in 0..usize::from(n) {
             let o = HEADER_LEN + i * RECORD_LEN;
             let (rseq, ts) = (u64_at(o + 1), [i64_at(o + 9), i64_at(o + 17)]);
@@ -169,7 +169,7 @@ mod tests {
             from: 7,
             to: 9,
             seq: 42,
-            records: vec![
+            records: [
                 Record::Tx {
                     seq: 41,
                     ts: [i64::MIN, i64::MAX],
@@ -178,7 +178,9 @@ mod tests {
                     seq: 40,
                     ts: [-5, 1_700_000_000_000_000_000],
                 },
-            ],
+            ]
+            .into_iter()
+            .collect(),
         }
     }
 
