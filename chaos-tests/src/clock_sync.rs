@@ -30,6 +30,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::bulk::BulkFlow;
+use crate::burst::{BurstLoad, BurstSpec};
 use crate::netcluster::{NetCluster, NetClusterOptions, RESHAPING_PLAYBOOK};
 use crate::testbed::{LeafSplit, TestbedSpec};
 
@@ -45,6 +46,48 @@ pub struct ClockSyncRun {
     pub converge_timeout: Duration,
     /// Mbit/s of the shaped uplink a bulk flow crosses (0: no load).
     pub uplink_load_mbit: u64,
+    /// Mbit/s of the shaped uplinks of both rails that bursty UDP cross
+    /// traffic crosses both ways (0: none).
+    pub cross_load_mbit: u64,
+    /// Offered cross traffic per direction, fraction of the uplink rate.
+    pub cross_load_util: f64,
+}
+
+/// Mean datagrams per burst of the cross traffic.
+const CROSS_MEAN_BURST: f64 = 8.0;
+/// UDP port of the cross traffic.
+const CROSS_PORT: u16 = 5301;
+
+/// One cross-traffic flow of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct CrossFlow {
+    pub from: usize,
+    pub to: usize,
+    pub rail: usize,
+    pub offered_mbps: f64,
+    pub delivered_mbps: f64,
+}
+
+/// The cross traffic of a run.
+#[derive(Debug, Clone, Serialize)]
+pub struct CrossLoad {
+    pub uplink_mbit: u64,
+    pub util: f64,
+    pub mean_burst: f64,
+    pub flows: Vec<CrossFlow>,
+}
+
+/// The cross-traffic flows for `hosts` hosts (leaf 1 the upper half): per
+/// rail a distinct pair across the leaves, both ways.
+fn cross_pairs(hosts: usize) -> Vec<(usize, usize, usize)> {
+    let half = hosts / 2;
+    let mut out = Vec::new();
+    for rail in 0..2 {
+        let (a, b) = (rail % half, half + rail % (hosts - half));
+        out.push((a, b, rail));
+        out.push((b, a, rail));
+    }
+    out
 }
 
 /// The rail the load splits and queues.
@@ -117,6 +160,9 @@ pub struct ClockSyncReport {
     /// The load's bulk flow, Mbit/s received (none on an idle fabric);
     /// with a load, `bytes_per_s_per_agent` leaves out its two ends.
     pub load_mbps: Option<f64>,
+    /// The cross traffic (both rails, both ways), if any; with it,
+    /// `bytes_per_s_per_agent` leaves out the flows' ends.
+    pub cross_load: Option<CrossLoad>,
     /// The shipped link-contention playbook was deleted before the load
     /// (so railguard did not reshape it; runs before this field existed
     /// had it reshaped).
@@ -284,13 +330,19 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     if !(2..=32).contains(&p.hosts) {
         bail!("--hosts takes 2..=32");
     }
-    if p.uplink_load_mbit > 0 && p.hosts < 4 {
-        bail!(
-            "--uplink-load-mbit needs --hosts >= 4 (two leaves, and hosts besides the load's ends)"
-        );
+    if (p.uplink_load_mbit > 0 || p.cross_load_mbit > 0) && p.hosts < 4 {
+        bail!("a load needs --hosts >= 4 (two leaves, and hosts besides the load's ends)");
+    }
+    if p.uplink_load_mbit > 0 && p.cross_load_mbit > 0 {
+        bail!("one load at a time: the uplink load or the cross load");
     }
     // The load's sender and receiver (leaf 0's first host, leaf 1's last).
     let load_ends = (p.uplink_load_mbit > 0).then_some((0, p.hosts - 1));
+    let cross = if p.cross_load_mbit > 0 {
+        cross_pairs(p.hosts)
+    } else {
+        Vec::new()
+    };
     let mut rng = rand::rngs::StdRng::seed_from_u64(p.seed);
     let truth: Vec<Truth> = (0..p.hosts)
         .map(|_| Truth {
@@ -320,17 +372,24 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         hosts: p.hosts,
     };
     // Leaf 1 is the upper half of the hosts: with a random probe graph,
-    // many probe paths of the loaded rail cross the uplink.
-    let split = load_ends.map(|_| LeafSplit {
-        rail: LOAD_RAIL,
+    // many probe paths of a loaded rail cross its uplink.
+    let split = |rail: usize, mbit: u64| LeafSplit {
+        rail,
         right: (p.hosts / 2..p.hosts).collect(),
-        uplink_bps: p.uplink_load_mbit * 1_000_000,
-    });
+        uplink_bps: mbit * 1_000_000,
+    };
+    let splits = if load_ends.is_some() {
+        vec![split(LOAD_RAIL, p.uplink_load_mbit)]
+    } else if !cross.is_empty() {
+        (0..2).map(|r| split(r, p.cross_load_mbit)).collect()
+    } else {
+        Vec::new()
+    };
     let mut c = NetCluster::start_opts(
         spec,
         NetClusterOptions {
             agent_args: args,
-            leaf_split: split,
+            leaf_splits: splits,
         },
     )
     .await?;
@@ -406,6 +465,34 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     } else {
         None
     };
+    let mut bursts = Vec::new();
+    if !cross.is_empty() {
+        c.disable_reshaping()?;
+        eprintln!("[clock-sync] cross load: playbook {RESHAPING_PLAYBOOK} deleted (no reshaping)");
+        let rate_bps = (p.cross_load_mbit as f64 * 1e6 * p.cross_load_util) as u64;
+        for (i, &(from, to, rail)) in cross.iter().enumerate() {
+            eprintln!(
+                "[clock-sync] cross load: bursty UDP h{from} -> h{to} on rail{rail}, {:.1} Mbit/s across the {} Mbit/s uplink",
+                rate_bps as f64 / 1e6,
+                p.cross_load_mbit
+            );
+            let spec = BurstSpec {
+                from,
+                to,
+                rail,
+                port: CROSS_PORT,
+                rate_bps,
+                mean_burst: CROSS_MEAN_BURST,
+                max: Duration::from_secs(p.seconds + 30),
+                seed: p.seed.wrapping_add(i as u64 + 1),
+            };
+            bursts.push((
+                (from, to, rail),
+                BurstLoad::start(&c.tb, spec).context("start the cross load")?,
+            ));
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
     let w0 = Instant::now();
     let mut all = Sample::default();
     let mut recent: VecDeque<String> = VecDeque::new();
@@ -455,9 +542,12 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
             agent_cpu = agent_cpu.max(100.0 * (a - a0) as f64 / tck / window);
         }
     }
-    // The load's two ends also send its data and acks on their rails:
+    // The loads' ends also send their data (and acks) on their rails:
     // they are left out of the probe bytes.
-    let is_load_end = |h: usize| load_ends.is_some_and(|(a, b)| h == a || h == b);
+    let is_load_end = |h: usize| {
+        load_ends.is_some_and(|(a, b)| h == a || h == b)
+            || cross.iter().any(|&(a, b, _)| h == a || h == b)
+    };
     let mut bytes = 0u64;
     let mut counted = 0usize;
     for (h, b0) in bytes0.iter().enumerate() {
@@ -481,6 +571,25 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
             None
         }
     };
+    let mut flows = Vec::new();
+    for ((from, to, rail), b) in bursts {
+        match b.stop() {
+            Ok(r) => flows.push(CrossFlow {
+                from,
+                to,
+                rail,
+                offered_mbps: r.offered_mbps,
+                delivered_mbps: r.delivered_mbps,
+            }),
+            Err(e) => errors.push(format!("cross load: {e}")),
+        }
+    }
+    let cross_load = (!cross.is_empty()).then_some(CrossLoad {
+        uplink_mbit: p.cross_load_mbit,
+        util: p.cross_load_util,
+        mean_burst: CROSS_MEAN_BURST,
+        flows,
+    });
 
     let violations = all
         .host_err
@@ -527,7 +636,8 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         agent_cpu_pct_max: agent_cpu,
         bytes_per_s_per_agent: bytes_per_s,
         load_mbps,
-        contention_playbook_deleted: load_ends.is_some(),
+        cross_load,
+        contention_playbook_deleted: load_ends.is_some() || !cross.is_empty(),
         goal: "per-host p99 error <= 1 us, >= 10x better than NTP-style at p99, probe thread <= 1 % of a core",
         goal_met,
         errors,
@@ -537,6 +647,30 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cross_traffic_runs_both_ways_on_each_rail_between_the_leaves() {
+        for hosts in [4, 5, 8, 32] {
+            let pairs = cross_pairs(hosts);
+            assert_eq!(pairs.len(), 4);
+            let half = hosts / 2;
+            for &(a, b, rail) in &pairs {
+                assert!(
+                    (a < half) != (b < half),
+                    "{hosts}: {a}->{b} crosses the leaves"
+                );
+                assert!(pairs.contains(&(b, a, rail)), "both ways");
+            }
+            // Distinct ends per rail.
+            let ends = |r: usize| {
+                pairs
+                    .iter()
+                    .find(|p| p.2 == r)
+                    .map(|p| (p.0.min(p.1), p.0.max(p.1)))
+            };
+            assert_ne!(ends(0), ends(1), "{hosts}");
+        }
+    }
 
     #[test]
     fn true_offset_follows_the_linear_model() {

@@ -114,11 +114,11 @@ async fn cluster(o: &ContentionOpts) -> anyhow::Result<Training> {
             hosts: o.hosts(),
         },
         NetClusterOptions {
-            leaf_split: Some(LeafSplit {
+            leaf_splits: vec![LeafSplit {
                 rail: RAIL,
                 right: (n..2 * n).collect(),
                 uplink_bps: o.uplink_mbit * 1_000_000,
-            }),
+            }],
             ..Default::default()
         },
     )

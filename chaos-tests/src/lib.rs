@@ -12,6 +12,9 @@
 //! - [`demo`]: the README's first command.
 //! - [`testbed`]: network namespaces, cables, fault injectors, cleanup.
 //! - [`netcluster`]: supervisors and agents running inside the testbed.
+//! - [`bulk`], [`burst`]: a TCP bulk flow and bursty UDP cross traffic
+//!   between testbed hosts (the loads of the contention runs and of
+//!   `bench clock-sync`).
 //! - [`nic_flap`]: the `nic-flap` scenario and its transition checker.
 //! - [`qp`]: traffic over resilient connections between testbed hosts: the
 //!   `qp-migrate` scenario and the `failover` bench.
@@ -28,6 +31,7 @@ pub mod admin_history;
 pub mod agentsim;
 pub mod bench;
 pub mod bulk;
+pub mod burst;
 pub mod clock_sync;
 pub mod cluster;
 pub mod contention;

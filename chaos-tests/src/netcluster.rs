@@ -3,7 +3,7 @@
 //! per host namespace watching its real `rail0`/`rail1`, and the admin CLI
 //! run inside a supervisor namespace.
 //!
-//! With a leaf split ([`NetClusterOptions::leaf_split`]) the testbed's
+//! With leaf splits ([`NetClusterOptions::leaf_splits`]) the testbed's
 //! topology is written to `<run dir>/topology.toml` and every supervisor
 //! starts with `--topology` on it.
 
@@ -28,9 +28,9 @@ pub struct NetClusterOptions {
     /// Extra flags for host `h`'s agent in `agent_args[h]` (missing
     /// entries: none).
     pub agent_args: Vec<Vec<String>>,
-    /// Split a rail into two leaves with a shaped uplink; the supervisors
-    /// get the resulting topology (`--topology`).
-    pub leaf_split: Option<LeafSplit>,
+    /// Split rails into two leaves with a shaped uplink each; the
+    /// supervisors get the resulting topology (`--topology`).
+    pub leaf_splits: Vec<LeafSplit>,
 }
 
 /// The running cluster.
@@ -78,11 +78,11 @@ impl NetCluster {
         spec: TestbedSpec,
         opts: NetClusterOptions,
     ) -> anyhow::Result<NetCluster> {
-        let split = opts.leaf_split.is_some();
+        let split = !opts.leaf_splits.is_empty();
         let tb = Testbed::build_with(
             spec,
             TestbedOptions {
-                leaf_split: opts.leaf_split,
+                leaf_splits: opts.leaf_splits,
             },
         )
         .await?;

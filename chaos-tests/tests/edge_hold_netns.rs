@@ -122,11 +122,11 @@ async fn outgoing_queueing_rises_across_a_loaded_uplink_only() {
             hosts: HOSTS,
         },
         TestbedOptions {
-            leaf_split: Some(LeafSplit {
+            leaf_splits: vec![LeafSplit {
                 rail: 0,
                 right: vec![2],
                 uplink_bps: UPLINK_BPS,
-            }),
+            }],
         },
     )
     .await
@@ -182,11 +182,11 @@ async fn outgoing_queueing_rises_across_a_loaded_uplink_only() {
 
 fn split_testbed() -> TestbedOptions {
     TestbedOptions {
-        leaf_split: Some(LeafSplit {
+        leaf_splits: vec![LeafSplit {
             rail: 0,
             right: vec![2],
             uplink_bps: UPLINK_BPS,
-        }),
+        }],
     }
 }
 

@@ -59,7 +59,7 @@ async fn a_shaped_uplink_holds_only_cross_leaf_traffic() {
             hosts: 4,
         },
         TestbedOptions {
-            leaf_split: Some(split()),
+            leaf_splits: vec![split()],
         },
     )
     .await
@@ -158,7 +158,7 @@ async fn supervisors_start_on_the_written_topology() {
             hosts: 4,
         },
         NetClusterOptions {
-            leaf_split: Some(split()),
+            leaf_splits: vec![split()],
             ..Default::default()
         },
     )

@@ -62,6 +62,8 @@ async fn clocks_converge_against_the_injected_truth() {
         seed: 3,
         converge_timeout: Duration::from_secs(45),
         uplink_load_mbit: 0,
+        cross_load_mbit: 0,
+        cross_load_util: 0.85,
     })
     .await
     .unwrap();
@@ -70,4 +72,41 @@ async fn clocks_converge_against_the_injected_truth() {
     // microseconds; the benchmark reports the real (sub-µs) figures.
     assert!(r.railguard.p99_ns < 20_000.0, "{:?}", r.railguard);
     assert!(r.railguard.samples >= 3 * 3, "{:?}", r.railguard);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clocks_hold_under_bursty_cross_traffic_on_both_rails() {
+    if !require_root("probe_netns::clock_sync_cross_load").unwrap() {
+        return;
+    }
+    let r = clock_sync::run(clock_sync::ClockSyncRun {
+        hosts: 4,
+        supervisors: 1,
+        seconds: 8,
+        seed: 5,
+        converge_timeout: Duration::from_secs(45),
+        uplink_load_mbit: 0,
+        cross_load_mbit: 50,
+        cross_load_util: 0.7,
+    })
+    .await
+    .unwrap();
+    assert!(r.ok, "{r:?}");
+    assert!(r.contention_playbook_deleted);
+    // Both rails carry cross traffic both ways, and it gets through.
+    let load = r.cross_load.as_ref().expect("cross load reported");
+    assert_eq!(load.flows.len(), 4, "{load:?}");
+    for rail in 0..2 {
+        let ways: Vec<_> = load.flows.iter().filter(|f| f.rail == rail).collect();
+        assert_eq!(ways.len(), 2, "{load:?}");
+        assert_eq!((ways[0].from, ways[0].to), (ways[1].to, ways[1].from));
+    }
+    assert!(
+        load.flows.iter().all(|f| f.delivered_mbps > 10.0),
+        "{load:?}"
+    );
+    // Every host stays solved, within generous bounds (the benchmark
+    // reports the real figures).
+    assert!(r.railguard.p99_ns < 20_000.0, "{:?}", r.railguard);
+    assert!(r.railguard.samples >= 3 * 4, "{:?}", r.railguard);
 }

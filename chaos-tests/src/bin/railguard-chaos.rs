@@ -385,6 +385,19 @@ enum Bench {
         /// reshaped away. 0: an idle fabric.
         #[arg(long, default_value_t = 0)]
         uplink_load_mbit: u64,
+        /// Queue both rails both ways: split each rail into two leaves
+        /// joined by an uplink shaped to this many Mbit/s and send bursty
+        /// UDP cross traffic (bursts of 1400-byte datagrams, geometric size
+        /// of mean 8, exponential gaps) across each uplink in both
+        /// directions at --cross-load-util of its rate, so every probe path
+        /// between the leaves queues on and off and no rail or direction
+        /// stays idle. The link-contention playbook is deleted first. 0: off.
+        #[arg(long, default_value_t = 0, conflicts_with = "uplink_load_mbit")]
+        cross_load_mbit: u64,
+        /// Offered cross traffic per direction, as a fraction of the uplink
+        /// rate (0.05..=1.2).
+        #[arg(long, default_value_t = 0.85)]
+        cross_load_util: f64,
     },
     /// The same ringtrain job under the same flap storm, with railguard's
     /// migration and without it (no backup rail: the job dies on a network
@@ -680,12 +693,19 @@ fn main() {
                 supervisors,
                 seed,
                 uplink_load_mbit,
+                cross_load_mbit,
+                cross_load_util,
             }) => {
                 if !(1..=3600).contains(&seconds) || !(1..=5).contains(&supervisors) {
                     anyhow::bail!("--seconds takes 1..=3600 and --supervisors 1..=5");
                 }
-                if uplink_load_mbit > 10_000 {
-                    anyhow::bail!("--uplink-load-mbit takes 0 (idle) or 1..=10000");
+                if uplink_load_mbit > 10_000 || cross_load_mbit > 10_000 {
+                    anyhow::bail!(
+                        "--uplink-load-mbit and --cross-load-mbit take 0 (off) or 1..=10000"
+                    );
+                }
+                if !(0.05..=1.2).contains(&cross_load_util) {
+                    anyhow::bail!("--cross-load-util takes 0.05..=1.2");
                 }
                 if !chaos_tests::testbed::require_root("bench clock-sync")? {
                     anyhow::bail!("bench clock-sync needs root");
@@ -697,6 +717,8 @@ fn main() {
                     seed,
                     converge_timeout: std::time::Duration::from_secs(60),
                     uplink_load_mbit,
+                    cross_load_mbit,
+                    cross_load_util,
                 })
                 .await?;
                 Ok((r.ok, serde_json::to_value(&r)?))

@@ -1,4 +1,4 @@
-//! The leaf split (TESTBED.md, "Contention"): one rail's fabric becomes
+//! The leaf split (TESTBED.md, "Contention"): a rail's fabric becomes
 //! two leaf bridges joined by a veth "uplink" whose two ends are each held
 //! to the uplink rate by our own HTB code (`nodeagent::shape`), so traffic
 //! between the leaves queues there, one queue per direction.
@@ -9,6 +9,7 @@
 //! - veth `up<r>a` (a port of `rail<r>`) ↔ `up<r>b` (a port of `rail<r>b`).
 //!
 //! Addresses do not change: the split is purely at the bridge level.
+//! Each rail may be split (one [`LeafSplit`] per rail).
 //!
 //! This module also describes what was built as a
 //! [`supervisor::topology::TopologyFile`], named the way
@@ -30,8 +31,20 @@ pub struct LeafSplit {
 /// Optional parts of the topology, on top of [`super::TestbedSpec`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TestbedOptions {
-    /// Split one rail into two leaves with a shaped uplink.
-    pub leaf_split: Option<LeafSplit>,
+    /// Split rails into two leaves with a shaped uplink each (at most one
+    /// split per rail).
+    pub leaf_splits: Vec<LeafSplit>,
+}
+
+/// Checks splits against a testbed of `hosts` hosts: each valid, at most
+/// one per rail.
+pub fn validate_splits(splits: &[LeafSplit], hosts: usize) -> anyhow::Result<()> {
+    let mut rails = std::collections::BTreeSet::new();
+    for s in splits {
+        s.validate(hosts)?;
+        anyhow::ensure!(rails.insert(s.rail), "rail {} is split twice", s.rail);
+    }
+    Ok(())
 }
 
 /// Transmit counters of the two uplink ends (each end's tx is one
@@ -112,14 +125,15 @@ pub fn rate_string(bps: u64) -> String {
     format!("{bps}bit")
 }
 
-/// The topology of a testbed with `hosts` hosts and an optional split:
-/// per rail one switch `rail<r>` (or, for the split rail, `rail<r>-leaf0`,
+/// The topology of a testbed with `hosts` hosts and the given splits:
+/// per rail one switch `rail<r>` (or, for a split rail, `rail<r>-leaf0`,
 /// `rail<r>-leaf1` and the link `rail<r>-uplink` at the uplink rate), and
 /// an attachment for every host NIC.
-pub fn topology(hosts: usize, split: Option<&LeafSplit>) -> TopologyFile {
+pub fn topology(hosts: usize, splits: &[LeafSplit]) -> TopologyFile {
     let mut file = TopologyFile::default();
+    let split_of = |rail: usize| splits.iter().find(|s| s.rail == rail);
     for rail in 0..2 {
-        match split.filter(|s| s.rail == rail) {
+        match split_of(rail) {
             Some(s) => {
                 for leaf in 0..2 {
                     file.switches.push(SwitchDef {
@@ -140,7 +154,7 @@ pub fn topology(hosts: usize, split: Option<&LeafSplit>) -> TopologyFile {
     }
     for h in 0..hosts {
         for rail in 0..2 {
-            let switch = match split.filter(|s| s.rail == rail) {
+            let switch = match split_of(rail) {
                 Some(s) => s.switch_name(s.leaf_of(h)),
                 None => format!("rail{rail}"),
             };
@@ -188,7 +202,7 @@ mod tests {
 
     #[test]
     fn the_split_topology_routes_across_the_uplink_only_between_leaves() {
-        let file = topology(4, Some(&split()));
+        let file = topology(4, &[split()]);
         let text = toml::to_string(&file).unwrap();
         let t = Topology::parse(&text).unwrap();
         assert_eq!(t.file(), &file);
@@ -211,7 +225,7 @@ mod tests {
 
     #[test]
     fn without_a_split_each_rail_is_one_switch() {
-        let t = Topology::build(topology(3, None)).unwrap();
+        let t = Topology::build(topology(3, &[])).unwrap();
         assert_eq!(t.route("h0", "rail0", "h2", "rail0").unwrap().len(), 2);
         assert_eq!(t.links().len(), 6, "one cable per host NIC, no uplink");
     }
@@ -234,5 +248,18 @@ mod tests {
         s.rail = 0;
         s.uplink_bps = 0;
         assert!(s.validate(4).is_err());
+    }
+
+    #[test]
+    fn both_rails_may_be_split_each_once() {
+        let mut other = split();
+        other.rail = 1;
+        assert!(validate_splits(&[split(), other.clone()], 4).is_ok());
+        let t = Topology::build(topology(4, &[split(), other])).unwrap();
+        assert!(t.link("rail0-uplink").is_some());
+        assert!(t.link("rail1-uplink").is_some());
+        assert_eq!(t.switch_of("h2", "rail1"), Some("rail1-leaf1"));
+        let err = validate_splits(&[split(), split()], 4).unwrap_err();
+        assert!(err.to_string().contains("split twice"), "{err}");
     }
 }

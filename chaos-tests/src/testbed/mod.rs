@@ -11,7 +11,7 @@
 //! - `<p>h<i>`: `mgmt0` = 10.200.1.i/16, `rail0` = 10.201.0.(i+1)/16,
 //!   `rail1` = 10.202.0.(i+1)/16 (each rail the other's backup).
 //!
-//! With [`TestbedOptions::leaf_split`] one rail is two leaf bridges joined
+//! With [`TestbedOptions::leaf_splits`] a rail is two leaf bridges joined
 //! by a shaped veth uplink ([`leaf`]); [`Testbed::topology`] describes
 //! what was built for the supervisor's `--topology`.
 
@@ -266,9 +266,7 @@ impl Testbed {
         if spec.hosts > 200 || spec.supervisors > 9 {
             bail!("testbed too large: at most 200 hosts and 9 supervisors");
         }
-        if let Some(s) = &options.leaf_split {
-            s.validate(spec.hosts)?;
-        }
+        leaf::validate_splits(&options.leaf_splits, spec.hosts)?;
         sweep();
         let suffix: u32 = rand::random::<u32>() % 36u32.pow(5);
         let prefix = format!("{NS_PREFIX}{}", radix36(suffix));
@@ -348,9 +346,9 @@ impl Testbed {
 
     /// The fabric bridge host `host`'s `rail<rail>` cable attaches to.
     pub fn rail_bridge(&self, host: usize, rail: usize) -> String {
-        match &self.options.leaf_split {
-            Some(s) if s.rail == rail => s.bridge(s.leaf_of(host)),
-            _ => format!("rail{rail}"),
+        match self.options.leaf_splits.iter().find(|s| s.rail == rail) {
+            Some(s) => s.bridge(s.leaf_of(host)),
+            None => format!("rail{rail}"),
         }
     }
 
@@ -359,7 +357,7 @@ impl Testbed {
         let fab = self.handle(&fab_name)?;
         set_up(&fab, "lo", true).await?;
         let mut bridges = vec!["mgmt".to_string(), "rail0".into(), "rail1".into()];
-        if let Some(s) = &self.options.leaf_split {
+        for s in &self.options.leaf_splits {
             bridges.push(s.bridge(1));
         }
         for br in &bridges {
@@ -430,8 +428,8 @@ impl Testbed {
             let h = self.handle(&n)?;
             set_up(&h, "lo", true).await?;
         }
-        if let Some(s) = self.options.leaf_split.clone() {
-            self.wire_uplink(&fab, &s).await?;
+        for s in &self.options.leaf_splits {
+            self.wire_uplink(&fab, s).await?;
         }
         Ok(())
     }
@@ -465,11 +463,11 @@ impl Testbed {
     /// The topology this testbed was built with (hosts named by
     /// [`host_name`]), for the supervisor's `--topology`.
     pub fn topology(&self) -> supervisor::topology::TopologyFile {
-        leaf::topology(self.spec.hosts, self.options.leaf_split.as_ref())
+        leaf::topology(self.spec.hosts, &self.options.leaf_splits)
     }
 
-    /// Bytes each end of the leaf split's uplink has transmitted (one
-    /// direction each). Fails when the testbed has no split.
+    /// Bytes each end of the (first) leaf split's uplink has transmitted
+    /// (one direction each). Fails when the testbed has no split.
     pub async fn uplink_stats(&mut self) -> anyhow::Result<UplinkStats> {
         let (a, b) = self.uplink_ends()?;
         let fab = self.fab.name.clone();
@@ -479,8 +477,9 @@ impl Testbed {
         })
     }
 
-    /// What our HTB code reads back from each uplink end (leaf 0's, leaf
-    /// 1's): qdisc, classes with their counters. Fails without a split.
+    /// What our HTB code reads back from each end of the (first) split's
+    /// uplink (leaf 0's, leaf 1's): qdisc, classes with their counters.
+    /// Fails without a split.
     pub async fn uplink_shaping(
         &mut self,
     ) -> anyhow::Result<(nodeagent::shape::Installed, nodeagent::shape::Installed)> {
@@ -516,7 +515,7 @@ impl Testbed {
     }
 
     fn uplink_ends(&self) -> anyhow::Result<(String, String)> {
-        match &self.options.leaf_split {
+        match self.options.leaf_splits.first() {
             Some(s) => Ok(s.uplink_ends()),
             None => bail!("testbed {} has no leaf split (no uplink)", self.prefix),
         }
