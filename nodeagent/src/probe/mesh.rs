@@ -720,7 +720,10 @@ impl Mesh {
                         path.history.clear();
                         None
                     }
-                    Err(_) => None,
+                    Err(e) => {
+                        tracing::debug!(peer = %p.spec.host, rail, error = %e, "no clock estimate on this path this second");
+                        None
+                    }
                 };
                 if estimate != path.line {
                     path.outgoing.reline(path.line.as_ref(), estimate.as_ref());
