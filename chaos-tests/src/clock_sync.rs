@@ -132,8 +132,12 @@ pub struct ClockSyncReport {
     pub bench: &'static str,
     pub hosts: usize,
     pub seconds: u64,
-    /// Per-host offset error of the network solution.
+    /// Per-host offset error of the network solution (held-over clocks
+    /// included: they are what railguard reports).
     pub railguard: ErrorStats,
+    /// Of `railguard.samples`, readings of hosts held over (not in the
+    /// solution of the moment; see the supervisor's clock holdover).
+    pub held_over_samples: usize,
     /// Per-host error of the NTP-style composition.
     pub ntp_style: ErrorStats,
     /// Per-edge errors (one hop), both estimators.
@@ -248,6 +252,8 @@ fn host_index(name: &str) -> Option<usize> {
 /// per edge (railguard, NTP), plus the claimed bounds and violations.
 #[derive(Default)]
 struct Sample {
+    /// Host readings that were held over (not in the current solution).
+    held: usize,
     host_err: Vec<f64>,
     host_bound: Vec<f64>,
     ntp_err: Vec<f64>,
@@ -267,6 +273,7 @@ fn evaluate(v: &Value, truth: &[Truth], anchor: i64) -> anyhow::Result<Sample> {
             continue;
         }
         if let Some(off) = h["live"]["offset_ns"].as_f64() {
+            s.held += usize::from(h["live"]["holdover_ms"].is_u64());
             s.host_err
                 .push(off - true_offset(truth[r], truth[i], anchor, at));
             s.host_bound
@@ -502,6 +509,7 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         tokio::time::sleep_until(next.into()).await;
         match c.cli_json(&["clock"]).map(|v| evaluate(&v, &truth, anchor)) {
             Ok(Ok(s)) => {
+                all.held += s.held;
                 all.host_err.extend(s.host_err);
                 all.host_bound.extend(s.host_bound);
                 all.ntp_err.extend(s.ntp_err);
@@ -621,6 +629,7 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         bench: "clock-sync",
         hosts: p.hosts,
         seconds: p.seconds,
+        held_over_samples: all.held,
         railguard,
         ntp_style,
         railguard_edges: ErrorStats::of(all.edge_err),

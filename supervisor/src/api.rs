@@ -371,6 +371,10 @@ pub struct LiveClock {
     pub drift_error_ppb: f64,
     /// The solution's classification of the bound (before hysteresis).
     pub state: crate::model::ClockState,
+    /// Set when the host is not in the current solution and its last
+    /// solved clock is carried forward (holdover): for how long (ms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holdover_ms: Option<u64>,
 }
 
 /// The NTP-style offset of a host: the sum of the hops' offsets. Each hop

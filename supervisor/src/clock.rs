@@ -20,6 +20,14 @@
 //! to a worse state); hosts outside the solution are Unsynced. Only changes
 //! of state go through Raft (`SetClockStates`), never the figures.
 //!
+//! **Holdover:** a host that drops out of the solution (its paths too busy
+//! for pure pairs, say) keeps its last solved clock, carried forward with
+//! its drift, for up to [`MAX_HOLDOVER`] while the reference stays the
+//! same; its error bound grows by the drift's error over the time carried,
+//! so its state follows what is really known (the view says how long it has
+//! been held: `holdover_ms`). After that, or with a new reference, it is
+//! Unsynced.
+//!
 //! **NTP-style baseline**, for comparison: every edge's min-RTT estimate,
 //! composed hop by hop along a BFS tree from the reference like an NTP
 //! stratum hierarchy (each hop at its own time, no alignment, no loop
@@ -81,6 +89,8 @@ pub const MAX_PATHS_PER_CALL: usize = 10_000;
 /// A host leaves a better state only when its bound exceeds that state's
 /// threshold by this factor (no Raft write per second at a threshold).
 const HYSTERESIS: f64 = 1.25;
+/// Longest a host's clock is carried forward from its last solution.
+pub const MAX_HOLDOVER: Duration = Duration::from_secs(30);
 /// How `paths` combines per-second figures (also in the reply).
 pub const AGGREGATION: &str = "min: min of the per-second minima; p50: median of the per-second \
      medians; p99: max of the per-second p99s; loss: 1 - sum(received)/sum(expected)";
@@ -223,6 +233,32 @@ pub struct Solved {
     pub error: Option<String>,
     /// NTP-style composition per host id.
     pub ntp: BTreeMap<u32, NtpComposition>,
+    /// Hosts held over from earlier solutions (see the module docs), by id;
+    /// filled by [`ClockService::hold_over`].
+    pub held: BTreeMap<u32, Held>,
+}
+
+/// A host's clock carried forward from the last solution that had it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Held {
+    /// That solution's instant (reference clock, ns) and the host's clock
+    /// in it.
+    pub base_at_ns: i64,
+    pub base: clocksync::HostClock,
+    /// When that solution was made.
+    pub since: Instant,
+    /// The clock carried to this solution's instant.
+    pub clock: clocksync::HostClock,
+}
+
+impl Solved {
+    /// A host's clock in this solve: solved, or held over.
+    pub fn clock_of(&self, id: u32) -> Option<(&clocksync::HostClock, Option<&Held>)> {
+        if let Some(c) = self.solution.as_ref().and_then(|s| s.host(HostId(id))) {
+            return Some((c, None));
+        }
+        self.held.get(&id).map(|h| (&h.clock, Some(h)))
+    }
 }
 
 /// The inputs of one solve, taken from the store and the model.
@@ -253,6 +289,7 @@ impl SolveInput {
             solution,
             error,
             ntp,
+            held: BTreeMap::new(),
         }
     }
 }
@@ -631,6 +668,71 @@ impl ClockService {
             .and_then(|t| t.busy_at)
     }
 
+    /// Carries forward, into `new`, the clocks of hosts that the previous
+    /// solve had (solved or held) and `new` lacks: for at most
+    /// [`MAX_HOLDOVER`] since their last solution, and only while the
+    /// reference is the same (offsets against another reference mean
+    /// nothing). The bound grows by the drift's error over the time
+    /// carried.
+    pub fn hold_over(&self, new: &mut Solved, now: Instant) {
+        let Some(prev) = self.solved() else { return };
+        let (Some(prev_sol), Some(new_sol)) = (prev.solution.as_ref(), new.solution.as_ref())
+        else {
+            return;
+        };
+        if prev.reference != new.reference {
+            return;
+        }
+        let mut bases: BTreeMap<u32, (i64, clocksync::HostClock, Instant)> = prev
+            .held
+            .iter()
+            .map(|(id, h)| (*id, (h.base_at_ns, h.base.clone(), h.since)))
+            .collect();
+        for c in &prev_sol.hosts {
+            bases.insert(c.host.0, (prev_sol.at_ns, c.clone(), prev.at));
+        }
+        let mut held = BTreeMap::new();
+        for (id, (base_at_ns, base, since)) in bases {
+            if new_sol.host(HostId(id)).is_some()
+                || now.saturating_duration_since(since) > MAX_HOLDOVER
+            {
+                continue;
+            }
+            let dt = (i128::from(new_sol.at_ns) - i128::from(base_at_ns)) as f64;
+            let offset_ns = base.offset_ns + base.drift_ppb * 1e-9 * dt;
+            let error_bound_ns = base.error_bound_ns + base.drift_error_ppb * 1e-9 * dt.abs();
+            if !(offset_ns.is_finite() && error_bound_ns.is_finite()) {
+                continue;
+            }
+            let state = if error_bound_ns <= self.cfg.synced_ns {
+                clocksync::ClockState::Synced
+            } else if error_bound_ns <= self.cfg.degraded_ns {
+                clocksync::ClockState::Degraded
+            } else {
+                clocksync::ClockState::Unsynced
+            };
+            let clock = clocksync::HostClock {
+                offset_ns,
+                error_bound_ns,
+                state,
+                ..base.clone()
+            };
+            held.insert(
+                id,
+                Held {
+                    base_at_ns,
+                    base,
+                    since,
+                    clock,
+                },
+            );
+        }
+        if !held.is_empty() {
+            tracing::debug!(hosts = ?held.keys().collect::<Vec<_>>(), "clocks held over");
+        }
+        new.held = held;
+    }
+
     /// Keeps the latest solve (none: no edges).
     pub fn set_solved(&self, solved: Option<Solved>) {
         let mut store = self.lock();
@@ -658,21 +760,25 @@ impl ClockService {
                 id: h.id,
                 state: h.clock.state,
                 state_changed_ms: h.clock.changed_ms,
-                live: sol.and_then(|s| s.host(HostId(h.id))).and_then(|c| {
-                    let all = [
-                        c.offset_ns,
-                        c.drift_ppb,
-                        c.error_bound_ns,
-                        c.drift_error_ppb,
-                    ];
-                    all.iter().all(|x| x.is_finite()).then(|| LiveClock {
-                        offset_ns: c.offset_ns,
-                        drift_ppb: c.drift_ppb,
-                        error_bound_ns: c.error_bound_ns,
-                        drift_error_ppb: c.drift_error_ppb,
-                        state: model_state(c.state),
-                    })
-                }),
+                live: solved
+                    .as_ref()
+                    .and_then(|s| s.clock_of(h.id))
+                    .and_then(|(c, held)| {
+                        let all = [
+                            c.offset_ns,
+                            c.drift_ppb,
+                            c.error_bound_ns,
+                            c.drift_error_ppb,
+                        ];
+                        all.iter().all(|x| x.is_finite()).then(|| LiveClock {
+                            offset_ns: c.offset_ns,
+                            drift_ppb: c.drift_ppb,
+                            error_bound_ns: c.error_bound_ns,
+                            drift_error_ppb: c.drift_error_ppb,
+                            state: model_state(c.state),
+                            holdover_ms: held.map(|h| ms(now.saturating_duration_since(h.since))),
+                        })
+                    }),
                 ntp: solved.as_ref().and_then(|s| s.ntp.get(&h.id).cloned()),
             })
             .collect();
@@ -1132,17 +1238,19 @@ pub fn classify(prev: ClockState, bound_ns: f64, cfg: &SolveConfig) -> ClockStat
 }
 
 /// The clock state changes to commit: every host whose state from
-/// `solution` (Unsynced when absent) differs from its committed one.
+/// `solved` (solved or held over; Unsynced when absent) differs from its
+/// committed one.
 pub fn clock_changes(
     st: &ClusterState,
-    solution: Option<&Solution>,
+    solved: Option<&Solved>,
     cfg: &SolveConfig,
 ) -> Vec<ClockChange> {
     st.hosts
         .values()
         .filter_map(|h| {
-            let solved = solution
-                .and_then(|s| s.host(HostId(h.id)))
+            let solved = solved
+                .and_then(|s| s.clock_of(h.id))
+                .map(|(c, _)| c)
                 .filter(|c| c.offset_ns.is_finite() && c.error_bound_ns.is_finite());
             let (state, offset_ns, error_bound_ns) = match solved {
                 Some(c) => (
@@ -1201,8 +1309,11 @@ pub async fn run(sup: Arc<Supervisor>) {
                 }
             }
         };
-        let changes = sup
-            .read(|st| clock_changes(st, solved.as_ref().and_then(|s| s.solution.as_ref()), &cfg));
+        let mut solved = solved;
+        if let Some(s) = solved.as_mut() {
+            sup.clocks.hold_over(s, now);
+        }
+        let changes = sup.read(|st| clock_changes(st, solved.as_ref(), &cfg));
         sup.clocks.set_solved(solved);
         if changes.is_empty() || leading_since.elapsed() < WARMUP {
             continue;
@@ -1627,7 +1738,7 @@ mod tests {
                 assert_eq!(ntp.offset_ns, want + 500.0);
             }
         }
-        let changes = clock_changes(&st, Some(sol), svc.config());
+        let changes = clock_changes(&st, Some(&solved), svc.config());
         assert_eq!(changes.len(), 5);
         assert!(changes.iter().all(|c| c.state == ClockState::Synced));
         // Views.
@@ -1648,6 +1759,88 @@ mod tests {
             (b.reference, b.edges.len(), b.hosts.len()),
             (v.reference, 10, 5)
         );
+    }
+
+    #[test]
+    fn a_host_that_drops_out_is_held_over_with_a_growing_bound_then_unsynced() {
+        let mut st = state(4);
+        let svc = ClockService::default();
+        let t0 = Instant::now();
+        let offsets = [0.0, 1_000.0, -2_500.0, 40_000.0];
+        for me in 0..4 {
+            let clocks = (0..4)
+                .filter(|&p| p != me)
+                .map(|p| peer_clock(&offsets, me, p, 200.0))
+                .collect();
+            svc.ingest(&st, &summary(&format!("h{me}"), clocks, vec![]), t0)
+                .unwrap();
+        }
+        let first = svc.solve_input(&st, t0).unwrap().solve(svc.config(), t0, 0);
+        for c in clock_changes(&st, Some(&first), svc.config()) {
+            st.hosts.get_mut(&c.host).unwrap().clock.state = c.state;
+        }
+        let base = first
+            .solution
+            .as_ref()
+            .unwrap()
+            .host(HostId(3))
+            .unwrap()
+            .clone();
+        svc.set_solved(Some(first.clone()));
+        // 5 s later h3 is missing from the solution (its paths too busy).
+        let later = |secs: u64, drop: bool| {
+            let mut s = first.clone();
+            let sol = s.solution.as_mut().unwrap();
+            sol.at_ns += secs as i64 * 1_000_000_000;
+            if drop {
+                sol.hosts.retain(|c| c.host != HostId(3));
+            }
+            s.at = t0 + Duration::from_secs(secs);
+            s
+        };
+        let mut second = later(5, true);
+        let now = t0 + Duration::from_secs(5);
+        svc.hold_over(&mut second, now);
+        let held = second.held.get(&3).expect("h3 held over");
+        let want = base.offset_ns + base.drift_ppb * 5.0;
+        assert!((held.clock.offset_ns - want).abs() < 1e-6, "{held:?}");
+        let grown = base.error_bound_ns + base.drift_error_ppb * 5.0;
+        assert!((held.clock.error_bound_ns - grown).abs() < 1e-6, "{held:?}");
+        assert!(held.clock.error_bound_ns >= base.error_bound_ns);
+        assert_eq!(second.held.len(), 1, "only the host that dropped out");
+        assert!(
+            clock_changes(&st, Some(&second), svc.config()).is_empty(),
+            "h3 keeps its state while its bound allows"
+        );
+        svc.set_solved(Some(second));
+        let v = svc.clock_view(&st, 1, now);
+        let h3 = v.hosts.iter().find(|h| h.host == "h3").unwrap();
+        let live = h3.live.as_ref().expect("held clock shown");
+        assert_eq!(live.holdover_ms, Some(5_000));
+        assert!(v
+            .hosts
+            .iter()
+            .filter(|h| h.host != "h3")
+            .all(|h| h.live.as_ref().is_some_and(|l| l.holdover_ms.is_none())));
+        // Still missing after the longest holdover: Unsynced.
+        let mut third = later(31, true);
+        svc.hold_over(&mut third, t0 + Duration::from_secs(31));
+        assert!(third.held.is_empty(), "held at most {MAX_HOLDOVER:?}");
+        let c = clock_changes(&st, Some(&third), svc.config());
+        assert_eq!(c.len(), 1);
+        assert_eq!(
+            (c[0].host.as_str(), c[0].state),
+            ("h3", ClockState::Unsynced)
+        );
+        // Another reference: nothing carries over.
+        let mut other = later(6, true);
+        other.reference = 1;
+        svc.hold_over(&mut other, t0 + Duration::from_secs(6));
+        assert!(other.held.is_empty());
+        // Back in the solution: solved again, not held.
+        let mut back = later(7, false);
+        svc.hold_over(&mut back, t0 + Duration::from_secs(7));
+        assert!(back.held.is_empty());
     }
 
     #[test]

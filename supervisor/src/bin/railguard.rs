@@ -123,6 +123,10 @@ enum Cmd {
     /// drift (ppb) and error bound (ns). The leader solves every second
     /// from the agents' probe summaries; this data lives only in its
     /// memory, so the call always goes to the leader (also with --stale).
+    /// A host missing from the current solution (its paths too busy for
+    /// clean probes, say) shows its last solved clock carried forward for
+    /// at most 30 s, marked "held over", its error bound growing with the
+    /// drift's error; then it is Unsynced.
     ///
     /// `--output json` adds the solution's `at_ns` (on the reference's
     /// clock; a host's offset at reference time t is
@@ -1316,8 +1320,17 @@ fn print_clock(v: &ClockView) {
     );
     for h in &v.hosts {
         let live = h.live.as_ref();
+        let held = live
+            .and_then(|l| l.holdover_ms)
+            .map(|ms| {
+                format!(
+                    "  (held over {:.1} s: not in this solution)",
+                    ms as f64 / 1e3
+                )
+            })
+            .unwrap_or_default();
         println!(
-            "{:>5}  {:<14} {:<9} {:>14} {:>10} {:>10}  {}",
+            "{:>5}  {:<14} {:<9} {:>14} {:>10} {:>10}  {}{held}",
             h.id,
             h.host,
             format!("{:?}", h.state),
