@@ -11,6 +11,7 @@
 //! receiver once quiet after that, and [`DRAIN`] after the maximum
 //! duration at the latest.
 
+use std::io::ErrorKind;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -35,6 +36,9 @@ const POLL: Duration = Duration::from_millis(100);
 const MAX_BURST: u32 = 256;
 /// Longest sleep of the sender (it also checks the stop flag).
 const MAX_SLEEP: Duration = Duration::from_millis(50);
+/// Most the sender may fall behind its schedule: beyond it the schedule
+/// restarts from now (an unreachable rate is not chased flat out).
+const MAX_LAG: Duration = Duration::from_millis(100);
 
 /// What to send.
 #[derive(Debug, Clone)]
@@ -64,6 +68,8 @@ pub enum BurstError {
         addr: SocketAddr,
         error: std::io::Error,
     },
+    #[error("burst load: cannot start the {0} thread: {1}")]
+    Spawn(&'static str, std::io::Error),
     #[error("burst load: {0} thread panicked")]
     Panicked(&'static str),
 }
@@ -128,6 +134,12 @@ impl BurstLoad {
                 error,
             })?;
         let tx = open(spec.from, src)?;
+        tx.set_write_timeout(Some(POLL))
+            .map_err(|error| BurstError::Socket {
+                host: spec.from,
+                addr: src,
+                error,
+            })?;
         let stop = Arc::new(AtomicBool::new(false));
         let received = Arc::new(AtomicU64::new(0));
         let deadline = Instant::now() + spec.max;
@@ -136,14 +148,18 @@ impl BurstLoad {
             std::thread::Builder::new()
                 .name(format!("burst-rx-h{}", spec.to))
                 .spawn(move || receive(rx, deadline + DRAIN, &stop, &received))
-                .map_err(|_| BurstError::Panicked("receiver spawn"))?
+                .map_err(|e| BurstError::Spawn("receiver", e))?
         };
         let sender = {
-            let (stop, s) = (stop.clone(), spec.clone());
+            let (stop_tx, s) = (stop.clone(), spec.clone());
             std::thread::Builder::new()
                 .name(format!("burst-tx-h{}", spec.from))
-                .spawn(move || send(tx, dst, &s, deadline, &stop))
-                .map_err(|_| BurstError::Panicked("sender spawn"))?
+                .spawn(move || send(tx, dst, &s, deadline, &stop_tx))
+                .map_err(|e| {
+                    // The receiver would otherwise run to its hard deadline.
+                    stop.store(true, Ordering::Relaxed);
+                    BurstError::Spawn("sender", e)
+                })?
         };
         tracing::info!(
             from = spec.from,
@@ -237,6 +253,9 @@ fn send(
             std::thread::sleep((next - now).min(MAX_SLEEP));
             continue;
         }
+        if now - next > MAX_LAG {
+            next = now;
+        }
         let mut n = 1;
         while n < MAX_BURST && rng.gen::<f64>() >= p_stop {
             n += 1;
@@ -270,7 +289,9 @@ fn receive(sock: UdpSocket, hard_deadline: Instant, stop: &AtomicBool, received:
             }
             // Quiet for a poll interval: done once stopped.
             Err(_) if stop.load(Ordering::Relaxed) => return,
-            Err(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            // Anything else: do not spin on it.
+            Err(_) => std::thread::sleep(POLL),
         }
     }
 }

@@ -160,7 +160,8 @@ pub struct ClockSyncReport {
     pub probe_thread_user_pct_max: f64,
     pub probe_thread_sys_pct_max: f64,
     pub agent_cpu_pct_max: f64,
-    pub bytes_per_s_per_agent: f64,
+    /// None when every host is an end of the load (nothing to count).
+    pub bytes_per_s_per_agent: Option<f64>,
     /// The load's bulk flow, Mbit/s received (none on an idle fabric);
     /// with a load, `bytes_per_s_per_agent` leaves out its two ends.
     pub load_mbps: Option<f64>,
@@ -338,10 +339,19 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         bail!("--hosts takes 2..=32");
     }
     if (p.uplink_load_mbit > 0 || p.cross_load_mbit > 0) && p.hosts < 4 {
-        bail!("a load needs --hosts >= 4 (two leaves, and hosts besides the load's ends)");
+        bail!("a load needs --hosts >= 4 (two leaves of at least two hosts)");
     }
     if p.uplink_load_mbit > 0 && p.cross_load_mbit > 0 {
         bail!("one load at a time: the uplink load or the cross load");
+    }
+    let load_max = crate::burst::MAX_LOAD.min(crate::bulk::MAX_FLOW);
+    if (p.uplink_load_mbit > 0 || p.cross_load_mbit > 0)
+        && Duration::from_secs(p.seconds + 30) > load_max
+    {
+        bail!(
+            "with a load, --seconds takes at most {} (a load runs the window plus 30 s, at most {load_max:?})",
+            load_max.as_secs() - 30
+        );
     }
     // The load's sender and receiver (leaf 0's first host, leaf 1's last).
     let load_ends = (p.uplink_load_mbit > 0).then_some((0, p.hosts - 1));
@@ -613,7 +623,7 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     let ntp_style = ErrorStats::of(all.ntp_err);
     let improvement_p99 = ntp_style.p99_ns / railguard.p99_ns;
     let probe_max = probe_cpu.iter().copied().fold(0.0, f64::max);
-    let bytes_per_s = bytes as f64 / window / counted.max(1) as f64;
+    let bytes_per_s = (counted > 0).then(|| bytes as f64 / window / counted as f64);
     let enough = railguard.samples >= (p.seconds as usize / 2) * (p.hosts - 1);
     let goal_met =
         enough && railguard.p99_ns <= 1_000.0 && improvement_p99 >= 10.0 && probe_max <= 1.0;

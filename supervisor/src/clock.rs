@@ -17,15 +17,18 @@
 //! [`clocksync::solve`] with the lowest-id host that is not Down and has
 //! edges as the reference. A host's committed [`ClockState`] is its
 //! solution's classification (with a 25 % hysteresis margin before moving
-//! to a worse state); hosts outside the solution are Unsynced. Only changes
-//! of state go through Raft (`SetClockStates`), never the figures.
+//! to a worse state); hosts outside the solution are Unsynced unless held
+//! over. Only changes of state go through Raft (`SetClockStates`), never
+//! the figures.
 //!
 //! **Holdover:** a host that drops out of the solution (its paths too busy
 //! for pure pairs, say) keeps its last solved clock, carried forward with
 //! its drift, for up to [`MAX_HOLDOVER`] while the reference stays the
-//! same; its error bound grows by the drift's error over the time carried,
-//! so its state follows what is really known (the view says how long it has
-//! been held: `holdover_ms`). After that, or with a new reference, it is
+//! same and the host is registered and not Down; its error bound grows by
+//! the drift's error over the time carried (no term for the drift itself
+//! wandering: 30 s keeps that small) and its state follows that bound (the
+//! view says how long it has been held: `holdover_ms`). After that, with a
+//! new reference, or after a solve that failed or had no fresh edges, it is
 //! Unsynced.
 //!
 //! **NTP-style baseline**, for comparison: every edge's min-RTT estimate,
@@ -672,9 +675,9 @@ impl ClockService {
     /// solve had (solved or held) and `new` lacks: for at most
     /// [`MAX_HOLDOVER`] since their last solution, and only while the
     /// reference is the same (offsets against another reference mean
-    /// nothing). The bound grows by the drift's error over the time
-    /// carried.
-    pub fn hold_over(&self, new: &mut Solved, now: Instant) {
+    /// nothing), and only for hosts in `keep` (registered, not Down). The
+    /// bound grows by the drift's error over the time carried.
+    pub fn hold_over(&self, new: &mut Solved, keep: &BTreeSet<u32>, now: Instant) {
         let Some(prev) = self.solved() else { return };
         let (Some(prev_sol), Some(new_sol)) = (prev.solution.as_ref(), new.solution.as_ref())
         else {
@@ -694,6 +697,7 @@ impl ClockService {
         let mut held = BTreeMap::new();
         for (id, (base_at_ns, base, since)) in bases {
             if new_sol.host(HostId(id)).is_some()
+                || !keep.contains(&id)
                 || now.saturating_duration_since(since) > MAX_HOLDOVER
             {
                 continue;
@@ -1311,7 +1315,14 @@ pub async fn run(sup: Arc<Supervisor>) {
         };
         let mut solved = solved;
         if let Some(s) = solved.as_mut() {
-            sup.clocks.hold_over(s, now);
+            let keep: BTreeSet<u32> = sup.read(|st| {
+                st.hosts
+                    .values()
+                    .filter(|h| h.liveness != Liveness::Down)
+                    .map(|h| h.id)
+                    .collect()
+            });
+            sup.clocks.hold_over(s, &keep, now);
         }
         let changes = sup.read(|st| clock_changes(st, solved.as_ref(), &cfg));
         sup.clocks.set_solved(solved);
@@ -1798,9 +1809,15 @@ mod tests {
             s.at = t0 + Duration::from_secs(secs);
             s
         };
+        let all: BTreeSet<u32> = (0..4).collect();
+        // A Down host is not held over.
+        let mut down = later(5, true);
+        let not_h3: BTreeSet<u32> = (0..3).collect();
+        svc.hold_over(&mut down, &not_h3, t0 + Duration::from_secs(5));
+        assert!(down.held.is_empty(), "h3 Down: not held");
         let mut second = later(5, true);
         let now = t0 + Duration::from_secs(5);
-        svc.hold_over(&mut second, now);
+        svc.hold_over(&mut second, &all, now);
         let held = second.held.get(&3).expect("h3 held over");
         let want = base.offset_ns + base.drift_ppb * 5.0;
         assert!((held.clock.offset_ns - want).abs() < 1e-6, "{held:?}");
@@ -1824,7 +1841,7 @@ mod tests {
             .all(|h| h.live.as_ref().is_some_and(|l| l.holdover_ms.is_none())));
         // Still missing after the longest holdover: Unsynced.
         let mut third = later(31, true);
-        svc.hold_over(&mut third, t0 + Duration::from_secs(31));
+        svc.hold_over(&mut third, &all, t0 + Duration::from_secs(31));
         assert!(third.held.is_empty(), "held at most {MAX_HOLDOVER:?}");
         let c = clock_changes(&st, Some(&third), svc.config());
         assert_eq!(c.len(), 1);
@@ -1835,11 +1852,11 @@ mod tests {
         // Another reference: nothing carries over.
         let mut other = later(6, true);
         other.reference = 1;
-        svc.hold_over(&mut other, t0 + Duration::from_secs(6));
+        svc.hold_over(&mut other, &all, t0 + Duration::from_secs(6));
         assert!(other.held.is_empty());
         // Back in the solution: solved again, not held.
         let mut back = later(7, false);
-        svc.hold_over(&mut back, t0 + Duration::from_secs(7));
+        svc.hold_over(&mut back, &all, t0 + Duration::from_secs(7));
         assert!(back.held.is_empty());
     }
 

@@ -392,7 +392,7 @@ enum Bench {
         /// directions at --cross-load-util of its rate, so every probe path
         /// between the leaves queues on and off and no rail or direction
         /// stays idle. The link-contention playbook is deleted first. 0: off.
-        #[arg(long, default_value_t = 0, conflicts_with = "uplink_load_mbit")]
+        #[arg(long, default_value_t = 0)]
         cross_load_mbit: u64,
         /// Offered cross traffic per direction, as a fraction of the uplink
         /// rate (0.05..=1.2).

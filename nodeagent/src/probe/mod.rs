@@ -401,7 +401,12 @@ fn run_thread(
             unsent = keep;
         }
         if now >= next_summary {
-            next_summary = now + SUMMARY_EVERY;
+            // Keep the period (a tick late at most), without bursts after
+            // a stall.
+            next_summary += SUMMARY_EVERY;
+            if next_summary <= now {
+                next_summary = now + SUMMARY_EVERY;
+            }
             let s = Summary {
                 at_ns: tc.apply(clock::realtime_ns()),
                 plan_version: mesh.plan_version(),

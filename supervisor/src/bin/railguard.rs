@@ -126,7 +126,8 @@ enum Cmd {
     /// A host missing from the current solution (its paths too busy for
     /// clean probes, say) shows its last solved clock carried forward for
     /// at most 30 s, marked "held over", its error bound growing with the
-    /// drift's error; then it is Unsynced.
+    /// drift's error; then it is Unsynced (at once if the reference host
+    /// changes, the host is Down, or a solve fails).
     ///
     /// `--output json` adds the solution's `at_ns` (on the reference's
     /// clock; a host's offset at reference time t is
