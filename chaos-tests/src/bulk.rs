@@ -218,7 +218,8 @@ impl Drop for BulkFlow {
     }
 }
 
-fn timed_out(e: &std::io::Error) -> bool {
+/// A socket timeout (nothing to read or no room to write yet).
+pub(crate) fn timed_out(e: &std::io::Error) -> bool {
     matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
 }
 

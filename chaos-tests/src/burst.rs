@@ -11,7 +11,6 @@
 //! receiver once quiet after that, and [`DRAIN`] after the maximum
 //! duration at the latest.
 
-use std::io::ErrorKind;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
+use crate::bulk::timed_out;
 use crate::testbed::{rail_addr, Node, Testbed};
 
 /// UDP payload of every datagram (with headers, a 1442-byte frame).
@@ -120,26 +120,20 @@ impl BurstLoad {
         }
         let dst = SocketAddr::from((rail_addr(spec.to, spec.rail), spec.port));
         let src = SocketAddr::from((rail_addr(spec.from, spec.rail), 0));
+        // Both timeouts on both sockets: each loop looks at its stop flag.
         let open = |host: usize, addr: SocketAddr| {
             tb.ns(Node::Host(host))
-                .run(move || UdpSocket::bind(addr))
+                .run(move || {
+                    let s = UdpSocket::bind(addr)?;
+                    s.set_read_timeout(Some(POLL))?;
+                    s.set_write_timeout(Some(POLL))?;
+                    Ok(s)
+                })
                 .map_err(|error| BurstError::Namespace { host, error })?
-                .map_err(|error| BurstError::Socket { host, addr, error })
+                .map_err(|error: std::io::Error| BurstError::Socket { host, addr, error })
         };
         let rx = open(spec.to, dst)?;
-        rx.set_read_timeout(Some(POLL))
-            .map_err(|error| BurstError::Socket {
-                host: spec.to,
-                addr: dst,
-                error,
-            })?;
         let tx = open(spec.from, src)?;
-        tx.set_write_timeout(Some(POLL))
-            .map_err(|error| BurstError::Socket {
-                host: spec.from,
-                addr: src,
-                error,
-            })?;
         let stop = Arc::new(AtomicBool::new(false));
         let received = Arc::new(AtomicU64::new(0));
         let deadline = Instant::now() + spec.max;
@@ -289,7 +283,7 @@ fn receive(sock: UdpSocket, hard_deadline: Instant, stop: &AtomicBool, received:
             }
             // Quiet for a poll interval: done once stopped.
             Err(_) if stop.load(Ordering::Relaxed) => return,
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) if timed_out(&e) => {}
             // Anything else: do not spin on it.
             Err(_) => std::thread::sleep(POLL),
         }

@@ -140,6 +140,19 @@ impl Default for SolveConfig {
     }
 }
 
+impl SolveConfig {
+    /// The state an error bound of `bound_ns` earns.
+    pub fn state_of(&self, bound_ns: f64) -> ClockState {
+        if bound_ns <= self.synced_ns {
+            ClockState::Synced
+        } else if bound_ns <= self.degraded_ns {
+            ClockState::Degraded
+        } else {
+            ClockState::Unsynced
+        }
+    }
+}
+
 /// A host's synchronisation state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum ClockState {
@@ -599,13 +612,7 @@ pub fn solve_with(
                         zcov.var(c).sqrt() * dscale,
                     ),
                 };
-                let state = if error_bound_ns <= cfg.synced_ns {
-                    ClockState::Synced
-                } else if error_bound_ns <= cfg.degraded_ns {
-                    ClockState::Degraded
-                } else {
-                    ClockState::Unsynced
-                };
+                let state = cfg.state_of(error_bound_ns);
                 HostClock {
                     host,
                     offset_ns,

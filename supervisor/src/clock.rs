@@ -708,17 +708,10 @@ impl ClockService {
             if !(offset_ns.is_finite() && error_bound_ns.is_finite()) {
                 continue;
             }
-            let state = if error_bound_ns <= self.cfg.synced_ns {
-                clocksync::ClockState::Synced
-            } else if error_bound_ns <= self.cfg.degraded_ns {
-                clocksync::ClockState::Degraded
-            } else {
-                clocksync::ClockState::Unsynced
-            };
             let clock = clocksync::HostClock {
                 offset_ns,
                 error_bound_ns,
-                state,
+                state: self.cfg.state_of(error_bound_ns),
                 ..base.clone()
             };
             held.insert(
@@ -1223,13 +1216,7 @@ pub fn ntp_tree(
 /// committed state: leaving a better state needs the bound to exceed that
 /// state's threshold by [`HYSTERESIS`].
 pub fn classify(prev: ClockState, bound_ns: f64, cfg: &SolveConfig) -> ClockState {
-    let plain = if bound_ns <= cfg.synced_ns {
-        ClockState::Synced
-    } else if bound_ns <= cfg.degraded_ns {
-        ClockState::Degraded
-    } else {
-        ClockState::Unsynced
-    };
+    let plain = model_state(cfg.state_of(bound_ns));
     match prev {
         ClockState::Synced if bound_ns <= cfg.synced_ns * HYSTERESIS => ClockState::Synced,
         ClockState::Synced | ClockState::Degraded
