@@ -51,6 +51,22 @@ pub struct ClockSyncRun {
     pub cross_load_mbit: u64,
     /// Offered cross traffic per direction, fraction of the uplink rate.
     pub cross_load_util: f64,
+    /// The agents' probe CPU budget (% of one core; 0: no governor; None:
+    /// the agent's default).
+    pub probe_cpu_budget_pct: Option<f64>,
+}
+
+/// The probe rates the agents ran at over the window (pairs/s per peer,
+/// one reading per host per second).
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct RateStats {
+    /// The configured (most) rate.
+    pub configured: u64,
+    pub p50: f64,
+    pub min: f64,
+    pub max: f64,
+    /// The agents' CPU budget (% of one core; 0: no governor).
+    pub cpu_budget_pct: f64,
 }
 
 /// Mean datagrams per burst of the cross traffic.
@@ -160,6 +176,9 @@ pub struct ClockSyncReport {
     pub probe_thread_user_pct_max: f64,
     pub probe_thread_sys_pct_max: f64,
     pub agent_cpu_pct_max: f64,
+    /// The pairs/s per peer the agents probed at (their CPU governor holds
+    /// the probe thread inside its budget by lowering the rate).
+    pub probe_pairs_per_s_per_peer: RateStats,
     /// None when every host is an end of the load (nothing to count).
     pub bytes_per_s_per_agent: Option<f64>,
     /// The load's bulk flow, Mbit/s received (none on an idle fabric);
@@ -260,6 +279,10 @@ struct Sample {
     ntp_err: Vec<f64>,
     edge_err: Vec<f64>,
     ntp_edge_err: Vec<f64>,
+    /// Every host's probe rate (pairs/s per peer).
+    rates: Vec<f64>,
+    configured_rate: u64,
+    cpu_budget_pct: f64,
 }
 
 fn evaluate(v: &Value, truth: &[Truth], anchor: i64) -> anyhow::Result<Sample> {
@@ -268,6 +291,11 @@ fn evaluate(v: &Value, truth: &[Truth], anchor: i64) -> anyhow::Result<Sample> {
     let at = v["solution"]["at_ns"].as_i64().context("no solution")?;
     let mut s = Sample::default();
     for h in v["hosts"].as_array().context("hosts")? {
+        if let Some(rate) = h["probe"]["pairs_per_s"].as_f64() {
+            s.rates.push(rate);
+            s.configured_rate = h["probe"]["max_pairs_per_s"].as_u64().unwrap_or(0);
+            s.cpu_budget_pct = h["probe"]["cpu_budget_pct"].as_f64().unwrap_or(f64::NAN);
+        }
         let name = h["host"].as_str().unwrap_or_default();
         let Some(i) = host_index(name) else { continue };
         if i == r || i >= truth.len() {
@@ -344,6 +372,9 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     if p.uplink_load_mbit > 0 && p.cross_load_mbit > 0 {
         bail!("one load at a time: the uplink load or the cross load");
     }
+    if let Some(b) = p.probe_cpu_budget_pct {
+        nodeagent::probe::governor::check_budget(b)?;
+    }
     let load_max = crate::burst::MAX_LOAD.min(crate::bulk::MAX_FLOW);
     if (p.uplink_load_mbit > 0 || p.cross_load_mbit > 0)
         && Duration::from_secs(p.seconds + 30) > load_max
@@ -373,11 +404,15 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     let args: Vec<Vec<String>> = truth
         .iter()
         .map(|t| {
-            vec![
+            let mut a = vec![
                 format!("--test-clock-offset-ns={}", t.offset_ns),
                 format!("--test-clock-drift-ppb={}", t.drift_ppb),
                 format!("--test-clock-anchor-ns={anchor}"),
-            ]
+            ];
+            if let Some(b) = p.probe_cpu_budget_pct {
+                a.push(format!("--probe-cpu-budget-pct={b}"));
+            }
+            a
         })
         .collect();
     eprintln!(
@@ -525,6 +560,9 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
                 all.ntp_err.extend(s.ntp_err);
                 all.edge_err.extend(s.edge_err);
                 all.ntp_edge_err.extend(s.ntp_edge_err);
+                all.rates.extend(s.rates);
+                all.configured_rate = s.configured_rate;
+                all.cpu_budget_pct = s.cpu_budget_pct;
             }
             Ok(Err(e)) | Err(e) => {
                 if recent.len() < 5 {
@@ -623,6 +661,18 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     let ntp_style = ErrorStats::of(all.ntp_err);
     let improvement_p99 = ntp_style.p99_ns / railguard.p99_ns;
     let probe_max = probe_cpu.iter().copied().fold(0.0, f64::max);
+    let mut rates = all.rates.clone();
+    rates.sort_by(f64::total_cmp);
+    if rates.is_empty() {
+        errors.push("no probe rates in the clock view".into());
+    }
+    let probe_rate = RateStats {
+        configured: all.configured_rate,
+        p50: rates.get(rates.len() / 2).copied().unwrap_or(f64::NAN),
+        min: rates.first().copied().unwrap_or(f64::NAN),
+        max: rates.last().copied().unwrap_or(f64::NAN),
+        cpu_budget_pct: all.cpu_budget_pct,
+    };
     let bytes_per_s = (counted > 0).then(|| bytes as f64 / window / counted as f64);
     let enough = railguard.samples >= (p.seconds as usize / 2) * (p.hosts - 1);
     let goal_met =
@@ -653,6 +703,7 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         probe_thread_user_pct_max: user_max,
         probe_thread_sys_pct_max: sys_max,
         agent_cpu_pct_max: agent_cpu,
+        probe_pairs_per_s_per_peer: probe_rate,
         bytes_per_s_per_agent: bytes_per_s,
         load_mbps,
         cross_load,

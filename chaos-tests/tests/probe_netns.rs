@@ -64,6 +64,7 @@ async fn clocks_converge_against_the_injected_truth() {
         uplink_load_mbit: 0,
         cross_load_mbit: 0,
         cross_load_util: 0.85,
+        probe_cpu_budget_pct: None,
     })
     .await
     .unwrap();
@@ -72,6 +73,56 @@ async fn clocks_converge_against_the_injected_truth() {
     // microseconds; the benchmark reports the real (sub-µs) figures.
     assert!(r.railguard.p99_ns < 20_000.0, "{:?}", r.railguard);
     assert!(r.railguard.samples >= 3 * 3, "{:?}", r.railguard);
+    // The agents report their probe rate and the default budget.
+    let rate = &r.probe_pairs_per_s_per_peer;
+    assert_eq!(
+        (rate.configured, rate.cpu_budget_pct),
+        (100, 1.0),
+        "{rate:?}"
+    );
+    assert!(rate.min >= 25.0 && rate.max <= 100.0, "{rate:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_thread_over_its_cpu_budget_slows_down_and_clocks_still_hold() {
+    if !require_root("probe_netns::cpu_budget").unwrap() {
+        return;
+    }
+    // 0.05 % of a core is far below what 100 pairs/s per peer costs on
+    // veth (about 0.4 % with two peers): every agent governs its rate
+    // down, to the floor (a quarter of the rate).
+    let r = clock_sync::run(clock_sync::ClockSyncRun {
+        hosts: 3,
+        supervisors: 1,
+        seconds: 6,
+        seed: 4,
+        converge_timeout: Duration::from_secs(45),
+        uplink_load_mbit: 0,
+        cross_load_mbit: 0,
+        cross_load_util: 0.85,
+        probe_cpu_budget_pct: Some(0.05),
+    })
+    .await
+    .unwrap();
+    assert!(r.ok, "{r:?}");
+    let rate = &r.probe_pairs_per_s_per_peer;
+    assert_eq!(
+        (rate.configured, rate.cpu_budget_pct),
+        (100, 0.05),
+        "{rate:?}"
+    );
+    // Halving at most per 2 s window: the floor within seconds.
+    assert!(rate.min == 25.0 && rate.p50 <= 50.0, "{rate:?}");
+    // The thread costs less at the floor than at the full rate would:
+    // generous, the benchmark reports the figures.
+    assert!(
+        r.probe_thread_cpu_pct_max < 1.0,
+        "{:?}",
+        r.probe_thread_cpu_pct
+    );
+    // A quarter of the probes still synchronise the clocks.
+    assert!(r.railguard.p99_ns < 20_000.0, "{:?}", r.railguard);
+    assert!(r.railguard.samples >= 3 * 2, "{:?}", r.railguard);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,6 +139,7 @@ async fn clocks_hold_under_bursty_cross_traffic_on_both_rails() {
         uplink_load_mbit: 0,
         cross_load_mbit: 50,
         cross_load_util: 0.7,
+        probe_cpu_budget_pct: None,
     })
     .await
     .unwrap();

@@ -48,6 +48,7 @@ struct FileProbe {
     enabled: Option<bool>,
     port: Option<u16>,
     pairs_per_s: Option<u32>,
+    cpu_budget_pct: Option<f64>,
     purity_ns: Option<u64>,
     silence_ms: Option<u64>,
     timestamps: Option<TsMode>,
@@ -66,6 +67,8 @@ pub struct Overrides {
     pub no_probes: bool,
     pub probe_port: Option<u16>,
     pub probe_rate: Option<u32>,
+    /// The probe thread's CPU budget (% of one core; 0: no governor).
+    pub probe_cpu_budget_pct: Option<f64>,
     pub probe_timestamps: Option<TsMode>,
     /// Test only: clock error applied to every probe timestamp.
     pub test_clock_offset_ns: Option<i64>,
@@ -318,6 +321,10 @@ fn probe_options(fp: FileProbe, over: &Overrides) -> Result<Option<ProbeOptions>
         }
         mesh.pairs_per_s = r;
     }
+    if let Some(b) = over.probe_cpu_budget_pct.or(fp.cpu_budget_pct) {
+        crate::probe::governor::check_budget(b).map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        mesh.cpu_budget_pct = b;
+    }
     if let Some(p) = fp.purity_ns {
         if p == 0 || p > 1_000_000 {
             return Err(ConfigError::Invalid(format!(
@@ -444,6 +451,30 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("IP:port"), "{e}");
+        let probe = |c: &AgentConfig| c.probe.as_ref().expect("probes on").mesh.clone();
+        assert_eq!(probe(&c).cpu_budget_pct, 1.0, "the default budget");
+        for bad in [-1.0, 101.0, f64::NAN] {
+            let e = load(
+                None,
+                Overrides {
+                    probe_cpu_budget_pct: Some(bad),
+                    ..base.clone()
+                },
+                &links(),
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("probe CPU budget"), "{e}");
+        }
+        let c = load(
+            None,
+            Overrides {
+                probe_cpu_budget_pct: Some(0.0),
+                ..base.clone()
+            },
+            &links(),
+        )
+        .unwrap();
+        assert_eq!(probe(&c).cpu_budget_pct, 0.0, "0: no governor");
         let e = load(
             None,
             Overrides {

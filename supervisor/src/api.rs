@@ -358,6 +358,25 @@ pub struct ClockHostView {
     /// The NTP-style baseline: min-RTT offsets composed hop by hop along a
     /// BFS tree from the reference (none: not reachable over NTP edges).
     pub ntp: Option<NtpComposition>,
+    /// The host's probe mesh as its latest summary gave it (none: no
+    /// summary from it since this leader took over).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe: Option<ProbeLoad>,
+}
+
+/// What a host's probe mesh sends and costs.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ProbeLoad {
+    /// Pairs/s per peer now (the CPU governor may hold it under the
+    /// configured rate) and the configured rate.
+    pub pairs_per_s: u32,
+    pub max_pairs_per_s: u32,
+    /// The probe thread's share of one core over its last window (%).
+    pub cpu_pct: Option<f64>,
+    /// Its CPU budget (% of one core; 0: no governor).
+    pub cpu_budget_pct: f64,
+    /// How long ago the summary arrived (ms).
+    pub age_ms: u64,
 }
 
 /// A host's solved clock relative to the reference.

@@ -54,7 +54,7 @@ use proto::v1::ProbeSummary;
 
 use crate::api::{
     ApiError, ClockEdgeView, ClockHostView, ClockView, Correction, EdgeFit, ErrorKind, LiveClock,
-    NtpComposition, NtpHop, PathView, PathsView, SolutionInfo,
+    NtpComposition, NtpHop, PathView, PathsView, ProbeLoad, SolutionInfo,
 };
 use crate::model::{ClockChange, ClockState, ClusterState, Command, Liveness, NodeId};
 use crate::node::Supervisor;
@@ -297,6 +297,15 @@ impl SolveInput {
     }
 }
 
+/// A host's probe rate and cost from its latest summary.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ProbeLoadReport {
+    pairs_per_s: u32,
+    max_pairs_per_s: u32,
+    cpu_pct: Option<f64>,
+    cpu_budget_pct: f64,
+}
+
 /// What one summary contributed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Ingested {
@@ -316,6 +325,8 @@ struct Store {
     evidence: HashMap<String, Instant>,
     /// (host, NIC) → its shaped classes' traffic, as last reported.
     shaped: HashMap<(String, String), ShapedTrack>,
+    /// host → its probe rate and cost, as last reported.
+    probe_load: HashMap<String, (ProbeLoadReport, Instant)>,
     solved: Option<Arc<Solved>>,
 }
 
@@ -462,6 +473,21 @@ impl ClockService {
         let mut out = Ingested::default();
         let mut store = self.lock();
         let store = &mut *store;
+        // Older agents leave these zero: nothing to show then.
+        if s.max_pairs_per_s > 0 {
+            store.probe_load.insert(
+                s.host.clone(),
+                (
+                    ProbeLoadReport {
+                        pairs_per_s: s.pairs_per_s,
+                        max_pairs_per_s: s.max_pairs_per_s,
+                        cpu_pct: s.probe_cpu_pct.filter(|c| c.is_finite() && *c >= 0.0),
+                        cpu_budget_pct: s.probe_cpu_budget_pct,
+                    },
+                    now,
+                ),
+            );
+        }
         for c in &s.clocks {
             if !st.hosts.contains_key(&c.peer) {
                 tracing::debug!(host = %s.host, peer = %short(&c.peer), "clock against an unknown peer ignored");
@@ -594,6 +620,9 @@ impl ClockService {
         store
             .shaped
             .retain(|(h, _), t| st.hosts.contains_key(h) && !old(t.at, PATH_WINDOW));
+        store
+            .probe_load
+            .retain(|h, (_, at)| st.hosts.contains_key(h) && !old(*at, CLOCK_KEEP));
     }
 
     /// Prunes the store and gathers the next solve's input (none without
@@ -747,6 +776,7 @@ impl ClockService {
     /// `railguard clock`.
     pub fn clock_view(&self, st: &ClusterState, leader: NodeId, now: Instant) -> ClockView {
         let solved = self.solved();
+        let probe_load = self.lock().probe_load.clone();
         let mut hosts: Vec<&crate::model::Host> = st.hosts.values().collect();
         hosts.sort_by_key(|h| h.id);
         let sol = solved.as_ref().and_then(|s| s.solution.as_ref());
@@ -777,6 +807,13 @@ impl ClockService {
                         })
                     }),
                 ntp: solved.as_ref().and_then(|s| s.ntp.get(&h.id).cloned()),
+                probe: probe_load.get(&h.name).map(|(r, at)| ProbeLoad {
+                    pairs_per_s: r.pairs_per_s,
+                    max_pairs_per_s: r.max_pairs_per_s,
+                    cpu_pct: r.cpu_pct,
+                    cpu_budget_pct: r.cpu_budget_pct,
+                    age_ms: ms(now.saturating_duration_since(*at)),
+                }),
             })
             .collect();
         let Some(solved) = solved.as_deref() else {
@@ -1395,6 +1432,10 @@ mod tests {
             paths,
             bytes_sent: 0,
             shaped: Vec::new(),
+            pairs_per_s: 80,
+            max_pairs_per_s: 100,
+            probe_cpu_pct: Some(0.9),
+            probe_cpu_budget_pct: 1.0,
         }
     }
 
@@ -1746,6 +1787,19 @@ mod tests {
         assert_eq!(v.edges.len(), 10);
         assert!(v.edges.iter().all(|e| e.status == Some(EdgeFit::Used)));
         assert!(v.hosts.iter().all(|h| h.live.is_some() && h.ntp.is_some()));
+        // Each host's probe rate and cost, as its summary gave them.
+        assert!(
+            v.hosts.iter().all(|h| h.probe
+                == Some(ProbeLoad {
+                    pairs_per_s: 80,
+                    max_pairs_per_s: 100,
+                    cpu_pct: Some(0.9),
+                    cpu_budget_pct: 1.0,
+                    age_ms: 0,
+                })),
+            "{:?}",
+            v.hosts
+        );
         // The JSON parses back (no NaN/inf anywhere; serde_json's float
         // parsing may differ in the last bit, so compare the shape).
         let json = serde_json::to_string(&crate::api::AdminReply::Clock(v.clone())).unwrap();

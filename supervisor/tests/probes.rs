@@ -99,6 +99,11 @@ fn summary(me: usize) -> ProbeSummary {
         paths,
         bytes_sent: 1_000,
         shaped: Vec::new(),
+        // h2's probe thread is over its budget and governed down.
+        pairs_per_s: if me == 2 { 62 } else { 100 },
+        max_pairs_per_s: 100,
+        probe_cpu_pct: Some(if me == 2 { 0.93 } else { 0.4 }),
+        probe_cpu_budget_pct: 1.0,
     }
 }
 
@@ -262,6 +267,10 @@ async fn plans_summaries_clock_states_and_paths() {
         let want = if i == 0 { 0.0 } else { OFFSETS[i] + 300.0 };
         assert!((ntp - want).abs() < 1e-6, "{h}");
         assert!(h["state_changed_ms"].as_u64().unwrap() > 0);
+        let rate = if i == 2 { 62 } else { 100 };
+        assert_eq!(h["probe"]["pairs_per_s"], rate, "{h}");
+        assert_eq!(h["probe"]["max_pairs_per_s"], 100, "{h}");
+        assert_eq!(h["probe"]["cpu_budget_pct"], 1.0, "{h}");
     }
     let table = cli(&sup.addr, &["clock"]);
     let text = String::from_utf8_lossy(&table.stdout);
@@ -269,6 +278,8 @@ async fn plans_summaries_clock_states_and_paths() {
         text.contains("reference: h0") && text.contains("Synced"),
         "{text}"
     );
+    let h2 = text.lines().find(|l| l.contains(" h2 ")).expect("h2's row");
+    assert!(h2.contains("62/100") && h2.contains("0.93"), "{text}");
 
     // The state changes were committed with events.
     let AdminReply::Events { events } = sup

@@ -398,6 +398,11 @@ enum Bench {
         /// rate (0.05..=1.2).
         #[arg(long, default_value_t = 0.85)]
         cross_load_util: f64,
+        /// The agents' probe CPU budget, % of one core (their governor
+        /// lowers the probe rate to stay inside it; 0 turns it off).
+        /// Default: the agent's (1).
+        #[arg(long)]
+        probe_cpu_budget_pct: Option<f64>,
     },
     /// The same ringtrain job under the same flap storm, with railguard's
     /// migration and without it (no backup rail: the job dies on a network
@@ -695,6 +700,7 @@ fn main() {
                 uplink_load_mbit,
                 cross_load_mbit,
                 cross_load_util,
+                probe_cpu_budget_pct,
             }) => {
                 if !(1..=3600).contains(&seconds) || !(1..=5).contains(&supervisors) {
                     anyhow::bail!("--seconds takes 1..=3600 and --supervisors 1..=5");
@@ -719,6 +725,7 @@ fn main() {
                     uplink_load_mbit,
                     cross_load_mbit,
                     cross_load_util,
+                    probe_cpu_budget_pct,
                 })
                 .await?;
                 Ok((r.ok, serde_json::to_value(&r)?))

@@ -55,10 +55,16 @@ struct Args {
     /// UDP port of the probe sockets, one per data NIC. Default 7947.
     #[arg(long)]
     probe_port: Option<u16>,
-    /// Coded probe pairs per second to each peer (over all rails).
-    /// Default 100.
+    /// Coded probe pairs per second to each peer (over all rails): the
+    /// most the mesh sends (the CPU budget may lower it). Default 100.
     #[arg(long)]
     probe_rate: Option<u32>,
+    /// CPU budget of the probe thread, % of one core: over it the agent
+    /// lowers its probe rate (to a quarter of --probe-rate at most, and
+    /// not below 25 pairs/s) and raises it back when there is room.
+    /// 0 turns the governor off. Default 1.
+    #[arg(long)]
+    probe_cpu_budget_pct: Option<f64>,
     /// Probe timestamps: "software" (kernel, any NIC) or "hardware" (the
     /// NIC's clock; the NIC must support it). Default software.
     #[arg(long)]
@@ -109,6 +115,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             no_probes: args.no_probes,
             probe_port: args.probe_port,
             probe_rate: args.probe_rate,
+            probe_cpu_budget_pct: args.probe_cpu_budget_pct,
             probe_timestamps: args.probe_timestamps,
             test_clock_offset_ns: args.test_clock_offset_ns,
             test_clock_drift_ppb: args.test_clock_drift_ppb,

@@ -63,8 +63,12 @@ const DRIFT_HISTORY: usize = 16;
 /// Tuning of the mesh.
 #[derive(Debug, Clone)]
 pub struct MeshConfig {
-    /// Coded pairs per second to each peer (over all rails). Default 100.
+    /// Coded pairs per second to each peer (over all rails): the most the
+    /// mesh sends; the CPU governor may lower it. Default 100.
     pub pairs_per_s: u32,
+    /// CPU budget of the probe thread, % of one core (0: no governor; see
+    /// [`super::governor`]). Default 1.
+    pub cpu_budget_pct: f64,
     /// Purity threshold: |rx gap − tx gap| (ns). Default 2 µs.
     pub purity_ns: u64,
     /// Silence after which a NIC is probe-dead (see module docs). Default
@@ -78,6 +82,7 @@ impl Default for MeshConfig {
     fn default() -> Self {
         Self {
             pairs_per_s: 100,
+            cpu_budget_pct: 1.0,
             purity_ns: 2_000,
             silence: Duration::from_millis(400),
             pair: PairConfig {
@@ -309,6 +314,8 @@ pub struct Mesh {
     last_rx: BTreeMap<u32, Instant>,
     probe_dead: BTreeMap<u32, bool>,
     peers: BTreeMap<u32, PeerState>,
+    /// The rate probed at now (≤ `cfg.pairs_per_s`; see [`Mesh::set_rate`]).
+    rate: u32,
     /// Ticks that sent something: rotates the order of a tick's pairs.
     rounds: u64,
     first_seq: u64,
@@ -332,7 +339,9 @@ impl Mesh {
                 cfg.pairs_per_s
             ));
         }
+        super::governor::check_budget(cfg.cpu_budget_pct).map_err(|e| e.to_string())?;
         PairEstimator::new(cfg.pair.clone()).map_err(|e| e.to_string())?;
+        let rate = cfg.pairs_per_s;
         let local: BTreeMap<u32, LocalNic> = local.into_iter().map(|n| (n.rail, n)).collect();
         Ok(Self {
             probe_dead: local.keys().map(|r| (*r, false)).collect(),
@@ -342,6 +351,7 @@ impl Mesh {
             plan_version: 0,
             local,
             peers: BTreeMap::new(),
+            rate,
             rounds: 0,
             first_seq: first_seq.max(1),
             started: now,
@@ -358,6 +368,18 @@ impl Mesh {
         self.self_id
     }
 
+    /// The pairs/s per peer the mesh probes at now.
+    pub fn rate(&self) -> u32 {
+        self.rate
+    }
+
+    /// Probes at `pairs_per_s` per peer from now on (clamped to
+    /// 1..=the configured rate). Each peer's next pair keeps its due time;
+    /// the new cadence applies from the one after.
+    pub fn set_rate(&mut self, pairs_per_s: u32) {
+        self.rate = pairs_per_s.clamp(1, self.cfg.pairs_per_s);
+    }
+
     /// Adopts a plan: peers that stay keep their state (estimators,
     /// sequence numbers); new ones start with a random phase.
     pub fn set_plan(&mut self, plan: &Plan, now: Instant) {
@@ -368,7 +390,7 @@ impl Mesh {
         self.self_id = plan.self_id;
         self.plan_version = plan.version;
         // New peers join the current tick schedule (one wake-up for all).
-        let first = interval(self.cfg.pairs_per_s, self.local.len());
+        let first = interval(self.rate, self.local.len());
         let tick = self
             .peers
             .values()
@@ -418,7 +440,7 @@ impl Mesh {
     pub fn due(&mut self, now: Instant) -> Vec<SendOp> {
         let mut out = Vec::new();
         let self_id = self.self_id;
-        let rate = self.cfg.pairs_per_s;
+        let rate = self.rate;
         for p in self.peers.values_mut() {
             if p.next_due > now || p.paths.is_empty() {
                 continue;
@@ -1052,6 +1074,34 @@ mod tests {
             "pairs per path in 1 s: {per_path:?}"
         );
         assert_eq!(m.next_due().map(|d| d > t), Some(true));
+    }
+
+    #[test]
+    fn a_governed_rate_stretches_the_ticks_and_stays_under_the_configured_one() {
+        let mut sim = Sim::new(vec![0, 0, 0], 2);
+        let m = &mut sim.meshes[0];
+        let mut t = sim.base;
+        let count = |m: &mut Mesh, t: &mut Instant| {
+            let mut ticks = 0;
+            for _ in 0..1_000 {
+                *t += Duration::from_millis(1);
+                if !m.due(*t).is_empty() {
+                    ticks += 1;
+                }
+            }
+            ticks
+        };
+        count(m, &mut t);
+        m.set_rate(40);
+        assert_eq!(m.rate(), 40);
+        count(m, &mut t); // the first tick after the change keeps its due time
+        let ticks = count(m, &mut t);
+        // 40 pairs/s per peer over two paths: a tick every 50 ms.
+        assert!((19..=21).contains(&ticks), "ticks in 1 s: {ticks}");
+        m.set_rate(5_000);
+        assert_eq!(m.rate(), 100, "never above the configured rate");
+        m.set_rate(0);
+        assert_eq!(m.rate(), 1);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! * [`mesh`]: the protocol state (pairs, two-step stamps, estimators,
 //!   loss, NIC probe liveness), without sockets.
 //! * [`clock`]: the test-only clock error.
+//! * [`governor`]: the CPU budget of the probe thread (lowers the rate).
 //!
 //! **Threads.** The sockets are served by one dedicated OS thread
 //! ([`ProbeRunner`]): it wakes once per tick (see [`mesh`]; every 20 ms at
@@ -21,8 +22,12 @@
 //! be reached: summaries are not state, the next one supersedes them).
 //! After each tick's reads it copies the paths' fresh outgoing queueing
 //! samples onto the runner's [`QueueingBoard`] ([`ProbeRunner::queueing`]).
+//! At each summary it reads its own CPU clock for the [`governor`], which
+//! lowers the mesh's rate when the thread exceeds its CPU budget (default
+//! 1 % of a core) and raises it back, never above the configured rate.
 
 pub mod clock;
+pub mod governor;
 pub mod mesh;
 pub mod queueing;
 pub mod sock;
@@ -38,6 +43,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::link::{Evidence, PortEvent};
 use clock::TestClock;
+use governor::Governor;
 use mesh::{LocalNic, Mesh, MeshConfig, PathSummary, Plan};
 use queueing::QueueingBoard;
 use sock::{RecvBufs, TsMode, TsSocket};
@@ -83,6 +89,13 @@ pub struct Summary {
     pub plan_version: u64,
     pub paths: Vec<PathSummary>,
     pub bytes_sent: u64,
+    /// Pairs/s per peer now, and the configured rate.
+    pub pairs_per_s: u32,
+    pub max_pairs_per_s: u32,
+    /// The probe thread's share of a core over the governor's last window
+    /// (%), and its budget (%; 0: no governor).
+    pub cpu_pct: Option<f64>,
+    pub cpu_budget_pct: f64,
 }
 
 impl Summary {
@@ -139,6 +152,10 @@ impl Summary {
             bytes_sent: self.bytes_sent,
             // Filled by the agent's summary loop (crate::shaping).
             shaped: Vec::new(),
+            pairs_per_s: self.pairs_per_s,
+            max_pairs_per_s: self.max_pairs_per_s,
+            probe_cpu_pct: self.cpu_pct,
+            probe_cpu_budget_pct: self.cpu_budget_pct,
         }
     }
 }
@@ -224,6 +241,15 @@ impl ProbeRunner {
                 source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
             }
         })?;
+        let governor =
+            Governor::new(opts.mesh.cpu_budget_pct, opts.mesh.pairs_per_s).map_err(|e| {
+                sock::SockError::Io {
+                    nic: String::new(),
+                    addr: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, opts.port),
+                    op: "configure",
+                    source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+                }
+            })?;
         let (plan_tx, plan_rx) = watch::channel(None);
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
@@ -234,6 +260,7 @@ impl ProbeRunner {
             .spawn(move || {
                 run_thread(
                     mesh,
+                    governor,
                     sockets,
                     opts.test_clock,
                     plan_rx,
@@ -287,6 +314,7 @@ impl Drop for ProbeRunner {
 #[allow(clippy::too_many_arguments)]
 fn run_thread(
     mut mesh: Mesh,
+    mut governor: Governor,
     sockets: Vec<(u32, TsSocket)>,
     tc: TestClock,
     mut plan_rx: watch::Receiver<Option<Plan>>,
@@ -304,6 +332,7 @@ fn run_thread(
     let mut send_errors = 0u64;
     let mut no_stamp = 0u64;
     let mut told_repeats = false;
+    let mut over_budget = false;
     tracing::info!(nics = sockets.len(), "probe mesh running");
     while !stop.load(Ordering::Relaxed) {
         if plan_rx.has_changed().unwrap_or(false) {
@@ -407,11 +436,16 @@ fn run_thread(
             if next_summary <= now {
                 next_summary = now + SUMMARY_EVERY;
             }
+            govern(&mut governor, &mut mesh, &mut over_budget, now);
             let s = Summary {
                 at_ns: tc.apply(clock::realtime_ns()),
                 plan_version: mesh.plan_version(),
                 paths: mesh.summarise(now),
                 bytes_sent: mesh.bytes_sent,
+                pairs_per_s: mesh.rate(),
+                max_pairs_per_s: governor.max_rate(),
+                cpu_pct: governor.usage().map(|u| 100.0 * u),
+                cpu_budget_pct: governor.budget_pct(),
             };
             tracing::debug!(counters = ?mesh.counters, no_stamp, send_errors, "probe mesh summary");
             if mesh.counters.tx_stamps_repeated > 0 && !told_repeats {
@@ -427,6 +461,43 @@ fn run_thread(
         }
     }
     tracing::info!("probe mesh stopped");
+}
+
+/// Feeds the thread's CPU clock to the governor and applies its rate.
+/// `stuck`: whether the thread was last seen over its budget at the
+/// lowest rate (said once, not every window).
+fn govern(g: &mut Governor, mesh: &mut Mesh, stuck: &mut bool, now: Instant) {
+    let cpu = match sock::thread_cpu_ns() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::debug!(error = %e, "thread CPU clock unreadable; rate unchanged");
+            return;
+        }
+    };
+    let Some(v) = g.observe(now, cpu) else {
+        return;
+    };
+    let over_at_floor = g.enabled() && v.rate == g.min_rate() && 100.0 * v.usage > g.budget_pct();
+    if over_at_floor && !*stuck {
+        tracing::warn!(
+            cpu_pct = 100.0 * v.usage,
+            budget_pct = g.budget_pct(),
+            rate = v.rate,
+            "probe thread over its CPU budget at the lowest governed rate"
+        );
+    }
+    *stuck = over_at_floor;
+    if v.rate != v.rate_before {
+        mesh.set_rate(v.rate);
+        tracing::info!(
+            cpu_pct = 100.0 * v.usage,
+            budget_pct = g.budget_pct(),
+            from = v.rate_before,
+            to = v.rate,
+            max = g.max_rate(),
+            "probe rate governed (pairs/s per peer)"
+        );
+    }
 }
 
 /// Reads every waiting transmit stamp and datagram of one socket into the

@@ -18,8 +18,9 @@
 //!   drains up to [`BATCH`] datagrams or stamps per call, which keeps the
 //!   mesh's CPU cost to a handful of syscalls per tick.
 //!
-//! This is the only `unsafe` in the probe mesh; each block states why it is
-//! sound.
+//! This is the only `unsafe` in the probe mesh (with [`thread_cpu_ns`], the
+//! calling thread's CPU clock for the CPU governor); each block states why
+//! it is sound.
 
 use std::io;
 use std::mem::{size_of, zeroed};
@@ -471,6 +472,21 @@ fn enable_hw_timestamps(
         });
     }
     Ok(())
+}
+
+/// CPU time the calling thread has used (ns, `CLOCK_THREAD_CPUTIME_ID`:
+/// user and system, including the kernel work done in its context).
+pub fn thread_cpu_ns() -> io::Result<u64> {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the call's duration.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
 #[cfg(test)]

@@ -120,7 +120,10 @@ enum Cmd {
     ///
     /// Per host: probe id, committed state (Synced / Degraded / Unsynced,
     /// changes go through Raft), live offset to the reference host (ns),
-    /// drift (ppb) and error bound (ns). The leader solves every second
+    /// drift (ppb) and error bound (ns), and its probe rate (pairs/s per
+    /// peer now / configured: the agent lowers it to keep its probe thread
+    /// inside a CPU budget) with that thread's CPU (% of one core). The
+    /// leader solves every second
     /// from the agents' probe summaries; this data lives only in its
     /// memory, so the call always goes to the leader (also with --stale).
     /// A host missing from the current solution (its paths too busy for
@@ -1316,8 +1319,8 @@ fn print_clock(v: &ClockView) {
         return;
     }
     println!(
-        "{:>5}  {:<14} {:<9} {:>14} {:>10} {:>10}  SINCE",
-        "ID", "HOST", "STATE", "OFFSET ns", "DRIFT ppb", "ERROR ns"
+        "{:>5}  {:<14} {:<9} {:>14} {:>10} {:>10} {:>9} {:>6}  SINCE",
+        "ID", "HOST", "STATE", "OFFSET ns", "DRIFT ppb", "ERROR ns", "PROBE/s", "CPU%"
     );
     for h in &v.hosts {
         let live = h.live.as_ref();
@@ -1330,14 +1333,22 @@ fn print_clock(v: &ClockView) {
                 )
             })
             .unwrap_or_default();
+        // Pairs/s per peer now / configured, and the probe thread's CPU.
+        let rate = h
+            .probe
+            .as_ref()
+            .map(|p| format!("{}/{}", p.pairs_per_s, p.max_pairs_per_s))
+            .unwrap_or_else(|| "-".into());
         println!(
-            "{:>5}  {:<14} {:<9} {:>14} {:>10} {:>10}  {}{held}",
+            "{:>5}  {:<14} {:<9} {:>14} {:>10} {:>10} {:>9} {:>6}  {}{held}",
             h.id,
             h.host,
             format!("{:?}", h.state),
             num(live.map(|l| l.offset_ns), 1),
             num(live.map(|l| l.drift_ppb), 1),
             num(live.map(|l| l.error_bound_ns), 1),
+            rate,
+            num(h.probe.as_ref().and_then(|p| p.cpu_pct), 2),
             fmt_ms(h.state_changed_ms)
         );
     }

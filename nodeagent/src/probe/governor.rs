@@ -1,0 +1,260 @@
+//! The probe CPU governor: keeps the probe thread inside a CPU budget.
+//!
+//! The rate bound (`pairs_per_s`) caps what the mesh sends; the budget caps
+//! what it costs. The probe thread reads its own CPU time
+//! (`CLOCK_THREAD_CPUTIME_ID`: syscalls, the thread's share of the kernel's
+//! network work, its own code) and hands it to [`Governor::observe`] about
+//! once a second. Over each window of at least [`WINDOW`] the governor
+//! takes the thread's share of a core, `u`, and adjusts the rate `r`:
+//!
+//! * over the budget `b`: `r ← r · 0.9 b / u` (the cost is close to
+//!   proportional to the rate: per-probe kernel work dominates it), at most
+//!   halving per window, so one noisy window cannot collapse the rate;
+//! * under `0.8 b` with the rate below the configured one: `r ← r · 0.9 b /
+//!   u`, at most +25 % per window (probing back up is gentle);
+//! * in between: unchanged (a dead band, so the rate does not hunt).
+//!
+//! The rate never leaves `[floor, configured]`, the floor being a quarter
+//! of the configured rate but at least [`MIN_RATE`] (or the configured
+//! rate, if that is lower): even a thread that cannot meet its budget
+//! keeps every path probed often enough for loss, liveness and clocks.
+//! A budget of 0 turns the governor off.
+
+use std::time::{Duration, Instant};
+
+/// Shortest window the governor judges the thread's CPU share over.
+pub const WINDOW: Duration = Duration::from_secs(2);
+/// Lowest governed rate (pairs/s per peer), unless configured lower.
+pub const MIN_RATE: u32 = 25;
+/// The share of the budget the governor aims at.
+const TARGET: f64 = 0.9;
+/// Below this share of the budget the rate may rise.
+const RAISE_BELOW: f64 = 0.8;
+/// Largest cut (factor) and rise (factor) per window.
+const MAX_CUT: f64 = 0.5;
+const MAX_RISE: f64 = 1.25;
+/// Largest budget (% of one core) accepted.
+pub const MAX_BUDGET_PCT: f64 = 100.0;
+
+/// A budget that cannot be a budget.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "probe CPU budget {0}% of a core: want 0 (off) or more than 0 and at most {MAX_BUDGET_PCT}"
+)]
+pub struct BadBudget(pub f64);
+
+/// Checks a budget (% of one core; 0: off).
+pub fn check_budget(pct: f64) -> Result<(), BadBudget> {
+    if pct.is_finite() && (0.0..=MAX_BUDGET_PCT).contains(&pct) {
+        Ok(())
+    } else {
+        Err(BadBudget(pct))
+    }
+}
+
+/// What one window found.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Verdict {
+    /// The thread's share of one core over the window (0.012: 1.2 %).
+    pub usage: f64,
+    pub rate_before: u32,
+    pub rate: u32,
+}
+
+/// The governor (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Governor {
+    /// Fraction of one core (0: off).
+    budget: f64,
+    max_rate: u32,
+    min_rate: u32,
+    rate: f64,
+    /// Start of the current window: (wall, thread CPU ns).
+    mark: Option<(Instant, u64)>,
+    /// The last window's share of a core.
+    usage: Option<f64>,
+}
+
+impl Governor {
+    /// `budget_pct`: % of one core (0: off); `max_rate`: the configured
+    /// pairs/s per peer (≥ 1).
+    pub fn new(budget_pct: f64, max_rate: u32) -> Result<Self, BadBudget> {
+        check_budget(budget_pct)?;
+        let max_rate = max_rate.max(1);
+        Ok(Self {
+            budget: budget_pct / 100.0,
+            max_rate,
+            min_rate: (max_rate / 4).max(MIN_RATE).min(max_rate),
+            rate: f64::from(max_rate),
+            mark: None,
+            usage: None,
+        })
+    }
+
+    /// The rate to probe at now (pairs/s per peer).
+    pub fn rate(&self) -> u32 {
+        (self.rate.round() as u32).clamp(self.min_rate, self.max_rate)
+    }
+
+    pub fn max_rate(&self) -> u32 {
+        self.max_rate
+    }
+
+    pub fn min_rate(&self) -> u32 {
+        self.min_rate
+    }
+
+    /// The last window's share of one core, once a window has closed.
+    pub fn usage(&self) -> Option<f64> {
+        self.usage
+    }
+
+    /// The budget, % of one core (0: off).
+    pub fn budget_pct(&self) -> f64 {
+        100.0 * self.budget
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.budget > 0.0
+    }
+
+    /// Feeds the thread's CPU time (ns) read at `now`. Returns the verdict
+    /// when this closed a window (the rate may be unchanged).
+    pub fn observe(&mut self, now: Instant, cpu_ns: u64) -> Option<Verdict> {
+        let Some((t0, c0)) = self.mark else {
+            self.mark = Some((now, cpu_ns));
+            return None;
+        };
+        let wall = now.saturating_duration_since(t0);
+        if wall < WINDOW {
+            return None;
+        }
+        self.mark = Some((now, cpu_ns));
+        // A clock that went backwards (it cannot) is a window of nothing.
+        let usage = cpu_ns.saturating_sub(c0) as f64 / wall.as_nanos() as f64;
+        self.usage = Some(usage);
+        let before = self.rate();
+        if self.enabled() {
+            let want = self.rate * TARGET * self.budget / usage.max(1e-9);
+            if usage > self.budget {
+                self.rate = want.max(self.rate * MAX_CUT);
+            } else if usage < RAISE_BELOW * self.budget && before < self.max_rate {
+                self.rate = want.min(self.rate * MAX_RISE);
+            }
+            self.rate = self
+                .rate
+                .clamp(f64::from(self.min_rate), f64::from(self.max_rate));
+        }
+        Some(Verdict {
+            usage,
+            rate_before: before,
+            rate: self.rate(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A thread whose CPU share is `fixed + per_pair · rate`, read once a
+    /// second.
+    struct Sim {
+        g: Governor,
+        t: Instant,
+        cpu: f64,
+    }
+
+    impl Sim {
+        fn new(g: Governor) -> Self {
+            let mut s = Self {
+                g,
+                t: Instant::now(),
+                cpu: 0.0,
+            };
+            s.g.observe(s.t, 0);
+            s
+        }
+
+        /// Runs `secs` seconds; the rate after each.
+        fn run(&mut self, fixed: f64, per_pair: f64, secs: u64) -> Vec<u32> {
+            (0..secs)
+                .map(|_| {
+                    self.cpu += (fixed + per_pair * f64::from(self.g.rate())) * 1e9;
+                    self.t += Duration::from_secs(1);
+                    self.g.observe(self.t, self.cpu as u64);
+                    self.g.rate()
+                })
+                .collect()
+        }
+    }
+
+    #[test]
+    fn an_expensive_mesh_is_brought_under_its_budget_and_stays_there() {
+        // 1.25 % of a core at 100 pairs/s (as on the 2-core netns testbed),
+        // a 1 % budget.
+        let mut sim = Sim::new(Governor::new(1.0, 100).unwrap());
+        let rates = sim.run(0.001, 0.000115, 60);
+        let last = *rates.last().unwrap();
+        let usage = 0.001 + 0.000115 * f64::from(last);
+        assert!(usage <= 0.01, "usage {usage} at rate {last}");
+        assert!(usage >= 0.008, "not cut further than needed: {usage}");
+        // Settled: the last 30 s hold one rate.
+        assert!(rates[30..].iter().all(|r| *r == last), "{rates:?}");
+    }
+
+    #[test]
+    fn the_rate_comes_back_when_the_cost_drops_and_never_passes_the_configured_one() {
+        let mut sim = Sim::new(Governor::new(1.0, 100).unwrap());
+        sim.run(0.0, 0.00025, 30);
+        assert_eq!(sim.g.rate(), 36, "0.9 % / 0.025 % per pair");
+        let rates = sim.run(0.0, 0.00005, 30);
+        assert_eq!(*rates.last().unwrap(), 100);
+        assert!(rates.iter().all(|r| *r <= 100));
+        // Rises are gentle: at most +25 % per window.
+        for w in rates.windows(2) {
+            assert!(f64::from(w[1]) <= f64::from(w[0]) * 1.25 + 1.0, "{rates:?}");
+        }
+    }
+
+    #[test]
+    fn a_budget_that_cannot_be_met_stops_at_the_floor() {
+        let mut sim = Sim::new(Governor::new(0.5, 100).unwrap());
+        let rates = sim.run(0.02, 0.0001, 40);
+        assert_eq!(sim.g.min_rate(), 25);
+        assert_eq!(*rates.last().unwrap(), 25);
+        // One window cuts at most by half.
+        assert!(rates[0] >= 50 && rates[1] >= 25, "{rates:?}");
+        // A low configured rate is its own floor.
+        let mut sim = Sim::new(Governor::new(0.5, 10).unwrap());
+        sim.run(0.02, 0.0001, 10);
+        assert_eq!(sim.g.rate(), 10);
+    }
+
+    #[test]
+    fn off_and_short_windows_change_nothing() {
+        let mut sim = Sim::new(Governor::new(0.0, 100).unwrap());
+        let rates = sim.run(0.5, 0.01, 10);
+        assert!(rates.iter().all(|r| *r == 100));
+        assert!(sim.g.usage().unwrap() > 0.5, "usage is still measured");
+        let mut g = Governor::new(1.0, 100).unwrap();
+        let t0 = Instant::now();
+        assert_eq!(g.observe(t0, 0), None, "the first reading opens a window");
+        assert_eq!(
+            g.observe(t0 + Duration::from_secs(1), 1_000_000_000),
+            None,
+            "under {WINDOW:?}: no verdict"
+        );
+        let v = g.observe(t0 + WINDOW, 1_000_000_000).unwrap();
+        assert!((v.usage - 0.5).abs() < 1e-9);
+        assert_eq!((v.rate_before, v.rate), (100, 50), "cut by half at most");
+    }
+
+    #[test]
+    fn bad_budgets_are_refused() {
+        for b in [-1.0, 100.5, f64::NAN, f64::INFINITY] {
+            assert!(Governor::new(b, 100).is_err(), "{b}");
+        }
+        assert!(Governor::new(100.0, 100).is_ok());
+    }
+}
