@@ -272,7 +272,8 @@ fn host_index(name: &str) -> Option<usize> {
 /// per edge (railguard, NTP), plus the claimed bounds and violations.
 #[derive(Default)]
 struct Sample {
-    /// Host readings that were held over (not in the current solution).
+    /// Host readings that were held over (not in the current solution, or
+    /// the last solution standing in).
     held: usize,
     host_err: Vec<f64>,
     host_bound: Vec<f64>,

@@ -27,9 +27,17 @@
 //! same and the host is registered and not Down; its error bound grows by
 //! the drift's error over the time carried (no term for the drift itself
 //! wandering: 30 s keeps that small) and its state follows that bound (the
-//! view says how long it has been held: `holdover_ms`). After that, with a
-//! new reference, or after a solve that failed or had no fresh edges, it is
-//! Unsynced.
+//! view says how long it has been held: `holdover_ms`). After that, or
+//! with a new reference, it is Unsynced.
+//!
+//! **A tick without a solution** (no fresh edges: the leader heard no
+//! summaries for [`CLOCK_FRESH`], or the solve failed) does not unsync the
+//! cluster: the last solution stands in, every clock in it aged — its bound
+//! grown by the drift's error since that solution, its state following the
+//! bound, `holdover_ms` set once it is [`STALE_AFTER`] old — for up to
+//! [`MAX_HOLDOVER`]; then every host is Unsynced. The next solution takes
+//! over, holding the hosts it lacks as above (counted from their last
+//! solution).
 //!
 //! **NTP-style baseline**, for comparison: every edge's min-RTT estimate,
 //! composed hop by hop along a BFS tree from the reference like an NTP
@@ -94,6 +102,9 @@ pub const MAX_PATHS_PER_CALL: usize = 10_000;
 const HYSTERESIS: f64 = 1.25;
 /// Longest a host's clock is carried forward from its last solution.
 pub const MAX_HOLDOVER: Duration = Duration::from_secs(30);
+/// A solution this old has had ticks without a newer one: the view marks
+/// its clocks held over (a fresh one is at most a tick old).
+pub const STALE_AFTER: Duration = Duration::from_secs(2);
 /// How `paths` combines per-second figures (also in the reply).
 pub const AGGREGATION: &str = "min: min of the per-second minima; p50: median of the per-second \
      medians; p99: max of the per-second p99s; loss: 1 - sum(received)/sum(expected)";
@@ -255,6 +266,40 @@ pub struct Held {
 }
 
 impl Solved {
+    /// A host's clock as it stands at `now`: solved or held over, its bound
+    /// grown by the drift's error since this solve (a reader extrapolates
+    /// the offset with the drift from the solve's instant) and its state
+    /// following that bound; with how long it has been held over (a held
+    /// host, or every host once this solve is [`STALE_AFTER`] old). None
+    /// after [`MAX_HOLDOVER`] without a solution for it.
+    pub fn clock_at(
+        &self,
+        id: u32,
+        now: Instant,
+        cfg: &SolveConfig,
+    ) -> Option<(clocksync::HostClock, Option<Duration>)> {
+        let age = now.saturating_duration_since(self.at);
+        let (c, held_for) = match self.clock_of(id)? {
+            (c, Some(h)) => (c, Some(now.saturating_duration_since(h.since))),
+            (c, None) => (c, (age >= STALE_AFTER).then_some(age)),
+        };
+        if held_for.is_some_and(|d| d > MAX_HOLDOVER) {
+            return None;
+        }
+        let bound = c.error_bound_ns + c.drift_error_ppb.abs() * 1e-9 * age.as_nanos() as f64;
+        if !(c.offset_ns.is_finite() && bound.is_finite()) {
+            return None;
+        }
+        Some((
+            clocksync::HostClock {
+                error_bound_ns: bound,
+                state: cfg.state_of(bound),
+                ..c.clone()
+            },
+            held_for,
+        ))
+    }
+
     /// A host's clock in this solve: solved, or held over.
     pub fn clock_of(&self, id: u32) -> Option<(&clocksync::HostClock, Option<&Held>)> {
         if let Some(c) = self.solution.as_ref().and_then(|s| s.host(HostId(id))) {
@@ -327,7 +372,11 @@ struct Store {
     shaped: HashMap<(String, String), ShapedTrack>,
     /// host → its probe rate and cost, as last reported.
     probe_load: HashMap<String, (ProbeLoadReport, Instant)>,
+    /// The latest solution (standing in while ticks bring none; see the
+    /// module docs), or the latest failed solve when there is none.
     solved: Option<Arc<Solved>>,
+    /// Why the latest tick brought no solution (none: it did).
+    solve_error: Option<String>,
 }
 
 /// The leader's clock service (see the module docs).
@@ -759,24 +808,51 @@ impl ClockService {
         new.held = held;
     }
 
-    /// Keeps the latest solve (none: no edges).
-    pub fn set_solved(&self, solved: Option<Solved>) {
+    /// Keeps the latest solve made at `now` (none: no fresh edges). One
+    /// without a solution does not replace the last solution while that
+    /// is at most [`MAX_HOLDOVER`] old: it stands in (see the module docs).
+    pub fn set_solved(&self, solved: Option<Solved>, now: Instant) {
         let mut store = self.lock();
-        let before = store.solved.as_ref().and_then(|s| s.error.clone());
-        let now = solved.as_ref().and_then(|s| s.error.clone());
-        if now != before {
-            match &now {
-                Some(e) => tracing::warn!(error = %e, "clock solve failed"),
-                None => tracing::info!("clock solve succeeds again"),
+        let error = match &solved {
+            Some(s) if s.solution.is_some() => None,
+            Some(s) => Some(
+                s.error
+                    .clone()
+                    .unwrap_or_else(|| "the solve found no solution".into()),
+            ),
+            None => Some(format!(
+                "no fresh probe edges (no summaries within {CLOCK_FRESH:?})"
+            )),
+        };
+        if error != store.solve_error {
+            match &error {
+                Some(e) => tracing::warn!(error = %e, "no clock solution this tick"),
+                None => tracing::info!("clock solutions again"),
             }
         }
-        store.solved = solved.map(Arc::new);
+        let stands_in = |p: &Arc<Solved>| {
+            p.solution.is_some() && now.saturating_duration_since(p.at) <= MAX_HOLDOVER
+        };
+        let had = store.solved.as_ref().is_some_and(|p| p.solution.is_some());
+        if error.is_none() || !store.solved.as_ref().is_some_and(stands_in) {
+            if had && error.is_some() {
+                tracing::warn!(
+                    after = ?MAX_HOLDOVER,
+                    "the last clock solution is too old to stand in: clocks unsynced"
+                );
+            }
+            store.solved = solved.map(Arc::new);
+        }
+        store.solve_error = error;
     }
 
     /// `railguard clock`.
     pub fn clock_view(&self, st: &ClusterState, leader: NodeId, now: Instant) -> ClockView {
         let solved = self.solved();
-        let probe_load = self.lock().probe_load.clone();
+        let (probe_load, solve_error) = {
+            let store = self.lock();
+            (store.probe_load.clone(), store.solve_error.clone())
+        };
         let mut hosts: Vec<&crate::model::Host> = st.hosts.values().collect();
         hosts.sort_by_key(|h| h.id);
         let sol = solved.as_ref().and_then(|s| s.solution.as_ref());
@@ -789,8 +865,8 @@ impl ClockService {
                 state_changed_ms: h.clock.changed_ms,
                 live: solved
                     .as_ref()
-                    .and_then(|s| s.clock_of(h.id))
-                    .and_then(|(c, held)| {
+                    .and_then(|s| s.clock_at(h.id, now, &self.cfg))
+                    .and_then(|(c, held_for)| {
                         let all = [
                             c.offset_ns,
                             c.drift_ppb,
@@ -803,7 +879,7 @@ impl ClockService {
                             error_bound_ns: c.error_bound_ns,
                             drift_error_ppb: c.drift_error_ppb,
                             state: model_state(c.state),
-                            holdover_ms: held.map(|h| ms(now.saturating_duration_since(h.since))),
+                            holdover_ms: held_for.map(ms),
                         })
                     }),
                 ntp: solved.as_ref().and_then(|s| s.ntp.get(&h.id).cloned()),
@@ -822,7 +898,7 @@ impl ClockService {
                 reference: None,
                 reference_id: None,
                 solution: None,
-                solve_error: None,
+                solve_error,
                 hosts,
                 edges: Vec::new(),
             };
@@ -883,7 +959,7 @@ impl ClockService {
                     .count(),
                 hosts_solved: s.hosts.len(),
             }),
-            solve_error: solved.error.clone(),
+            solve_error,
             hosts,
             edges,
         }
@@ -1272,14 +1348,14 @@ pub fn clock_changes(
     st: &ClusterState,
     solved: Option<&Solved>,
     cfg: &SolveConfig,
+    now: Instant,
 ) -> Vec<ClockChange> {
     st.hosts
         .values()
         .filter_map(|h| {
             let solved = solved
-                .and_then(|s| s.clock_of(h.id))
-                .map(|(c, _)| c)
-                .filter(|c| c.offset_ns.is_finite() && c.error_bound_ns.is_finite());
+                .and_then(|s| s.clock_at(h.id, now, cfg))
+                .map(|(c, _)| c);
             let (state, offset_ns, error_bound_ns) = match solved {
                 Some(c) => (
                     classify(h.clock.state, c.error_bound_ns, cfg),
@@ -1348,8 +1424,9 @@ pub async fn run(sup: Arc<Supervisor>) {
             });
             sup.clocks.hold_over(s, &keep, now);
         }
-        let changes = sup.read(|st| clock_changes(st, solved.as_ref(), &cfg));
-        sup.clocks.set_solved(solved);
+        sup.clocks.set_solved(solved, now);
+        let current = sup.clocks.solved();
+        let changes = sup.read(|st| clock_changes(st, current.as_deref(), &cfg, now));
         if changes.is_empty() || leading_since.elapsed() < WARMUP {
             continue;
         }
@@ -1777,11 +1854,11 @@ mod tests {
                 assert_eq!(ntp.offset_ns, want + 500.0);
             }
         }
-        let changes = clock_changes(&st, Some(&solved), svc.config());
+        let changes = clock_changes(&st, Some(&solved), svc.config(), now);
         assert_eq!(changes.len(), 5);
         assert!(changes.iter().all(|c| c.state == ClockState::Synced));
         // Views.
-        svc.set_solved(Some(solved));
+        svc.set_solved(Some(solved), now);
         let v = svc.clock_view(&st, 1, now);
         assert_eq!(v.reference.as_deref(), Some("h0"));
         assert_eq!(v.edges.len(), 10);
@@ -1828,7 +1905,7 @@ mod tests {
                 .unwrap();
         }
         let first = svc.solve_input(&st, t0).unwrap().solve(svc.config(), t0, 0);
-        for c in clock_changes(&st, Some(&first), svc.config()) {
+        for c in clock_changes(&st, Some(&first), svc.config(), t0) {
             st.hosts.get_mut(&c.host).unwrap().clock.state = c.state;
         }
         let base = first
@@ -1838,7 +1915,7 @@ mod tests {
             .host(HostId(3))
             .unwrap()
             .clone();
-        svc.set_solved(Some(first.clone()));
+        svc.set_solved(Some(first.clone()), t0);
         // 5 s later h3 is missing from the solution (its paths too busy).
         let later = |secs: u64, drop: bool| {
             let mut s = first.clone();
@@ -1867,10 +1944,10 @@ mod tests {
         assert!(held.clock.error_bound_ns >= base.error_bound_ns);
         assert_eq!(second.held.len(), 1, "only the host that dropped out");
         assert!(
-            clock_changes(&st, Some(&second), svc.config()).is_empty(),
+            clock_changes(&st, Some(&second), svc.config(), now).is_empty(),
             "h3 keeps its state while its bound allows"
         );
-        svc.set_solved(Some(second));
+        svc.set_solved(Some(second), now);
         let v = svc.clock_view(&st, 1, now);
         let h3 = v.hosts.iter().find(|h| h.host == "h3").unwrap();
         let live = h3.live.as_ref().expect("held clock shown");
@@ -1884,7 +1961,12 @@ mod tests {
         let mut third = later(31, true);
         svc.hold_over(&mut third, &all, t0 + Duration::from_secs(31));
         assert!(third.held.is_empty(), "held at most {MAX_HOLDOVER:?}");
-        let c = clock_changes(&st, Some(&third), svc.config());
+        let c = clock_changes(
+            &st,
+            Some(&third),
+            svc.config(),
+            t0 + Duration::from_secs(31),
+        );
         assert_eq!(c.len(), 1);
         assert_eq!(
             (c[0].host.as_str(), c[0].state),
@@ -1902,16 +1984,102 @@ mod tests {
     }
 
     #[test]
+    fn ticks_without_a_solution_let_the_last_one_stand_in_aged_then_unsync() {
+        let mut st = state(4);
+        let svc = ClockService::default();
+        let t0 = Instant::now();
+        let offsets = [0.0, 1_000.0, -2_500.0, 40_000.0];
+        for me in 0..4 {
+            let clocks = (0..4)
+                .filter(|&p| p != me)
+                .map(|p| peer_clock(&offsets, me, p, 200.0))
+                .collect();
+            svc.ingest(&st, &summary(&format!("h{me}"), clocks, vec![]), t0)
+                .unwrap();
+        }
+        let mut first = svc.solve_input(&st, t0).unwrap().solve(svc.config(), t0, 0);
+        // h2's drift is known to 50 ppm only: its bound grows fast.
+        let sol = first.solution.as_mut().unwrap();
+        sol.hosts
+            .iter_mut()
+            .find(|c| c.host == HostId(2))
+            .unwrap()
+            .drift_error_ppb = 50_000.0;
+        svc.set_solved(Some(first), t0);
+        for c in clock_changes(&st, svc.solved().as_deref(), svc.config(), t0) {
+            st.hosts.get_mut(&c.host).unwrap().clock.state = c.state;
+        }
+        assert!(st
+            .hosts
+            .values()
+            .all(|h| h.clock.state == ClockState::Synced));
+        let at = |secs: u64| t0 + Duration::from_secs(secs);
+        // 5 s of summaries lost (no fresh edges), then a failing solve:
+        // the last solution stands in; nobody is unsynced for it.
+        svc.set_solved(None, at(5));
+        let failed = Solved {
+            solution: None,
+            error: Some("singular".into()),
+            at: at(6),
+            ..(*svc.solved().unwrap()).clone()
+        };
+        svc.set_solved(Some(failed), at(6));
+        let standing = svc.solved().unwrap();
+        assert!(standing.solution.is_some(), "the last solution stands in");
+        let changes = clock_changes(&st, Some(&standing), svc.config(), at(6));
+        // ...but its bounds age: h2's by 50 ppm × 6 s = 300 µs (Unsynced),
+        // the others' by their ppb-level drift errors (still Synced).
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert_eq!(
+            (changes[0].host.as_str(), changes[0].state),
+            ("h2", ClockState::Unsynced)
+        );
+        let v = svc.clock_view(&st, 1, at(6));
+        assert_eq!(v.solve_error.as_deref(), Some("singular"));
+        assert_eq!(v.solution.as_ref().map(|s| s.age_ms), Some(6_000));
+        for h in v.hosts.iter().filter(|h| h.host != "h0") {
+            let live = h.live.as_ref().expect("aged clock shown");
+            assert_eq!(live.holdover_ms, Some(6_000), "{h:?}");
+        }
+        let h2 = v.hosts.iter().find(|h| h.host == "h2").unwrap();
+        let b = h2.live.as_ref().unwrap().error_bound_ns;
+        assert!((300_000.0..301_000.0).contains(&b), "{b}");
+        // A solution again: it takes over, fresh.
+        let fresh = svc
+            .solve_input(&st, at(2))
+            .unwrap()
+            .solve(svc.config(), at(7), 0);
+        svc.set_solved(Some(fresh), at(7));
+        let v = svc.clock_view(&st, 1, at(7));
+        assert_eq!(v.solve_error, None);
+        assert!(v
+            .hosts
+            .iter()
+            .all(|h| h.live.as_ref().is_some_and(|l| l.holdover_ms.is_none())));
+        // Nothing for longer than the longest holdover: every host Unsynced.
+        svc.set_solved(None, at(20));
+        assert!(
+            svc.solved().unwrap().solution.is_some(),
+            "13 s old: stands in"
+        );
+        svc.set_solved(None, at(38));
+        assert!(svc.solved().is_none(), "31 s old: gone");
+        let c = clock_changes(&st, svc.solved().as_deref(), svc.config(), at(38));
+        assert_eq!(c.len(), 4);
+        assert!(c.iter().all(|c| c.state == ClockState::Unsynced));
+    }
+
+    #[test]
     fn no_edges_leave_every_host_unsynced() {
         let mut st = state(1);
         let svc = ClockService::default();
         assert!(svc.solve_input(&st, Instant::now()).is_none());
         assert!(
-            clock_changes(&st, None, svc.config()).is_empty(),
+            clock_changes(&st, None, svc.config(), Instant::now()).is_empty(),
             "already Unsynced"
         );
         st.hosts.get_mut("h0").unwrap().clock.state = ClockState::Synced;
-        let c = clock_changes(&st, None, svc.config());
+        let c = clock_changes(&st, None, svc.config(), Instant::now());
         assert_eq!(c.len(), 1);
         assert_eq!((c[0].state, c[0].offset_ns), (ClockState::Unsynced, None));
     }
@@ -1950,7 +2118,7 @@ mod tests {
             .solve_input(&st, now)
             .unwrap()
             .solve(svc.config(), now, 0);
-        svc.set_solved(Some(solved));
+        svc.set_solved(Some(solved), now);
         // h0 receives from h1 on a pair line 200 ns off (it thinks h1 is
         // 1.2 µs ahead): owd_pair = raw + line = 10 µs + 200 ns.
         for k in 0..3 {
@@ -2018,8 +2186,9 @@ mod tests {
             svc.paths_view(&st, 1, None, Some(0), now).unwrap_err().kind,
             ErrorKind::InvalidArgument
         );
-        // Without a solution: the pair line only, or raw.
-        svc.set_solved(None);
+        // Without a solution (the last one too old to stand in): the pair
+        // line only, or raw.
+        svc.set_solved(None, now + MAX_HOLDOVER + Duration::from_secs(1));
         let v = svc.paths_view(&st, 1, None, None, now).unwrap();
         let by_src = |s: &str| v.paths.iter().find(|p| p.src == s).unwrap().clone();
         assert_eq!(by_src("h1").correction, Correction::Pair);

@@ -130,7 +130,9 @@ enum Cmd {
     /// clean probes, say) shows its last solved clock carried forward for
     /// at most 30 s, marked "held over", its error bound growing with the
     /// drift's error; then it is Unsynced (at once if the reference host
-    /// changes, the host is Down, or a solve fails).
+    /// changes or the host is Down). When the leader gets no solution at
+    /// all (no fresh summaries, a failed solve), the last one stands in
+    /// the same way for at most 30 s, every host in it marked "held over".
     ///
     /// `--output json` adds the solution's `at_ns` (on the reference's
     /// clock; a host's offset at reference time t is
@@ -1326,12 +1328,7 @@ fn print_clock(v: &ClockView) {
         let live = h.live.as_ref();
         let held = live
             .and_then(|l| l.holdover_ms)
-            .map(|ms| {
-                format!(
-                    "  (held over {:.1} s: not in this solution)",
-                    ms as f64 / 1e3
-                )
-            })
+            .map(|ms| format!("  (held over {:.1} s)", ms as f64 / 1e3))
             .unwrap_or_default();
         // Pairs/s per peer now / configured, and the probe thread's CPU.
         let rate = h
