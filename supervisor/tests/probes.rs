@@ -337,11 +337,29 @@ async fn plans_summaries_clock_states_and_paths() {
         "{text}"
     );
 
-    // Once the summaries stop, fresh edges run out and every host is
-    // Unsynced again.
+    // Once the summaries stop, fresh edges run out (3 s): the last
+    // solution stands in, every host held over and still Synced...
     stop.store(true, Ordering::Relaxed);
     sender.await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(15);
+    let stopped = Instant::now();
+    let deadline = stopped + Duration::from_secs(15);
+    loop {
+        let (_, v, _) = cli_json(&sup.addr, &["clock"]);
+        let stale = v["solve_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("no fresh probe edges"));
+        if stale && v["solution"]["age_ms"].as_u64() >= Some(2_000) {
+            for h in v["hosts"].as_array().unwrap() {
+                assert_eq!(h["state"], "synced", "{v:#}");
+                assert!(h["live"]["holdover_ms"].as_u64() >= Some(2_000), "{h}");
+            }
+            break;
+        }
+        assert!(Instant::now() < deadline, "no stand-in: {v:#}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // ...for at most 30 s: then every host is Unsynced again.
+    let deadline = stopped + Duration::from_secs(45);
     loop {
         let (_, v, _) = cli_json(&sup.addr, &["clock"]);
         if v["hosts"]
