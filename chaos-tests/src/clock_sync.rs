@@ -54,6 +54,9 @@ pub struct ClockSyncRun {
     /// The agents' probe CPU budget (% of one core; 0: no governor; None:
     /// the agent's default).
     pub probe_cpu_budget_pct: Option<f64>,
+    /// The agents' probe rate, pairs/s per peer (None: the agent's
+    /// default).
+    pub probe_rate: Option<u32>,
 }
 
 /// The probe rates the agents ran at over the window (pairs/s per peer,
@@ -376,6 +379,10 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     if let Some(b) = p.probe_cpu_budget_pct {
         nodeagent::probe::governor::check_budget(b)?;
     }
+    let max_rate = nodeagent::probe::mesh::MAX_PAIRS_PER_S;
+    if p.probe_rate.is_some_and(|r| r == 0 || r > max_rate) {
+        bail!("--probe-rate takes 1..={max_rate} pairs/s per peer");
+    }
     let load_max = crate::burst::MAX_LOAD.min(crate::bulk::MAX_FLOW);
     if (p.uplink_load_mbit > 0 || p.cross_load_mbit > 0)
         && Duration::from_secs(p.seconds + 30) > load_max
@@ -412,6 +419,9 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
             ];
             if let Some(b) = p.probe_cpu_budget_pct {
                 a.push(format!("--probe-cpu-budget-pct={b}"));
+            }
+            if let Some(r) = p.probe_rate {
+                a.push(format!("--probe-rate={r}"));
             }
             a
         })

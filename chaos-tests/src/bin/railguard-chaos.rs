@@ -403,6 +403,10 @@ enum Bench {
         /// Default: the agent's (1).
         #[arg(long)]
         probe_cpu_budget_pct: Option<f64>,
+        /// The agents' probe rate, pairs/s per peer (the most: the CPU
+        /// governor may lower it). Default: the agent's (100).
+        #[arg(long)]
+        probe_rate: Option<u32>,
     },
     /// The same ringtrain job under the same flap storm, with railguard's
     /// migration and without it (no backup rail: the job dies on a network
@@ -701,6 +705,7 @@ fn main() {
                 cross_load_mbit,
                 cross_load_util,
                 probe_cpu_budget_pct,
+                probe_rate,
             }) => {
                 if !(1..=3600).contains(&seconds) || !(1..=5).contains(&supervisors) {
                     anyhow::bail!("--seconds takes 1..=3600 and --supervisors 1..=5");
@@ -726,6 +731,7 @@ fn main() {
                     cross_load_mbit,
                     cross_load_util,
                     probe_cpu_budget_pct,
+                    probe_rate,
                 })
                 .await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
