@@ -814,26 +814,30 @@ impl Launcher {
             (None, _) => how,
         };
         tracing::info!(job = %key.job, incarnation = key.incarnation, rank = key.rank, pid, exit_code, signal, detail = %detail, "rank exited");
-        exit_tx.send_replace(Some(RankExit {
-            exit_code,
-            signal,
-            detail: detail.clone(),
-        }));
         let report = RankExitReport {
             job: key.job,
             incarnation: key.incarnation,
             rank: key.rank,
             exit_code,
             signal,
-            detail,
+            detail: detail.clone(),
             at_unix_ns: unix_ns(),
         };
+        // The event first, then the watch: whoever waited for the exit (a
+        // stop, the shutdown) and then flushes the events finds this one
+        // queued ahead of its barrier, so the shutdown's last exits reach
+        // the outbox.
         if self.events.blocking_send(Event::Exited(report)).is_err() {
             tracing::error!(
                 pid,
                 "rank event writer stopped; the exit is reported at the next start"
             );
         }
+        exit_tx.send_replace(Some(RankExit {
+            exit_code,
+            signal,
+            detail,
+        }));
     }
 
     /// SIGTERM, then SIGKILL after the grace period, to each rank's group;
