@@ -34,7 +34,8 @@
 //! summaries for [`CLOCK_FRESH`], or the solve failed) does not unsync the
 //! cluster: the last solution stands in, every clock in it aged — its bound
 //! grown by the drift's error since that solution, its state following the
-//! bound, `holdover_ms` set once it is [`STALE_AFTER`] old — for up to
+//! bound, `holdover_ms` set once it is [`STALE_AFTER`] old (the reference
+//! host included), a Down host Unsynced at once — for up to
 //! [`MAX_HOLDOVER`]; then every host is Unsynced. The next solution takes
 //! over, holding the hosts it lacks as above (counted from their last
 //! solution).
@@ -103,8 +104,8 @@ const HYSTERESIS: f64 = 1.25;
 /// Longest a host's clock is carried forward from its last solution.
 pub const MAX_HOLDOVER: Duration = Duration::from_secs(30);
 /// A solution this old has had ticks without a newer one: the view marks
-/// its clocks held over (a fresh one is at most a tick old).
-pub const STALE_AFTER: Duration = Duration::from_secs(2);
+/// its clocks held over (a fresh one is a tick old plus its solve time).
+pub const STALE_AFTER: Duration = Duration::from_secs(3);
 /// How `paths` combines per-second figures (also in the reply).
 pub const AGGREGATION: &str = "min: min of the per-second minima; p50: median of the per-second \
      medians; p99: max of the per-second p99s; loss: 1 - sum(received)/sum(expected)";
@@ -522,8 +523,16 @@ impl ClockService {
         let mut out = Ingested::default();
         let mut store = self.lock();
         let store = &mut *store;
-        // Older agents leave these zero: nothing to show then.
-        if s.max_pairs_per_s > 0 {
+        // Older agents leave these zero: nothing to show then; nonsense
+        // (a rate above the configured one, a budget that is not a
+        // percentage) is not shown either.
+        let load_ok = s.pairs_per_s <= s.max_pairs_per_s
+            && s.probe_cpu_budget_pct.is_finite()
+            && (0.0..=100.0).contains(&s.probe_cpu_budget_pct);
+        if s.max_pairs_per_s > 0 && !load_ok {
+            tracing::debug!(host = %s.host, pairs_per_s = s.pairs_per_s, max_pairs_per_s = s.max_pairs_per_s, budget_pct = s.probe_cpu_budget_pct, "probe load report ignored");
+        }
+        if s.max_pairs_per_s > 0 && load_ok {
             store.probe_load.insert(
                 s.host.clone(),
                 (
@@ -812,7 +821,6 @@ impl ClockService {
     /// without a solution does not replace the last solution while that
     /// is at most [`MAX_HOLDOVER`] old: it stands in (see the module docs).
     pub fn set_solved(&self, solved: Option<Solved>, now: Instant) {
-        let mut store = self.lock();
         let error = match &solved {
             Some(s) if s.solution.is_some() => None,
             Some(s) => Some(
@@ -821,9 +829,20 @@ impl ClockService {
                     .unwrap_or_else(|| "the solve found no solution".into()),
             ),
             None => Some(format!(
-                "no fresh probe edges (no summaries within {CLOCK_FRESH:?})"
+                "no fresh probe edges (none reported within {CLOCK_FRESH:?}) or no host to be the reference"
             )),
         };
+        self.settle(solved, error, now);
+    }
+
+    /// Records a tick whose solve could not run (`why`), like a failed
+    /// solve: the last solution stands in.
+    pub fn set_solve_failed(&self, why: String, now: Instant) {
+        self.settle(None, Some(why), now);
+    }
+
+    fn settle(&self, solved: Option<Solved>, error: Option<String>, now: Instant) {
+        let mut store = self.lock();
         if error != store.solve_error {
             match &error {
                 Some(e) => tracing::warn!(error = %e, "no clock solution this tick"),
@@ -865,7 +884,7 @@ impl ClockService {
                 state_changed_ms: h.clock.changed_ms,
                 live: solved
                     .as_ref()
-                    .and_then(|s| s.clock_at(h.id, now, &self.cfg))
+                    .and_then(|s| host_clock(s, h, now, &self.cfg))
                     .and_then(|(c, held_for)| {
                         let all = [
                             c.offset_ns,
@@ -1344,6 +1363,20 @@ pub fn classify(prev: ClockState, bound_ns: f64, cfg: &SolveConfig) -> ClockStat
 /// The clock state changes to commit: every host whose state from
 /// `solved` (solved or held over; Unsynced when absent) differs from its
 /// committed one.
+/// `h`'s clock at `now` ([`Solved::clock_at`]), except that a Down host
+/// is not held over (not from an earlier solution, nor while the last
+/// solution stands in).
+fn host_clock(
+    solved: &Solved,
+    h: &crate::model::Host,
+    now: Instant,
+    cfg: &SolveConfig,
+) -> Option<(clocksync::HostClock, Option<Duration>)> {
+    solved
+        .clock_at(h.id, now, cfg)
+        .filter(|(_, held)| held.is_none() || h.liveness != Liveness::Down)
+}
+
 pub fn clock_changes(
     st: &ClusterState,
     solved: Option<&Solved>,
@@ -1354,7 +1387,7 @@ pub fn clock_changes(
         .values()
         .filter_map(|h| {
             let solved = solved
-                .and_then(|s| s.clock_at(h.id, now, cfg))
+                .and_then(|s| host_clock(s, h, now, cfg))
                 .map(|(c, _)| c);
             let (state, offset_ns, error_bound_ns) = match solved {
                 Some(c) => (
@@ -1405,26 +1438,29 @@ pub async fn run(sup: Arc<Supervisor>) {
                 let unix_ms = crate::node::now_ms();
                 let cfg = cfg.clone();
                 match tokio::task::spawn_blocking(move || input.solve(&cfg, now, unix_ms)).await {
-                    Ok(s) => Some(s),
+                    Ok(s) => Some(Ok(s)),
                     Err(e) => {
                         tracing::warn!(error = %e, "clock solve task failed");
-                        None
+                        Some(Err(format!("the solve task failed: {e}")))
                     }
                 }
             }
         };
-        let mut solved = solved;
-        if let Some(s) = solved.as_mut() {
-            let keep: BTreeSet<u32> = sup.read(|st| {
-                st.hosts
-                    .values()
-                    .filter(|h| h.liveness != Liveness::Down)
-                    .map(|h| h.id)
-                    .collect()
-            });
-            sup.clocks.hold_over(s, &keep, now);
+        match solved {
+            Some(Ok(mut s)) => {
+                let keep: BTreeSet<u32> = sup.read(|st| {
+                    st.hosts
+                        .values()
+                        .filter(|h| h.liveness != Liveness::Down)
+                        .map(|h| h.id)
+                        .collect()
+                });
+                sup.clocks.hold_over(&mut s, &keep, now);
+                sup.clocks.set_solved(Some(s), now);
+            }
+            Some(Err(why)) => sup.clocks.set_solve_failed(why, now),
+            None => sup.clocks.set_solved(None, now),
         }
-        sup.clocks.set_solved(solved, now);
         let current = sup.clocks.solved();
         let changes = sup.read(|st| clock_changes(st, current.as_deref(), &cfg, now));
         if changes.is_empty() || leading_since.elapsed() < WARMUP {
@@ -2023,6 +2059,11 @@ mod tests {
             at: at(6),
             ..(*svc.solved().unwrap()).clone()
         };
+        svc.set_solve_failed("the solve task failed: panicked".into(), at(6));
+        assert_eq!(
+            svc.clock_view(&st, 1, at(6)).solve_error.as_deref(),
+            Some("the solve task failed: panicked")
+        );
         svc.set_solved(Some(failed), at(6));
         let standing = svc.solved().unwrap();
         assert!(standing.solution.is_some(), "the last solution stands in");
@@ -2044,6 +2085,15 @@ mod tests {
         let h2 = v.hosts.iter().find(|h| h.host == "h2").unwrap();
         let b = h2.live.as_ref().unwrap().error_bound_ns;
         assert!((300_000.0..301_000.0).contains(&b), "{b}");
+        // A host that goes Down meanwhile is not held.
+        st.hosts.get_mut("h1").unwrap().liveness = Liveness::Down;
+        let changes = clock_changes(&st, Some(&standing), svc.config(), at(6));
+        assert!(changes
+            .iter()
+            .any(|c| c.host == "h1" && c.state == ClockState::Unsynced));
+        let v = svc.clock_view(&st, 1, at(6));
+        assert!(v.hosts.iter().any(|h| h.host == "h1" && h.live.is_none()));
+        st.hosts.get_mut("h1").unwrap().liveness = Liveness::Ready;
         // A solution again: it takes over, fresh.
         let fresh = svc
             .solve_input(&st, at(2))
@@ -2067,6 +2117,33 @@ mod tests {
         let c = clock_changes(&st, svc.solved().as_deref(), svc.config(), at(38));
         assert_eq!(c.len(), 4);
         assert!(c.iter().all(|c| c.state == ClockState::Unsynced));
+    }
+
+    #[test]
+    fn probe_load_reports_from_old_agents_or_with_nonsense_are_not_shown() {
+        let st = state(3);
+        let svc = ClockService::default();
+        let now = Instant::now();
+        let mut old = summary("h0", vec![], vec![]);
+        (old.pairs_per_s, old.max_pairs_per_s, old.probe_cpu_pct) = (0, 0, None);
+        old.probe_cpu_budget_pct = 0.0;
+        svc.ingest(&st, &old, now).unwrap();
+        let mut nan = summary("h1", vec![], vec![]);
+        nan.probe_cpu_budget_pct = f64::NAN;
+        svc.ingest(&st, &nan, now).unwrap();
+        let mut over = summary("h2", vec![], vec![]);
+        over.pairs_per_s = 500;
+        svc.ingest(&st, &over, now).unwrap();
+        let v = svc.clock_view(&st, 1, now);
+        assert!(v.hosts.iter().all(|h| h.probe.is_none()), "{:?}", v.hosts);
+        // The JSON stays parseable (no NaN).
+        let json = serde_json::to_string(&crate::api::AdminReply::Clock(v)).unwrap();
+        serde_json::from_str::<crate::api::AdminReply>(&json).unwrap();
+        // A sound one is shown.
+        svc.ingest(&st, &summary("h2", vec![], vec![]), now)
+            .unwrap();
+        let v = svc.clock_view(&st, 1, now);
+        assert!(v.hosts.iter().any(|h| h.host == "h2" && h.probe.is_some()));
     }
 
     #[test]

@@ -15,10 +15,13 @@
 //! * in between: unchanged (a dead band, so the rate does not hunt).
 //!
 //! The rate never leaves `[floor, configured]`, the floor being a quarter
-//! of the configured rate but at least [`MIN_RATE`] (or the configured
-//! rate, if that is lower): even a thread that cannot meet its budget
-//! keeps every path probed often enough for loss, liveness and clocks.
-//! A budget of 0 turns the governor off.
+//! of the configured rate but at least [`MIN_RATE`], and at least what the
+//! mesh needs per path ([`Governor::set_path_floor`]: a peer's rate is split
+//! over the rails both hosts have, and every path needs enough pure pairs
+//! per estimator window and enough probes for liveness) — or the
+//! configured rate, if that is lower: even a thread that cannot meet its
+//! budget keeps every path probed often enough for loss, liveness and
+//! clocks. A budget of 0 turns the governor off.
 
 use std::time::{Duration, Instant};
 
@@ -67,6 +70,9 @@ pub struct Governor {
     /// Fraction of one core (0: off).
     budget: f64,
     max_rate: u32,
+    /// The floor from the configured rate alone, and the one in force
+    /// (raised by [`Governor::set_path_floor`]).
+    base_min: u32,
     min_rate: u32,
     rate: f64,
     /// Start of the current window: (wall, thread CPU ns).
@@ -81,14 +87,26 @@ impl Governor {
     pub fn new(budget_pct: f64, max_rate: u32) -> Result<Self, BadBudget> {
         check_budget(budget_pct)?;
         let max_rate = max_rate.max(1);
+        let base_min = (max_rate / 4).max(MIN_RATE).min(max_rate);
         Ok(Self {
             budget: budget_pct / 100.0,
             max_rate,
-            min_rate: (max_rate / 4).max(MIN_RATE).min(max_rate),
+            base_min,
+            min_rate: base_min,
             rate: f64::from(max_rate),
             mark: None,
             usage: None,
         })
+    }
+
+    /// Raises the floor to `pairs_per_s` per peer (what the mesh's paths
+    /// need; never above the configured rate), or lowers it back to the
+    /// governor's own floor. The rate follows at once.
+    pub fn set_path_floor(&mut self, pairs_per_s: u32) {
+        self.min_rate = self.base_min.max(pairs_per_s).min(self.max_rate);
+        self.rate = self
+            .rate
+            .clamp(f64::from(self.min_rate), f64::from(self.max_rate));
     }
 
     /// The rate to probe at now (pairs/s per peer).
@@ -225,6 +243,16 @@ mod tests {
         assert_eq!(*rates.last().unwrap(), 25);
         // One window cuts at most by half.
         assert!(rates[0] >= 50 && rates[1] >= 25, "{rates:?}");
+        // Eight rails: each path needs its share, so the floor is the
+        // mesh's (80), not the governor's own (25).
+        sim.g.set_path_floor(80);
+        assert_eq!(sim.g.rate(), 80);
+        sim.run(0.02, 0.0001, 10);
+        assert_eq!(sim.g.rate(), 80);
+        sim.g.set_path_floor(500);
+        assert_eq!(sim.g.min_rate(), 100, "never above the configured rate");
+        sim.g.set_path_floor(0);
+        assert_eq!(sim.g.min_rate(), 25);
         // A low configured rate is its own floor.
         let mut sim = Sim::new(Governor::new(0.5, 10).unwrap());
         sim.run(0.02, 0.0001, 10);

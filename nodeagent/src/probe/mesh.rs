@@ -6,7 +6,9 @@
 //! gets `pairs_per_s` pairs a second in all and each path
 //! `pairs_per_s / n`; with two rails that is one wake-up per 20 ms at the
 //! default rate instead of one per 10 ms, the same cadence on every path.
-//! Hosts' ticks have independent phases. A pair has a sequence
+//! `pairs_per_s` is the rate in force ([`Mesh::rate`]): the configured one
+//! unless the CPU governor lowered it ([`Mesh::set_rate`], never below
+//! [`Mesh::min_rate`]). Hosts' ticks have independent phases. A pair has a sequence
 //! number per (peer, rail), starting from the agent's start time in µs so a
 //! restarted agent never reuses one.
 //!
@@ -96,6 +98,10 @@ impl Default for MeshConfig {
 
 /// Most pairs per second per peer accepted.
 pub const MAX_PAIRS_PER_S: u32 = 1_000;
+/// Pairs/s each path needs at least (the CPU governor's floor is this times
+/// the most paths a peer has): 20 pure pairs per 2 s estimator window at
+/// full purity, a pair every 100 ms against the 400 ms probe-dead silence.
+pub const MIN_PAIRS_PER_PATH: u32 = 10;
 
 /// A peer's data NIC on one rail.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -366,6 +372,18 @@ impl Mesh {
 
     pub fn self_id(&self) -> u32 {
         self.self_id
+    }
+
+    /// The lowest rate (pairs/s per peer) that still gives every path
+    /// [`MIN_PAIRS_PER_PATH`] (capped at the configured rate).
+    pub fn min_rate(&self) -> u32 {
+        let paths = self
+            .peers
+            .values()
+            .map(|p| p.paths.len())
+            .max()
+            .unwrap_or(1);
+        (MIN_PAIRS_PER_PATH * paths.max(1) as u32).min(self.cfg.pairs_per_s)
     }
 
     /// The pairs/s per peer the mesh probes at now.
@@ -1102,6 +1120,10 @@ mod tests {
         assert_eq!(m.rate(), 100, "never above the configured rate");
         m.set_rate(0);
         assert_eq!(m.rate(), 1);
+        // The governor's floor keeps MIN_PAIRS_PER_PATH on every path.
+        assert_eq!(m.min_rate(), 20, "two rails");
+        let eight = Sim::new(vec![0, 0], 8);
+        assert_eq!(eight.meshes[0].min_rate(), 80, "eight rails");
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //!
 //! **Threads.** The sockets are served by one dedicated OS thread
 //! ([`ProbeRunner`]): it wakes once per tick (see [`mesh`]; every 20 ms at
-//! the default rate with two rails),
+//! the full default rate with two rails, longer while the governor holds
+//! the rate down),
 //! drains every socket's stamps and datagrams (the kernel timestamped them
 //! on arrival, so reading late costs nothing), sends the tick's pairs with
 //! one `sendmmsg` per NIC and sleeps again: a handful of syscalls per tick
@@ -344,6 +345,9 @@ fn run_thread(
                     "probe plan adopted"
                 );
                 mesh.set_plan(&p, Instant::now());
+                // Every path keeps its share at the governor's floor.
+                governor.set_path_floor(mesh.min_rate());
+                mesh.set_rate(governor.rate());
             }
         }
         // Sleep to the next tick. Nothing wakes the thread in between:

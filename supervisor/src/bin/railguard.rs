@@ -132,7 +132,9 @@ enum Cmd {
     /// drift's error; then it is Unsynced (at once if the reference host
     /// changes or the host is Down). When the leader gets no solution at
     /// all (no fresh summaries, a failed solve), the last one stands in
-    /// the same way for at most 30 s, every host in it marked "held over".
+    /// the same way for at most 30 s (a Down host excepted): its bounds
+    /// grow, and once it is 3 s old every host in it is marked "held
+    /// over"; the edges shown are that solution's.
     ///
     /// `--output json` adds the solution's `at_ns` (on the reference's
     /// clock; a host's offset at reference time t is
