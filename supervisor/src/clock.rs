@@ -343,15 +343,6 @@ impl SolveInput {
     }
 }
 
-/// A host's probe rate and cost from its latest summary.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct ProbeLoadReport {
-    pairs_per_s: u32,
-    max_pairs_per_s: u32,
-    cpu_pct: Option<f64>,
-    cpu_budget_pct: f64,
-}
-
 /// What one summary contributed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Ingested {
@@ -372,7 +363,8 @@ struct Store {
     /// (host, NIC) → its shaped classes' traffic, as last reported.
     shaped: HashMap<(String, String), ShapedTrack>,
     /// host → its probe rate and cost, as last reported.
-    probe_load: HashMap<String, (ProbeLoadReport, Instant)>,
+    /// (`age_ms` is filled in by the view.)
+    probe_load: HashMap<String, (ProbeLoad, Instant)>,
     /// The latest solution (standing in while ticks bring none; see the
     /// module docs), or the latest failed solve when there is none.
     solved: Option<Arc<Solved>>,
@@ -536,11 +528,12 @@ impl ClockService {
             store.probe_load.insert(
                 s.host.clone(),
                 (
-                    ProbeLoadReport {
+                    ProbeLoad {
                         pairs_per_s: s.pairs_per_s,
                         max_pairs_per_s: s.max_pairs_per_s,
                         cpu_pct: s.probe_cpu_pct.filter(|c| c.is_finite() && *c >= 0.0),
                         cpu_budget_pct: s.probe_cpu_budget_pct,
+                        age_ms: 0,
                     },
                     now,
                 ),
@@ -903,11 +896,8 @@ impl ClockService {
                     }),
                 ntp: solved.as_ref().and_then(|s| s.ntp.get(&h.id).cloned()),
                 probe: probe_load.get(&h.name).map(|(r, at)| ProbeLoad {
-                    pairs_per_s: r.pairs_per_s,
-                    max_pairs_per_s: r.max_pairs_per_s,
-                    cpu_pct: r.cpu_pct,
-                    cpu_budget_pct: r.cpu_budget_pct,
                     age_ms: ms(now.saturating_duration_since(*at)),
+                    ..r.clone()
                 }),
             })
             .collect();
@@ -1536,6 +1526,20 @@ mod tests {
         }
     }
 
+    /// Every host reports a clock to every other (a complete graph) with
+    /// error bound `err`, received at `at`.
+    fn report_all(svc: &ClockService, st: &ClusterState, offsets: &[f64], err: f64, at: Instant) {
+        let n = offsets.len();
+        for me in 0..n {
+            let clocks = (0..n)
+                .filter(|&p| p != me)
+                .map(|p| peer_clock(offsets, me, p, err))
+                .collect();
+            svc.ingest(st, &summary(&format!("h{me}"), clocks, vec![]), at)
+                .unwrap();
+        }
+    }
+
     fn summary(host: &str, clocks: Vec<PeerClock>, paths: Vec<PathStats>) -> ProbeSummary {
         ProbeSummary {
             host: host.into(),
@@ -1850,14 +1854,7 @@ mod tests {
         let svc = ClockService::default();
         let now = Instant::now();
         let offsets = [0.0, 1_000.0, -2_500.0, 40_000.0, 7.0];
-        for me in 0..5 {
-            let clocks = (0..5)
-                .filter(|&p| p != me)
-                .map(|p| peer_clock(&offsets, me, p, 200.0))
-                .collect();
-            svc.ingest(&st, &summary(&format!("h{me}"), clocks, vec![]), now)
-                .unwrap();
-        }
+        report_all(&svc, &st, &offsets, 200.0, now);
         // The reference skips a Down host.
         st.hosts.get_mut("h0").unwrap().liveness = Liveness::Down;
         let input = svc.solve_input(&st, now).unwrap();
@@ -1932,14 +1929,7 @@ mod tests {
         let svc = ClockService::default();
         let t0 = Instant::now();
         let offsets = [0.0, 1_000.0, -2_500.0, 40_000.0];
-        for me in 0..4 {
-            let clocks = (0..4)
-                .filter(|&p| p != me)
-                .map(|p| peer_clock(&offsets, me, p, 200.0))
-                .collect();
-            svc.ingest(&st, &summary(&format!("h{me}"), clocks, vec![]), t0)
-                .unwrap();
-        }
+        report_all(&svc, &st, &offsets, 200.0, t0);
         let first = svc.solve_input(&st, t0).unwrap().solve(svc.config(), t0, 0);
         for c in clock_changes(&st, Some(&first), svc.config(), t0) {
             st.hosts.get_mut(&c.host).unwrap().clock.state = c.state;
@@ -2025,14 +2015,7 @@ mod tests {
         let svc = ClockService::default();
         let t0 = Instant::now();
         let offsets = [0.0, 1_000.0, -2_500.0, 40_000.0];
-        for me in 0..4 {
-            let clocks = (0..4)
-                .filter(|&p| p != me)
-                .map(|p| peer_clock(&offsets, me, p, 200.0))
-                .collect();
-            svc.ingest(&st, &summary(&format!("h{me}"), clocks, vec![]), t0)
-                .unwrap();
-        }
+        report_all(&svc, &st, &offsets, 200.0, t0);
         let mut first = svc.solve_input(&st, t0).unwrap().solve(svc.config(), t0, 0);
         // h2's drift is known to 50 ppm only: its bound grows fast.
         let sol = first.solution.as_mut().unwrap();
@@ -2183,14 +2166,7 @@ mod tests {
         let now = Instant::now();
         // h1 is 1 µs ahead of h0, h2 3 µs behind. True OWD h1 → h0 = 10 µs.
         let offsets = [0.0, 1_000.0, -3_000.0];
-        for me in 0..3 {
-            let clocks = (0..3)
-                .filter(|&p| p != me)
-                .map(|p| peer_clock(&offsets, me, p, 50.0))
-                .collect();
-            svc.ingest(&st, &summary(&format!("h{me}"), clocks, vec![]), now)
-                .unwrap();
-        }
+        report_all(&svc, &st, &offsets, 50.0, now);
         let solved = svc
             .solve_input(&st, now)
             .unwrap()

@@ -234,23 +234,16 @@ impl ProbeRunner {
             })
             .collect();
         let first_seq = (clock::realtime_ns() / 1_000).max(1) as u64;
-        let mesh = Mesh::new(opts.mesh.clone(), local, first_seq, Instant::now()).map_err(|e| {
-            sock::SockError::Io {
-                nic: String::new(),
-                addr: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, opts.port),
-                op: "configure",
-                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
-            }
-        })?;
-        let governor =
-            Governor::new(opts.mesh.cpu_budget_pct, opts.mesh.pairs_per_s).map_err(|e| {
-                sock::SockError::Io {
-                    nic: String::new(),
-                    addr: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, opts.port),
-                    op: "configure",
-                    source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
-                }
-            })?;
+        let invalid = |e: String| sock::SockError::Io {
+            nic: String::new(),
+            addr: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, opts.port),
+            op: "configure",
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, e),
+        };
+        let mesh =
+            Mesh::new(opts.mesh.clone(), local, first_seq, Instant::now()).map_err(invalid)?;
+        let governor = Governor::new(opts.mesh.cpu_budget_pct, opts.mesh.pairs_per_s)
+            .map_err(|e| invalid(e.to_string()))?;
         let (plan_tx, plan_rx) = watch::channel(None);
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
