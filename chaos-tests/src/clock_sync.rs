@@ -21,7 +21,7 @@
 //! the whole agent (% of one core, from /proc over the window), and probe
 //! bytes/s per agent (the rails' kernel tx counters over the window).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -57,6 +57,10 @@ pub struct ClockSyncRun {
     /// The agents' probe rate, pairs/s per peer (None: the agent's
     /// default).
     pub probe_rate: Option<u32>,
+    /// Pin every agent (all its threads) to this CPU, so the simulated
+    /// fabric — which veth runs in the sender's context — runs on one CPU
+    /// for every path (None: the scheduler's choice).
+    pub pin_agents_cpu: Option<usize>,
 }
 
 /// The probe rates the agents ran at over the window (pairs/s per peer,
@@ -144,6 +148,118 @@ impl ErrorStats {
     }
 }
 
+/// Readings per block of [`ErrorSplit`]: 6 s, three disjoint 2 s
+/// estimator windows.
+const SPLIT_BLOCK: u64 = 6;
+
+/// Where the per-edge errors come from. Each edge's error series (one
+/// reading a second, both estimators from the same probes) is cut into
+/// blocks of [`SPLIT_BLOCK`] readings: the block means are the *slow* part
+/// (what persists over several disjoint windows: a path asymmetry, which
+/// both estimators see alike if it is the fabric's), the deviations from
+/// them the *fast* part (each estimator's own noise, which the block
+/// averages away). Over the whole run, each edge's mean error is its
+/// *bias*: a path asymmetry, which a symmetric-path estimator cannot see
+/// (it is indistinguishable from an offset), shows as the same bias in
+/// both estimators. The NTP-style block means still carry much of its own
+/// noise (its windows overlap), so they correlate with railguard's only
+/// through the bias.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ErrorSplit {
+    /// Edges with at least two blocks of both estimates.
+    pub edges: usize,
+    pub block_s: u64,
+    /// Root mean square of the block means and of the deviations from them.
+    pub railguard_slow_rms_ns: f64,
+    pub railguard_fast_rms_ns: f64,
+    pub ntp_style_slow_rms_ns: f64,
+    pub ntp_style_fast_rms_ns: f64,
+    /// Pearson correlation, across edges, of the two estimators' biases
+    /// (1: they err alike, as a shared path asymmetry makes them).
+    pub bias_correlation: f64,
+    /// Root mean square of railguard's and the NTP-style biases.
+    pub railguard_bias_rms_ns: f64,
+    pub ntp_style_bias_rms_ns: f64,
+}
+
+/// Per edge (from, to, rail), the readings (index, railguard error,
+/// NTP-style error) that have both.
+type EdgeSeries = BTreeMap<(usize, usize, u64), Vec<(u64, f64, f64)>>;
+
+impl ErrorSplit {
+    fn of(series: &EdgeSeries) -> Self {
+        let rms = |v: &[f64]| {
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64).sqrt()
+            }
+        };
+        let (mut slow, mut fast_rg, mut fast_ntp) = (Vec::new(), Vec::new(), Vec::new());
+        let mut edges = 0;
+        let (mut bias_rg, mut bias_ntp) = (Vec::new(), Vec::new());
+        for readings in series.values() {
+            let mut blocks: BTreeMap<u64, Vec<(f64, f64)>> = BTreeMap::new();
+            for &(k, rg, ntp) in readings {
+                blocks.entry(k / SPLIT_BLOCK).or_default().push((rg, ntp));
+            }
+            // Only blocks at least half full: a mean of one or two readings
+            // of overlapping windows is not slow.
+            blocks.retain(|_, b| 2 * b.len() as u64 >= SPLIT_BLOCK);
+            if blocks.len() < 2 {
+                continue;
+            }
+            edges += 1;
+            let all: Vec<&(f64, f64)> = blocks.values().flatten().collect();
+            let n = all.len() as f64;
+            bias_rg.push(all.iter().map(|x| x.0).sum::<f64>() / n);
+            bias_ntp.push(all.iter().map(|x| x.1).sum::<f64>() / n);
+            for b in blocks.values() {
+                let n = b.len() as f64;
+                let m = (
+                    b.iter().map(|x| x.0).sum::<f64>() / n,
+                    b.iter().map(|x| x.1).sum::<f64>() / n,
+                );
+                slow.push(m);
+                fast_rg.extend(b.iter().map(|x| x.0 - m.0));
+                fast_ntp.extend(b.iter().map(|x| x.1 - m.1));
+            }
+        }
+        let rg: Vec<f64> = slow.iter().map(|m| m.0).collect();
+        let ntp: Vec<f64> = slow.iter().map(|m| m.1).collect();
+        Self {
+            edges,
+            block_s: SPLIT_BLOCK,
+            railguard_slow_rms_ns: rms(&rg),
+            railguard_fast_rms_ns: rms(&fast_rg),
+            ntp_style_slow_rms_ns: rms(&ntp),
+            ntp_style_fast_rms_ns: rms(&fast_ntp),
+            bias_correlation: pearson(&bias_rg, &bias_ntp),
+            railguard_bias_rms_ns: rms(&bias_rg),
+            ntp_style_bias_rms_ns: rms(&bias_ntp),
+        }
+    }
+}
+
+/// Pearson's correlation (NaN with fewer than two points or no spread).
+fn pearson(a: &[f64], b: &[f64]) -> f64 {
+    let n = a.len().min(b.len());
+    if n < 2 {
+        return f64::NAN;
+    }
+    let (ma, mb) = (
+        a[..n].iter().sum::<f64>() / n as f64,
+        b[..n].iter().sum::<f64>() / n as f64,
+    );
+    let (mut sab, mut saa, mut sbb) = (0.0, 0.0, 0.0);
+    for (x, y) in a[..n].iter().zip(&b[..n]) {
+        sab += (x - ma) * (y - mb);
+        saa += (x - ma) * (x - ma);
+        sbb += (y - mb) * (y - mb);
+    }
+    sab / (saa * sbb).sqrt()
+}
+
 /// The report (last line of output).
 #[derive(Debug, Clone, Serialize)]
 pub struct ClockSyncReport {
@@ -162,6 +278,9 @@ pub struct ClockSyncReport {
     /// Per-edge errors (one hop), both estimators.
     pub railguard_edges: ErrorStats,
     pub ntp_style_edges: ErrorStats,
+    /// The per-edge errors split into a slow part (path asymmetry) and a
+    /// fast one (estimator noise).
+    pub edge_error_split: ErrorSplit,
     /// ntp_style.p99 / railguard.p99.
     pub improvement_p99: f64,
     pub convergence_s: f64,
@@ -179,6 +298,8 @@ pub struct ClockSyncReport {
     pub probe_thread_user_pct_max: f64,
     pub probe_thread_sys_pct_max: f64,
     pub agent_cpu_pct_max: f64,
+    /// The CPU every agent was pinned to (None: not pinned).
+    pub agents_pinned_cpu: Option<usize>,
     /// The pairs/s per peer the agents probed at (their CPU governor holds
     /// the probe thread inside its budget by lowering the rate).
     pub probe_pairs_per_s_per_peer: RateStats,
@@ -244,6 +365,41 @@ fn run_ns(stat_path: &str) -> Option<u64> {
         .ok()
 }
 
+/// Pins every thread of `pid` to `cpu` (threads it starts later inherit
+/// their creator's affinity).
+fn pin_process(pid: u32, cpu: usize) -> anyhow::Result<()> {
+    // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET stays inside it
+    // for cpu < CPU_SETSIZE (checked by the caller's range check).
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    for e in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let tid: libc::pid_t = e?.file_name().to_string_lossy().parse()?;
+        // SAFETY: set is a valid cpu_set_t of the size passed.
+        let r = unsafe { libc::sched_setaffinity(tid, std::mem::size_of_val(&set), &set) };
+        if r != 0 {
+            let err = std::io::Error::last_os_error();
+            // A thread that exited meanwhile is not an error.
+            if err.raw_os_error() != Some(libc::ESRCH) {
+                return Err(err).with_context(|| format!("sched_setaffinity({tid})"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The CPUs this process may run on (the agents' pin must be one of them).
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: as in pin_process; sched_getaffinity fills the set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+    if r != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
 /// The probe thread of agent `pid` (by its name).
 fn probe_thread(pid: u32) -> Option<String> {
     for e in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
@@ -283,6 +439,9 @@ struct Sample {
     ntp_err: Vec<f64>,
     edge_err: Vec<f64>,
     ntp_edge_err: Vec<f64>,
+    /// Per edge (from, to, rail): both estimators' errors, when both are
+    /// there.
+    edge_pairs: Vec<((usize, usize, u64), f64, f64)>,
     /// Every host's probe rate (pairs/s per peer).
     rates: Vec<f64>,
     configured_rate: u64,
@@ -353,13 +512,18 @@ fn evaluate(v: &Value, truth: &[Truth], anchor: i64) -> anyhow::Result<Sample> {
         if f >= truth.len() || t >= truth.len() {
             continue;
         }
-        if let (Some(at), Some(off)) = (e["at_ns"].as_i64(), e["offset_ns"].as_f64()) {
-            s.edge_err
-                .push(off - true_offset(truth[f], truth[t], anchor, at));
-        }
-        if let (Some(at), Some(off)) = (e["ntp_at_ns"].as_i64(), e["ntp_offset_ns"].as_f64()) {
-            s.ntp_edge_err
-                .push(off - true_offset(truth[f], truth[t], anchor, at));
+        let rg = match (e["at_ns"].as_i64(), e["offset_ns"].as_f64()) {
+            (Some(at), Some(off)) => Some(off - true_offset(truth[f], truth[t], anchor, at)),
+            _ => None,
+        };
+        let ntp = match (e["ntp_at_ns"].as_i64(), e["ntp_offset_ns"].as_f64()) {
+            (Some(at), Some(off)) => Some(off - true_offset(truth[f], truth[t], anchor, at)),
+            _ => None,
+        };
+        s.edge_err.extend(rg);
+        s.ntp_edge_err.extend(ntp);
+        if let (Some(rg), Some(ntp), Some(rail)) = (rg, ntp, e["rail"].as_u64()) {
+            s.edge_pairs.push(((f, t, rail), rg, ntp));
         }
     }
     Ok(s)
@@ -378,6 +542,12 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     }
     if let Some(b) = p.probe_cpu_budget_pct {
         nodeagent::probe::governor::check_budget(b)?;
+    }
+    if let Some(cpu) = p.pin_agents_cpu {
+        let allowed = allowed_cpus();
+        if !allowed.contains(&cpu) {
+            bail!("--pin-agents-cpu {cpu}: this process may run on CPUs {allowed:?} only");
+        }
     }
     let max_rate = nodeagent::probe::mesh::MAX_PAIRS_PER_S;
     if p.probe_rate.is_some_and(|r| r == 0 || r > max_rate) {
@@ -458,6 +628,12 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     .await?;
     let started = Instant::now();
     let mut errors = Vec::new();
+    if let Some(cpu) = p.pin_agents_cpu {
+        for h in 0..p.hosts {
+            let pid = c.agent_pid(h).context("an agent without a pid")?;
+            pin_process(pid, cpu).with_context(|| format!("pin h{h}'s agent to CPU {cpu}"))?;
+        }
+    }
 
     // Convergence: every host solved with a bound within 1 µs.
     let mut convergence_s = f64::NAN;
@@ -558,6 +734,7 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     }
     let w0 = Instant::now();
     let mut all = Sample::default();
+    let mut edge_series = EdgeSeries::new();
     let mut recent: VecDeque<String> = VecDeque::new();
     eprintln!("[clock-sync] measuring for {} s", p.seconds);
     for k in 0..p.seconds {
@@ -571,6 +748,9 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
                 all.ntp_err.extend(s.ntp_err);
                 all.edge_err.extend(s.edge_err);
                 all.ntp_edge_err.extend(s.ntp_edge_err);
+                for (key, rg, ntp) in s.edge_pairs {
+                    edge_series.entry(key).or_default().push((k, rg, ntp));
+                }
                 all.rates.extend(s.rates);
                 all.configured_rate = s.configured_rate;
                 all.cpu_budget_pct = s.cpu_budget_pct;
@@ -705,6 +885,7 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         ntp_style,
         railguard_edges: ErrorStats::of(all.edge_err),
         ntp_style_edges: ErrorStats::of(all.ntp_edge_err),
+        edge_error_split: ErrorSplit::of(&edge_series),
         improvement_p99,
         convergence_s,
         claimed_bound_p50_ns: bounds.get(bounds.len() / 2).copied().unwrap_or(f64::NAN),
@@ -714,6 +895,7 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
         probe_thread_user_pct_max: user_max,
         probe_thread_sys_pct_max: sys_max,
         agent_cpu_pct_max: agent_cpu,
+        agents_pinned_cpu: p.pin_agents_cpu,
         probe_pairs_per_s_per_peer: probe_rate,
         bytes_per_s_per_agent: bytes_per_s,
         load_mbps,
@@ -795,7 +977,7 @@ mod tests {
                 {"host": "h1", "live": {"offset_ns": 310.0, "error_bound_ns": 5.0},
                  "ntp": {"hops": [{"from": "h0", "to": "h1", "reporter": "h1", "at_ns": 400, "offset_ns": 250.0}]}}
             ],
-            "edges": [{"from": "h1", "to": "h0", "at_ns": 400, "offset_ns": -290.0,
+            "edges": [{"from": "h1", "to": "h0", "rail": 1, "at_ns": 400, "offset_ns": -290.0,
                        "ntp_at_ns": 400, "ntp_offset_ns": -250.0}]
         });
         let s = evaluate(&v, &truth, anchor).unwrap();
@@ -803,5 +985,128 @@ mod tests {
         assert_eq!(s.ntp_err, vec![-50.0]);
         assert_eq!(s.edge_err, vec![10.0]);
         assert_eq!(s.ntp_edge_err, vec![50.0]);
+        assert_eq!(s.edge_pairs, vec![((1, 0, 1), 10.0, 50.0)]);
+    }
+
+    #[tokio::test]
+    async fn bad_run_parameters_are_refused_before_any_testbed_is_built() {
+        let good = ClockSyncRun {
+            hosts: 8,
+            supervisors: 1,
+            seconds: 60,
+            seed: 1,
+            converge_timeout: Duration::from_secs(60),
+            uplink_load_mbit: 0,
+            cross_load_mbit: 0,
+            cross_load_util: 0.85,
+            probe_cpu_budget_pct: None,
+            probe_rate: None,
+            pin_agents_cpu: None,
+        };
+        let cpus = allowed_cpus();
+        assert!(!cpus.is_empty() && cpus.iter().all(|&c| c < libc::CPU_SETSIZE as usize));
+        let not_allowed = (0..).find(|c| !cpus.contains(c)).unwrap();
+        for (bad, says) in [
+            (
+                ClockSyncRun {
+                    pin_agents_cpu: Some(not_allowed),
+                    ..good.clone()
+                },
+                "--pin-agents-cpu",
+            ),
+            (
+                ClockSyncRun {
+                    hosts: 1,
+                    ..good.clone()
+                },
+                "--hosts",
+            ),
+            (
+                ClockSyncRun {
+                    probe_rate: Some(0),
+                    ..good.clone()
+                },
+                "--probe-rate",
+            ),
+        ] {
+            let e = run(bad).await.expect_err("refused");
+            assert!(format!("{e:#}").contains(says), "{e:#}");
+        }
+    }
+
+    #[test]
+    fn the_error_split_separates_a_shared_asymmetry_from_each_estimators_noise() {
+        let mut series = EdgeSeries::new();
+        // Four edges over 60 readings: a shared bias of 3·(edge + 1) ns and
+        // per 6 s block a shared asymmetry of ±10·(edge + 1) ns (zero mean
+        // over the run); within each block railguard's noise ±2 ns and the
+        // NTP-style estimator's ±5 ns, alternating (zero mean).
+        let mut slow = Vec::new();
+        let mut biases = Vec::new();
+        for e in 0..4u64 {
+            let v = series.entry((e as usize, 0, e % 2)).or_default();
+            for k in 0..60u64 {
+                let b = k / SPLIT_BLOCK;
+                let bias = 3.0 * (e + 1) as f64;
+                let asym =
+                    bias + 10.0 * (e + 1) as f64 * if b.is_multiple_of(2) { 1.0 } else { -1.0 };
+                let sign = if k.is_multiple_of(2) { 1.0 } else { -1.0 };
+                v.push((k, asym + 2.0 * sign, asym + 5.0 * sign));
+                if k % SPLIT_BLOCK == 0 {
+                    slow.push(asym);
+                }
+            }
+            biases.push(3.0 * (e + 1) as f64);
+        }
+        // An edge with a single block is left out; so is a block with only
+        // two readings (its mean is not slow).
+        series
+            .entry((7, 0, 0))
+            .or_default()
+            .extend((0..6).map(|k| (k, 100.0, -100.0)));
+        series
+            .entry((0, 0, 0))
+            .or_default()
+            .extend([(60, 1e6, 1e6), (61, -1e6, 1e6)]);
+        let s = ErrorSplit::of(&series);
+        let rms = |v: &[f64]| (v.iter().map(|x| x * x).sum::<f64>() / v.len() as f64).sqrt();
+        assert_eq!(s.edges, 4);
+        assert_eq!(s.block_s, SPLIT_BLOCK);
+        assert!((s.railguard_slow_rms_ns - rms(&slow)).abs() < 1e-9, "{s:?}");
+        assert!((s.ntp_style_slow_rms_ns - rms(&slow)).abs() < 1e-9, "{s:?}");
+        assert!((s.railguard_fast_rms_ns - 2.0).abs() < 1e-9, "{s:?}");
+        assert!((s.ntp_style_fast_rms_ns - 5.0).abs() < 1e-9, "{s:?}");
+        assert!(
+            (s.railguard_bias_rms_ns - rms(&biases)).abs() < 1e-9,
+            "{s:?}"
+        );
+        assert!(
+            (s.ntp_style_bias_rms_ns - rms(&biases)).abs() < 1e-9,
+            "{s:?}"
+        );
+        assert!((s.bias_correlation - 1.0).abs() < 1e-9, "{s:?}");
+
+        // Biases of their own (orthogonal across the edges): uncorrelated.
+        let mut series = EdgeSeries::new();
+        let (b_rg, b_ntp) = ([5.0, -5.0, 5.0, -5.0], [5.0, 5.0, -5.0, -5.0]);
+        for e in 0..4usize {
+            let v = series.entry((e, 1, 0)).or_default();
+            for k in 0..60u64 {
+                let swing = if (k / SPLIT_BLOCK).is_multiple_of(2) {
+                    8.0
+                } else {
+                    -8.0
+                };
+                v.push((k, b_rg[e] + swing, b_ntp[e] - swing));
+            }
+        }
+        let s = ErrorSplit::of(&series);
+        assert!(s.bias_correlation.abs() < 1e-9, "{s:?}");
+        assert!((s.railguard_bias_rms_ns - 5.0).abs() < 1e-9, "{s:?}");
+        assert!(s.railguard_fast_rms_ns < 1e-9 && s.ntp_style_fast_rms_ns < 1e-9);
+        // Nothing to split.
+        let s = ErrorSplit::of(&EdgeSeries::new());
+        assert_eq!(s.edges, 0);
+        assert!(s.bias_correlation.is_nan() && s.railguard_slow_rms_ns.is_nan());
     }
 }

@@ -66,6 +66,7 @@ async fn clocks_converge_against_the_injected_truth() {
         cross_load_util: 0.85,
         probe_cpu_budget_pct: None,
         probe_rate: None,
+        pin_agents_cpu: None,
     })
     .await
     .unwrap();
@@ -103,6 +104,7 @@ async fn a_probe_thread_over_its_cpu_budget_slows_down_and_clocks_still_hold() {
         cross_load_util: 0.85,
         probe_cpu_budget_pct: Some(0.05),
         probe_rate: None,
+        pin_agents_cpu: None,
     })
     .await
     .unwrap();
@@ -143,6 +145,7 @@ async fn clocks_hold_under_bursty_cross_traffic_on_both_rails() {
         cross_load_util: 0.7,
         probe_cpu_budget_pct: None,
         probe_rate: None,
+        pin_agents_cpu: None,
     })
     .await
     .unwrap();

@@ -407,6 +407,13 @@ enum Bench {
         /// governor may lower it). Default: the agent's (100).
         #[arg(long)]
         probe_rate: Option<u32>,
+        /// Pin every agent to this CPU. veth runs a probe's whole path in
+        /// the sender's context, so with agents on different CPUs a path's
+        /// two directions run on CPUs of different speeds (an asymmetry no
+        /// estimator can see); pinned, every path runs on one CPU.
+        /// Default: not pinned.
+        #[arg(long)]
+        pin_agents_cpu: Option<usize>,
     },
     /// The same ringtrain job under the same flap storm, with railguard's
     /// migration and without it (no backup rail: the job dies on a network
@@ -706,6 +713,7 @@ fn main() {
                 cross_load_util,
                 probe_cpu_budget_pct,
                 probe_rate,
+                pin_agents_cpu,
             }) => {
                 if !(1..=3600).contains(&seconds) || !(1..=5).contains(&supervisors) {
                     anyhow::bail!("--seconds takes 1..=3600 and --supervisors 1..=5");
@@ -732,6 +740,7 @@ fn main() {
                     cross_load_util,
                     probe_cpu_budget_pct,
                     probe_rate,
+                    pin_agents_cpu,
                 })
                 .await?;
                 Ok((r.ok, serde_json::to_value(&r)?))
