@@ -63,6 +63,26 @@ pub struct ClockSyncRun {
     pub pin_agents_cpu: Option<usize>,
 }
 
+impl ClockSyncRun {
+    /// An idle fabric, one supervisor, the agents' own probe settings, a
+    /// minute to converge; set the rest with struct update syntax.
+    pub fn idle(hosts: usize, seconds: u64, seed: u64) -> Self {
+        Self {
+            hosts,
+            supervisors: 1,
+            seconds,
+            seed,
+            converge_timeout: Duration::from_secs(60),
+            uplink_load_mbit: 0,
+            cross_load_mbit: 0,
+            cross_load_util: 0.85,
+            probe_cpu_budget_pct: None,
+            probe_rate: None,
+            pin_agents_cpu: None,
+        }
+    }
+}
+
 /// The probe rates the agents ran at over the window (pairs/s per peer,
 /// one reading per host per second).
 #[derive(Debug, Clone, Serialize, Default)]
@@ -210,16 +230,12 @@ impl ErrorSplit {
                 continue;
             }
             edges += 1;
-            let all: Vec<&(f64, f64)> = blocks.values().flatten().collect();
-            let n = all.len() as f64;
-            bias_rg.push(all.iter().map(|x| x.0).sum::<f64>() / n);
-            bias_ntp.push(all.iter().map(|x| x.1).sum::<f64>() / n);
+            let all: Vec<(f64, f64)> = blocks.values().flatten().copied().collect();
+            let (b_rg, b_ntp) = mean2(&all);
+            bias_rg.push(b_rg);
+            bias_ntp.push(b_ntp);
             for b in blocks.values() {
-                let n = b.len() as f64;
-                let m = (
-                    b.iter().map(|x| x.0).sum::<f64>() / n,
-                    b.iter().map(|x| x.1).sum::<f64>() / n,
-                );
+                let m = mean2(b);
                 slow.push(m);
                 fast_rg.extend(b.iter().map(|x| x.0 - m.0));
                 fast_ntp.extend(b.iter().map(|x| x.1 - m.1));
@@ -239,6 +255,13 @@ impl ErrorSplit {
             ntp_style_bias_rms_ns: rms(&bias_ntp),
         }
     }
+}
+
+/// The means of both members of `v` (non-empty).
+fn mean2(v: &[(f64, f64)]) -> (f64, f64) {
+    let n = v.len() as f64;
+    let (a, b) = v.iter().fold((0.0, 0.0), |s, x| (s.0 + x.0, s.1 + x.1));
+    (a / n, b / n)
 }
 
 /// Pearson's correlation (NaN with fewer than two points or no spread).
@@ -990,19 +1013,7 @@ mod tests {
 
     #[tokio::test]
     async fn bad_run_parameters_are_refused_before_any_testbed_is_built() {
-        let good = ClockSyncRun {
-            hosts: 8,
-            supervisors: 1,
-            seconds: 60,
-            seed: 1,
-            converge_timeout: Duration::from_secs(60),
-            uplink_load_mbit: 0,
-            cross_load_mbit: 0,
-            cross_load_util: 0.85,
-            probe_cpu_budget_pct: None,
-            probe_rate: None,
-            pin_agents_cpu: None,
-        };
+        let good = ClockSyncRun::idle(8, 60, 1);
         let cpus = allowed_cpus();
         assert!(!cpus.is_empty() && cpus.iter().all(|&c| c < libc::CPU_SETSIZE as usize));
         let not_allowed = (0..).find(|c| !cpus.contains(c)).unwrap();

@@ -56,17 +56,8 @@ async fn clocks_converge_against_the_injected_truth() {
         return;
     }
     let r = clock_sync::run(clock_sync::ClockSyncRun {
-        hosts: 4,
-        supervisors: 1,
-        seconds: 5,
-        seed: 3,
         converge_timeout: Duration::from_secs(45),
-        uplink_load_mbit: 0,
-        cross_load_mbit: 0,
-        cross_load_util: 0.85,
-        probe_cpu_budget_pct: None,
-        probe_rate: None,
-        pin_agents_cpu: None,
+        ..clock_sync::ClockSyncRun::idle(4, 5, 3)
     })
     .await
     .unwrap();
@@ -94,17 +85,9 @@ async fn a_probe_thread_over_its_cpu_budget_slows_down_and_clocks_still_hold() {
     // veth (about 0.4 % with two peers): every agent governs its rate
     // down, to the floor (a quarter of the rate).
     let r = clock_sync::run(clock_sync::ClockSyncRun {
-        hosts: 3,
-        supervisors: 1,
-        seconds: 6,
-        seed: 4,
         converge_timeout: Duration::from_secs(45),
-        uplink_load_mbit: 0,
-        cross_load_mbit: 0,
-        cross_load_util: 0.85,
         probe_cpu_budget_pct: Some(0.05),
-        probe_rate: None,
-        pin_agents_cpu: None,
+        ..clock_sync::ClockSyncRun::idle(3, 6, 4)
     })
     .await
     .unwrap();
@@ -135,17 +118,10 @@ async fn clocks_hold_under_bursty_cross_traffic_on_both_rails() {
         return;
     }
     let r = clock_sync::run(clock_sync::ClockSyncRun {
-        hosts: 4,
-        supervisors: 1,
-        seconds: 8,
-        seed: 5,
         converge_timeout: Duration::from_secs(45),
-        uplink_load_mbit: 0,
         cross_load_mbit: 50,
         cross_load_util: 0.7,
-        probe_cpu_budget_pct: None,
-        probe_rate: None,
-        pin_agents_cpu: None,
+        ..clock_sync::ClockSyncRun::idle(4, 8, 5)
     })
     .await
     .unwrap();
