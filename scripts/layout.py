@@ -57,7 +57,25 @@ COMMENT_RE = re.compile(r"//[^\n]*")
 
 def strip_comments(text):
     text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
-    return COMMENT_RE.sub("", text)
+    text = COMMENT_RE.sub("", text)
+    # `pub(in crate::x)` is a visibility, not a use of `x`.
+    return re.sub(r"pub\(in\s+[^)]*\)", "pub", text)
+
+
+def inline_mod_spans(text):
+    """Spans of inline `mod name { ... }` blocks: inside them `super`
+    names the file's own module."""
+    spans = []
+    for m in re.finditer(r"\bmod\s+\w+\s*\{", text):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+            i += 1
+        spans.append((m.start(), i))
+    return spans
 
 
 def resolve(mods, base, segs):
@@ -156,8 +174,15 @@ def edges_of(mods, mod, file):
         if t != mod:
             targets.add(t)
 
+    spans = inline_mod_spans(text)
+
+    def inside(pos):
+        return any(a <= pos < b for a, b in spans)
+
     for m in PATH_RE.finditer(text):
         kw, rest = m.group(1), [s for s in m.group(2).split("::") if s]
+        if kw == "super" and inside(m.start()):
+            kw, rest = "self", rest
         # a use tree `crate::{a, b}` is handled below
         if kw == "crate":
             add([], rest)
@@ -170,9 +195,12 @@ def edges_of(mods, mod, file):
         else:
             add(here, rest)
     for u in USE_RE.finditer(text):
+        nested = inside(u.start())
         for segs in expand_use(u.group(1)):
             if not segs:
                 continue
+            if nested and segs[0] == "super":
+                segs = ["self"] + segs[1:]
             head = segs[0]
             if head == "crate":
                 add([], segs[1:])

@@ -27,17 +27,15 @@ pub mod config;
 pub mod contention;
 pub mod daemon;
 pub mod datadir;
-pub mod jobs;
 pub mod liveness;
 pub mod model;
 pub mod network;
 pub mod node;
 pub mod orders;
-pub mod playbook_store;
-pub mod probe_graph;
 pub mod reconciler;
-pub mod runs;
 pub mod service;
-pub mod shaping;
 pub mod topology;
 pub mod webhooks;
+
+// The model's areas, also at the crate root where they always were.
+pub use model::{jobs, playbook_store, probe_graph, runs, shaping};

@@ -372,8 +372,10 @@ mod tests {
     #[test]
     fn drain_waits_for_jobs_and_is_cancelled_by_undrain() {
         let mut st = drained_state();
-        st.jobs
-            .insert("j".into(), crate::jobs::placed_for_test("j", &["h0"]));
+        st.jobs.insert(
+            "j".into(),
+            crate::model::testkit::placed_for_test("j", &["h0"]),
+        );
         apply(
             &mut st,
             3,

@@ -1,68 +1,15 @@
-//! Playbooks in the replicated model: their source text, versions, and the
-//! views of the cluster that planning reads.
-//!
-//! A playbook is stored as the TOML text it was applied from; the parsed
-//! form is derived (parsing is pure and deterministic), so what is in Raft
-//! is exactly what the admin wrote. `playbook apply` is atomic: the new
-//! files together with every stored playbook they do not replace must form
-//! a valid set (`playbooks::check_sources`), or nothing is stored. Deleting
-//! a playbook another one escalates to is refused.
+//! Playbooks in Raft apply (atomic apply, delete, the shipped install) and
+//! the views of the model that matching and `plan` read.
 
-use std::collections::{BTreeMap, BTreeSet};
+use crate::model::hosts::{HostStatus, NicState};
+use crate::model::playbook_store::types::{
+    PlanIncident, PlaybookFile, StoredPlaybook, MAX_APPLY_FILES, MAX_PLAYBOOKS, MAX_PLAYBOOK_BYTES,
+    SHIPPED_ACTOR,
+};
+use crate::model::result::CmdError;
+use crate::model::state::ClusterState;
+use std::collections::BTreeSet;
 use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
-
-use crate::model::{ClusterState, CmdError, HostStatus, NicState};
-
-/// Most playbooks stored.
-pub const MAX_PLAYBOOKS: usize = 256;
-/// Longest playbook file.
-pub const MAX_PLAYBOOK_BYTES: usize = 64 << 10;
-/// Who installed the shipped playbooks (their `applied_by`).
-pub const SHIPPED_ACTOR: &str = "railguard (shipped library)";
-
-/// The shipped library as apply files.
-pub fn shipped_files() -> Vec<PlaybookFile> {
-    playbooks::SHIPPED
-        .iter()
-        .map(|(file, text)| PlaybookFile {
-            file: format!("library/{file}"),
-            text: (*text).to_owned(),
-        })
-        .collect()
-}
-
-/// Most files in one `apply`.
-pub const MAX_APPLY_FILES: usize = 64;
-
-/// One file of an `apply`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct PlaybookFile {
-    /// The name it had on the admin's machine (for error locations).
-    pub file: String,
-    pub text: String,
-}
-
-/// A stored playbook.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct StoredPlaybook {
-    pub name: String,
-    pub file: String,
-    pub source: String,
-    /// Bumped on every apply that changes it.
-    pub version: u64,
-    pub applied_ms: u64,
-    pub applied_by: String,
-}
-
-impl StoredPlaybook {
-    /// The parsed playbook (stored sources always parse: they were
-    /// validated before they were stored).
-    pub fn parsed(&self) -> Option<playbooks::Playbook> {
-        playbooks::parse(&self.file, &self.source).ok()
-    }
-}
 
 fn invalid(e: impl std::fmt::Display) -> CmdError {
     CmdError::InvalidArgument(e.to_string())
@@ -289,7 +236,8 @@ impl ClusterState {
                 JobView {
                     running: matches!(
                         j.state,
-                        crate::jobs::JobState::Running | crate::jobs::JobState::Checkpointing
+                        crate::model::jobs::JobState::Running
+                            | crate::model::jobs::JobState::Checkpointing
                     ),
                     checkpoint_age: j
                         .latest_checkpoint_ms
@@ -299,18 +247,7 @@ impl ClusterState {
         }
         view
     }
-}
 
-/// The incident a plan is made for, as the CLI describes it.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, Default)]
-pub struct PlanIncident {
-    pub kind: String,
-    pub host: String,
-    pub nic: Option<String>,
-    pub job: Option<String>,
-}
-
-impl ClusterState {
     /// The incident view for a plan: the host must exist (its labels and
     /// the NIC's rail come from the model).
     pub fn plan_incident(&self, i: &PlanIncident) -> Result<playbooks::IncidentView, CmdError> {
@@ -347,6 +284,3 @@ impl ClusterState {
         })
     }
 }
-
-/// Playbooks by name (for `playbook list`).
-pub type PlaybookTable = BTreeMap<String, StoredPlaybook>;

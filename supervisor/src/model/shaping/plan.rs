@@ -1,133 +1,20 @@
-//! Link contention and reshaping in the replicated model (DESIGN.md flow 4).
-//!
-//! The leader's detector ([`crate::contention`]) commits a
-//! `link_contention` incident naming a directed link, the host NICs on
-//! each side of it (from the topology, so every replica decides the same
-//! without reading the file) and the link's rate. A playbook's
-//! `reshape_rate` step then computes a **plan** in apply: for every host
-//! NIC sending across the link, HTB classes with filters for each job's
-//! flows that cross it and one class for everything else crossing it:
-//! the jobs split the usable rate fairly after [`OTHER_SHARE`] of it is
-//! set aside for the rest (split between the sending hosts), and every
-//! class's ceiling is its rate, so the sum never exceeds the usable rate
-//! and the link's queue stays empty.
-//! The plan is the **desired** shaping (`ClusterState::shapes`); the
-//! reconciler orders each agent to install it (`ShapeNic`) and records
-//! what each confirmed (`applied_shapes`). When the incident closes, its
-//! desired shapes go and the reconciler orders `ClearShape` wherever
-//! something was applied: nothing stays behind on a NIC.
-//!
-//! Idempotent by construction: wanted actions are the difference between
-//! desired and applied versions, and an open intent for the same action
-//! is never doubled. A shape an agent refuses is retried at most
-//! [`MAX_SHAPE_FAILURES`] times.
+//! The reshaping plan (pure, runs in apply), the orders it calls for, and
+//! the detector's commands in apply.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
-
-use serde::{Deserialize, Serialize};
-
-use crate::model::{Action, ClusterState, Incident, JobState, Liveness, Outcome};
+use crate::model::hosts::Liveness;
+use crate::model::incidents::Incident;
+use crate::model::intents::{Action, Outcome};
+use crate::model::jobs::types::JobState;
+use crate::model::shaping::types::{
+    ClassSpec, ContentionCommand, FlowSpec, HostNic, NicShape, Plan, DEFAULT_HEADROOM,
+    DEFAULT_NIC_RATE_BPS, MAX_INCIDENT_PATHS, MAX_SHAPE_FAILURES, MAX_SIDE_NICS, MIN_CLASS_BPS,
+    OTHER_SHARE,
+};
+use crate::model::state::ClusterState;
 use crate::topology::DirLink;
-
-/// Share of a link's rate the plan hands out when the step names none
-/// (the rest keeps the queue empty).
-pub const DEFAULT_HEADROOM: f64 = 0.95;
-/// Share of the usable rate left to traffic that is not a job's (bulk
-/// copies, anything unknown) when jobs cross the link; the jobs split the
-/// rest fairly. Deliberately small: the training jobs are what the
-/// cluster is for (MLTCP/CASSINI-style unfairness in their favour).
-/// Without jobs crossing, the rest gets it all.
-pub const OTHER_SHARE: f64 = 0.05;
-/// An agent's refusals of one desired shape before the reconciler stops
-/// asking (the shape stays desired and shown; an admin can clear it).
-pub const MAX_SHAPE_FAILURES: u32 = 3;
-/// Rate of the default (unmatched) class when the topology gives the NIC's
-/// cable no rate.
-pub const DEFAULT_NIC_RATE_BPS: u64 = 10_000_000_000;
-/// Smallest class rate a plan hands out.
-pub const MIN_CLASS_BPS: u64 = 1_000_000;
-/// Most host NICs on one side of a link an incident records.
-pub const MAX_SIDE_NICS: usize = 1024;
-/// Most contended paths an incident names.
-pub const MAX_INCIDENT_PATHS: usize = 64;
-
-/// A host's NIC.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct HostNic {
-    pub host: String,
-    pub nic: String,
-}
-
-/// What a `link_contention` incident knows about its link (committed with
-/// it: the topology itself is not replicated).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LinkContention {
-    pub link: DirLink,
-    pub rate_bps: Option<u64>,
-    /// Host NICs on the `from` side: they send across.
-    pub senders: Vec<HostNic>,
-    /// Host NICs on the `to` side.
-    pub receivers: Vec<HostNic>,
-    /// The contended paths when it opened, `src/nic→dst/nic`.
-    pub paths: Vec<String>,
-    /// Their worst queueing delay p99 then (µs).
-    pub queueing_p99_us: f64,
-}
-
-/// The leader's contention decisions.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum ContentionCommand {
-    /// Open a `link_contention` incident (no-op while one is open for the
-    /// same directed link). `host` anchors it (the worst path's sender).
-    Open { host: String, info: LinkContention },
-    /// Close it: the link has been quiet long enough.
-    Close { incident: u64, why: String },
-}
-
-/// One flow match of a class (0 = any for ports; protocol 0 = no port).
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct FlowSpec {
-    pub dst: Ipv4Addr,
-    pub protocol: u8,
-    pub dst_port: u16,
-    pub src_port: u16,
-}
-
-/// One HTB class of a plan.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ClassSpec {
-    pub minor: u16,
-    /// `job NAME` or `other`.
-    pub label: String,
-    pub rate_bps: u64,
-    pub ceil_bps: u64,
-    pub flows: Vec<FlowSpec>,
-}
-
-/// The desired shaping of one host NIC.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NicShape {
-    pub incident: u64,
-    /// Unique per desired shape (bumped on every change).
-    pub version: u64,
-    /// The directed link it relieves (display).
-    pub link: String,
-    pub classes: Vec<ClassSpec>,
-    pub default_rate_bps: u64,
-    /// Per-connection pacing of each job's ranks on the host (bits/s).
-    pub pace: BTreeMap<String, u64>,
-    /// On-Ramp-style edge holding: the agent holds a job's connections to
-    /// a peer while the one-way delay to it exceeds the path's baseline by
-    /// more than this (µs); none = off.
-    #[serde(default)]
-    pub hold_queueing_us: Option<u32>,
-    /// Refusals of this version so far.
-    pub failures: u32,
-}
-
-/// A plan before it is versioned: host → (nic, shape).
-pub type Plan = BTreeMap<String, (String, NicShape)>;
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
 
 fn nic_addr(st: &ClusterState, hn: &HostNic) -> Option<Ipv4Addr> {
     st.hosts
@@ -366,6 +253,64 @@ pub fn shape_order_obsolete(st: &ClusterState, action: &Action) -> Option<String
     }
 }
 
+/// Checks a contention command before it is proposed.
+pub fn validate(st: &ClusterState, c: &ContentionCommand) -> Result<(), String> {
+    match c {
+        ContentionCommand::Open { host, info } => {
+            if !st.hosts.contains_key(host) {
+                return Err(format!("host {host:?} not found"));
+            }
+            if info.senders.len() > MAX_SIDE_NICS || info.receivers.len() > MAX_SIDE_NICS {
+                return Err(format!("at most {MAX_SIDE_NICS} NICs per side of a link"));
+            }
+            if info.paths.len() > MAX_INCIDENT_PATHS {
+                return Err(format!("at most {MAX_INCIDENT_PATHS} paths per incident"));
+            }
+            if !info.queueing_p99_us.is_finite() {
+                return Err("queueing figure must be finite".into());
+            }
+            Ok(())
+        }
+        ContentionCommand::Close { incident, .. } => match st.incidents.get(incident) {
+            Some(i) if i.link.is_some() => Ok(()),
+            Some(_) => Err(format!("incident {incident} is not a link incident")),
+            None => Err(format!("incident {incident} not found")),
+        },
+    }
+}
+
+/// Applies a validated contention command.
+pub(crate) fn apply(st: &mut ClusterState, at_ms: u64, c: &ContentionCommand) -> String {
+    match c {
+        ContentionCommand::Open { host, info } => {
+            if let Some(id) = st.open_link_incident(&info.link) {
+                return format!("incident {id} already open");
+            }
+            let detail = format!(
+                "link {} contended: {} paths, queueing p99 {:.0} µs ({})",
+                info.link,
+                info.paths.len(),
+                info.queueing_p99_us,
+                info.paths.join(", ")
+            );
+            let id = st.open_incident(at_ms, "link_contention", host, None, detail);
+            st.incidents.get_mut(&id).expect("just opened").link = Some(info.clone());
+            format!("incident {id} opened")
+        }
+        ContentionCommand::Close { incident, why } => {
+            let open = st
+                .incidents
+                .get(incident)
+                .is_some_and(|i| i.closed_ms.is_none());
+            if open {
+                st.close_incident(at_ms, *incident, why);
+                st.drop_desired_shapes(*incident);
+            }
+            format!("incident {incident} closed")
+        }
+    }
+}
+
 impl ClusterState {
     /// Installs a plan as the desired shaping of its incident (replacing
     /// that incident's earlier plan). A host NIC already shaped for
@@ -453,63 +398,5 @@ impl ClusterState {
     /// cleared by the reconciler; the incident stays open).
     pub(crate) fn clear_host_shapes(&mut self, host: &str) -> usize {
         self.shapes.remove(host).map_or(0, |m| m.len())
-    }
-}
-
-/// Checks a contention command before it is proposed.
-pub fn validate(st: &ClusterState, c: &ContentionCommand) -> Result<(), String> {
-    match c {
-        ContentionCommand::Open { host, info } => {
-            if !st.hosts.contains_key(host) {
-                return Err(format!("host {host:?} not found"));
-            }
-            if info.senders.len() > MAX_SIDE_NICS || info.receivers.len() > MAX_SIDE_NICS {
-                return Err(format!("at most {MAX_SIDE_NICS} NICs per side of a link"));
-            }
-            if info.paths.len() > MAX_INCIDENT_PATHS {
-                return Err(format!("at most {MAX_INCIDENT_PATHS} paths per incident"));
-            }
-            if !info.queueing_p99_us.is_finite() {
-                return Err("queueing figure must be finite".into());
-            }
-            Ok(())
-        }
-        ContentionCommand::Close { incident, .. } => match st.incidents.get(incident) {
-            Some(i) if i.link.is_some() => Ok(()),
-            Some(_) => Err(format!("incident {incident} is not a link incident")),
-            None => Err(format!("incident {incident} not found")),
-        },
-    }
-}
-
-/// Applies a validated contention command.
-pub(crate) fn apply(st: &mut ClusterState, at_ms: u64, c: &ContentionCommand) -> String {
-    match c {
-        ContentionCommand::Open { host, info } => {
-            if let Some(id) = st.open_link_incident(&info.link) {
-                return format!("incident {id} already open");
-            }
-            let detail = format!(
-                "link {} contended: {} paths, queueing p99 {:.0} µs ({})",
-                info.link,
-                info.paths.len(),
-                info.queueing_p99_us,
-                info.paths.join(", ")
-            );
-            let id = st.open_incident(at_ms, "link_contention", host, None, detail);
-            st.incidents.get_mut(&id).expect("just opened").link = Some(info.clone());
-            format!("incident {id} opened")
-        }
-        ContentionCommand::Close { incident, why } => {
-            let open = st
-                .incidents
-                .get(incident)
-                .is_some_and(|i| i.closed_ms.is_none());
-            if open {
-                st.close_incident(at_ms, *incident, why);
-                st.drop_desired_shapes(*incident);
-            }
-            format!("incident {incident} closed")
-        }
     }
 }

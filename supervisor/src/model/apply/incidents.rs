@@ -1,0 +1,104 @@
+//! Opening and closing incidents (NIC, host, clock).
+
+use crate::model::hosts::{ClockState, Liveness};
+use crate::model::incidents::Incident;
+use crate::model::limits::MAX_CLOSED_RECORDS;
+use crate::model::state::ClusterState;
+
+impl ClusterState {
+    pub(crate) fn open_incident(
+        &mut self,
+        at_ms: u64,
+        kind: &str,
+        host: &str,
+        nic: Option<&str>,
+        detail: String,
+    ) -> u64 {
+        self.next_incident_id += 1;
+        let id = self.next_incident_id;
+        self.incidents.insert(
+            id,
+            Incident {
+                id,
+                kind: kind.into(),
+                host: host.into(),
+                nic: nic.map(str::to_owned),
+                opened_ms: at_ms,
+                closed_ms: None,
+                detail,
+                run: None,
+                link: None,
+            },
+        );
+        self.log_event(at_ms, Some(host), format!("incident {id} opened: {kind}"));
+        id
+    }
+
+    /// A clock that lost sync (Synced or Degraded → Unsynced) opens a
+    /// `clock_unsynced` incident; Synced again closes it (a playbook
+    /// waiting for `clock_synced` goes on to its last steps). A Down
+    /// host's clock is unknowable and its `host_down` incident says more:
+    /// no clock incident for it.
+    pub(in crate::model) fn clock_incidents(
+        &mut self,
+        at_ms: u64,
+        host: &str,
+        prev: ClockState,
+        now: ClockState,
+    ) {
+        let h = &self.hosts[host];
+        match now {
+            ClockState::Unsynced
+                if prev != ClockState::Unsynced
+                    && h.clock_incident.is_none()
+                    && h.liveness != Liveness::Down =>
+            {
+                let id = self.open_incident(
+                    at_ms,
+                    "clock_unsynced",
+                    host,
+                    None,
+                    format!("clock {prev:?} -> Unsynced"),
+                );
+                self.hosts.get_mut(host).expect("exists").clock_incident = Some(id);
+            }
+            ClockState::Synced => {
+                if let Some(id) = self
+                    .hosts
+                    .get_mut(host)
+                    .and_then(|h| h.clock_incident.take())
+                {
+                    self.close_incident(at_ms, id, "clock synced again");
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub(crate) fn close_incident(&mut self, at_ms: u64, id: u64, why: &str) {
+        let Some(i) = self.incidents.get_mut(&id) else {
+            return;
+        };
+        if i.closed_ms.is_some() {
+            return;
+        }
+        i.closed_ms = Some(at_ms);
+        let host = i.host.clone();
+        let kind = i.kind.clone();
+        self.log_event(
+            at_ms,
+            Some(&host),
+            format!("incident {id} ({kind}) closed: {why}"),
+        );
+        self.closed_incidents.push_back(id);
+        // Its shapes go; the reconciler clears what was applied.
+        self.drop_desired_shapes(id);
+        // A run still acting on it is cancelled (a waiting one goes on).
+        self.incident_cleared(at_ms, id);
+        while self.closed_incidents.len() > MAX_CLOSED_RECORDS {
+            if let Some(old) = self.closed_incidents.pop_front() {
+                self.incidents.remove(&old);
+            }
+        }
+    }
+}

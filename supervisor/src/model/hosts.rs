@@ -1,0 +1,250 @@
+//! Hosts and their NICs: liveness, drain, cordon, clock state, and the
+//! pure checks for NIC failover and failback.
+
+use crate::model::result::{not_found, CmdError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// A NIC as an agent reports it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct NicSpec {
+    pub name: String,
+    pub rail: Option<u32>,
+    pub backup: Option<String>,
+    pub rdma_device: Option<String>,
+    /// The NIC's IP address, where its probe socket listens (validated: it
+    /// must parse as an IP address).
+    pub addr: Option<String>,
+}
+
+/// A host's clock synchronisation state as the leader's clock service last
+/// committed it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ClockState {
+    /// Error bound within the synced threshold (1 µs by default).
+    Synced,
+    /// Error bound within the degraded threshold (100 µs by default).
+    Degraded,
+    /// Worse, not connected to the reference, or no fresh probes.
+    #[default]
+    Unsynced,
+}
+
+/// The committed clock state of a host and the figures at its last change.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct HostClockRecord {
+    pub state: ClockState,
+    /// Offset to the reference host when the state changed (ns).
+    pub offset_ns: Option<f64>,
+    /// Error bound of that offset (ns).
+    pub error_bound_ns: Option<f64>,
+    /// Leader time of the change (Unix ms; 0: never changed).
+    pub changed_ms: u64,
+}
+
+/// One host's new clock state, as the clock service commits it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ClockChange {
+    pub host: String,
+    pub state: ClockState,
+    /// Offset to the reference host (ns), finite when present.
+    pub offset_ns: Option<f64>,
+    /// Its error bound (ns), finite and ≥ 0 when present.
+    pub error_bound_ns: Option<f64>,
+}
+
+/// NIC health as the agent's link tracker classifies it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum NicState {
+    /// No report yet.
+    #[default]
+    Unknown,
+    Up,
+    Down,
+    /// Suppressed by flap damping.
+    Flapping,
+    /// Up again but not yet reusable.
+    Recovering,
+}
+
+/// Host liveness as the leader's detector last committed it.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Liveness {
+    #[default]
+    Ready,
+    Suspect,
+    Down,
+}
+
+/// Drain progress.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum DrainPhase {
+    Draining,
+    Drained,
+}
+
+/// An ongoing or finished drain.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Drain {
+    pub phase: DrainPhase,
+    pub reason: String,
+    pub deadline_ms: Option<u64>,
+    pub by: String,
+    pub since_ms: u64,
+}
+
+/// The status shown to admins, derived from liveness, drain and cordon.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "snake_case")]
+pub enum HostStatus {
+    Ready,
+    Cordoned,
+    Draining,
+    Drained,
+    Down,
+}
+
+impl std::fmt::Display for HostStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            HostStatus::Ready => "Ready",
+            HostStatus::Cordoned => "Cordoned",
+            HostStatus::Draining => "Draining",
+            HostStatus::Drained => "Drained",
+            HostStatus::Down => "Down",
+        };
+        f.write_str(s)
+    }
+}
+
+/// A GPU host.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Host {
+    pub name: String,
+    /// Stable numeric id, given at first registration and never reused
+    /// (the probe graph's and the clock solve's host id).
+    pub id: u32,
+    pub labels: BTreeMap<String, String>,
+    pub nics: BTreeMap<String, Nic>,
+    pub cordoned: bool,
+    pub drain: Option<Drain>,
+    pub liveness: Liveness,
+    pub registered_ms: u64,
+    /// Last agent event sequence applied for this host (exactly-once).
+    pub last_event_seq: u64,
+    /// The open `host_down` incident, if any.
+    pub open_incident: Option<u64>,
+    /// Clock synchronisation state (changes committed by the leader).
+    pub clock: HostClockRecord,
+    /// Left out of OWD-based (contention) decisions by a playbook's
+    /// `exclude_from_owd` until an `include_in_owd`.
+    #[serde(default)]
+    pub owd_excluded: bool,
+    /// The open `clock_unsynced` incident, if any.
+    #[serde(default)]
+    pub clock_incident: Option<u64>,
+}
+
+impl Host {
+    /// The admin-facing status.
+    pub fn status(&self) -> HostStatus {
+        match (&self.liveness, &self.drain) {
+            (Liveness::Down, _) => HostStatus::Down,
+            (_, Some(d)) if d.phase == DrainPhase::Drained => HostStatus::Drained,
+            (_, Some(_)) => HostStatus::Draining,
+            _ if self.cordoned => HostStatus::Cordoned,
+            _ => HostStatus::Ready,
+        }
+    }
+}
+
+/// A NIC of a host.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Nic {
+    pub name: String,
+    pub rail: Option<u32>,
+    pub backup: Option<String>,
+    pub rdma_device: Option<String>,
+    /// IP address of the NIC's probe socket.
+    pub addr: Option<String>,
+    pub state: NicState,
+    pub flaps: u32,
+    pub damping_penalty: f64,
+    pub carrier_changes: u64,
+    pub last_change_ms: u64,
+    /// Open incidents of this NIC by kind (index into `incidents`).
+    pub open_incidents: BTreeMap<String, u64>,
+    /// The link's last reported up/down (None before the first report).
+    pub link_up: Option<bool>,
+    /// How many link up/down changes were committed.
+    pub link_transitions: u64,
+}
+
+/// The NIC a failover of `host`/`nic` moves to: `to`, else the NIC's
+/// backup. Refuses an unknown NIC, a target that is the NIC itself or not a
+/// NIC of the host, a NIC without backup (and no `to`), and a target that
+/// is down.
+pub(crate) fn failover_target(
+    host: &Host,
+    nic: &str,
+    to: Option<&str>,
+) -> Result<String, CmdError> {
+    let n = host
+        .nics
+        .get(nic)
+        .ok_or_else(|| not_found("NIC", &format!("{}/{nic}", host.name)))?;
+    let target = match to {
+        Some(t) if t == nic => {
+            return Err(CmdError::InvalidArgument(format!(
+                "--to {t:?} is the NIC being failed over"
+            )))
+        }
+        Some(t) if !host.nics.contains_key(t) => {
+            return Err(CmdError::InvalidArgument(format!(
+                "--to {t:?} is not a NIC of host {:?}",
+                host.name
+            )))
+        }
+        Some(t) => t.to_owned(),
+        None => n.backup.clone().ok_or_else(|| {
+            CmdError::FailedPrecondition(format!(
+                "NIC {}/{nic} has no backup configured; pass --to NIC",
+                host.name
+            ))
+        })?,
+    };
+    match host.nics.get(&target).map(|t| t.state) {
+        Some(s @ (NicState::Down | NicState::Flapping)) => Err(CmdError::FailedPrecondition(
+            format!("target NIC {}/{target} is {s:?}", host.name),
+        )),
+        Some(_) => Ok(target),
+        None => Err(not_found("NIC", &format!("{}/{target}", host.name))),
+    }
+}
+
+/// Refuses a failback to an unknown NIC or one that is down.
+pub(crate) fn check_failback(host: &Host, nic: &str) -> Result<(), CmdError> {
+    let n = host
+        .nics
+        .get(nic)
+        .ok_or_else(|| not_found("NIC", &format!("{}/{nic}", host.name)))?;
+    if matches!(n.state, NicState::Down | NicState::Flapping) {
+        return Err(CmdError::FailedPrecondition(format!(
+            "NIC {}/{nic} is {:?}; fail back once it is up",
+            host.name, n.state
+        )));
+    }
+    Ok(())
+}
+
+/// What of a host its probe peers see: NIC names, rails and addresses.
+pub(in crate::model) fn probe_view(h: &Host) -> Vec<(&str, Option<u32>, Option<&str>)> {
+    h.nics
+        .values()
+        .map(|n| (n.name.as_str(), n.rail, n.addr.as_deref()))
+        .collect()
+}

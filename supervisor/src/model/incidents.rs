@@ -1,0 +1,21 @@
+//! Incidents: things that went wrong and may need remediation.
+
+use serde::{Deserialize, Serialize};
+
+/// Something that went wrong and may need remediation.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Incident {
+    pub id: u64,
+    pub kind: String,
+    pub host: String,
+    pub nic: Option<String>,
+    pub opened_ms: u64,
+    pub closed_ms: Option<u64>,
+    pub detail: String,
+    /// The incident's latest playbook run (none: never had one).
+    #[serde(default)]
+    pub run: Option<u64>,
+    /// A `link_contention` incident's link, sides and evidence.
+    #[serde(default)]
+    pub link: Option<crate::model::shaping::LinkContention>,
+}

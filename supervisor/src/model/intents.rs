@@ -1,0 +1,133 @@
+//! Intents: what the leader is about to do (an `Action`) and how it ended.
+
+use crate::model::runs::types::StepOp;
+use serde::{Deserialize, Serialize};
+
+/// Things the reconciler does; each is recorded as an intent first.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Action {
+    /// Finish draining a host once no work remains on it (or its deadline
+    /// passed and the remaining work was stopped).
+    CompleteDrain { host: String },
+    /// Order the host's agent to move every connection off `nic` to `to`
+    /// (resolved when the intent opens: `--to` or the NIC's backup).
+    Failover {
+        host: String,
+        nic: String,
+        to: String,
+    },
+    /// Order the host's agent to move connections whose home is `nic` back.
+    Failback { host: String, nic: String },
+    /// Order the host's agent to launch one rank of a job's incarnation.
+    StartRank {
+        job: String,
+        incarnation: u64,
+        rank: u32,
+        host: String,
+    },
+    /// Order the host's agent to stop the job's ranks of this incarnation
+    /// and older ones.
+    StopJob {
+        job: String,
+        incarnation: u64,
+        host: String,
+    },
+    /// Order the host's ranks of the incarnation to checkpoint (with
+    /// `halt`: and compute nothing more).
+    CheckpointJob {
+        job: String,
+        incarnation: u64,
+        host: String,
+        halt: bool,
+    },
+    /// One attempt of a playbook run's step ([`crate::runs`]): opened by
+    /// the run in apply (never proposed on its own), with the operation
+    /// resolved when the attempt started. `Failover`/`Failback` operations
+    /// are orders to the host's agent, by intent id like the admin ones.
+    PlaybookStep {
+        run: u64,
+        step: u32,
+        attempt: u32,
+        host: String,
+        op: StepOp,
+    },
+    /// Order the host's agent to install the desired shape `version` on
+    /// `nic` ([`crate::shaping`]).
+    ShapeNic {
+        host: String,
+        nic: String,
+        version: u64,
+    },
+    /// Order the host's agent to remove every shape from `nic`.
+    ClearShape { host: String, nic: String },
+}
+
+impl Action {
+    /// The host the action concerns.
+    pub fn host(&self) -> &str {
+        match self {
+            Action::CompleteDrain { host }
+            | Action::Failover { host, .. }
+            | Action::Failback { host, .. }
+            | Action::StartRank { host, .. }
+            | Action::StopJob { host, .. }
+            | Action::CheckpointJob { host, .. }
+            | Action::PlaybookStep { host, .. }
+            | Action::ShapeNic { host, .. }
+            | Action::ClearShape { host, .. } => host,
+        }
+    }
+
+    /// Whether the action is carried out by the host's agent (an order).
+    pub fn is_order(&self) -> bool {
+        match self {
+            Action::CompleteDrain { .. } => false,
+            Action::PlaybookStep { op, .. } => op.is_order(),
+            _ => true,
+        }
+    }
+
+    /// The job the action concerns, if any.
+    pub fn job(&self) -> Option<&str> {
+        match self {
+            Action::StartRank { job, .. }
+            | Action::StopJob { job, .. }
+            | Action::CheckpointJob { job, .. } => Some(job),
+            _ => None,
+        }
+    }
+}
+
+/// How an intent ended.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    /// Nothing to do any more (e.g. the host was undrained meanwhile).
+    Cancelled {
+        why: String,
+    },
+    Failed {
+        error: String,
+    },
+}
+
+/// Intent status.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum IntentStatus {
+    Open,
+    Closed(Outcome),
+}
+
+/// What the reconciler is about to do (or did), keyed by command id.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Intent {
+    pub id: u64,
+    pub action: Action,
+    pub status: IntentStatus,
+    pub opened_ms: u64,
+    pub closed_ms: Option<u64>,
+    /// What the outcome's author said (an agent's order answer).
+    #[serde(default)]
+    pub detail: String,
+}

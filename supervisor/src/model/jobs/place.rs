@@ -1,0 +1,67 @@
+//! Where a job's next incarnation runs (pure).
+
+use crate::model::hosts::{HostStatus, Liveness};
+use crate::model::jobs::types::{Job, JobSpec};
+use crate::model::state::ClusterState;
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+
+/// Whether a host may receive new ranks of `spec`.
+pub(in crate::model) fn eligible(st: &ClusterState, host: &str, spec: &JobSpec) -> bool {
+    let Some(h) = st.hosts.get(host) else {
+        return false;
+    };
+    h.liveness == Liveness::Ready
+        && h.status() == HostStatus::Ready
+        && (spec.hosts.is_empty() || spec.hosts.iter().any(|x| x == host))
+        && spec.labels.iter().all(|(k, v)| h.labels.get(k) == Some(v))
+        && h.nics
+            .values()
+            .any(|n| n.rail.is_some() && n.addr.is_some())
+}
+
+/// Ranks of other live jobs on each host.
+fn load<'a>(st: &'a ClusterState, except: &str) -> BTreeMap<&'a str, usize> {
+    let mut l = BTreeMap::new();
+    for j in st.jobs.values().filter(|j| j.name != except) {
+        for h in &j.placement {
+            *l.entry(h.as_str()).or_default() += 1;
+        }
+    }
+    l
+}
+
+/// Where the job's next incarnation would run: hosts of the previous
+/// placement that are still eligible keep their ranks; the others go to
+/// eligible hosts with the fewest ranks of other jobs (spares first), then
+/// in the spec's host order, then by name. `None` when there are not enough.
+pub fn place(st: &ClusterState, job: &Job) -> Option<Vec<String>> {
+    let n = job.spec.ranks as usize;
+    let mut out: Vec<Option<String>> = vec![None; n];
+    let mut used = BTreeSet::new();
+    for (r, h) in job.previous_placement.iter().enumerate().take(n) {
+        if eligible(st, h, &job.spec) && used.insert(h.clone()) {
+            out[r] = Some(h.clone());
+        }
+    }
+    let load = load(st, &job.name);
+    let order = |h: &str| {
+        job.spec
+            .hosts
+            .iter()
+            .position(|x| x == h)
+            .unwrap_or(usize::MAX)
+    };
+    let mut spare: Vec<&str> = st
+        .hosts
+        .keys()
+        .map(String::as_str)
+        .filter(|h| !used.contains(*h) && eligible(st, h, &job.spec))
+        .collect();
+    spare.sort_by_key(|h| (load.get(h).copied().unwrap_or(0), order(h), *h));
+    let mut spare = spare.into_iter();
+    for slot in out.iter_mut().filter(|s| s.is_none()) {
+        *slot = Some(spare.next()?.to_owned());
+    }
+    out.into_iter().collect()
+}

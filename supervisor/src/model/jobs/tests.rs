@@ -1,0 +1,557 @@
+//! Tests of jobs.
+
+use crate::model::hosts::Liveness;
+use crate::model::intents::{Action, IntentStatus};
+use crate::model::jobs::decide::{step_of, wanted_job_commands};
+use crate::model::jobs::types::{
+    port_of, Job, JobCommand, JobOp, JobSpec, JobState, PORT_BASE, PORT_SPAN,
+};
+use crate::model::result::{CmdError, CmdResult};
+use crate::model::state::ClusterState;
+use std::collections::BTreeMap;
+
+#[test]
+fn step_is_read_from_order_answers() {
+    assert_eq!(step_of("step=42"), Some(42));
+    assert_eq!(step_of("rank 0: step=7, rank 1: step=7"), Some(7));
+    assert_eq!(step_of("no step"), None);
+    assert_eq!(step_of("step=x"), None);
+}
+
+#[test]
+fn ports_stay_in_their_range() {
+    assert_eq!(port_of(1), PORT_BASE + 1);
+    assert_eq!(port_of(PORT_SPAN), PORT_BASE);
+    assert!(port_of(u64::MAX) < PORT_BASE + PORT_SPAN as u16);
+}
+
+#[test]
+fn job_names_limits() {
+    let mut s = spec("j", 2);
+    assert!(s.validate().is_ok());
+    s.env.insert("RAILGUARD_RANK".into(), "3".into());
+    assert!(s.validate().is_err());
+    let mut s = spec("j", 2);
+    s.checkpoint_dir = "relative".into();
+    assert!(s.validate().is_err());
+    let mut s = spec("j", 0);
+    s.ranks = 0;
+    assert!(s.validate().is_err());
+    let mut s = spec("j", 2);
+    s.hosts = vec!["a".into()];
+    assert!(s.validate().is_err());
+}
+
+use crate::model::{AdminOp, AgentEvent, AgentEventKind, Command, Outcome, Proposal};
+use openraft::{CommittedLeaderId, LogId};
+
+struct World {
+    st: ClusterState,
+    t: u64,
+    seq: BTreeMap<String, u64>,
+}
+
+impl World {
+    fn new(hosts: &[&str]) -> Self {
+        let mut w = World {
+            st: ClusterState::default(),
+            t: 0,
+            seq: BTreeMap::new(),
+        };
+        for (i, h) in hosts.iter().enumerate() {
+            w.ok(crate::model::testkit::register_two_rails_for_test(i, h));
+        }
+        // A new cluster's playbooks (host-down restarts the jobs).
+        w.ok(Command::InstallShippedPlaybooks {
+            files: crate::model::playbook_store::shipped_files(),
+        });
+        w
+    }
+
+    fn apply(&mut self, cmd: Command) -> CmdResult {
+        self.t += 1;
+        let lid = LogId::new(CommittedLeaderId::new(1, 1), self.t);
+        self.st
+            .apply_proposal(
+                &lid,
+                &Proposal {
+                    at_ms: self.t * 1000,
+                    cmds: vec![cmd],
+                },
+            )
+            .remove(0)
+    }
+
+    fn ok(&mut self, cmd: Command) {
+        let r = self.apply(cmd.clone());
+        assert!(r.is_ok(), "{cmd:?} refused: {r:?}");
+    }
+
+    fn admin(&mut self, op: JobOp) -> CmdResult {
+        self.apply(Command::Admin {
+            actor: "t".into(),
+            op: AdminOp::Job(op),
+            request: None,
+        })
+    }
+
+    fn event(&mut self, host: &str, kind: AgentEventKind) {
+        let seq = self.seq.entry(host.into()).or_default();
+        *seq += 1;
+        let e = AgentEvent {
+            seq: *seq,
+            at_unix_ns: 0,
+            kind,
+        };
+        self.ok(Command::AgentEvents {
+            host: host.into(),
+            events: vec![e],
+        });
+    }
+
+    /// Runs the leader's decisions and answers every open order the
+    /// way `answer` says, until nothing changes (bounded).
+    fn settle(&mut self, mut answer: impl FnMut(&Action) -> Option<(bool, String)>) {
+        for _ in 0..50 {
+            let now = self.t * 1000 + 100_000;
+            let mut progressed = false;
+            for c in wanted_job_commands(&self.st, now) {
+                progressed |= self.apply(Command::Job(c)).is_ok();
+            }
+            for c in crate::model::runs::wanted_run_commands(&self.st) {
+                progressed |= self.apply(Command::Playbook(c)).is_ok();
+            }
+            for a in crate::reconciler::wanted_actions(&self.st) {
+                self.ok(Command::OpenIntent { action: a });
+                progressed = true;
+            }
+            let open: Vec<_> = self.st.open_intents().cloned().collect();
+            for i in open {
+                if let Some(o) = crate::reconciler::evaluate(&self.st, &i, self.t * 1000) {
+                    self.ok(Command::CloseIntent {
+                        id: i.id,
+                        outcome: o,
+                    });
+                    progressed = true;
+                    continue;
+                }
+                if !i.action.is_order() {
+                    continue;
+                }
+                if let Some((ok, detail)) = answer(&i.action) {
+                    self.ok(Command::OrderDone {
+                        host: i.action.host().into(),
+                        id: i.id,
+                        ok,
+                        detail,
+                    });
+                    progressed = true;
+                }
+            }
+            if !progressed {
+                return;
+            }
+        }
+        panic!("the job state did not settle");
+    }
+
+    fn job(&self) -> &Job {
+        &self.st.jobs["j"]
+    }
+}
+
+fn obey(a: &Action) -> Option<(bool, String)> {
+    Some((
+        true,
+        match a {
+            Action::CheckpointJob { .. } => "step=40".into(),
+            _ => "pid=1".into(),
+        },
+    ))
+}
+
+fn exited(job: &str, incarnation: u64, rank: u32, code: i32) -> AgentEventKind {
+    AgentEventKind::RankExited {
+        job: job.into(),
+        incarnation,
+        rank,
+        exit_code: code,
+        signal: 0,
+        detail: String::new(),
+    }
+}
+
+fn ckpt(incarnation: u64, rank: u32, step: u64) -> AgentEventKind {
+    AgentEventKind::RankCheckpoint {
+        job: "j".into(),
+        incarnation,
+        rank,
+        step,
+    }
+}
+
+#[test]
+fn a_job_runs_to_success_on_ready_hosts_only() {
+    let mut w = World::new(&["h0", "h1", "h2"]);
+    w.ok(Command::Admin {
+        actor: "t".into(),
+        op: AdminOp::Cordon { host: "h0".into() },
+        request: None,
+    });
+    w.admin(JobOp::Submit { spec: spec("j", 2) }).unwrap();
+    assert_eq!(w.job().state, JobState::Pending);
+    w.settle(obey);
+    let j = w.job();
+    assert_eq!(j.state, JobState::Running);
+    assert_eq!(
+        j.placement,
+        vec!["h1".to_string(), "h2".to_string()],
+        "never the cordoned host"
+    );
+    assert!(j.ranks.iter().all(|r| r.started));
+    let order = crate::orders::open_orders(&w.st);
+    assert!(order.is_empty(), "every start order answered");
+    w.event("h1", exited("j", 1, 0, 0));
+    assert_eq!(
+        w.job().state,
+        JobState::Running,
+        "one rank is still running"
+    );
+    // The agent restarted and reports the same rank again as lost.
+    w.event("h1", exited("j", 1, 0, -1));
+    assert_eq!(w.job().state, JobState::Running, "a rank ends once");
+    assert_eq!(w.job().restarts, 0);
+    w.event("h2", exited("j", 1, 1, 0));
+    assert_eq!(w.job().state, JobState::Succeeded);
+    assert!(
+        w.st.jobs_on("h1").next().is_none(),
+        "a finished job holds no host"
+    );
+}
+
+#[test]
+fn start_orders_carry_peers_command_and_checkpoint() {
+    let mut w = World::new(&["h0", "h1"]);
+    w.admin(JobOp::Submit { spec: spec("j", 2) }).unwrap();
+    w.settle(|_| None);
+    let orders = crate::orders::open_orders(&w.st);
+    assert_eq!(orders.len(), 2);
+    let Some(proto::v1::agent_order::Kind::StartRank(s)) = &orders[1].1.kind else {
+        panic!("{orders:?}");
+    };
+    assert_eq!(orders[1].0, "h1");
+    assert_eq!((s.rank, s.incarnation, s.resume_step), (1, 1, 0));
+    assert_eq!(s.peers.len(), 2);
+    assert_eq!(s.peers[0].host, "h0");
+    assert_eq!(
+        s.peers[1].addrs,
+        vec!["10.0.0.2".to_string(), "10.1.0.2".to_string()]
+    );
+    assert_eq!(s.argv, vec!["/bin/true".to_string()]);
+    assert_eq!(s.checkpoint_every, 10);
+    assert_eq!(s.port, u32::from(w.job().port));
+}
+
+#[test]
+fn a_failed_rank_restarts_the_job_from_its_latest_complete_checkpoint() {
+    let mut w = World::new(&["h0", "h1", "h2"]);
+    w.admin(JobOp::Submit { spec: spec("j", 2) }).unwrap();
+    w.settle(obey);
+    w.event("h0", ckpt(1, 0, 10));
+    w.event("h1", ckpt(1, 1, 10));
+    w.event("h0", ckpt(1, 0, 20)); // incomplete: rank 1 never wrote 20
+    assert_eq!(w.job().latest_checkpoint, Some(10));
+    w.event("h1", exited("j", 1, 1, 75));
+    let j = w.job();
+    assert_eq!(j.state, JobState::Restarting);
+    assert_eq!(j.restarts, 1);
+    assert_eq!(j.stopping.len(), 2, "both hosts stop incarnation 1");
+    // A late event from the old incarnation changes nothing.
+    w.event("h0", exited("j", 1, 0, 143));
+    assert_eq!(w.job().restarts, 1);
+    w.settle(obey);
+    let j = w.job();
+    assert_eq!(j.state, JobState::Running);
+    assert_eq!(j.incarnation, 2);
+    assert_eq!(j.resume_step, 10);
+    assert_eq!(
+        j.placement,
+        vec!["h0".to_string(), "h1".to_string()],
+        "survivors keep their ranks"
+    );
+    let stops =
+        w.st.intents
+            .values()
+            .filter(|i| matches!(i.action, Action::StopJob { incarnation: 1, .. }))
+            .count();
+    assert_eq!(stops, 2);
+}
+
+#[test]
+fn a_lost_host_is_replaced_by_a_spare_and_is_not_ordered_to_stop() {
+    let mut w = World::new(&["h0", "h1", "h2", "h3"]);
+    w.admin(JobOp::Submit {
+        spec: spec("busy", 1),
+    })
+    .unwrap();
+    w.settle(obey);
+    assert_eq!(w.st.jobs["busy"].placement, vec!["h0".to_string()]);
+    w.admin(JobOp::Submit { spec: spec("j", 2) }).unwrap();
+    w.settle(obey);
+    assert_eq!(w.job().placement, vec!["h1".to_string(), "h2".to_string()]);
+    w.ok(Command::SetLiveness {
+        host: "h2".into(),
+        liveness: Liveness::Down,
+    });
+    // The host-down playbook's run restarts the job.
+    assert_eq!(w.job().state, JobState::Running, "nothing hard-wired");
+    w.settle(obey);
+    let j = w.job();
+    assert!(w.st.runs.values().any(|r| r.playbook == "host-down"));
+    assert_eq!(j.incarnation, 2);
+    assert_eq!(
+        j.placement,
+        vec!["h1".to_string(), "h3".to_string()],
+        "the idle spare h3, not the busy h0"
+    );
+    assert!(!w
+        .st
+        .intents
+        .values()
+        .any(|i| matches!(&i.action, Action::StopJob { host, .. } if host == "h2")));
+}
+
+#[test]
+fn the_backoff_doubles_per_failure_in_a_row_and_resets_after_progress() {
+    let mut w = World::new(&["h0"]);
+    let mut s = spec("j", 1);
+    s.max_restarts = 10;
+    s.backoff_ms = 1_000;
+    w.admin(JobOp::Submit { spec: s }).unwrap();
+    w.settle(obey);
+    let mut delays = Vec::new();
+    for inc in 1..=3 {
+        w.event("h0", exited("j", inc, 0, 1));
+        delays.push(w.job().not_before_ms - w.t * 1000);
+        w.settle(obey);
+    }
+    assert_eq!(delays, vec![1_000, 2_000, 4_000]);
+    w.event("h0", ckpt(4, 0, 10));
+    w.event("h0", exited("j", 4, 0, 1));
+    assert_eq!(
+        w.job().not_before_ms - w.t * 1000,
+        1_000,
+        "progress resets the backoff"
+    );
+    assert_eq!(w.job().restarts, 4, "but every restart counts");
+}
+
+#[test]
+fn a_host_back_from_down_is_told_to_stop_the_old_incarnation() {
+    let mut w = World::new(&["h0", "h1", "h2"]);
+    w.admin(JobOp::Submit { spec: spec("j", 2) }).unwrap();
+    w.settle(obey);
+    w.ok(Command::SetLiveness {
+        host: "h1".into(),
+        liveness: Liveness::Down,
+    });
+    w.settle(obey);
+    assert_eq!(w.job().incarnation, 2, "placed without waiting for h1");
+    assert!(w.job().stopping.is_empty());
+    w.ok(Command::SetLiveness {
+        host: "h1".into(),
+        liveness: Liveness::Ready,
+    });
+    assert_eq!(w.job().stopping.get("h1"), Some(&1));
+    let stop = crate::reconciler::wanted_actions(&w.st);
+    assert!(
+        stop.contains(&Action::StopJob {
+            job: "j".into(),
+            incarnation: 1,
+            host: "h1".into()
+        }),
+        "{stop:?}"
+    );
+    w.settle(obey);
+    assert!(w.job().stopping.is_empty());
+    assert!(w.job().fenced.is_empty());
+}
+
+#[test]
+fn too_many_failures_fail_the_job() {
+    let mut w = World::new(&["h0"]);
+    let mut s = spec("j", 1);
+    s.max_restarts = 1;
+    w.admin(JobOp::Submit { spec: s }).unwrap();
+    w.settle(obey);
+    w.event("h0", exited("j", 1, 0, 1));
+    assert_eq!(w.job().state, JobState::Restarting);
+    assert!(w.job().not_before_ms > w.t * 1000, "backoff");
+    w.settle(obey);
+    assert_eq!(w.job().incarnation, 2);
+    w.event("h0", exited("j", 2, 0, 1));
+    assert_eq!(w.job().state, JobState::Failed);
+    assert!(w.job().reason.contains("gave up"), "{}", w.job().reason);
+}
+
+#[test]
+fn drain_halts_the_job_at_a_checkpoint_and_moves_it_without_losing_a_step() {
+    let mut w = World::new(&["h0", "h1", "h2"]);
+    w.admin(JobOp::Submit { spec: spec("j", 2) }).unwrap();
+    w.settle(obey);
+    assert_eq!(w.job().placement, vec!["h0".to_string(), "h1".to_string()]);
+    w.ok(Command::Admin {
+        actor: "t".into(),
+        op: AdminOp::Drain {
+            host: "h0".into(),
+            reason: "maintenance".into(),
+            deadline_ms: None,
+        },
+        request: None,
+    });
+    w.settle(obey);
+    let j = w.job();
+    assert_eq!(j.state, JobState::Running);
+    assert_eq!(j.incarnation, 2);
+    assert_eq!(j.resume_step, 40, "resumes from the halting checkpoint");
+    assert_eq!(j.restarts, 0, "a planned move is not a failure");
+    assert_eq!(j.placement, vec!["h2".to_string(), "h1".to_string()]);
+    let halts =
+        w.st.intents
+            .values()
+            .filter(|i| matches!(i.action, Action::CheckpointJob { halt: true, .. }))
+            .count();
+    assert_eq!(halts, 2, "every host of the job halts");
+    assert_eq!(
+        w.st.hosts["h0"].drain.as_ref().unwrap().phase,
+        crate::model::DrainPhase::Drained
+    );
+}
+
+#[test]
+fn at_the_drain_deadline_the_job_is_moved_from_its_latest_checkpoint() {
+    let mut w = World::new(&["h0", "h1", "h2"]);
+    w.admin(JobOp::Submit { spec: spec("j", 2) }).unwrap();
+    w.settle(obey);
+    w.event("h0", ckpt(1, 0, 30));
+    w.event("h1", ckpt(1, 1, 30));
+    w.ok(Command::Admin {
+        actor: "t".into(),
+        op: AdminOp::Drain {
+            host: "h0".into(),
+            reason: "r".into(),
+            deadline_ms: Some(1),
+        },
+        request: None,
+    });
+    // Checkpoint orders are never answered: the deadline decides.
+    w.settle(|a| match a {
+        Action::CheckpointJob { .. } => None,
+        _ => Some((true, "pid=1".into())),
+    });
+    let j = w.job();
+    assert_eq!(j.incarnation, 2);
+    assert_eq!(j.state, JobState::Running);
+    assert_eq!(j.resume_step, 30);
+    assert!(!j.placement.contains(&"h0".to_string()));
+    assert!(j.reason.contains("deadline"), "{}", j.reason);
+    assert_eq!(j.restarts, 0);
+}
+
+#[test]
+fn bad_job_operations_change_nothing() {
+    let mut w = World::new(&["h0"]);
+    let before = w.st.clone();
+    let mut s = spec("j", 1);
+    s.hosts = vec!["nope".into()];
+    assert!(matches!(
+        w.admin(JobOp::Submit { spec: s }),
+        Err(CmdError::NotFound { .. })
+    ));
+    assert!(matches!(
+        w.admin(JobOp::Cancel { job: "x".into() }),
+        Err(CmdError::NotFound { .. })
+    ));
+    assert!(w.admin(JobOp::Checkpoint { job: "x".into() }).is_err());
+    assert!(w
+        .apply(Command::Job(JobCommand::Place {
+            job: "x".into(),
+            incarnation: 0,
+            placement: vec!["h0".into()],
+        }))
+        .is_err());
+    let mut after = w.st.clone();
+    after.last_log_index = before.last_log_index;
+    assert_eq!(after, before);
+    w.admin(JobOp::Submit { spec: spec("j", 1) }).unwrap();
+    assert!(matches!(
+        w.admin(JobOp::Submit { spec: spec("j", 1) }),
+        Err(CmdError::FailedPrecondition(_))
+    ));
+    // A stale placement decision is refused.
+    w.settle(obey);
+    assert!(w
+        .apply(Command::Job(JobCommand::Place {
+            job: "j".into(),
+            incarnation: 0,
+            placement: vec!["h0".into()],
+        }))
+        .is_err());
+    assert_eq!(w.job().incarnation, 1);
+}
+
+#[test]
+fn cancel_stops_every_rank_and_start_orders_of_old_incarnations_are_cancelled() {
+    let mut w = World::new(&["h0", "h1"]);
+    w.admin(JobOp::Submit { spec: spec("j", 2) }).unwrap();
+    w.settle(|_| None);
+    assert_eq!(crate::orders::open_orders(&w.st).len(), 2);
+    w.admin(JobOp::Cancel { job: "j".into() }).unwrap();
+    assert_eq!(w.job().state, JobState::Cancelled);
+    w.settle(obey);
+    let cancelled =
+        w.st.intents
+            .values()
+            .filter(|i| {
+                matches!(i.action, Action::StartRank { .. })
+                    && matches!(i.status, IntentStatus::Closed(Outcome::Cancelled { .. }))
+            })
+            .count();
+    assert_eq!(cancelled, 2);
+    assert!(w.job().stopping.is_empty(), "both stops answered");
+}
+
+pub(crate) fn spec(name: &str, ranks: u32) -> JobSpec {
+    JobSpec {
+        name: name.into(),
+        ranks,
+        hosts: vec![],
+        labels: BTreeMap::new(),
+        command: vec!["/bin/true".into()],
+        env: BTreeMap::new(),
+        checkpoint_dir: "/tmp/ckpt".into(),
+        checkpoint_every: 10,
+        max_restarts: 2,
+        backoff_ms: 100,
+    }
+}
+
+mod json {
+    #[test]
+    fn a_job_with_checkpoints_and_exits_round_trips_through_the_admin_json() {
+        let mut j = crate::model::testkit::placed_for_test("j", &["h0"]);
+        j.checkpoints.insert(10, [0u32].into_iter().collect());
+        j.ranks[0].exit = Some(crate::model::jobs::Exit {
+            code: 0,
+            signal: 0,
+            detail: "d".into(),
+        });
+        let reply = crate::api::AdminReply::Job { job: j.clone() };
+        let text = serde_json::to_string(&reply).unwrap();
+        let back: crate::api::AdminReply = serde_json::from_str(&text).unwrap();
+        let crate::api::AdminReply::Job { job } = back else {
+            panic!("{text}")
+        };
+        assert_eq!(job, j);
+    }
+}

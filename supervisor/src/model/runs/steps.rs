@@ -1,0 +1,333 @@
+//! Beginning one attempt of a step: its intent and its model effects.
+
+use crate::model::hosts::{Drain, DrainPhase, HostStatus, Liveness};
+use crate::model::intents::{Action, Outcome};
+use crate::model::jobs::types::JobState;
+use crate::model::runs::types::{clip, JobMark, StepOp};
+use crate::model::state::ClusterState;
+
+/// How a step attempt that started ended at once (or that it waits).
+pub(in crate::model) enum Begun {
+    Waits(u64),
+    Ended(Result<String, String>),
+}
+
+impl ClusterState {
+    /// Starts one attempt of `step`: opens its intent and applies its
+    /// model effects. Steps that finish at once close their intent here.
+    pub(in crate::model) fn begin_step(
+        &mut self,
+        at_ms: u64,
+        run: u64,
+        step: &playbooks::Step,
+        inc: &playbooks::IncidentView,
+    ) -> Begun {
+        use playbooks::{Action as A, MigrateTarget};
+        let r = &self.runs[&run];
+        let (step_no, attempt) = (r.step as u32, r.attempt);
+        let limits = r.definition.limits.clone();
+        let pb_name = r.playbook.clone();
+        let host = inc.host.clone();
+        let no_nic = || Err::<StepOp, String>("the incident names no NIC".into());
+        // Resolve the operation; `Err` fails the attempt at once.
+        let resolved: Result<StepOp, String> = match &step.action {
+            A::MigrateQps { to } => match &inc.nic {
+                None => no_nic(),
+                Some(nic) => match self.hosts.get(&host) {
+                    None => Err(format!("host {host} is unknown")),
+                    Some(h) => {
+                        let to = match to {
+                            MigrateTarget::Backup => None,
+                            MigrateTarget::Nic(n) => Some(n.as_str()),
+                        };
+                        crate::model::failover_target(h, nic, to)
+                            .map(|to| StepOp::Failover {
+                                nic: nic.clone(),
+                                to,
+                            })
+                            .map_err(|e| e.to_string())
+                    }
+                },
+            },
+            A::Failback => match &inc.nic {
+                None => no_nic(),
+                Some(nic) => match self.hosts.get(&host) {
+                    None => Err(format!("host {host} is unknown")),
+                    Some(h) => crate::model::check_failback(h, nic)
+                        .map(|()| StepOp::Failback { nic: nic.clone() })
+                        .map_err(|e| e.to_string()),
+                },
+            },
+            A::ReshapeRate {
+                bits_per_sec,
+                edge_hold,
+            } => Ok(StepOp::ReshapeRate {
+                bits_per_sec: *bits_per_sec,
+                edge_hold_us: edge_hold.map(|d| d.as_micros().min(u128::from(u32::MAX)) as u32),
+            }),
+            A::CheckpointJob => Ok(StepOp::CheckpointJobs {
+                jobs: self.job_marks(&host),
+            }),
+            A::RestartJob => Ok(StepOp::RestartJobs {
+                jobs: self.job_marks(&host),
+            }),
+            A::Cordon => Ok(StepOp::Cordon),
+            A::Drain { deadline } => {
+                let total = self.hosts.len();
+                let already = self.hosts.get(&host).is_some_and(|h| {
+                    matches!(h.status(), HostStatus::Draining | HostStatus::Drained)
+                });
+                let drained = self
+                    .hosts
+                    .values()
+                    .filter(|h| matches!(h.status(), HostStatus::Draining | HostStatus::Drained))
+                    .count();
+                let after = drained + usize::from(!already);
+                let allowed = limits.allowed_drained(total);
+                if !self.hosts.contains_key(&host) {
+                    Err(format!("host {host} is unknown"))
+                } else if after as u64 > allowed {
+                    Err(format!(
+                        "drain refused by the playbook's limits: {after} of {total} hosts would be \
+                         draining or drained; max_drained_hosts = {}, max_drained_percent = {} \
+                         allow {allowed}",
+                        limits.max_drained_hosts, limits.max_drained_percent
+                    ))
+                } else {
+                    Ok(StepOp::Drain {
+                        deadline_ms: at_ms.saturating_add(deadline.as_millis() as u64),
+                    })
+                }
+            }
+            A::WaitUntil { condition } => Ok(StepOp::WaitUntil {
+                condition: condition.to_string(),
+            }),
+            A::ExcludeFromOwd => Ok(StepOp::ExcludeFromOwd),
+            A::IncludeInOwd => Ok(StepOp::IncludeInOwd),
+            A::Notify { message, webhook } => {
+                let pb = &self.runs[&run].definition;
+                Ok(StepOp::Notify {
+                    message: clip(playbooks::render_message(message, pb, inc)),
+                    webhook: webhook.clone(),
+                })
+            }
+        };
+        let op = match resolved {
+            Ok(op) => op,
+            Err(why) => {
+                // Recorded as an intent all the same (what was attempted).
+                let op = match &step.action {
+                    A::Drain { deadline } => StepOp::Drain {
+                        deadline_ms: at_ms.saturating_add(deadline.as_millis() as u64),
+                    },
+                    A::Failback => StepOp::Failback {
+                        nic: inc.nic.clone().unwrap_or_default(),
+                    },
+                    _ => StepOp::Failover {
+                        nic: inc.nic.clone().unwrap_or_default(),
+                        to: String::new(),
+                    },
+                };
+                if self.hosts.contains_key(&host) {
+                    let id = self.open_intent(
+                        at_ms,
+                        &Action::PlaybookStep {
+                            run,
+                            step: step_no,
+                            attempt,
+                            host: host.clone(),
+                            op,
+                        },
+                    );
+                    self.close_intent_now(at_ms, id, Outcome::Failed { error: why.clone() });
+                }
+                return Begun::Ended(Err(why));
+            }
+        };
+        let action = Action::PlaybookStep {
+            run,
+            step: step_no,
+            attempt,
+            host: host.clone(),
+            op: op.clone(),
+        };
+        if !self.hosts.contains_key(&host) {
+            return Begun::Ended(Err(format!("host {host} is unknown")));
+        }
+        let id = self.open_intent(at_ms, &action);
+        self.run_log(
+            at_ms,
+            run,
+            format!(
+                "step {} ({}) attempt {} started (intent {id})",
+                step.id,
+                step.action.name(),
+                attempt + 1
+            ),
+        );
+        // Model effects, in the entry that commits the intent.
+        let ended: Option<Result<String, String>> = match &op {
+            StepOp::Failover { .. } | StepOp::Failback { .. } => None,
+            StepOp::CheckpointJobs { jobs } => {
+                let mut bad = None;
+                for m in jobs {
+                    let Some(j) = self.jobs.get(&m.job) else {
+                        continue;
+                    };
+                    match j.state {
+                        JobState::Running if j.ranks.iter().all(|r| r.started) => {
+                            self.checkpoint_job(at_ms, &m.job, false);
+                        }
+                        // Already checkpointing: its checkpoint counts.
+                        JobState::Checkpointing => {}
+                        s => {
+                            bad = Some(format!("job {} is {s:?}; it cannot checkpoint now", m.job))
+                        }
+                    }
+                }
+                match (bad, jobs.is_empty()) {
+                    (Some(why), _) => Some(Err(why)),
+                    (None, true) => Some(Ok(format!("no jobs on {host}"))),
+                    (None, false) => None,
+                }
+            }
+            StepOp::RestartJobs { jobs } => {
+                if jobs.is_empty() {
+                    Some(Ok(format!("no jobs on {host}")))
+                } else {
+                    let down = self
+                        .hosts
+                        .get(&host)
+                        .is_some_and(|h| h.liveness == Liveness::Down);
+                    let why = format!("playbook {pb_name} (run {run}): {} on {host}", inc.kind);
+                    for m in jobs {
+                        // A failure restart when the host is gone, a planned
+                        // move otherwise.
+                        self.restart_job(at_ms, &m.job, m.incarnation, &why, !down);
+                    }
+                    None
+                }
+            }
+            StepOp::Cordon => {
+                let h = self.hosts.get_mut(&host).expect("checked");
+                h.cordoned = true;
+                Some(Ok(format!("host {host} cordoned")))
+            }
+            StepOp::Drain { deadline_ms } => {
+                let h = self.hosts.get_mut(&host).expect("checked");
+                h.cordoned = true;
+                if h.drain.is_none() {
+                    h.drain = Some(Drain {
+                        phase: DrainPhase::Draining,
+                        reason: format!("playbook {pb_name} (run {run})"),
+                        deadline_ms: Some(*deadline_ms),
+                        by: format!("playbook:{pb_name}"),
+                        since_ms: at_ms,
+                    });
+                }
+                None
+            }
+            StepOp::WaitUntil { .. } => {
+                let view = self.playbook_view(at_ms);
+                let cond = match &step.action {
+                    A::WaitUntil { condition } => condition,
+                    _ => unreachable!("a wait_until op comes from a wait_until step"),
+                };
+                let check = playbooks::evaluate(cond, inc, &view);
+                check.holds.then_some(Ok(check.reason))
+            }
+            StepOp::ExcludeFromOwd | StepOp::IncludeInOwd => {
+                let exclude = op == StepOp::ExcludeFromOwd;
+                self.hosts.get_mut(&host).expect("checked").owd_excluded = exclude;
+                Some(Ok(format!(
+                    "host {host} {} OWD-based decisions",
+                    if exclude {
+                        "excluded from"
+                    } else {
+                        "used again in"
+                    }
+                )))
+            }
+            StepOp::Notify { message, webhook } => {
+                self.log_event(at_ms, Some(&host), format!("notify: {message}"));
+                // With a webhook the leader delivers it and closes the
+                // intent with the endpoint's answer.
+                webhook.is_none().then(|| Ok("logged".to_string()))
+            }
+            StepOp::ReshapeRate {
+                bits_per_sec,
+                edge_hold_us,
+            } => {
+                let incident = self.runs[&run].incident;
+                let planned = match self.incidents.get(&incident) {
+                    None => Err(format!("incident {incident} is gone")),
+                    Some(i) => crate::model::shaping::plan(self, i, *bits_per_sec, *edge_hold_us),
+                };
+                match planned {
+                    Err(e) => Some(Err(e)),
+                    Ok(plan) => {
+                        let summary: Vec<String> = plan
+                            .iter()
+                            .map(|(h, (nic, s))| {
+                                let classes: Vec<String> = s
+                                    .classes
+                                    .iter()
+                                    .map(|c| {
+                                        format!("{} {} Mbit/s", c.label, c.rate_bps / 1_000_000)
+                                    })
+                                    .collect();
+                                format!("{h}/{nic}: {}", classes.join(", "))
+                            })
+                            .collect();
+                        let (set, skipped) = self.set_desired_shapes(incident, plan);
+                        if set == 0 {
+                            Some(Err(format!(
+                                "every sending NIC ({skipped}) is shaped for another incident"
+                            )))
+                        } else {
+                            self.log_event(
+                                at_ms,
+                                Some(&host),
+                                format!(
+                                    "reshaping for incident {incident}: {} ({skipped} NICs kept for other incidents)",
+                                    summary.join("; ")
+                                ),
+                            );
+                            None
+                        }
+                    }
+                }
+            }
+        };
+        match ended {
+            None => Begun::Waits(id),
+            Some(result) => {
+                let outcome = match &result {
+                    Ok(_) => Outcome::Done,
+                    Err(e) => Outcome::Failed { error: e.clone() },
+                };
+                let detail = match &result {
+                    Ok(d) | Err(d) => d.clone(),
+                };
+                let _ = self.close_intent(at_ms, id, outcome, &detail);
+                Begun::Ended(result)
+            }
+        }
+    }
+
+    pub(in crate::model) fn close_intent_now(&mut self, at_ms: u64, id: u64, outcome: Outcome) {
+        let _ = self.close_intent(at_ms, id, outcome, "");
+    }
+
+    /// The jobs with ranks on `host` that a step acts on.
+    pub(in crate::model) fn job_marks(&self, host: &str) -> Vec<JobMark> {
+        self.jobs_on(host)
+            .filter(|j| matches!(j.state, JobState::Running | JobState::Checkpointing))
+            .map(|j| JobMark {
+                job: j.name.clone(),
+                incarnation: j.incarnation,
+                checkpoint: j.latest_checkpoint,
+            })
+            .collect()
+    }
+}

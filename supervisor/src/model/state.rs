@@ -1,0 +1,212 @@
+//! `ClusterState`, the whole replicated model, and the entry point of Raft
+//! apply: one proposal at a time, each command validated again, results
+//! remembered per client session.
+
+use crate::model::admin::AdminRecord;
+use crate::model::command::{Command, NodeId, Proposal, RequestId, Session, TypeConfig};
+use crate::model::events::ClusterEvent;
+use crate::model::hosts::Host;
+use crate::model::incidents::Incident;
+use crate::model::intents::{Intent, IntentStatus};
+use crate::model::jobs::types::Job;
+use crate::model::limits::{MAX_EVENT_LOG, MAX_SESSIONS, MAX_SESSION_RESULTS};
+use crate::model::probe_graph::ProbeGraph;
+use crate::model::qps::{Qp, QpKey};
+use crate::model::result::{CmdError, CmdResult};
+use crate::model::runs::types::PlaybookRun;
+use openraft::LogId;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::collections::VecDeque;
+
+/// The whole replicated model.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ClusterState {
+    pub hosts: BTreeMap<String, Host>,
+    pub jobs: BTreeMap<String, Job>,
+    /// Open incidents and the most recently closed ones.
+    pub incidents: BTreeMap<u64, Incident>,
+    /// Closed incident ids, oldest first (bounds `incidents`).
+    pub closed_incidents: VecDeque<u64>,
+    /// Open intents and the most recently closed ones.
+    pub intents: BTreeMap<u64, Intent>,
+    /// Closed intent ids, oldest first (bounds `intents`).
+    pub closed_intents: VecDeque<u64>,
+    pub admin_history: VecDeque<AdminRecord>,
+    /// Client sessions: results of recent requests, for exactly-once retries.
+    pub sessions: BTreeMap<String, Session>,
+    pub events: VecDeque<ClusterEvent>,
+    pub next_event_seq: u64,
+    pub next_incident_id: u64,
+    pub next_intent_id: u64,
+    /// Jobs submitted so far (numbers jobs: their data port).
+    #[serde(default)]
+    pub next_job_number: u64,
+    /// Stored playbooks by name.
+    #[serde(default)]
+    pub playbooks: BTreeMap<String, crate::model::playbook_store::StoredPlaybook>,
+    /// Bumped whenever a playbook changes.
+    #[serde(default)]
+    pub playbook_version: u64,
+    /// Whether the shipped playbooks were installed (once per cluster).
+    #[serde(default)]
+    pub shipped_playbooks_installed: bool,
+    /// Playbook runs: active ones and the most recently ended.
+    #[serde(default)]
+    pub runs: BTreeMap<u64, PlaybookRun>,
+    /// Ended run ids, oldest first (bounds `runs`).
+    #[serde(default)]
+    pub closed_runs: VecDeque<u64>,
+    #[serde(default)]
+    pub next_run_id: u64,
+    /// Index of the last applied log entry (for status output).
+    pub last_log_index: u64,
+    /// Connection placements per host (each host bounded by
+    /// [`MAX_QPS_PER_HOST`]).
+    #[serde(default)]
+    pub qps: BTreeMap<String, BTreeMap<QpKey, Qp>>,
+    /// Desired HTB shaping, host → NIC → shape ([`crate::shaping`]).
+    #[serde(default)]
+    pub shapes: BTreeMap<String, BTreeMap<String, crate::model::shaping::NicShape>>,
+    /// What each agent confirmed installing: host → NIC → shape version.
+    #[serde(default)]
+    pub applied_shapes: BTreeMap<String, BTreeMap<String, u64>>,
+    #[serde(default)]
+    pub next_shape_version: u64,
+    /// The next host id to give (ids are never reused).
+    pub next_host_id: u32,
+    /// Host names by id.
+    pub host_ids: BTreeMap<u32, String>,
+    /// Who probes whom: a random regular graph over host ids
+    /// ([`crate::probe_graph`]).
+    pub probe_graph: ProbeGraph,
+    /// Bumped whenever the graph or a NIC's address or rail changes; agents
+    /// compare it with their plan's.
+    pub probe_plan_version: u64,
+}
+
+impl raft_store::StateModel<TypeConfig> for ClusterState {
+    fn apply(&mut self, log_id: &LogId<NodeId>, data: &Proposal) -> Vec<CmdResult> {
+        self.apply_proposal(log_id, data)
+    }
+
+    fn non_app_response(&mut self, log_id: &LogId<NodeId>) -> Vec<CmdResult> {
+        self.last_log_index = log_id.index;
+        Vec::new()
+    }
+
+    fn encode(&self) -> Result<Vec<u8>, String> {
+        bincode::serialize(self).map_err(|e| e.to_string())
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Self, String> {
+        bincode::deserialize(bytes).map_err(|e| e.to_string())
+    }
+}
+
+impl ClusterState {
+    /// Applies one proposal; returns one result per command.
+    pub fn apply_proposal(&mut self, log_id: &LogId<NodeId>, p: &Proposal) -> Vec<CmdResult> {
+        self.last_log_index = log_id.index;
+        p.cmds
+            .iter()
+            .map(|c| {
+                let request = match c {
+                    Command::Admin {
+                        request: Some(r), ..
+                    } => Some(r),
+                    _ => None,
+                };
+                if let Some(done) = request.and_then(|r| self.session_result(r)) {
+                    return done;
+                }
+                let res = match self.validate(c) {
+                    Ok(()) => self.apply_valid(log_id.index, p.at_ms, c),
+                    Err(e) => Err(e),
+                };
+                if let Some(r) = request {
+                    self.remember(r, p.at_ms, &res);
+                }
+                res
+            })
+            .collect()
+    }
+
+    /// The result of a request already applied in its session, if any; a
+    /// request older than what the session remembers gets
+    /// [`CmdError::RequestForgotten`].
+    pub fn session_result(&self, r: &RequestId) -> Option<CmdResult> {
+        let s = self.sessions.get(&r.client)?;
+        match s.results.get(&r.serial) {
+            Some(res) => Some(res.clone()),
+            None if r.retry && r.serial <= s.forgotten_through => {
+                Some(Err(CmdError::RequestForgotten {
+                    client: r.client.clone(),
+                    serial: r.serial,
+                }))
+            }
+            None => None,
+        }
+    }
+
+    pub(in crate::model) fn remember(&mut self, r: &RequestId, at_ms: u64, res: &CmdResult) {
+        if !self.sessions.contains_key(&r.client) && self.sessions.len() >= MAX_SESSIONS {
+            // Forget the least recently used session (ties: smallest id).
+            if let Some(victim) = self
+                .sessions
+                .iter()
+                .min_by_key(|(_, s)| s.last_used_ms)
+                .map(|(k, _)| k.clone())
+            {
+                self.sessions.remove(&victim);
+            }
+        }
+        let s = self.sessions.entry(r.client.clone()).or_default();
+        s.last_used_ms = s.last_used_ms.max(at_ms);
+        s.results.insert(r.serial, res.clone());
+        while s.results.len() > MAX_SESSION_RESULTS {
+            if let Some((old, _)) = s.results.pop_first() {
+                s.forgotten_through = s.forgotten_through.max(old);
+            }
+        }
+    }
+
+    pub(crate) fn log_event(&mut self, at_ms: u64, host: Option<&str>, what: String) {
+        self.log_observed(at_ms, host, what, None);
+    }
+
+    pub(in crate::model) fn log_observed(
+        &mut self,
+        at_ms: u64,
+        host: Option<&str>,
+        what: String,
+        observed_unix_ns: Option<u64>,
+    ) {
+        self.next_event_seq += 1;
+        self.events.push_back(ClusterEvent {
+            seq: self.next_event_seq,
+            at_ms,
+            host: host.map(str::to_owned),
+            what,
+            observed_unix_ns,
+        });
+        while self.events.len() > MAX_EVENT_LOG {
+            self.events.pop_front();
+        }
+    }
+
+    /// Open intents, oldest first.
+    pub fn open_intents(&self) -> impl Iterator<Item = &Intent> {
+        self.intents
+            .values()
+            .filter(|i| i.status == IntentStatus::Open)
+    }
+
+    /// Jobs with a rank on `host`.
+    pub fn jobs_on(&self, host: &str) -> impl Iterator<Item = &Job> {
+        let host = host.to_owned();
+        self.jobs
+            .values()
+            .filter(move |j| j.placement.contains(&host))
+    }
+}

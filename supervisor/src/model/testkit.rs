@@ -1,0 +1,61 @@
+//! Fixtures shared by the model's tests.
+
+use crate::model::jobs::types::{port_of, Job, JobState, Rank};
+use std::collections::BTreeMap;
+
+/// Registers host `name` (the `i`th) with `rail0`/`rail1`, each the other's
+/// backup, at 10.<rail>.0.<i+1> (for tests).
+#[cfg(test)]
+pub(crate) fn register_two_rails_for_test(i: usize, name: &str) -> crate::model::Command {
+    crate::model::Command::RegisterHost {
+        host: name.to_string(),
+        nics: (0..2)
+            .map(|r| crate::model::NicSpec {
+                name: format!("rail{r}"),
+                rail: Some(r),
+                backup: Some(format!("rail{}", 1 - r)),
+                rdma_device: None,
+                addr: Some(format!("10.{r}.0.{}", i + 1)),
+            })
+            .collect(),
+        labels: BTreeMap::new(),
+    }
+}
+
+/// A running job placed on `hosts` (for tests of code that only looks at
+/// placement).
+#[cfg(test)]
+pub(crate) fn placed_for_test(name: &str, hosts: &[&str]) -> Job {
+    let spec = crate::model::jobs::tests::spec(name, hosts.len() as u32);
+    Job {
+        name: name.into(),
+        placement: hosts.iter().map(|h| h.to_string()).collect(),
+        incarnation: 1,
+        state: JobState::Running,
+        number: 1,
+        port: port_of(1),
+        submitted_ms: 0,
+        state_since_ms: 0,
+        restarts: 0,
+        failures_in_a_row: 0,
+        not_before_ms: 0,
+        ranks: hosts
+            .iter()
+            .map(|h| Rank {
+                host: h.to_string(),
+                started: true,
+                exit: None,
+            })
+            .collect(),
+        resume_step: 0,
+        checkpoints: BTreeMap::new(),
+        latest_checkpoint: None,
+        latest_checkpoint_ms: None,
+        stopping: BTreeMap::new(),
+        previous_placement: Vec::new(),
+        halting: false,
+        fenced: BTreeMap::new(),
+        reason: String::new(),
+        spec,
+    }
+}

@@ -1,0 +1,288 @@
+//! `ClusterState::validate`: every command checked against the state
+//! without changing anything (before proposing, and again at apply).
+
+use crate::model::admin::AdminOp;
+use crate::model::command::Command;
+use crate::model::events::AgentEventKind;
+use crate::model::hosts::{check_failback, failover_target};
+use crate::model::intents::Action;
+use crate::model::limits::{MAX_CLOCK_CHANGES, MAX_NAME_LEN, MAX_NICS, MAX_REASON_LEN};
+use crate::model::result::{check_labels, check_name, not_found, CmdError};
+use crate::model::state::ClusterState;
+
+impl ClusterState {
+    /// Checks a command against the current state without changing anything.
+    pub fn validate(&self, cmd: &Command) -> Result<(), CmdError> {
+        match cmd {
+            Command::RegisterHost { host, nics, labels } => {
+                check_name("host name", host)?;
+                if !self.hosts.contains_key(host) && self.next_host_id == u32::MAX {
+                    return Err(CmdError::FailedPrecondition(
+                        "no host ids left to give".into(),
+                    ));
+                }
+                if nics.len() > MAX_NICS {
+                    return Err(CmdError::InvalidArgument(format!(
+                        "a host may register at most {MAX_NICS} NICs"
+                    )));
+                }
+                let mut seen = std::collections::BTreeSet::new();
+                for n in nics {
+                    check_name("NIC name", &n.name)?;
+                    if !seen.insert(n.name.as_str()) {
+                        return Err(CmdError::InvalidArgument(format!(
+                            "NIC {:?} listed twice",
+                            n.name
+                        )));
+                    }
+                    if let Some(a) = &n.addr {
+                        if a.parse::<std::net::IpAddr>().is_err() {
+                            return Err(CmdError::InvalidArgument(format!(
+                                "address {a:?} of NIC {:?} is not an IP address",
+                                n.name
+                            )));
+                        }
+                    }
+                }
+                for n in nics {
+                    if let Some(b) = &n.backup {
+                        if !seen.contains(b.as_str()) || b == &n.name {
+                            return Err(CmdError::InvalidArgument(format!(
+                                "backup {b:?} of NIC {:?} is not another NIC of the host",
+                                n.name
+                            )));
+                        }
+                    }
+                }
+                check_labels(labels, &[])
+            }
+            Command::Admin {
+                actor, op, request, ..
+            } => {
+                if let Some(r) = request {
+                    if r.client.is_empty() || r.client.len() > MAX_NAME_LEN {
+                        return Err(CmdError::InvalidArgument(
+                            "request client id must be 1..253 bytes".into(),
+                        ));
+                    }
+                }
+                if actor.is_empty() || actor.len() > MAX_NAME_LEN {
+                    return Err(CmdError::InvalidArgument(
+                        "actor must be 1..253 bytes".into(),
+                    ));
+                }
+                let Some(host_name) = op.host() else {
+                    return match op {
+                        AdminOp::Job(jop) => self.validate_job_op(jop),
+                        AdminOp::PlaybookApply { files } => {
+                            self.playbooks_after_apply(files).map(|_| ())
+                        }
+                        AdminOp::PlaybookDelete { name } => self.validate_playbook_delete(name),
+                        _ => unreachable!("only cluster-wide operations have no host"),
+                    };
+                };
+                let host = self
+                    .hosts
+                    .get(host_name)
+                    .ok_or_else(|| not_found("host", host_name))?;
+                match op {
+                    AdminOp::Uncordon { .. } if host.drain.is_some() => {
+                        Err(CmdError::FailedPrecondition(format!(
+                            "host {:?} is {}; use `node undrain` to return it to service",
+                            host.name,
+                            host.status()
+                        )))
+                    }
+                    AdminOp::Drain { reason, .. } => {
+                        if reason.trim().is_empty() {
+                            Err(CmdError::InvalidArgument(
+                                "drain needs a non-empty reason".into(),
+                            ))
+                        } else if reason.len() > MAX_REASON_LEN {
+                            Err(CmdError::InvalidArgument(format!(
+                                "drain reason is longer than {MAX_REASON_LEN} bytes"
+                            )))
+                        } else {
+                            Ok(())
+                        }
+                    }
+                    AdminOp::SetLabels { set, remove, .. } => {
+                        for k in remove {
+                            check_name("label key", k)?;
+                        }
+                        check_labels(set, &[&host.labels])
+                    }
+                    AdminOp::NicFailover { nic, to, .. } => {
+                        failover_target(host, nic, to.as_deref()).map(|_| ())
+                    }
+                    AdminOp::NicFailback { nic, .. } => check_failback(host, nic),
+                    _ => Ok(()),
+                }
+            }
+            Command::AgentEvents { host, events } => {
+                let h = self
+                    .hosts
+                    .get(host)
+                    .ok_or_else(|| not_found("host", host))?;
+                for e in events {
+                    match &e.kind {
+                        AgentEventKind::NicState { nic, .. } => {
+                            if !h.nics.contains_key(nic) {
+                                return Err(not_found("NIC", &format!("{host}/{nic}")));
+                            }
+                        }
+                        AgentEventKind::QpPlacement {
+                            job,
+                            nic,
+                            peer_host,
+                            ..
+                        } => {
+                            check_name("job name", job)?;
+                            check_name("NIC name", nic)?;
+                            check_name("peer host", peer_host)?;
+                        }
+                        AgentEventKind::QpReset => {}
+                        AgentEventKind::ReflexDone { nic, detail, .. } => {
+                            check_name("NIC name", nic)?;
+                            if detail.len() > MAX_REASON_LEN {
+                                return Err(CmdError::InvalidArgument(format!(
+                                    "reflex detail is longer than {MAX_REASON_LEN} bytes"
+                                )));
+                            }
+                        }
+                        AgentEventKind::RankExited { job, detail, .. } => {
+                            check_name("job name", job)?;
+                            if detail.len() > MAX_REASON_LEN {
+                                return Err(CmdError::InvalidArgument(format!(
+                                    "exit detail is longer than {MAX_REASON_LEN} bytes"
+                                )));
+                            }
+                        }
+                        AgentEventKind::RankCheckpoint { job, .. } => {
+                            check_name("job name", job)?;
+                        }
+                    }
+                }
+                Ok(())
+            }
+            Command::SetLiveness { host, .. } => {
+                if !self.hosts.contains_key(host) {
+                    return Err(not_found("host", host));
+                }
+                Ok(())
+            }
+            Command::SetClockStates { changes } => {
+                if changes.len() > MAX_CLOCK_CHANGES {
+                    return Err(CmdError::InvalidArgument(format!(
+                        "at most {MAX_CLOCK_CHANGES} clock changes per command"
+                    )));
+                }
+                let mut seen = std::collections::BTreeSet::new();
+                for c in changes {
+                    if !self.hosts.contains_key(&c.host) {
+                        return Err(not_found("host", &c.host));
+                    }
+                    if !seen.insert(c.host.as_str()) {
+                        return Err(CmdError::InvalidArgument(format!(
+                            "clock change for host {:?} listed twice",
+                            c.host
+                        )));
+                    }
+                    let finite = |v: Option<f64>| v.is_none_or(f64::is_finite);
+                    if !finite(c.offset_ns)
+                        || !finite(c.error_bound_ns)
+                        || c.error_bound_ns.is_some_and(|b| b < 0.0)
+                    {
+                        return Err(CmdError::InvalidArgument(format!(
+                            "clock figures of host {:?} must be finite (error bound ≥ 0)",
+                            c.host
+                        )));
+                    }
+                }
+                Ok(())
+            }
+            Command::OpenIntent { action } => {
+                let host = self
+                    .hosts
+                    .get(action.host())
+                    .ok_or_else(|| not_found("host", action.host()))?;
+                match action {
+                    Action::CompleteDrain { .. } => Ok(()),
+                    Action::Failover { nic, to, .. } => {
+                        failover_target(host, nic, Some(to)).map(|_| ())
+                    }
+                    Action::Failback { nic, .. } => check_failback(host, nic),
+                    Action::StartRank { job, .. }
+                    | Action::StopJob { job, .. }
+                    | Action::CheckpointJob { job, .. } => {
+                        if !self.jobs.contains_key(job) {
+                            return Err(not_found("job", job));
+                        }
+                        Ok(())
+                    }
+                    Action::PlaybookStep { .. } => Err(CmdError::InvalidArgument(
+                        "playbook steps are opened by their run, not on their own".into(),
+                    )),
+                    Action::ShapeNic { nic, .. } | Action::ClearShape { nic, .. } => {
+                        if !host.nics.contains_key(nic) {
+                            return Err(not_found("NIC", nic));
+                        }
+                        Ok(())
+                    }
+                }
+            }
+            Command::CloseIntent { id, .. } => match self.intents.get(id) {
+                None => Err(not_found("intent", &id.to_string())),
+                Some(_) => Ok(()),
+            },
+            Command::OrderDone {
+                host, id, detail, ..
+            } => {
+                if detail.len() > MAX_REASON_LEN {
+                    return Err(CmdError::InvalidArgument(format!(
+                        "order detail is longer than {MAX_REASON_LEN} bytes"
+                    )));
+                }
+                let intent = self
+                    .intents
+                    .get(id)
+                    .ok_or_else(|| not_found("intent", &id.to_string()))?;
+                if !intent.action.is_order() || intent.action.host() != host {
+                    return Err(CmdError::InvalidArgument(format!(
+                        "intent {id} is not an order for host {host:?}"
+                    )));
+                }
+                Ok(())
+            }
+            Command::Job(c) => self.validate_job_command(c),
+            Command::Playbook(c) => self.validate_run_command(c),
+            Command::InstallShippedPlaybooks { .. } => Ok(()),
+            Command::Contention(c) => {
+                crate::model::shaping::validate(self, c).map_err(CmdError::InvalidArgument)
+            }
+            Command::WebhookDone { id, detail, .. } => {
+                if detail.len() > MAX_REASON_LEN {
+                    return Err(CmdError::InvalidArgument(format!(
+                        "webhook detail is longer than {MAX_REASON_LEN} bytes"
+                    )));
+                }
+                let intent = self
+                    .intents
+                    .get(id)
+                    .ok_or_else(|| not_found("intent", &id.to_string()))?;
+                match &intent.action {
+                    Action::PlaybookStep {
+                        op:
+                            crate::model::runs::StepOp::Notify {
+                                webhook: Some(_), ..
+                            },
+                        ..
+                    } => Ok(()),
+                    _ => Err(CmdError::InvalidArgument(format!(
+                        "intent {id} is not a webhook notification"
+                    ))),
+                }
+            }
+        }
+    }
+}
