@@ -21,6 +21,7 @@
 pub mod admin;
 mod apply;
 pub mod command;
+pub mod decide;
 pub mod events;
 pub mod hosts;
 pub mod incidents;

@@ -1,6 +1,6 @@
 //! Fixtures shared by the model's tests.
 
-use crate::model::jobs::types::{port_of, Job, JobState, Rank};
+use crate::model::jobs::types::{port_of, Job, JobSpec, JobState, Rank};
 use std::collections::BTreeMap;
 
 /// Registers host `name` (the `i`th) with `rail0`/`rail1`, each the other's
@@ -26,7 +26,7 @@ pub(crate) fn register_two_rails_for_test(i: usize, name: &str) -> crate::model:
 /// placement).
 #[cfg(test)]
 pub(crate) fn placed_for_test(name: &str, hosts: &[&str]) -> Job {
-    let spec = crate::model::jobs::tests::spec(name, hosts.len() as u32);
+    let spec = spec(name, hosts.len() as u32);
     Job {
         name: name.into(),
         placement: hosts.iter().map(|h| h.to_string()).collect(),
@@ -57,5 +57,21 @@ pub(crate) fn placed_for_test(name: &str, hosts: &[&str]) -> Job {
         fenced: BTreeMap::new(),
         reason: String::new(),
         spec,
+    }
+}
+
+/// A job spec of `ranks` ranks running `/bin/true` (for tests).
+pub(crate) fn spec(name: &str, ranks: u32) -> JobSpec {
+    JobSpec {
+        name: name.into(),
+        ranks,
+        hosts: vec![],
+        labels: BTreeMap::new(),
+        command: vec!["/bin/true".into()],
+        env: BTreeMap::new(),
+        checkpoint_dir: "/tmp/ckpt".into(),
+        checkpoint_every: 10,
+        max_restarts: 2,
+        backoff_ms: 100,
     }
 }

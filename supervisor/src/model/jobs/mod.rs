@@ -34,7 +34,7 @@ pub(crate) mod apply;
 pub(crate) mod decide;
 pub(crate) mod place;
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;
 pub(crate) mod types;
 
 pub use decide::{job_order_obsolete, step_of, wanted_job_actions, wanted_job_commands};

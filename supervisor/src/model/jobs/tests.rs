@@ -2,12 +2,11 @@
 
 use crate::model::hosts::Liveness;
 use crate::model::intents::{Action, IntentStatus};
-use crate::model::jobs::decide::{step_of, wanted_job_commands};
-use crate::model::jobs::types::{
-    port_of, Job, JobCommand, JobOp, JobSpec, JobState, PORT_BASE, PORT_SPAN,
-};
+use crate::model::jobs::decide::step_of;
+use crate::model::jobs::types::{port_of, Job, JobCommand, JobOp, JobState, PORT_BASE, PORT_SPAN};
 use crate::model::result::{CmdError, CmdResult};
 use crate::model::state::ClusterState;
+use crate::model::testkit::spec;
 use std::collections::BTreeMap;
 
 #[test]
@@ -113,31 +112,36 @@ impl World {
     /// way `answer` says, until nothing changes (bounded).
     fn settle(&mut self, mut answer: impl FnMut(&Action) -> Option<(bool, String)>) {
         for _ in 0..50 {
-            let now = self.t * 1000 + 100_000;
             let mut progressed = false;
-            for c in wanted_job_commands(&self.st, now) {
-                progressed |= self.apply(Command::Job(c)).is_ok();
+            // The leader decides now; when all it could do is wait for a
+            // job's backoff, the time passes.
+            let now = self.t * 1000;
+            let mut cmds = crate::model::decide::decide(&self.st, now);
+            if cmds.is_empty() {
+                let wake = self
+                    .st
+                    .jobs
+                    .values()
+                    .filter(|j| !j.state.is_final() && j.not_before_ms > now)
+                    .map(|j| j.not_before_ms)
+                    .min();
+                if let Some(wake) = wake {
+                    cmds = crate::model::decide::decide(&self.st, wake);
+                }
             }
-            for c in crate::model::runs::wanted_run_commands(&self.st) {
-                progressed |= self.apply(Command::Playbook(c)).is_ok();
+            for c in cmds {
+                match c {
+                    // Leader decisions the state outran are refused at apply.
+                    Command::Job(_) | Command::Playbook(_) => progressed |= self.apply(c).is_ok(),
+                    c => {
+                        self.ok(c);
+                        progressed = true;
+                    }
+                }
             }
-            for a in crate::reconciler::wanted_actions(&self.st) {
-                self.ok(Command::OpenIntent { action: a });
-                progressed = true;
-            }
+            // Agents answer the orders that are out.
             let open: Vec<_> = self.st.open_intents().cloned().collect();
-            for i in open {
-                if let Some(o) = crate::reconciler::evaluate(&self.st, &i, self.t * 1000) {
-                    self.ok(Command::CloseIntent {
-                        id: i.id,
-                        outcome: o,
-                    });
-                    progressed = true;
-                    continue;
-                }
-                if !i.action.is_order() {
-                    continue;
-                }
+            for i in open.iter().filter(|i| i.action.is_order()) {
                 if let Some((ok, detail)) = answer(&i.action) {
                     self.ok(Command::OrderDone {
                         host: i.action.host().into(),
@@ -363,7 +367,7 @@ fn a_host_back_from_down_is_told_to_stop_the_old_incarnation() {
         liveness: Liveness::Ready,
     });
     assert_eq!(w.job().stopping.get("h1"), Some(&1));
-    let stop = crate::reconciler::wanted_actions(&w.st);
+    let stop = crate::model::decide::wanted_actions(&w.st);
     assert!(
         stop.contains(&Action::StopJob {
             job: "j".into(),
@@ -519,21 +523,6 @@ fn cancel_stops_every_rank_and_start_orders_of_old_incarnations_are_cancelled() 
             .count();
     assert_eq!(cancelled, 2);
     assert!(w.job().stopping.is_empty(), "both stops answered");
-}
-
-pub(crate) fn spec(name: &str, ranks: u32) -> JobSpec {
-    JobSpec {
-        name: name.into(),
-        ranks,
-        hosts: vec![],
-        labels: BTreeMap::new(),
-        command: vec!["/bin/true".into()],
-        env: BTreeMap::new(),
-        checkpoint_dir: "/tmp/ckpt".into(),
-        checkpoint_every: 10,
-        max_restarts: 2,
-        backoff_ms: 100,
-    }
 }
 
 mod json {

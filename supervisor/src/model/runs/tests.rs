@@ -51,6 +51,10 @@ impl World {
                 files: crate::model::playbook_store::shipped_files(),
             });
             assert_eq!(w.st.playbooks.len(), playbooks::SHIPPED.len());
+        } else {
+            // A cluster whose shipped playbooks were installed once and
+            // then deleted: the leader does not install them again.
+            w.st.shipped_playbooks_installed = true;
         }
         w
     }
@@ -106,31 +110,21 @@ impl World {
         });
     }
 
-    /// One pass of the leader's reconciler (as `reconciler::step`
-    /// does it), then the agents get the open orders; `agent` decides
+    /// One pass of the leader's reconciler (`decide`, as
+    /// `reconciler::step` proposes it), then the agents get the open orders; `agent` decides
     /// the outcome of an order the first time its id arrives (`None`:
     /// no answer yet). Returns whether anything was committed.
     fn tick(&mut self, agent: &mut impl FnMut(&Action) -> Option<(bool, String)>) -> bool {
         let now = self.now;
         let mut progressed = false;
-        for c in crate::model::jobs::wanted_job_commands(&self.st, now) {
-            progressed |= self.apply(Command::Job(c)).is_ok();
-        }
-        for c in wanted_run_commands(&self.st) {
-            progressed |= self.apply(Command::Playbook(c)).is_ok();
-        }
-        for a in crate::reconciler::wanted_actions(&self.st) {
-            self.ok(Command::OpenIntent { action: a });
-            progressed = true;
-        }
-        let open: Vec<Intent> = self.st.open_intents().cloned().collect();
-        for i in open {
-            if let Some(o) = crate::reconciler::evaluate(&self.st, &i, now) {
-                self.ok(Command::CloseIntent {
-                    id: i.id,
-                    outcome: o,
-                });
-                progressed = true;
+        for c in crate::model::decide::decide(&self.st, now) {
+            match c {
+                // Leader decisions the state outran are refused at apply.
+                Command::Job(_) | Command::Playbook(_) => progressed |= self.apply(c).is_ok(),
+                c => {
+                    self.ok(c);
+                    progressed = true;
+                }
             }
         }
         progressed |= self.deliver(agent);
@@ -317,7 +311,7 @@ fn a_new_leader_resumes_the_open_step_with_the_same_order_id() {
         wanted_run_commands(&w.st).is_empty(),
         "one run per incident"
     );
-    assert!(crate::reconciler::wanted_actions(&w.st).is_empty());
+    assert!(crate::model::decide::wanted_actions(&w.st).is_empty());
     assert_eq!(w.st.runs.len(), 1);
     // The new leader sends the open order; the answer is lost, so it is
     // sent again after the resend period; the agent executes it once.
@@ -562,6 +556,8 @@ fn spec(ranks: u32) -> JobSpec {
 #[test]
 fn the_shipped_library_is_installed_once_and_an_admins_version_wins() {
     let mut w = World::new(&["h0"], false);
+    // A new cluster: nothing installed yet.
+    w.st.shipped_playbooks_installed = false;
     let mine = "name = \"host-down\"\n[trigger]\nincidents = [\"host_down\"]\n\n[[steps]]\nid = \"say\"\naction = \"notify\"\nmessage = \"mine\"\n";
     w.admin(AdminOp::PlaybookApply {
         files: vec![crate::model::playbook_store::PlaybookFile {
