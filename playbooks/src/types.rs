@@ -355,3 +355,10 @@ impl Limits {
         by_percent.min(u64::from(self.max_drained_hosts))
     }
 }
+
+/// An incident kind equals its name (`IncidentKind::NicDown == "nic_down"`).
+impl PartialEq<&str> for IncidentKind {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}

@@ -88,7 +88,7 @@ pub fn open_webhooks(st: &ClusterState) -> Vec<OpenWebhook> {
                     run: *run,
                     playbook: r.playbook.clone(),
                     incident: r.incident,
-                    incident_kind: inc.map(|x| x.kind.clone()).unwrap_or_default(),
+                    incident_kind: inc.map(|x| x.kind.to_string()).unwrap_or_default(),
                     host: host.clone(),
                     nic: inc.and_then(|x| x.nic.clone()),
                     message: message.clone(),

@@ -1,6 +1,7 @@
 //! Hosts and their NICs: liveness, drain, cordon, clock state, and the
 //! pure checks for NIC failover and failback.
 
+use crate::model::incidents::IncidentKind;
 use crate::model::result::{not_found, CmdError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -177,7 +178,7 @@ pub struct Nic {
     pub carrier_changes: u64,
     pub last_change_ms: u64,
     /// Open incidents of this NIC by kind (index into `incidents`).
-    pub open_incidents: BTreeMap<String, u64>,
+    pub open_incidents: BTreeMap<IncidentKind, u64>,
     /// The link's last reported up/down (None before the first report).
     pub link_up: Option<bool>,
     /// How many link up/down changes were committed.

@@ -1,12 +1,13 @@
 //! Incidents: things that went wrong and may need remediation.
 
+pub use playbooks::IncidentKind;
 use serde::{Deserialize, Serialize};
 
 /// Something that went wrong and may need remediation.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Incident {
     pub id: u64,
-    pub kind: String,
+    pub kind: IncidentKind,
     pub host: String,
     pub nic: Option<String>,
     pub opened_ms: u64,

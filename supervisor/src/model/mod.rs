@@ -49,7 +49,7 @@ pub use hosts::{
     ClockChange, ClockState, Drain, DrainPhase, Host, HostClockRecord, HostStatus, Liveness, Nic,
     NicSpec, NicState,
 };
-pub use incidents::Incident;
+pub use incidents::{Incident, IncidentKind};
 pub use intents::{Action, Intent, IntentStatus, Outcome};
 pub use jobs::{Job, JobCommand, JobOp, JobSpec, JobState};
 pub use limits::{

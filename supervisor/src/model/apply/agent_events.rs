@@ -3,6 +3,7 @@
 
 use crate::model::events::{AgentEvent, AgentEventKind};
 use crate::model::hosts::NicState;
+use crate::model::incidents::IncidentKind;
 use crate::model::limits::MAX_QPS_PER_HOST;
 use crate::model::qps::{Qp, QpKey};
 use crate::model::result::{CmdError, CmdOk, CmdResult};
@@ -215,8 +216,8 @@ impl ClusterState {
             nic.last_change_ms = at_ms;
         }
         let kind = match state {
-            NicState::Down => Some("nic_down"),
-            NicState::Flapping => Some("nic_flapping"),
+            NicState::Down => Some(IncidentKind::NicDown),
+            NicState::Flapping => Some(IncidentKind::NicFlapping),
             _ => None,
         };
         // Recovery closes the NIC's open incidents.
@@ -225,7 +226,7 @@ impl ClusterState {
         } else {
             BTreeMap::new()
         };
-        let open_new = kind.filter(|k| changed && !nic.open_incidents.contains_key(*k));
+        let open_new = kind.filter(|k| changed && !nic.open_incidents.contains_key(k));
         let link = match (r.link_up, r.probes_lost) {
             (true, _) => "up",
             (false, false) => "down",
@@ -261,7 +262,7 @@ impl ClusterState {
                 .and_then(|h| h.nics.get_mut(nic_name))
                 .expect("validated")
                 .open_incidents
-                .insert(kind.to_owned(), id);
+                .insert(kind, id);
         }
     }
 }

@@ -2,6 +2,7 @@
 
 use crate::model::hosts::{ClockState, Liveness};
 use crate::model::incidents::Incident;
+use crate::model::incidents::IncidentKind;
 use crate::model::limits::MAX_CLOSED_RECORDS;
 use crate::model::state::ClusterState;
 
@@ -9,7 +10,7 @@ impl ClusterState {
     pub(crate) fn open_incident(
         &mut self,
         at_ms: u64,
-        kind: &str,
+        kind: IncidentKind,
         host: &str,
         nic: Option<&str>,
         detail: String,
@@ -20,7 +21,7 @@ impl ClusterState {
             id,
             Incident {
                 id,
-                kind: kind.into(),
+                kind,
                 host: host.into(),
                 nic: nic.map(str::to_owned),
                 opened_ms: at_ms,
@@ -55,7 +56,7 @@ impl ClusterState {
             {
                 let id = self.open_incident(
                     at_ms,
-                    "clock_unsynced",
+                    IncidentKind::ClockUnsynced,
                     host,
                     None,
                     format!("clock {prev:?} -> Unsynced"),
@@ -84,7 +85,7 @@ impl ClusterState {
         }
         i.closed_ms = Some(at_ms);
         let host = i.host.clone();
-        let kind = i.kind.clone();
+        let kind = i.kind;
         self.log_event(
             at_ms,
             Some(&host),

@@ -10,6 +10,7 @@ use crate::model::command::Command;
 use crate::model::hosts::{
     failover_target, probe_view, Drain, DrainPhase, Host, HostClockRecord, Liveness, Nic, NicState,
 };
+use crate::model::incidents::IncidentKind;
 use crate::model::intents::{Action, Outcome};
 use crate::model::limits::MAX_ADMIN_HISTORY;
 use crate::model::probe_graph::{join_seed, PROBE_DEGREE};
@@ -222,7 +223,7 @@ impl ClusterState {
                     Liveness::Down => {
                         let id = self.open_incident(
                             at_ms,
-                            "host_down",
+                            IncidentKind::HostDown,
                             host,
                             None,
                             "missed heartbeats and no probe evidence".into(),

@@ -17,7 +17,7 @@ impl ClusterState {
         let i = self.incidents.get(&id)?;
         let h = self.hosts.get(&i.host);
         Some(playbooks::IncidentView {
-            kind: i.kind.clone(),
+            kind: i.kind.to_string(),
             host: i.host.clone(),
             nic: i.nic.clone(),
             rail: i
@@ -432,7 +432,7 @@ impl ClusterState {
         if i.closed_ms.is_some() {
             return;
         }
-        let (host, nic, kind) = (i.host.clone(), i.nic.clone(), i.kind.clone());
+        let (host, nic, kind) = (i.host.clone(), i.nic.clone(), i.kind);
         if let Some(h) = self.hosts.get_mut(&host) {
             if h.open_incident == Some(id) {
                 h.open_incident = None;

@@ -8,6 +8,7 @@ use crate::model::runs::decide::wanted_run_commands;
 use crate::model::runs::types::{PlaybookRun, RunCommand, RunState, StepOp};
 use crate::model::runs::view::RunView;
 use crate::model::state::ClusterState;
+use crate::model::IncidentKind;
 
 use std::collections::BTreeMap;
 
@@ -991,8 +992,13 @@ fn model_only_steps_and_unavailable_actions() {
     // link-contention without a link (not one the detector opened):
     // reshape_rate fails, is retried, then the run fails (no
     // escalation target).
-    let inc =
-        w.st.open_incident(w.now, "link_contention", "h0", None, "test".into());
+    let inc = w.st.open_incident(
+        w.now,
+        IncidentKind::LinkContention,
+        "h0",
+        None,
+        "test".into(),
+    );
     w.settle(obey);
     let run = w.st.runs.values().find(|r| r.incident == inc).unwrap();
     assert!(

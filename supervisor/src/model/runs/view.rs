@@ -33,7 +33,7 @@ impl RunView {
         RunView {
             id: r.id,
             incident: r.incident,
-            incident_kind: inc.map(|i| i.kind.clone()).unwrap_or_default(),
+            incident_kind: inc.map(|i| i.kind.to_string()).unwrap_or_default(),
             host: inc.map(|i| i.host.clone()).unwrap_or_default(),
             nic: inc.and_then(|i| i.nic.clone()),
             playbook: r.playbook.clone(),

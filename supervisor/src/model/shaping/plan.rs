@@ -3,6 +3,7 @@
 
 use crate::model::hosts::Liveness;
 use crate::model::incidents::Incident;
+use crate::model::incidents::IncidentKind;
 use crate::model::intents::{Action, Outcome};
 use crate::model::jobs::types::JobState;
 use crate::model::shaping::types::{
@@ -293,7 +294,7 @@ pub(crate) fn apply(st: &mut ClusterState, at_ms: u64, c: &ContentionCommand) ->
                 info.queueing_p99_us,
                 info.paths.join(", ")
             );
-            let id = st.open_incident(at_ms, "link_contention", host, None, detail);
+            let id = st.open_incident(at_ms, IncidentKind::LinkContention, host, None, detail);
             st.incidents.get_mut(&id).expect("just opened").link = Some(info.clone());
             format!("incident {id} opened")
         }
