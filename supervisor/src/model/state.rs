@@ -4,7 +4,7 @@
 
 use crate::model::admin::AdminRecord;
 use crate::model::command::{Command, NodeId, Proposal, RequestId, Session, TypeConfig};
-use crate::model::events::ClusterEvent;
+use crate::model::events::{ClusterEvent, Event};
 use crate::model::hosts::Host;
 use crate::model::incidents::Incident;
 use crate::model::intents::{Intent, IntentStatus};
@@ -171,15 +171,17 @@ impl ClusterState {
         }
     }
 
-    pub(crate) fn log_event(&mut self, at_ms: u64, host: Option<&str>, what: String) {
-        self.log_observed(at_ms, host, what, None);
+    /// Appends `event` to the event log (bounded: the oldest go).
+    pub(crate) fn log_event(&mut self, at_ms: u64, host: Option<&str>, event: Event) {
+        self.log_observed(at_ms, host, event, None);
     }
 
+    /// Appends an event an agent observed at `observed_unix_ns`.
     pub(in crate::model) fn log_observed(
         &mut self,
         at_ms: u64,
         host: Option<&str>,
-        what: String,
+        event: Event,
         observed_unix_ns: Option<u64>,
     ) {
         self.next_event_seq += 1;
@@ -187,7 +189,8 @@ impl ClusterState {
             seq: self.next_event_seq,
             at_ms,
             host: host.map(str::to_owned),
-            what,
+            what: event.to_string(),
+            event,
             observed_unix_ns,
         });
         while self.events.len() > MAX_EVENT_LOG {

@@ -1,6 +1,7 @@
 //! Agent events applied exactly once, in sequence: NIC states, connection
 //! placements, reflex outcomes, rank exits and checkpoints.
 
+use crate::model::events::Event;
 use crate::model::events::{AgentEvent, AgentEventKind};
 use crate::model::hosts::NicState;
 use crate::model::incidents::IncidentKind;
@@ -56,7 +57,10 @@ impl ClusterState {
                         self.log_event(
                             at_ms,
                             Some(host),
-                            format!("NIC {nic}: {coalesced} transitions coalesced by the agent's full outbox"),
+                            Event::NicCoalesced {
+                                nic: nic.clone(),
+                                transitions: *coalesced,
+                            },
                         );
                     }
                     self.apply_nic_state(
@@ -104,7 +108,9 @@ impl ClusterState {
                         self.log_event(
                             at_ms,
                             Some(host),
-                            format!("agent restarted: {n} connection placements forgotten until their jobs register again"),
+                            Event::AgentRestarted {
+                                placements_forgotten: n as u64,
+                            },
                         );
                     }
                 }
@@ -114,11 +120,15 @@ impl ClusterState {
                     ok,
                     detail,
                 } => {
-                    let how = if *ok { "done" } else { "failed" };
                     self.log_observed(
                         at_ms,
                         Some(host),
-                        format!("reflex: NIC {nic} down, {conns} connections ordered off it: {how}: {detail}"),
+                        Event::Reflex {
+                            nic: nic.clone(),
+                            conns: *conns,
+                            ok: *ok,
+                            detail: detail.clone(),
+                        },
                         Some(e.at_unix_ns),
                     );
                 }
@@ -176,10 +186,12 @@ impl ClusterState {
                 self.log_event(
                     at_ms,
                     Some(host),
-                    format!(
-                        "connection {}/{}/{} not recorded: the host already has {MAX_QPS_PER_HOST}",
-                        key.job, key.rank, key.conn_id
-                    ),
+                    Event::QpNotRecorded {
+                        job: key.job.clone(),
+                        rank: key.rank,
+                        conn_id: key.conn_id,
+                        limit: MAX_QPS_PER_HOST as u64,
+                    },
                 );
                 return;
             }
@@ -227,23 +239,28 @@ impl ClusterState {
             BTreeMap::new()
         };
         let open_new = kind.filter(|k| changed && !nic.open_incidents.contains_key(k));
-        let link = match (r.link_up, r.probes_lost) {
-            (true, _) => "up",
-            (false, false) => "down",
-            (false, true) => "down (probes lost)",
-        };
         if link_changed {
             self.log_observed(
                 at_ms,
                 Some(host),
-                format!("NIC {nic_name}: link {link} ({prev:?} -> {state:?})"),
+                Event::NicLink {
+                    nic: nic_name.to_owned(),
+                    up: r.link_up,
+                    probes_lost: r.probes_lost,
+                    from: prev,
+                    to: state,
+                },
                 Some(r.observed_unix_ns),
             );
         } else if changed {
             self.log_event(
                 at_ms,
                 Some(host),
-                format!("NIC {nic_name}: {prev:?} -> {state:?}"),
+                Event::NicState {
+                    nic: nic_name.to_owned(),
+                    from: prev,
+                    to: state,
+                },
             );
         }
         for id in to_close.into_values() {

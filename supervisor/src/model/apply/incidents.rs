@@ -1,5 +1,6 @@
 //! Opening and closing incidents (NIC, host, clock).
 
+use crate::model::events::Event;
 use crate::model::hosts::{ClockState, Liveness};
 use crate::model::incidents::Incident;
 use crate::model::incidents::IncidentKind;
@@ -31,7 +32,7 @@ impl ClusterState {
                 link: None,
             },
         );
-        self.log_event(at_ms, Some(host), format!("incident {id} opened: {kind}"));
+        self.log_event(at_ms, Some(host), Event::IncidentOpened { id, kind });
         id
     }
 
@@ -89,7 +90,11 @@ impl ClusterState {
         self.log_event(
             at_ms,
             Some(&host),
-            format!("incident {id} ({kind}) closed: {why}"),
+            Event::IncidentClosed {
+                id,
+                kind,
+                why: why.to_owned(),
+            },
         );
         self.closed_incidents.push_back(id);
         // Its shapes go; the reconciler clears what was applied.

@@ -1,5 +1,6 @@
 //! Opening and closing intents, and what a closed intent changes.
 
+use crate::model::events::Event;
 use crate::model::hosts::DrainPhase;
 use crate::model::intents::{Action, Intent, IntentStatus, Outcome};
 use crate::model::limits::MAX_CLOSED_RECORDS;
@@ -32,7 +33,10 @@ impl ClusterState {
         self.log_event(
             at_ms,
             Some(action.host()),
-            format!("intent {id} opened: {action:?}"),
+            Event::IntentOpened {
+                id,
+                action: action.clone(),
+            },
         );
         id
     }
@@ -90,22 +94,31 @@ impl ClusterState {
         }
         if let Action::PlaybookStep { run, .. } = &intent.action {
             // Logged first so the run's lines follow the intent's.
-            let what = format!("intent {id} closed: {outcome:?}");
+            let what = Event::IntentClosed {
+                id,
+                outcome: outcome.clone(),
+            };
             self.log_event(at_ms, Some(&host), what);
             self.run_step_closed(at_ms, *run, id, &outcome);
             return Ok(CmdOk::Done);
         }
         let what = match (&intent.action, &outcome) {
-            (Action::CompleteDrain { .. }, Outcome::Done) => {
-                format!("drained (intent {id})")
-            }
-            (Action::Failover { nic, to, .. }, Outcome::Done) => {
-                format!("failover of NIC {nic} to {to} done (intent {id}): {detail}")
-            }
-            (Action::Failback { nic, .. }, Outcome::Done) => {
-                format!("failback to NIC {nic} done (intent {id}): {detail}")
-            }
-            (_, o) => format!("intent {id} closed: {o:?}"),
+            (Action::CompleteDrain { .. }, Outcome::Done) => Event::Drained { intent: id },
+            (Action::Failover { nic, to, .. }, Outcome::Done) => Event::FailoverDone {
+                intent: id,
+                nic: nic.clone(),
+                to: to.clone(),
+                detail: detail.to_owned(),
+            },
+            (Action::Failback { nic, .. }, Outcome::Done) => Event::FailbackDone {
+                intent: id,
+                nic: nic.clone(),
+                detail: detail.to_owned(),
+            },
+            (_, o) => Event::IntentClosed {
+                id,
+                outcome: o.clone(),
+            },
         };
         self.log_event(at_ms, Some(&host), what);
         Ok(CmdOk::Done)

@@ -7,6 +7,7 @@ mod intents;
 
 use crate::model::admin::{AdminOp, AdminRecord};
 use crate::model::command::Command;
+use crate::model::events::Event;
 use crate::model::hosts::{
     failover_target, probe_view, Drain, DrainPhase, Host, HostClockRecord, Liveness, Nic, NicState,
 };
@@ -86,15 +87,15 @@ impl ClusterState {
                     self.log_event(
                         at_ms,
                         Some(host),
-                        format!(
-                            "host registered with {} NICs (probe id {id}; probe graph: {} edges added, {} split)",
-                            nics.len(),
-                            change.added.len(),
-                            change.removed.len()
-                        ),
+                        Event::HostRegistered {
+                            nics: nics.len() as u32,
+                            probe_id: id,
+                            edges_added: change.added.len() as u32,
+                            edges_split: change.removed.len() as u32,
+                        },
                     );
                 } else if changed {
-                    self.log_event(at_ms, Some(host), "host re-registered".into());
+                    self.log_event(at_ms, Some(host), Event::HostReRegistered);
                 }
                 Ok(CmdOk::Registered {
                     last_applied_seq: last,
@@ -115,7 +116,16 @@ impl ClusterState {
                         _ => unreachable!("only cluster-wide operations have no host"),
                     };
                     self.record_admin(index, at_ms, actor, op);
-                    self.log_event(at_ms, None, format!("{what} (by {actor})"));
+                    let event = match op {
+                        AdminOp::Job(_) => Event::Admin {
+                            what,
+                            by: actor.clone(),
+                        },
+                        _ => Event::Playbooks {
+                            what: format!("{what} (by {actor})"),
+                        },
+                    };
+                    self.log_event(at_ms, None, event);
                     return Ok(CmdOk::Done);
                 };
                 if let AdminOp::ShapeClear { host } = op {
@@ -125,9 +135,11 @@ impl ClusterState {
                     self.log_event(
                         at_ms,
                         Some(host),
-                        format!(
-                            "shapes cleared: {dropped} desired dropped, {applied} to remove (by {actor})"
-                        ),
+                        Event::ShapesCleared {
+                            dropped: dropped as u64,
+                            to_remove: applied as u64,
+                            by: actor.clone(),
+                        },
                     );
                     return Ok(CmdOk::Done);
                 }
@@ -201,7 +213,14 @@ impl ClusterState {
                 };
                 let host_name = host_name.to_owned();
                 self.record_admin(index, at_ms, actor, op);
-                self.log_event(at_ms, Some(&host_name), format!("{what} (by {actor})"));
+                self.log_event(
+                    at_ms,
+                    Some(&host_name),
+                    Event::Admin {
+                        what,
+                        by: actor.clone(),
+                    },
+                );
                 match order {
                     Some(action) => Ok(CmdOk::IntentOpened {
                         id: self.open_intent(at_ms, &action),
@@ -218,7 +237,14 @@ impl ClusterState {
                 }
                 h.liveness = *liveness;
                 let open = h.open_incident.take();
-                self.log_event(at_ms, Some(host), format!("host {prev:?} -> {liveness:?}"));
+                self.log_event(
+                    at_ms,
+                    Some(host),
+                    Event::Liveness {
+                        from: prev,
+                        to: *liveness,
+                    },
+                );
                 match liveness {
                     Liveness::Down => {
                         let id = self.open_incident(
@@ -232,10 +258,8 @@ impl ClusterState {
                         // The playbook for host_down (the shipped
                         // host-down.toml restarts the jobs) handles it;
                         // nothing is hard-wired beside it.
-                        let what = match self.playbook_for(id) {
-                            Some((pb, _)) => format!("host_down handled by playbook {}", pb.name),
-                            None => "no playbook handles host_down: its jobs wait for an operator"
-                                .into(),
+                        let what = Event::HostDownHandled {
+                            playbook: self.playbook_for(id).map(|(pb, _)| pb.name),
                         };
                         self.log_event(at_ms, Some(host), what);
                     }
@@ -263,14 +287,15 @@ impl ClusterState {
                         error_bound_ns: c.error_bound_ns,
                         changed_ms: at_ms,
                     };
-                    let figures = match (c.offset_ns, c.error_bound_ns) {
-                        (Some(o), Some(b)) => format!(" (offset {o:.0} ns ± {b:.0} ns)"),
-                        _ => String::new(),
-                    };
                     self.log_event(
                         at_ms,
                         Some(&c.host),
-                        format!("clock {prev:?} -> {:?}{figures}", c.state),
+                        Event::Clock {
+                            from: prev,
+                            to: c.state,
+                            offset_ns: c.offset_ns,
+                            error_bound_ns: c.error_bound_ns,
+                        },
                     );
                     self.clock_incidents(at_ms, &c.host, prev, c.state);
                 }

@@ -1,6 +1,7 @@
 //! Jobs in Raft apply: admin operations, leader decisions, rank exits and
 //! checkpoints, restarts and their orders.
 
+use crate::model::events::Event;
 use crate::model::hosts::Liveness;
 use crate::model::intents::{Action, IntentStatus};
 use crate::model::jobs::decide::step_of;
@@ -254,16 +255,13 @@ impl ClusterState {
                 j.state = JobState::Running;
                 j.state_since_ms = at_ms;
                 j.halting = false;
-                let what = format!(
-                    "job {job} incarnation {} placed on {} (resuming from {})",
-                    j.incarnation,
-                    placement.join(","),
-                    match j.resume_step {
-                        0 => "scratch".to_string(),
-                        s => format!("step {s}"),
-                    }
-                );
-                self.log_job(at_ms, what);
+                let what = Event::JobPlaced {
+                    job: job.clone(),
+                    incarnation: j.incarnation,
+                    hosts: placement.clone(),
+                    resume_step: j.resume_step,
+                };
+                self.log_event(at_ms, None, what);
             }
             JobCommand::Restart {
                 job,
@@ -335,7 +333,15 @@ impl ClusterState {
         j.state = state;
         j.state_since_ms = at_ms;
         j.reason = reason.to_owned();
-        self.log_job(at_ms, format!("job {job} {state:?}: {reason}"));
+        self.log_event(
+            at_ms,
+            None,
+            Event::JobEnded {
+                job: job.to_owned(),
+                state,
+                reason: reason.to_owned(),
+            },
+        );
     }
 
     /// Stops the incarnation and schedules the next one (`planned`: no
@@ -378,12 +384,14 @@ impl ClusterState {
         j.state = JobState::Restarting;
         j.state_since_ms = at_ms;
         j.reason = reason.to_owned();
-        let what = format!(
-            "job {job} incarnation {incarnation} stopped for a restart{} (restarts {}): {reason}",
-            if planned { " (planned)" } else { "" },
-            j.restarts
-        );
-        self.log_job(at_ms, what);
+        let what = Event::JobRestarting {
+            job: job.to_owned(),
+            incarnation,
+            planned,
+            restarts: j.restarts,
+            reason: reason.to_owned(),
+        };
+        self.log_event(at_ms, None, what);
     }
 
     /// A host is back from Down: stop whatever older incarnations it may
@@ -420,8 +428,15 @@ impl ClusterState {
             "job {job} incarnation {incarnation} rank {rank} ended: {}",
             exit.describe()
         );
+        let ended = Event::RankEnded {
+            job: job.to_owned(),
+            incarnation,
+            rank,
+            exit: exit.describe(),
+            current,
+        };
         if !current {
-            self.log_observed_job(at_ms, host, format!("{what} (not the current incarnation)"));
+            self.log_event(at_ms, Some(host), ended);
             return;
         }
         let ok = exit.success();
@@ -430,14 +445,20 @@ impl ClusterState {
             .ranks
             .iter()
             .all(|r| r.exit.as_ref().is_some_and(Exit::success));
-        self.log_observed_job(at_ms, host, what.clone());
+        self.log_event(at_ms, Some(host), ended);
         if all_done {
             let j = self.jobs.get_mut(job).expect("exists");
             j.state = JobState::Succeeded;
             j.state_since_ms = at_ms;
             j.previous_placement = std::mem::take(&mut j.placement);
             j.reason = "every rank finished".into();
-            self.log_job(at_ms, format!("job {job} succeeded"));
+            self.log_event(
+                at_ms,
+                None,
+                Event::JobSucceeded {
+                    job: job.to_owned(),
+                },
+            );
         } else if !ok {
             self.restart_job(at_ms, job, incarnation, &what, false);
         }
@@ -463,9 +484,13 @@ impl ClusterState {
             return;
         }
         if j.record_checkpoint(at_ms, rank, step) {
-            self.log_job(
+            self.log_event(
                 at_ms,
-                format!("job {job}: checkpoint at step {step} complete"),
+                None,
+                Event::CheckpointComplete {
+                    job: job.to_owned(),
+                    step,
+                },
             );
         }
     }
@@ -528,9 +553,13 @@ impl ClusterState {
                             complete |= j.record_checkpoint(at_ms, r, step);
                         }
                         if complete {
-                            self.log_job(
+                            self.log_event(
                                 at_ms,
-                                format!("job {job}: checkpoint at step {step} complete"),
+                                None,
+                                Event::CheckpointComplete {
+                                    job: job.clone(),
+                                    step,
+                                },
                             );
                         }
                     }
@@ -559,13 +588,5 @@ impl ClusterState {
             }
             _ => {}
         }
-    }
-
-    pub(in crate::model) fn log_job(&mut self, at_ms: u64, what: String) {
-        self.log_event(at_ms, None, what);
-    }
-
-    pub(in crate::model) fn log_observed_job(&mut self, at_ms: u64, host: &str, what: String) {
-        self.log_event(at_ms, Some(host), what);
     }
 }

@@ -1,6 +1,7 @@
 //! Playbooks in Raft apply (atomic apply, delete, the shipped install) and
 //! the views of the model that matching and `plan` read.
 
+use crate::model::events::Event;
 use crate::model::hosts::{HostStatus, NicState};
 use crate::model::playbook_store::types::{
     PlanIncident, PlaybookFile, StoredPlaybook, MAX_APPLY_FILES, MAX_PLAYBOOKS, MAX_PLAYBOOK_BYTES,
@@ -168,7 +169,9 @@ impl ClusterState {
             self.log_event(
                 at_ms,
                 None,
-                "shipped playbooks: every one is already stored".into(),
+                Event::Playbooks {
+                    what: "shipped playbooks: every one is already stored".into(),
+                },
             );
             return;
         }
@@ -176,7 +179,7 @@ impl ClusterState {
             Ok(_) => self.apply_playbooks(at_ms, SHIPPED_ACTOR, &fresh),
             Err(e) => format!("shipped playbooks not installed: {e}"),
         };
-        self.log_event(at_ms, None, what);
+        self.log_event(at_ms, None, Event::Playbooks { what });
     }
 
     /// Every stored playbook, parsed.

@@ -1,6 +1,7 @@
 //! Runs in Raft apply: start, drive, attempts, escalation, and what an
 //! incident's end does to its run.
 
+use crate::model::events::Event;
 use crate::model::intents::Outcome;
 use crate::model::result::{CmdError, CmdOk, CmdResult};
 use crate::model::runs::steps::Begun;
@@ -182,7 +183,7 @@ impl ClusterState {
             r.log.pop_front();
         }
         let host = self.incidents.get(&r.incident).map(|i| i.host.clone());
-        self.log_event(at_ms, host.as_deref(), format!("run {run}: {line}"));
+        self.log_event(at_ms, host.as_deref(), Event::Run { run, line });
     }
 
     /// Runs steps until one waits or the run ends (bounded: jumps go
@@ -369,13 +370,7 @@ impl ClusterState {
             .get(&incident)
             .is_some_and(|i| i.link.is_some())
         {
-            self.log_event(
-                at_ms,
-                None,
-                format!(
-                    "incident {incident} stays open until its link is quiet (the contention detector closes it)"
-                ),
-            );
+            self.log_event(at_ms, None, Event::LinkIncidentStays { incident });
             return;
         }
         self.resolve_incident(

@@ -1,5 +1,6 @@
 //! Beginning one attempt of a step: its intent and its model effects.
 
+use crate::model::events::Event;
 use crate::model::hosts::{Drain, DrainPhase, HostStatus, Liveness};
 use crate::model::intents::{Action, Outcome};
 use crate::model::jobs::types::JobState;
@@ -249,7 +250,13 @@ impl ClusterState {
                 )))
             }
             StepOp::Notify { message, webhook } => {
-                self.log_event(at_ms, Some(&host), format!("notify: {message}"));
+                self.log_event(
+                    at_ms,
+                    Some(&host),
+                    Event::Notify {
+                        message: message.clone(),
+                    },
+                );
                 // With a webhook the leader delivers it and closes the
                 // intent with the endpoint's answer.
                 webhook.is_none().then(|| Ok("logged".to_string()))
@@ -288,10 +295,11 @@ impl ClusterState {
                             self.log_event(
                                 at_ms,
                                 Some(&host),
-                                format!(
-                                    "reshaping for incident {incident}: {} ({skipped} NICs kept for other incidents)",
-                                    summary.join("; ")
-                                ),
+                                Event::Reshaping {
+                                    incident,
+                                    summary: summary.join("; "),
+                                    kept: skipped as u64,
+                                },
                             );
                             None
                         }
