@@ -106,7 +106,8 @@ pub struct RequestId {
     /// Set on every attempt after the first. A first attempt cannot have
     /// been applied before, so it is never refused as forgotten (requests
     /// of one session may arrive out of order when a client has several in
-    /// flight).
+    /// flight). Defaults to false in a JSON request (clients that never
+    /// retry may leave it out); bincode always carries it.
     #[serde(default)]
     pub retry: bool,
 }

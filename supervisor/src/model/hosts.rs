@@ -143,10 +143,8 @@ pub struct Host {
     pub clock: HostClockRecord,
     /// Left out of OWD-based (contention) decisions by a playbook's
     /// `exclude_from_owd` until an `include_in_owd`.
-    #[serde(default)]
     pub owd_excluded: bool,
     /// The open `clock_unsynced` incident, if any.
-    #[serde(default)]
     pub clock_incident: Option<u64>,
 }
 

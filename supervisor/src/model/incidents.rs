@@ -14,9 +14,7 @@ pub struct Incident {
     pub closed_ms: Option<u64>,
     pub detail: String,
     /// The incident's latest playbook run (none: never had one).
-    #[serde(default)]
     pub run: Option<u64>,
     /// A `link_contention` incident's link, sides and evidence.
-    #[serde(default)]
     pub link: Option<crate::model::shaping::LinkContention>,
 }

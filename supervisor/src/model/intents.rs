@@ -128,6 +128,5 @@ pub struct Intent {
     pub opened_ms: u64,
     pub closed_ms: Option<u64>,
     /// What the outcome's author said (an agent's order answer).
-    #[serde(default)]
     pub detail: String,
 }

@@ -40,38 +40,27 @@ pub struct ClusterState {
     pub next_incident_id: u64,
     pub next_intent_id: u64,
     /// Jobs submitted so far (numbers jobs: their data port).
-    #[serde(default)]
     pub next_job_number: u64,
     /// Stored playbooks by name.
-    #[serde(default)]
     pub playbooks: BTreeMap<String, crate::model::playbook_store::StoredPlaybook>,
     /// Bumped whenever a playbook changes.
-    #[serde(default)]
     pub playbook_version: u64,
     /// Whether the shipped playbooks were installed (once per cluster).
-    #[serde(default)]
     pub shipped_playbooks_installed: bool,
     /// Playbook runs: active ones and the most recently ended.
-    #[serde(default)]
     pub runs: BTreeMap<u64, PlaybookRun>,
     /// Ended run ids, oldest first (bounds `runs`).
-    #[serde(default)]
     pub closed_runs: VecDeque<u64>,
-    #[serde(default)]
     pub next_run_id: u64,
     /// Index of the last applied log entry (for status output).
     pub last_log_index: u64,
     /// Connection placements per host (each host bounded by
     /// [`MAX_QPS_PER_HOST`]).
-    #[serde(default)]
     pub qps: BTreeMap<String, BTreeMap<QpKey, Qp>>,
     /// Desired HTB shaping, host → NIC → shape ([`crate::shaping`]).
-    #[serde(default)]
     pub shapes: BTreeMap<String, BTreeMap<String, crate::model::shaping::NicShape>>,
     /// What each agent confirmed installing: host → NIC → shape version.
-    #[serde(default)]
     pub applied_shapes: BTreeMap<String, BTreeMap<String, u64>>,
-    #[serde(default)]
     pub next_shape_version: u64,
     /// The next host id to give (ids are never reused).
     pub next_host_id: u32,

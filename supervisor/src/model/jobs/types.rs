@@ -29,7 +29,9 @@ pub const PORT_BASE: u16 = 20_000;
 
 pub const PORT_SPAN: u64 = 20_000;
 
-/// What `railguard job submit` asks for.
+/// What `railguard job submit` asks for. Admins write it as a job file, so
+/// its `serde(default)`s are the file's defaults (they act on JSON and TOML;
+/// bincode, the Raft encoding, always carries every field).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
@@ -228,7 +230,6 @@ pub struct Job {
     /// Failures since the job last completed a checkpoint: the backoff's
     /// exponent (a job that makes progress between failures keeps a short
     /// backoff, as Kubernetes resets CrashLoopBackOff after a good run).
-    #[serde(default)]
     pub failures_in_a_row: u32,
     /// No placement before this leader time (restart backoff).
     pub not_before_ms: u64,
@@ -244,7 +245,6 @@ pub struct Job {
     /// The newest complete checkpoint.
     pub latest_checkpoint: Option<u64>,
     /// When it became complete (leader time).
-    #[serde(default)]
     pub latest_checkpoint_ms: Option<u64>,
     /// Hosts whose ranks of an older incarnation must be stopped before the
     /// job is placed again (host → that incarnation).
@@ -255,7 +255,6 @@ pub struct Job {
     pub halting: bool,
     /// Hosts that were Down when an incarnation of theirs ended: they get
     /// a stop order when they are back (host → newest such incarnation).
-    #[serde(default)]
     pub fenced: BTreeMap<String, u64>,
     /// Why the job last restarted, failed or was cancelled.
     pub reason: String,

@@ -132,14 +132,12 @@ pub enum StepOp {
     /// (see [`crate::webhooks`]) and the attempt waits for the answer.
     Notify {
         message: String,
-        #[serde(default)]
         webhook: Option<String>,
     },
     /// The incident's desired shaping was set; done when applied.
     ReshapeRate {
         bits_per_sec: Option<u64>,
         /// On-Ramp-style edge holding threshold (µs of queueing).
-        #[serde(default)]
         edge_hold_us: Option<u32>,
     },
 }

@@ -102,7 +102,6 @@ pub struct NicShape {
     /// On-Ramp-style edge holding: the agent holds a job's connections to
     /// a peer while the one-way delay to it exceeds the path's baseline by
     /// more than this (µs); none = off.
-    #[serde(default)]
     pub hold_queueing_us: Option<u32>,
     /// Refusals of this version so far.
     pub failures: u32,
