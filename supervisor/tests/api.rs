@@ -14,7 +14,8 @@ use proto::v1::agent_client::AgentClient;
 use proto::v1::raft_peer_client::RaftPeerClient;
 use proto::v1::{agent_event, AgentEvent, Blob, Nic, NicStateChange, RegisterHost};
 use supervisor::api::{AdminReply, AdminRequest, ErrorKind};
-use supervisor::model::{AdminOp, NicState};
+use supervisor::model::events::Event;
+use supervisor::model::{AdminAction, AdminOp, NicState};
 
 async fn agent(addr: &str) -> AgentClient<tonic::transport::Channel> {
     AgentClient::new(supervisor::network::channel(addr).unwrap())
@@ -418,7 +419,9 @@ async fn events_apply_exactly_once_in_order_across_reconnects() {
     };
     let transitions = events
         .iter()
-        .filter(|e| e.what.starts_with("NIC rail0:"))
+        .filter(|e| {
+            matches!(&e.event, Event::NicLink { nic, .. } | Event::NicState { nic, .. } if nic == "rail0")
+        })
         .count();
     assert_eq!(transitions, 5, "{events:#?}");
     let AdminReply::Incidents { incidents } = c
@@ -514,7 +517,13 @@ async fn follow_streams_new_events() {
             let mut seen = Vec::new();
             c.follow(0, |e| {
                 seen.push(e.what.clone());
-                !e.what.starts_with("cordoned")
+                !matches!(
+                    e.event,
+                    Event::Admin {
+                        action: AdminAction::Cordon,
+                        ..
+                    }
+                )
             })
             .await
             .unwrap();

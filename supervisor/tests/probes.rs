@@ -15,6 +15,8 @@ use common::{cli, free_port, Sup, SUPERVISOR};
 use proto::v1::agent_client::AgentClient;
 use proto::v1::{Nic, PathStats, PeerClock, ProbePlanRequest, ProbeSummary, RegisterHost};
 use supervisor::api::{AdminReply, AdminRequest};
+use supervisor::model::events::Event;
+use supervisor::model::ClockState;
 
 async fn agent(addr: &str) -> AgentClient<tonic::transport::Channel> {
     AgentClient::new(supervisor::network::channel(addr).unwrap())
@@ -317,7 +319,16 @@ async fn plans_summaries_clock_states_and_paths() {
     };
     let synced = events
         .iter()
-        .filter(|e| e.what.starts_with("clock Unsynced -> Synced"))
+        .filter(|e| {
+            matches!(
+                e.event,
+                Event::Clock {
+                    from: ClockState::Unsynced,
+                    to: ClockState::Synced,
+                    ..
+                }
+            )
+        })
         .count();
     assert_eq!(synced, 3);
 

@@ -112,3 +112,40 @@ pub struct AdminRecord {
     pub op: AdminOp,
     pub log_index: u64,
 }
+
+/// Which admin operation an event records (the operation without its
+/// arguments, so the event log does not copy playbook texts).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum AdminAction {
+    Cordon,
+    Uncordon,
+    Drain,
+    Undrain,
+    SetLabels,
+    NicFailover,
+    NicFailback,
+    Job,
+    PlaybookApply,
+    PlaybookDelete,
+    ShapeClear,
+}
+
+impl AdminOp {
+    /// The operation without its arguments.
+    pub fn action(&self) -> AdminAction {
+        match self {
+            AdminOp::Cordon { .. } => AdminAction::Cordon,
+            AdminOp::Uncordon { .. } => AdminAction::Uncordon,
+            AdminOp::Drain { .. } => AdminAction::Drain,
+            AdminOp::Undrain { .. } => AdminAction::Undrain,
+            AdminOp::SetLabels { .. } => AdminAction::SetLabels,
+            AdminOp::NicFailover { .. } => AdminAction::NicFailover,
+            AdminOp::NicFailback { .. } => AdminAction::NicFailback,
+            AdminOp::Job(_) => AdminAction::Job,
+            AdminOp::PlaybookApply { .. } => AdminAction::PlaybookApply,
+            AdminOp::PlaybookDelete { .. } => AdminAction::PlaybookDelete,
+            AdminOp::ShapeClear { .. } => AdminAction::ShapeClear,
+        }
+    }
+}

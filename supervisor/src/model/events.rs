@@ -1,5 +1,6 @@
 //! What agents report (sequence-numbered events) and the cluster event log.
 
+use crate::model::admin::AdminAction;
 use crate::model::hosts::{ClockState, Liveness, NicState};
 use crate::model::incidents::IncidentKind;
 use crate::model::intents::{Action, Outcome};
@@ -102,7 +103,11 @@ pub enum Event {
     /// A known host registered again with something changed.
     HostReRegistered,
     /// An admin operation was applied (`what`: its one-line effect).
-    Admin { what: String, by: String },
+    Admin {
+        action: AdminAction,
+        what: String,
+        by: String,
+    },
     /// An admin dropped a host's desired shapes.
     ShapesCleared {
         dropped: u64,
@@ -228,8 +233,9 @@ pub enum Event {
     /// A link incident whose run completed stays open until its link is
     /// quiet.
     LinkIncidentStays { incident: u64 },
-    /// Playbooks changed (`what`: applied, deleted, the shipped install).
-    Playbooks { what: String },
+    /// A new cluster's install of the shipped playbooks: how many were
+    /// stored (0: all were stored already, or the set did not validate).
+    ShippedPlaybooks { installed: u32, what: String },
 }
 
 impl std::fmt::Display for Event {
@@ -245,7 +251,7 @@ impl std::fmt::Display for Event {
                 "host registered with {nics} NICs (probe id {probe_id}; probe graph: {edges_added} edges added, {edges_split} split)"
             ),
             Event::HostReRegistered => f.write_str("host re-registered"),
-            Event::Admin { what, by } => write!(f, "{what} (by {by})"),
+            Event::Admin { what, by, .. } => write!(f, "{what} (by {by})"),
             Event::ShapesCleared {
                 dropped,
                 to_remove,
@@ -399,7 +405,7 @@ impl std::fmt::Display for Event {
                 f,
                 "incident {incident} stays open until its link is quiet (the contention detector closes it)"
             ),
-            Event::Playbooks { what } => f.write_str(what),
+            Event::ShippedPlaybooks { what, .. } => f.write_str(what),
         }
     }
 }

@@ -41,9 +41,9 @@ pub(crate) mod testkit;
 mod tests;
 mod validate;
 
-pub use admin::{AdminOp, AdminRecord};
+pub use admin::{AdminAction, AdminOp, AdminRecord};
 pub use command::{Command, NodeId, Proposal, RequestId, Session, TypeConfig};
-pub use events::{AgentEvent, AgentEventKind, ClusterEvent};
+pub use events::{AgentEvent, AgentEventKind, ClusterEvent, Event};
 pub(crate) use hosts::{check_failback, failover_target};
 pub use hosts::{
     ClockChange, ClockState, Drain, DrainPhase, Host, HostClockRecord, HostStatus, Liveness, Nic,

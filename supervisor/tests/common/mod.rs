@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use supervisor::api::{AdminReply, AdminRequest};
 use supervisor::client::AdminClient;
+use supervisor::model::events::Event;
 
 pub const SUPERVISOR: &str = env!("CARGO_BIN_EXE_railguard-supervisor");
 pub const CLI: &str = env!("CARGO_BIN_EXE_railguard");
@@ -56,10 +57,9 @@ impl Sup {
                 limit: 100,
             };
             if let Ok(AdminReply::Events { events, .. }) = c.call(req, false).await {
-                if events
-                    .iter()
-                    .any(|e| e.what.starts_with("playbooks applied"))
-                {
+                if events.iter().any(|e| {
+                    matches!(e.event, Event::ShippedPlaybooks { installed, .. } if installed > 0)
+                }) {
                     return;
                 }
             }

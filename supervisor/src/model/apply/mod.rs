@@ -116,14 +116,10 @@ impl ClusterState {
                         _ => unreachable!("only cluster-wide operations have no host"),
                     };
                     self.record_admin(index, at_ms, actor, op);
-                    let event = match op {
-                        AdminOp::Job(_) => Event::Admin {
-                            what,
-                            by: actor.clone(),
-                        },
-                        _ => Event::Playbooks {
-                            what: format!("{what} (by {actor})"),
-                        },
+                    let event = Event::Admin {
+                        action: op.action(),
+                        what,
+                        by: actor.clone(),
                     };
                     self.log_event(at_ms, None, event);
                     return Ok(CmdOk::Done);
@@ -217,6 +213,7 @@ impl ClusterState {
                     at_ms,
                     Some(&host_name),
                     Event::Admin {
+                        action: op.action(),
                         what,
                         by: actor.clone(),
                     },

@@ -169,17 +169,24 @@ impl ClusterState {
             self.log_event(
                 at_ms,
                 None,
-                Event::Playbooks {
+                Event::ShippedPlaybooks {
+                    installed: 0,
                     what: "shipped playbooks: every one is already stored".into(),
                 },
             );
             return;
         }
-        let what = match self.playbooks_after_apply(&fresh) {
-            Ok(_) => self.apply_playbooks(at_ms, SHIPPED_ACTOR, &fresh),
-            Err(e) => format!("shipped playbooks not installed: {e}"),
+        let event = match self.playbooks_after_apply(&fresh) {
+            Ok(_) => Event::ShippedPlaybooks {
+                installed: fresh.len() as u32,
+                what: self.apply_playbooks(at_ms, SHIPPED_ACTOR, &fresh),
+            },
+            Err(e) => Event::ShippedPlaybooks {
+                installed: 0,
+                what: format!("shipped playbooks not installed: {e}"),
+            },
         };
-        self.log_event(at_ms, None, Event::Playbooks { what });
+        self.log_event(at_ms, None, event);
     }
 
     /// Every stored playbook, parsed.
