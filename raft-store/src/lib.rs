@@ -27,35 +27,16 @@
 // openraft dictates `StorageError` (large) as the error of every storage call.
 #![allow(clippy::result_large_err)]
 
+mod codec;
+mod error;
 mod log_store;
 mod state_machine;
 
 use std::path::Path;
 
+pub use error::StoreError;
 pub use log_store::SledLogStore;
 pub use state_machine::{Applied, SharedApplied, SledStateMachine, StateModel};
-
-/// Errors opening or reading the store outside openraft's own calls.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// sled could not open or read the database.
-    #[error("sled database error at {path}: {source}")]
-    Sled {
-        /// The directory that was being opened.
-        path: String,
-        /// The underlying sled error.
-        #[source]
-        source: sled::Error,
-    },
-    /// A stored value could not be decoded (corruption or a format change).
-    #[error("stored {what} could not be decoded: {detail}")]
-    Decode {
-        /// Which value (e.g. `snapshot data`).
-        what: &'static str,
-        /// Decoder message.
-        detail: String,
-    },
-}
 
 /// Opens (or creates) the store in `dir` and returns the log store and the
 /// state machine, which share the same sled database.
@@ -86,12 +67,4 @@ where
     })?;
     let sm = SledStateMachine::new(&db, dir)?;
     Ok((log, sm))
-}
-
-pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, bincode::Error> {
-    bincode::serialize(value)
-}
-
-pub(crate) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::Error> {
-    bincode::deserialize(bytes)
 }

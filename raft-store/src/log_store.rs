@@ -17,7 +17,7 @@ use openraft::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::{decode, encode};
+use crate::codec::{decode, encode};
 
 const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";

@@ -18,7 +18,8 @@ use openraft::{
     StorageIOError, StoredMembership,
 };
 
-use crate::{decode, encode, StoreError};
+use crate::codec::{decode, encode};
+use crate::error::StoreError;
 
 const KEY_SNAPSHOT_META: &[u8] = b"meta";
 const KEY_SNAPSHOT_DATA: &[u8] = b"data";
