@@ -203,7 +203,7 @@ pub(crate) fn fit_strip(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::hull::*;
 
     fn pts(v: &[(i64, i64)]) -> Vec<Pt> {
         let mut p: Vec<Pt> = v.iter().map(|&(t, y)| Pt { t, y }).collect();

@@ -55,31 +55,15 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod host;
 mod hull;
 mod linalg;
 pub mod network;
 pub mod pair;
 pub mod probe;
+mod timestamp;
 
-use serde::{Deserialize, Serialize};
-
-/// A host in the probe mesh. The supervisor maps host names to these ids.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct HostId(pub u32);
-
-impl std::fmt::Display for HostId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "host#{}", self.0)
-    }
-}
-
-/// `a - b` in ns as f64, exact before the final rounding (epoch-scale
-/// timestamps must not be converted to f64 before subtracting: at 1.7e18 an
-/// f64 resolves only 256 ns).
-pub(crate) fn ns_diff(a: i64, b: i64) -> f64 {
-    (i128::from(a) - i128::from(b)) as f64
-}
-
+pub use host::HostId;
 pub use network::{
     solve, solve_with, ClockState, EdgeEstimate, EdgeResidual, EdgeStatus, HostClock, NetworkError,
     Solution, SolveConfig,

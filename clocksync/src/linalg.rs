@@ -122,7 +122,7 @@ impl CovFactor {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::linalg::*;
 
     #[test]
     fn solves_and_inverts_spd() {

@@ -61,9 +61,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
+use crate::host::HostId;
 use crate::linalg::{Cholesky, CovFactor};
 use crate::pair::Estimate;
-use crate::HostId;
 
 /// One pair's measurement, as an agent reports it to the supervisor.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -186,7 +186,7 @@ impl HostClock {
     /// `clock_host - clock_ref` when the reference clock reads `t_ref_ns`,
     /// given the solution's `at_ns`.
     pub fn offset_at(&self, at_ns: i64, t_ref_ns: i64) -> f64 {
-        self.offset_ns + self.drift_ppb * 1e-9 * crate::ns_diff(t_ref_ns, at_ns)
+        self.offset_ns + self.drift_ppb * 1e-9 * crate::timestamp::ns_diff(t_ref_ns, at_ns)
     }
 }
 
@@ -514,7 +514,7 @@ pub fn solve_with(
                 .map(|&i| {
                     let e = &edges[i];
                     let (a, b) = ends(e);
-                    let dt = crate::ns_diff(at_ns, e.at_ns) + get(x, a);
+                    let dt = crate::timestamp::ns_diff(at_ns, e.at_ns) + get(x, a);
                     let s0 = e.offset_error_ns.max(cfg.min_offset_error_ns);
                     let s1 = e.drift_error_ppb * 1e-9 * dt;
                     Obs {
@@ -632,7 +632,7 @@ pub fn solve_with(
                     EdgeStatus::Unreachable => (0.0, 0.0, 0.0),
                     EdgeStatus::Rejected => {
                         let (a, b) = ends(e);
-                        let dt = crate::ns_diff(at_ns, e.at_ns) + get(&x, a);
+                        let dt = crate::timestamp::ns_diff(at_ns, e.at_ns) + get(&x, a);
                         let s0 = e.offset_error_ns.max(cfg.min_offset_error_ns);
                         let s1 = e.drift_error_ppb * 1e-9 * dt;
                         let value = e.offset_ns + e.drift_ppb * 1e-9 * dt;
@@ -687,7 +687,7 @@ fn validate_config(cfg: &SolveConfig) -> Result<(), NetworkError> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::network::*;
 
     fn edge(from: u32, to: u32, offset_ns: f64) -> EdgeEstimate {
         EdgeEstimate {

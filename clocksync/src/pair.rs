@@ -259,13 +259,14 @@ pub struct Estimate {
 impl Estimate {
     /// The fitted offset at A-time `t_ns`.
     pub fn offset_at(&self, t_ns: i64) -> f64 {
-        self.offset_ns + self.drift_ppb * 1e-9 * crate::ns_diff(t_ns, self.at_ns)
+        self.offset_ns + self.drift_ppb * 1e-9 * crate::timestamp::ns_diff(t_ns, self.at_ns)
     }
 
     /// The error bound at A-time `t_ns` (grows with the drift's error away
     /// from `at_ns`).
     pub fn error_at(&self, t_ns: i64) -> f64 {
-        self.error_bound_ns + self.drift_error_ppb * 1e-9 * crate::ns_diff(t_ns, self.at_ns).abs()
+        self.error_bound_ns
+            + self.drift_error_ppb * 1e-9 * crate::timestamp::ns_diff(t_ns, self.at_ns).abs()
     }
 }
 
@@ -734,7 +735,7 @@ fn floor_spacing(s: &Strip, pts: &[Pt], sel: &[usize], above: bool) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::pair::*;
 
     /// Noise-free symmetric data: B = A + off + drift·t, owd 10 µs.
     fn feed(e: &mut PairEstimator, off: i64, drift_ppb: i64, n: i64) {

@@ -70,7 +70,7 @@ pub fn purity_filter(pair: &ProbePair, threshold_ns: u64) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::probe::*;
 
     fn pair(tx1: i64, rx1: i64, tx2: i64, rx2: i64) -> ProbePair {
         ProbePair {

@@ -131,7 +131,7 @@ pub(crate) fn suggest(word: &str, candidates: &[&str]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::diag::*;
 
     #[test]
     fn distance_and_suggestion() {

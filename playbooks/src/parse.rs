@@ -1056,7 +1056,7 @@ pub fn parse_rate(s: &str) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::parse::*;
 
     #[test]
     fn rates() {

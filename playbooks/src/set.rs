@@ -12,24 +12,44 @@ use crate::types::Playbook;
 /// A problem with a set of playbooks taken together.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SetError {
+    /// The set holds more playbooks than a set may.
     #[error("{count} playbooks, more than the {max} a set may hold")]
-    TooMany { count: usize, max: usize },
+    TooMany {
+        /// Playbooks in the set.
+        count: usize,
+        /// The bound ([`MAX_SET`]).
+        max: usize,
+    },
+    /// Two playbooks share a name (names identify playbooks in escalations).
     #[error("two playbooks are named \"{name}\"")]
-    DuplicateName { name: String },
+    DuplicateName {
+        /// The shared name.
+        name: String,
+    },
+    /// A playbook escalates to a playbook the set does not hold.
     #[error("playbook \"{playbook}\" escalates to missing playbook \"{target}\"")]
     MissingEscalation {
+        /// The escalating playbook.
         playbook: String,
+        /// The name it escalates to.
         target: String,
+        /// The closest name in the set, if one is close.
         suggestion: Option<String>,
     },
+    /// Escalations form a loop, so an incident could escalate forever.
     #[error("escalation cycle: {}", .cycle.join(" -> "))]
     EscalationCycle {
         /// The playbooks in escalation order, starting from the smallest
         /// name; the last escalates back to the first.
         cycle: Vec<String>,
     },
+    /// No incident can start a playbook: it has no trigger and nothing
+    /// escalates to it.
     #[error("playbook \"{playbook}\" has no trigger and no playbook escalates to it")]
-    Unused { playbook: String },
+    Unused {
+        /// The unreachable playbook.
+        playbook: String,
+    },
 }
 
 impl SetError {

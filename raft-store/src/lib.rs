@@ -16,9 +16,16 @@
 //!
 //! # On-disk format
 //! One sled database per node with three trees:
-//! - `log`: key = log index as big-endian `u64`, value = bincode(`Entry`);
-//! - `meta`: `vote`, `committed`, `last_purged` (bincode);
-//! - `snapshot`: `meta` (bincode `SnapshotMeta`) and `data` (the model bytes).
+//! - `log`: key = log index as big-endian `u64`, value = an `Entry`;
+//! - `meta`: `vote`, `committed`, `last_purged`, and `format` (the store
+//!   marker: the format version byte alone);
+//! - `snapshot`: `meta` (the `SnapshotMeta`) and `data` (the model bytes).
+//!
+//! Every value is one format version byte ([`FORMAT_VERSION`]) followed by
+//! bincode (for snapshot data: by the model's bytes); a reader refuses another
+//! version, or a damaged value, with a [`StoreError`] naming the tree and key.
+//! A database with data but no `format` marker predates versioned records and
+//! is refused ([`StoreError::Unversioned`]). See the `format` module.
 //!
 //! The store does not lock the data directory itself; the daemon that opens it
 //! holds an exclusive lock file (see the supervisor's `datadir` module), and
@@ -27,35 +34,17 @@
 // openraft dictates `StorageError` (large) as the error of every storage call.
 #![allow(clippy::result_large_err)]
 
+mod error;
+mod format;
 mod log_store;
 mod state_machine;
 
 use std::path::Path;
 
+pub use error::StoreError;
+pub use format::FORMAT_VERSION;
 pub use log_store::SledLogStore;
 pub use state_machine::{Applied, SharedApplied, SledStateMachine, StateModel};
-
-/// Errors opening or reading the store outside openraft's own calls.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    /// sled could not open or read the database.
-    #[error("sled database error at {path}: {source}")]
-    Sled {
-        /// The directory that was being opened.
-        path: String,
-        /// The underlying sled error.
-        #[source]
-        source: sled::Error,
-    },
-    /// A stored value could not be decoded (corruption or a format change).
-    #[error("stored {what} could not be decoded: {detail}")]
-    Decode {
-        /// Which value (e.g. `snapshot data`).
-        what: &'static str,
-        /// Decoder message.
-        detail: String,
-    },
-}
 
 /// Opens (or creates) the store in `dir` and returns the log store and the
 /// state machine, which share the same sled database.
@@ -80,18 +69,11 @@ where
             path: dir.display().to_string(),
             source,
         })?;
+    format::check_store(&db, dir)?;
     let log = SledLogStore::new(&db).map_err(|source| StoreError::Sled {
         path: dir.display().to_string(),
         source,
     })?;
     let sm = SledStateMachine::new(&db, dir)?;
     Ok((log, sm))
-}
-
-pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, bincode::Error> {
-    bincode::serialize(value)
-}
-
-pub(crate) fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, bincode::Error> {
-    bincode::deserialize(bytes)
 }

@@ -17,7 +17,8 @@ use openraft::{
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::{decode, encode};
+use crate::error::StoreError;
+use crate::format::{decode, encode, TREE_LOG, TREE_META};
 
 const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
@@ -49,10 +50,25 @@ fn index_key(index: u64) -> [u8; 8] {
     index.to_be_bytes()
 }
 
-fn key_index(key: &[u8]) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&key[..8]);
-    u64::from_be_bytes(b)
+/// The index a `log` key holds; a key of another length is corruption.
+fn key_index(key: &[u8]) -> Result<u64, StoreError> {
+    let b: [u8; 8] = key.try_into().map_err(|_| StoreError::Corrupt {
+        what: "log key",
+        tree: TREE_LOG,
+        key: format!("{key:02x?}"),
+        detail: format!("{} bytes where a big-endian u64 index belongs", key.len()),
+    })?;
+    Ok(u64::from_be_bytes(b))
+}
+
+/// What the value under a `meta` key is, for errors.
+fn meta_what(key: &[u8]) -> &'static str {
+    match key {
+        KEY_VOTE => "vote",
+        KEY_COMMITTED => "committed log id",
+        KEY_LAST_PURGED => "purge marker",
+        _ => "meta value",
+    }
 }
 
 impl<C> SledLogStore<C>
@@ -63,8 +79,8 @@ where
     pub(crate) fn new(db: &sled::Db) -> Result<Self, sled::Error> {
         Ok(Self {
             db: db.clone(),
-            log: db.open_tree("log")?,
-            meta: db.open_tree("meta")?,
+            log: db.open_tree(TREE_LOG)?,
+            meta: db.open_tree(TREE_META)?,
             _c: PhantomData,
         })
     }
@@ -75,7 +91,12 @@ where
     ) -> Result<Option<T>, StorageError<C::NodeId>> {
         match self.meta.get(key).map_err(|e| StorageIOError::read(&e))? {
             None => Ok(None),
-            Some(bytes) => Ok(Some(decode(&bytes).map_err(|e| StorageIOError::read(&*e))?)),
+            Some(bytes) => {
+                let name = String::from_utf8_lossy(key);
+                let value = decode(&bytes, meta_what(key), TREE_META, &name)
+                    .map_err(|e| StorageIOError::read(&e))?;
+                Ok(Some(value))
+            }
         }
     }
 
@@ -106,8 +127,9 @@ where
         let mut out = Vec::new();
         for kv in iter {
             let (k, v) = kv.map_err(|e| StorageIOError::read_logs(&e))?;
-            let entry: Entry<C> =
-                decode(&v).map_err(|e| StorageIOError::read_log_at_index(key_index(&k), &*e))?;
+            let index = key_index(&k).map_err(|e| StorageIOError::read_logs(&e))?;
+            let entry: Entry<C> = decode(&v, "log entry", TREE_LOG, &index)
+                .map_err(|e| StorageIOError::read_log_at_index(index, &e))?;
             out.push(entry);
         }
         Ok(out)
@@ -125,8 +147,10 @@ where
         let last_purged: Option<LogId<C::NodeId>> = self.read_meta(KEY_LAST_PURGED)?;
         let last = match self.log.last().map_err(|e| StorageIOError::read_logs(&e))? {
             None => None,
-            Some((_, v)) => {
-                let entry: Entry<C> = decode(&v).map_err(|e| StorageIOError::read_logs(&*e))?;
+            Some((k, v)) => {
+                let index = key_index(&k).map_err(|e| StorageIOError::read_logs(&e))?;
+                let entry: Entry<C> = decode(&v, "log entry", TREE_LOG, &index)
+                    .map_err(|e| StorageIOError::read_log_at_index(index, &e))?;
                 Some(entry.get_log_id().clone())
             }
         };

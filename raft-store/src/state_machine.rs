@@ -18,10 +18,11 @@ use openraft::{
     StorageIOError, StoredMembership,
 };
 
-use crate::{decode, encode, StoreError};
+use crate::error::StoreError;
+use crate::format::{decode, decode_raw, encode, encode_raw, TREE_SNAPSHOT};
 
-const KEY_SNAPSHOT_META: &[u8] = b"meta";
-const KEY_SNAPSHOT_DATA: &[u8] = b"data";
+const KEY_SNAPSHOT_META: &str = "meta";
+const KEY_SNAPSHOT_DATA: &str = "data";
 
 /// An application's replicated model.
 ///
@@ -78,13 +79,15 @@ where
             path: dir.display().to_string(),
             source,
         };
-        let snapshots = db.open_tree("snapshot").map_err(sled_err)?;
+        let snapshots = db.open_tree(TREE_SNAPSHOT).map_err(sled_err)?;
         let mut applied = Applied::<C, M>::default();
         if let Some(meta_bytes) = snapshots.get(KEY_SNAPSHOT_META).map_err(sled_err)? {
-            let meta: Meta<C> = decode(&meta_bytes).map_err(|e| StoreError::Decode {
-                what: "snapshot meta",
-                detail: e.to_string(),
-            })?;
+            let meta: Meta<C> = decode(
+                &meta_bytes,
+                "snapshot meta",
+                TREE_SNAPSHOT,
+                &KEY_SNAPSHOT_META,
+            )?;
             let data = snapshots
                 .get(KEY_SNAPSHOT_DATA)
                 .map_err(sled_err)?
@@ -92,7 +95,8 @@ where
                     what: "snapshot data",
                     detail: "meta present but data missing".into(),
                 })?;
-            applied.model = M::decode(&data).map_err(|detail| StoreError::Decode {
+            let data = decode_raw(&data, "snapshot data", TREE_SNAPSHOT, &KEY_SNAPSHOT_DATA)?;
+            applied.model = M::decode(data).map_err(|detail| StoreError::Decode {
                 what: "snapshot data",
                 detail,
             })?;
@@ -121,8 +125,13 @@ where
         else {
             return Ok(None);
         };
-        let meta: Meta<C> =
-            decode(&meta_bytes).map_err(|e| StorageIOError::read_snapshot(None, &*e))?;
+        let meta: Meta<C> = decode(
+            &meta_bytes,
+            "snapshot meta",
+            TREE_SNAPSHOT,
+            &KEY_SNAPSHOT_META,
+        )
+        .map_err(|e| StorageIOError::read_snapshot(None, &e))?;
         let data = self
             .snapshots
             .get(KEY_SNAPSHOT_DATA)
@@ -133,6 +142,8 @@ where
                     &std::io::Error::other("snapshot data missing"),
                 )
             })?;
+        let data = decode_raw(&data, "snapshot data", TREE_SNAPSHOT, &KEY_SNAPSHOT_DATA)
+            .map_err(|e| StorageIOError::read_snapshot(Some(meta.signature()), &e))?;
         Ok(Some(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data.to_vec())),
@@ -151,7 +162,7 @@ async fn persist_snapshot<C: RaftTypeConfig>(
     let meta_bytes = encode(meta).map_err(|e| StorageIOError::write_snapshot(sig.clone(), &*e))?;
     let mut batch = sled::Batch::default();
     batch.insert(KEY_SNAPSHOT_META, meta_bytes);
-    batch.insert(KEY_SNAPSHOT_DATA, data);
+    batch.insert(KEY_SNAPSHOT_DATA, encode_raw(data));
     snapshots
         .apply_batch(batch)
         .map_err(|e| StorageIOError::write_snapshot(sig.clone(), &e))?;

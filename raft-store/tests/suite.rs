@@ -3,50 +3,12 @@
 //! Each case gets a fresh sled database in its own temporary directory; the
 //! directory guard is returned to the Suite so it outlives the case.
 
-use std::io::Cursor;
+mod common;
 
+use common::{log_id, put, KvModel, TestConfig};
 use openraft::testing::{StoreBuilder, Suite};
-use openraft::{LogId, StorageError};
-use raft_store::{SledLogStore, SledStateMachine, StateModel};
-use serde::{Deserialize, Serialize};
-
-/// Application data for the Suite's type config: a key/value write.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Put {
-    key: String,
-    value: String,
-}
-
-openraft::declare_raft_types!(
-    pub TestConfig:
-        D = Put,
-        R = Option<String>,
-        NodeId = u64,
-        Node = openraft::BasicNode,
-        Entry = openraft::Entry<TestConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
-);
-
-/// A tiny key/value model: applies `Put` and returns the previous value.
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct KvModel {
-    kv: std::collections::BTreeMap<String, String>,
-}
-
-impl StateModel<TestConfig> for KvModel {
-    fn apply(&mut self, _log_id: &LogId<u64>, data: &Put) -> Option<String> {
-        self.kv.insert(data.key.clone(), data.value.clone())
-    }
-    fn non_app_response(&mut self, _log_id: &LogId<u64>) -> Option<String> {
-        None
-    }
-    fn encode(&self) -> Result<Vec<u8>, String> {
-        serde_json::to_vec(self).map_err(|e| e.to_string())
-    }
-    fn decode(bytes: &[u8]) -> Result<Self, String> {
-        serde_json::from_slice(bytes).map_err(|e| e.to_string())
-    }
-}
+use openraft::StorageError;
+use raft_store::{SledLogStore, SledStateMachine};
 
 struct SledBuilder;
 
@@ -77,20 +39,6 @@ impl
 #[test]
 fn openraft_storage_suite_all_cases() {
     Suite::test_all(SledBuilder).expect("every Suite case passes");
-}
-
-fn log_id(term: u64, index: u64) -> LogId<u64> {
-    LogId::new(openraft::CommittedLeaderId::new(term, 1), index)
-}
-
-fn put(term: u64, index: u64) -> openraft::Entry<TestConfig> {
-    openraft::Entry {
-        log_id: log_id(term, index),
-        payload: openraft::EntryPayload::Normal(Put {
-            key: format!("k{index}"),
-            value: format!("v{index}"),
-        }),
-    }
 }
 
 /// Log, vote, purge marker, applied model and snapshot all come back after

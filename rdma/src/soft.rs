@@ -35,16 +35,22 @@ const PATH_QUEUE: usize = 8;
 /// Transport failures.
 #[derive(Debug, thiserror::Error)]
 pub enum SoftError {
+    /// A socket operation on a NIC failed (binding, connecting, listening).
     #[error("NIC {nic}: {source}")]
     Nic {
+        /// The NIC's interface name.
         nic: String,
+        /// The socket error.
         #[source]
         source: std::io::Error,
     },
+    /// An endpoint was asked for with no NIC.
     #[error("no NIC given")]
     NoNics,
+    /// A NIC name is not a valid Linux interface name.
     #[error("NIC name {0:?} is not a valid interface name")]
     BadNicName(String),
+    /// A connection id is registered twice on one endpoint.
     #[error("connection {0} is already open on this endpoint")]
     DuplicateConnection(u64),
 }
