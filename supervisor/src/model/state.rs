@@ -19,6 +19,11 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::collections::VecDeque;
 
+/// The format of the model's snapshot bytes (the first byte of every
+/// snapshot's data; raft-store adds its own store version around it). Bump
+/// it whenever a type inside `ClusterState` changes its bincode layout.
+pub const MODEL_FORMAT_VERSION: u8 = 1;
+
 /// The whole replicated model.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ClusterState {
@@ -84,12 +89,25 @@ impl raft_store::StateModel<TypeConfig> for ClusterState {
         Vec::new()
     }
 
+    /// [`MODEL_FORMAT_VERSION`], then bincode of the model.
     fn encode(&self) -> Result<Vec<u8>, String> {
-        bincode::serialize(self).map_err(|e| e.to_string())
+        let mut out = vec![MODEL_FORMAT_VERSION];
+        bincode::serialize_into(&mut out, self).map_err(|e| e.to_string())?;
+        Ok(out)
     }
 
+    /// Refuses a snapshot of another model format (or none) instead of
+    /// guessing at its fields.
     fn decode(bytes: &[u8]) -> Result<Self, String> {
-        bincode::deserialize(bytes).map_err(|e| e.to_string())
+        match bytes.split_first() {
+            Some((&MODEL_FORMAT_VERSION, body)) => {
+                bincode::deserialize(body).map_err(|e| e.to_string())
+            }
+            Some((v, _)) => Err(format!(
+                "model snapshot has format version {v}; this build reads only version {MODEL_FORMAT_VERSION}"
+            )),
+            None => Err("model snapshot is empty".into()),
+        }
     }
 }
 

@@ -1243,3 +1243,19 @@ fn clock_states_change_with_an_event_and_unknown_hosts_write_nothing() {
     assert_eq!(st.events.len(), events);
     assert_eq!(st.hosts["h0"].clock.changed_ms, 70);
 }
+
+#[test]
+fn snapshots_carry_the_model_format_version_and_refuse_another() {
+    use raft_store::StateModel;
+    let mut st = ClusterState::default();
+    register(&mut st, "h0");
+    let bytes = st.encode().unwrap();
+    assert_eq!(bytes[0], crate::model::state::MODEL_FORMAT_VERSION);
+    assert_eq!(ClusterState::decode(&bytes).unwrap(), st);
+    let mut other = bytes.clone();
+    other[0] = crate::model::state::MODEL_FORMAT_VERSION + 1;
+    let err = ClusterState::decode(&other).unwrap_err();
+    assert!(err.contains("format version"), "{err}");
+    assert!(ClusterState::decode(&[]).is_err());
+    assert!(ClusterState::decode(&bytes[..bytes.len() / 2]).is_err());
+}
