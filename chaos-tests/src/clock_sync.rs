@@ -29,10 +29,10 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::bulk::BulkFlow;
-use crate::burst::{BurstLoad, BurstSpec};
-use crate::netcluster::{NetCluster, NetClusterOptions, RESHAPING_PLAYBOOK};
-use crate::testbed::{LeafSplit, TestbedSpec};
+use testbed::bulk::BulkFlow;
+use testbed::burst::{BurstLoad, BurstSpec};
+use testbed::netcluster::{NetCluster, NetClusterOptions, RESHAPING_PLAYBOOK};
+use testbed::{LeafSplit, TestbedSpec};
 
 /// One run's parameters.
 #[derive(Debug, Clone)]
@@ -576,7 +576,7 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     if p.probe_rate.is_some_and(|r| r == 0 || r > max_rate) {
         bail!("--probe-rate takes 1..={max_rate} pairs/s per peer");
     }
-    let load_max = crate::burst::MAX_LOAD.min(crate::bulk::MAX_FLOW);
+    let load_max = testbed::burst::MAX_LOAD.min(testbed::bulk::MAX_FLOW);
     if (p.uplink_load_mbit > 0 || p.cross_load_mbit > 0)
         && Duration::from_secs(p.seconds + 30) > load_max
     {

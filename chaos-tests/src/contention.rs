@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::json;
 
-use crate::bulk::BulkFlow;
-use crate::netcluster::{NetCluster, NetClusterOptions};
-use crate::testbed::{LeafSplit, TestbedSpec};
 use crate::training::{JobRun, TrainOpts, Training, Watch};
+use testbed::bulk::BulkFlow;
+use testbed::netcluster::{NetCluster, NetClusterOptions};
+use testbed::{LeafSplit, TestbedSpec};
 
 /// The split rail and the uplink's name in the written topology.
 const RAIL: usize = 0;

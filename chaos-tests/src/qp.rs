@@ -18,7 +18,7 @@ use rand::{Rng, RngCore, SeedableRng};
 use rdma::resilient::{ConnConfig, ConnStats, Failback, Rail, ResilientConnection, Side};
 use rdma::soft::{Endpoint, LocalNic};
 
-use crate::testbed::{rail_addr, Netns};
+use testbed::{rail_addr, Netns};
 
 /// Port every endpoint listens on (the same on each NIC).
 pub const PORT: u16 = 7700;
@@ -783,8 +783,8 @@ pub struct QpMigrateReport {
 
 /// Runs the scenario.
 pub async fn qp_migrate(cfg: QpMigrateRun) -> anyhow::Result<QpMigrateReport> {
-    use crate::netcluster::NetCluster;
-    use crate::testbed::{Node, Side as CableSide, TestbedSpec};
+    use testbed::netcluster::NetCluster;
+    use testbed::{Node, Side as CableSide, TestbedSpec};
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
     eprintln!("[qp-migrate] building 1 supervisor + 2 hosts (agents running)");
     let mut nc = NetCluster::start(TestbedSpec {
@@ -934,7 +934,7 @@ const JOB: &str = "qp-migrate";
 /// Placement checker: every connection of `hosts` appears in `qp list` on
 /// the NIC it is on now. The error names the first disagreement.
 fn check_placements(
-    nc: &crate::netcluster::NetCluster,
+    nc: &testbed::netcluster::NetCluster,
     hosts: &[&HostTraffic],
 ) -> Result<(), String> {
     let v = nc
@@ -995,12 +995,8 @@ const THROUGHPUT_TRIALS: u16 = 5;
 
 /// Bytes/s of one resilient connection from host 0 to host 1, sending the
 /// same 1 MiB buffer (no payload generation in the way) for `secs`.
-async fn resilient_throughput(
-    tb: &crate::testbed::Testbed,
-    secs: f64,
-    port: u16,
-) -> anyhow::Result<f64> {
-    use crate::testbed::Node;
+async fn resilient_throughput(tb: &testbed::Testbed, secs: f64, port: u16) -> anyhow::Result<f64> {
+    use testbed::Node;
     let open = move |host: usize, peer: usize| async move {
         let ep = Arc::new(Endpoint::bind(host_nics(host), port).await?);
         let rails = (0..2)
@@ -1054,8 +1050,8 @@ async fn resilient_throughput(
 }
 
 /// Bytes/s of one plain TCP stream over the same rail, same buffer size.
-async fn tcp_throughput(tb: &crate::testbed::Testbed, secs: f64, port: u16) -> anyhow::Result<f64> {
-    use crate::testbed::Node;
+async fn tcp_throughput(tb: &testbed::Testbed, secs: f64, port: u16) -> anyhow::Result<f64> {
+    use testbed::Node;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let addr = std::net::SocketAddr::new(rail_addr(1, 0).into(), port);
     let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -1131,7 +1127,7 @@ pub struct FailoverReport {
 
 /// Runs the bench.
 pub async fn failover(cfg: FailoverRun) -> anyhow::Result<FailoverReport> {
-    use crate::testbed::{Node, Side as CableSide, Testbed, TestbedSpec};
+    use testbed::{Node, Side as CableSide, Testbed, TestbedSpec};
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
     eprintln!("[failover] building 2 hosts");
     let mut tb = Testbed::build(TestbedSpec {
@@ -1276,8 +1272,8 @@ pub async fn failover(cfg: FailoverRun) -> anyhow::Result<FailoverReport> {
     })
 }
 
-async fn dip(tb: &mut crate::testbed::Testbed, seed: u64) -> anyhow::Result<(f64, u64)> {
-    use crate::testbed::{Node, Side as CableSide};
+async fn dip(tb: &mut testbed::Testbed, seed: u64) -> anyhow::Result<(f64, u64)> {
+    use testbed::{Node, Side as CableSide};
     let spec = TrafficSpec {
         conns: 1,
         sizes: Sizes::Fixed(256 << 10),

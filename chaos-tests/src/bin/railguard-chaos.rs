@@ -485,7 +485,7 @@ fn main() {
                 _ = sigterm => 143,
             };
             eprintln!("interrupted: cleaning up");
-            chaos_tests::testbed::cleanup_all_live();
+            testbed::cleanup_all_live();
             std::process::exit(code);
         });
         match cli.cmd {
@@ -511,7 +511,7 @@ fn main() {
                 if !(2..=50).contains(&hosts) || !(1..=10_000).contains(&flaps) {
                     anyhow::bail!("--hosts takes 2..=50 and --flaps 1..=10000");
                 }
-                if !chaos_tests::testbed::require_root("scenario nic-flap")? {
+                if !testbed::require_root("scenario nic-flap")? {
                     anyhow::bail!("scenario nic-flap needs root");
                 }
                 let r = chaos_tests::nic_flap::run(chaos_tests::nic_flap::NicFlapRun {
@@ -536,7 +536,7 @@ fn main() {
                 if !(16..=(64 << 20)).contains(&max_message) || outage_ms > 25_000 {
                     anyhow::bail!("--max-message takes 16..=67108864 and --outage-ms at most 25000 (under the 30 s stall timeout)");
                 }
-                if !chaos_tests::testbed::require_root("scenario qp-migrate")? {
+                if !testbed::require_root("scenario qp-migrate")? {
                     anyhow::bail!("scenario qp-migrate needs root");
                 }
                 let r = chaos_tests::qp::qp_migrate(chaos_tests::qp::QpMigrateRun {
@@ -554,7 +554,7 @@ fn main() {
                 parallel,
                 seed,
             }) => {
-                if !chaos_tests::testbed::require_root("scenario playbook-leader-kill")? {
+                if !testbed::require_root("scenario playbook-leader-kill")? {
                     anyhow::bail!("scenario playbook-leader-kill needs root");
                 }
                 let r = chaos_tests::playbook_leader_kill::playbook_leader_kill(
@@ -574,7 +574,7 @@ fn main() {
             }
             Cmd::Scenario(Scenario::TrainNicFlap { train, storm }) => {
                 let (o, st) = (train.opts(false)?, storm.storm()?);
-                if !chaos_tests::testbed::require_root("scenario train-nic-flap")? {
+                if !testbed::require_root("scenario train-nic-flap")? {
                     anyhow::bail!("scenario train-nic-flap needs root");
                 }
                 let v = chaos_tests::training::train_nic_flap(&o, st).await?;
@@ -585,7 +585,7 @@ fn main() {
                 if at_step == 0 || at_step >= o.steps {
                     anyhow::bail!("--at-step must be within 1..steps");
                 }
-                if !chaos_tests::testbed::require_root("scenario host-loss")? {
+                if !testbed::require_root("scenario host-loss")? {
                     anyhow::bail!("scenario host-loss needs root");
                 }
                 let v = chaos_tests::training::host_loss(&o, at_step).await?;
@@ -596,7 +596,7 @@ fn main() {
                 if at_step == 0 || at_step >= o.steps {
                     anyhow::bail!("--at-step must be within 1..steps");
                 }
-                if !chaos_tests::testbed::require_root("scenario drain")? {
+                if !testbed::require_root("scenario drain")? {
                     anyhow::bail!("scenario drain needs root");
                 }
                 let v = chaos_tests::training::drain(&o, at_step).await?;
@@ -604,7 +604,7 @@ fn main() {
             }
             Cmd::Bench(Bench::Goodput { train, storm }) => {
                 let (o, st) = (train.opts(false)?, storm.storm()?);
-                if !chaos_tests::testbed::require_root("bench goodput")? {
+                if !testbed::require_root("bench goodput")? {
                     anyhow::bail!("bench goodput needs root");
                 }
                 let v = chaos_tests::training::goodput(&o, st).await?;
@@ -618,7 +618,7 @@ fn main() {
                 if !(1..=10_000).contains(&flaps) || !(0.5..=120.0).contains(&seconds) {
                     anyhow::bail!("--flaps takes 1..=10000 and --seconds 0.5..=120");
                 }
-                if !chaos_tests::testbed::require_root("bench failover")? {
+                if !testbed::require_root("bench failover")? {
                     anyhow::bail!("bench failover needs root");
                 }
                 let r = chaos_tests::qp::failover(chaos_tests::qp::FailoverRun {
@@ -637,7 +637,7 @@ fn main() {
                 if !(1..=100_000).contains(&flaps) || host_losses > 1000 {
                     anyhow::bail!("--flaps takes 1..=100000 and --host-losses at most 1000");
                 }
-                if !chaos_tests::testbed::require_root("bench detect")? {
+                if !testbed::require_root("bench detect")? {
                     anyhow::bail!("bench detect needs root");
                 }
                 let r = chaos_tests::detect::run(flaps, host_losses, seed).await?;
@@ -651,7 +651,7 @@ fn main() {
                 if !(0.5..=120.0).contains(&cut_secs) {
                     anyhow::bail!("--cut-secs takes 0.5..=120");
                 }
-                if !chaos_tests::testbed::require_root("scenario mgmt-partition")? {
+                if !testbed::require_root("scenario mgmt-partition")? {
                     anyhow::bail!("scenario mgmt-partition needs root");
                 }
                 let r = chaos_tests::probe_scenarios::mgmt_partition(
@@ -666,7 +666,7 @@ fn main() {
             }
             Cmd::Scenario(Scenario::Contention { args, quiet_secs }) => {
                 let o = args.opts(quiet_secs)?;
-                if !chaos_tests::testbed::require_root("scenario contention")? {
+                if !testbed::require_root("scenario contention")? {
                     anyhow::bail!("scenario contention needs root");
                 }
                 let v = chaos_tests::contention::scenario(&o).await?;
@@ -674,7 +674,7 @@ fn main() {
             }
             Cmd::Bench(Bench::Reshaping { args }) => {
                 let o = args.opts(0)?;
-                if !chaos_tests::testbed::require_root("bench reshaping")? {
+                if !testbed::require_root("bench reshaping")? {
                     anyhow::bail!("bench reshaping needs root");
                 }
                 let v = chaos_tests::contention::bench(&o).await?;
@@ -689,7 +689,7 @@ fn main() {
                 if !(0.1..=60.0).contains(&hold_secs) {
                     anyhow::bail!("--hold-secs takes 0.1..=60");
                 }
-                if !chaos_tests::testbed::require_root("scenario probe-blackhole")? {
+                if !testbed::require_root("scenario probe-blackhole")? {
                     anyhow::bail!("scenario probe-blackhole needs root");
                 }
                 let r = chaos_tests::probe_scenarios::probe_blackhole(
@@ -726,7 +726,7 @@ fn main() {
                 if !(0.05..=1.2).contains(&cross_load_util) {
                     anyhow::bail!("--cross-load-util takes 0.05..=1.2");
                 }
-                if !chaos_tests::testbed::require_root("bench clock-sync")? {
+                if !testbed::require_root("bench clock-sync")? {
                     anyhow::bail!("bench clock-sync needs root");
                 }
                 let r = chaos_tests::clock_sync::run(chaos_tests::clock_sync::ClockSyncRun {

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 
 use crate::bulk::timed_out;
-use crate::testbed::{rail_addr, Node, Testbed};
+use crate::{rail_addr, Node, Testbed};
 
 /// UDP payload of every datagram (with headers, a 1442-byte frame).
 pub const PAYLOAD: usize = 1400;

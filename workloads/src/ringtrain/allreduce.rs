@@ -237,7 +237,7 @@ pub fn reference(inputs: &[Vec<f32>]) -> Vec<f32> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::ringtrain::allreduce::*;
     use crate::ringtrain::model::SplitMix;
     use tokio::sync::mpsc;
 

@@ -290,7 +290,7 @@ pub fn digest(params: &[f32]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::ringtrain::model::*;
 
     fn tiny() -> Shape {
         Shape {

@@ -247,7 +247,7 @@ pub fn load(dir: &Path, id: &Identity, step: u64) -> Result<State, CheckpointErr
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::ringtrain::checkpoint::*;
 
     fn id() -> Identity {
         Identity {

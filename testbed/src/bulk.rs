@@ -3,7 +3,7 @@
 //! load that makes a leaf split's uplink queue.
 //!
 //! The sockets are made inside the hosts' namespaces (a socket's namespace
-//! is fixed when it is created, [`crate::testbed::Netns::run`]); the sender
+//! is fixed when it is created, [`crate::Netns::run`]); the sender
 //! and receiver then run on plain threads of this process. Both are
 //! bounded: the sender stops on [`BulkFlow::stop`] or when the flow's
 //! maximum duration is up, the receiver drains what is in flight for at
@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::testbed::{rail_addr, Node, Testbed};
+use crate::{rail_addr, Node, Testbed};
 
 /// Longest a receiver keeps draining after the sender stopped.
 pub const DRAIN_MAX: Duration = Duration::from_secs(5);
