@@ -174,7 +174,7 @@ const SPLIT_BLOCK: u64 = 6;
 
 /// Where the per-edge errors come from. Each edge's error series (one
 /// reading a second, both estimators from the same probes) is cut into
-/// blocks of [`SPLIT_BLOCK`] readings: the block means are the *slow* part
+/// blocks of `SPLIT_BLOCK` readings: the block means are the *slow* part
 /// (what persists over several disjoint windows: a path asymmetry, which
 /// both estimators see alike if it is the fabric's), the deviations from
 /// them the *fast* part (each estimator's own noise, which the block

@@ -5,8 +5,8 @@
 //!
 //! Layout (`hosts_per_leaf` = n ≥ 3): hosts 0..n on leaf 0, n..2n on
 //! leaf 1 of rail 0 (rail 1 stays one bridge). Job `ring-a` runs ranks on
-//! h0 and h<n>, job `ring-b` on h1 and h<n+1>; the bulk flow goes from h2
-//! to h<n+2> over rail 0. Every figure comes from the real processes: the
+//! h0 and `h<n>`, job `ring-b` on h1 and `h<n+1>`; the bulk flow goes from h2
+//! to `h<n+2>` over rail 0. Every figure comes from the real processes: the
 //! incident and shapes from the supervisor, OWDs from the probe mesh
 //! (`railguard paths --queueing`), step times from the ranks' own logs,
 //! leftovers from dumping the host NICs' qdiscs through netlink.

@@ -7,7 +7,7 @@
 //! # Layout
 //! - [`linearizability`]: porcupine-style checker and the host model.
 //! - [`admin_history`]: `leader-kill` and `cluster-crash` scenarios.
-//! - [`bench`]: the `raft-commit` benchmark.
+//! - [`bench`](mod@bench): the `raft-commit` benchmark.
 //! - [`detect`]: the `detect` benchmark (flap and host-loss detection times).
 //! - [`demo`]: the README's first command.
 //! - [`nic_flap`]: the `nic-flap` scenario and its transition checker.

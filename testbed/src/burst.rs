@@ -8,7 +8,7 @@
 //! (a late wake-up sends the due bursts at once rather than lowering the
 //! rate); the receiver drains and counts. Both are bounded: the sender
 //! stops on [`BurstLoad::stop`] or when the maximum duration is up, the
-//! receiver once quiet after that, and [`DRAIN`] after the maximum
+//! receiver once quiet after that, and `DRAIN` after the maximum
 //! duration at the latest.
 
 use std::net::{SocketAddr, UdpSocket};

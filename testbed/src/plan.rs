@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 /// Every testbed namespace starts with this.
 pub const NS_PREFIX: &str = "rg";
 
-/// What to build (optional parts: [`TestbedOptions`]).
+/// What to build (optional parts: [`TestbedOptions`](crate::leaf::TestbedOptions)).
 #[derive(Debug, Clone, Copy)]
 pub struct TestbedSpec {
     pub supervisors: usize,

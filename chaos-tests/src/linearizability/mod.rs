@@ -9,7 +9,7 @@
 //!
 //! # Segmentation
 //!
-//! A long history is not searched as a whole. [`check`] cuts it at
+//! A long history is not searched as a whole. [`check`](fn@check) cuts it at
 //! quiescent points: instants that no *completed* operation's
 //! `[call, ret]` interval spans. Every completed operation before a cut
 //! returned before every completed operation after it was called, so any
@@ -57,7 +57,7 @@
 //! # Layout
 //! - [`model`]: the vocabulary: a sequential specification ([`Model`]),
 //!   an [`Operation`] of a history, the [`Verdict`], [`Limits`], [`Report`].
-//! - [`check`]: the segmented checker ([`check`], [`check_with`]): cuts at
+//! - [`check`](mod@check): the segmented checker ([`check`](fn@check), [`check_with`]): cuts at
 //!   quiescent points and carries the frontier across them.
 //! - `segment`: the cuts at quiescent points.
 //! - `entries`: the operation list, bit set and hasher both searches use.

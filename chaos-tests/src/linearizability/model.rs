@@ -51,11 +51,11 @@ pub struct Operation<I, O> {
 pub enum Verdict {
     Linearizable,
     /// No linearization exists. Holds how far the search got, to help
-    /// debugging: for [`check`], the number of completed operations in the
+    /// debugging: for [`check`](super::check::check), the number of completed operations in the
     /// segments before the one that cannot be linearized plus the most of
     /// that segment's completed operations any branch of its search
     /// linearized (so the violation is among the operations right after
-    /// that many, in call order); for [`check_unsegmented`], the longest
+    /// that many, in call order); for [`check_unsegmented`](super::unsegmented::check_unsegmented), the longest
     /// prefix (by number of operations) the search linearized.
     NotLinearizable {
         best_prefix: usize,
@@ -65,7 +65,7 @@ pub enum Verdict {
     Undecided,
 }
 
-/// Bounds of one [`check_with`] run.
+/// Bounds of one [`check_with`](super::check::check_with) run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     /// Search steps (one per attempt to linearize an operation), over all

@@ -12,9 +12,9 @@ use super::model::{Model, Operation, Verdict};
 /// history at once (no segmentation, no pruning of unknown-outcome
 /// operations), with at most `max_steps` search steps.
 ///
-/// Sound and complete like [`check_with`], but its cost grows quickly with
+/// Sound and complete like [`check_with`](super::check::check_with), but its cost grows quickly with
 /// the length of the history and the number of unknown-outcome operations;
-/// it is the reference [`check`] is tested against.
+/// it is the reference [`check`](super::check::check) is tested against.
 pub fn check_unsegmented<M: Model>(
     model: &M,
     ops: &[Operation<M::Input, M::Output>],

@@ -14,7 +14,7 @@
 //!   contract with the host's agent), its counters and checks.
 //! - [`migrate`]: the `qp-migrate` scenario and its placement checker
 //!   (`qp list` matches every connection's NIC).
-//! - [`failover`]: `bench failover` (time to resume after a flap, steady
+//! - [`failover`](mod@failover): `bench failover` (time to resume after a flap, steady
 //!   throughput against TCP, the dip around a flap).
 
 pub mod failover;
