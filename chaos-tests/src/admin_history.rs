@@ -23,10 +23,10 @@ use supervisor::api::{AdminReply, AdminRequest, ErrorKind};
 use supervisor::client::AdminClient;
 use supervisor::model::{AdminOp, Host};
 
-use crate::cluster::SupervisorCluster;
 use crate::linearizability::{
     check_with, HostModel, HostOp, HostResult, HostView, Limits, Operation, Verdict, MAX_FRONTIER,
 };
+use testbed::cluster::SupervisorCluster;
 
 /// Step budget of the linearizability search, per host.
 pub const CHECK_BUDGET: u64 = 50_000_000;
@@ -242,7 +242,7 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
     cluster.init().await.context("initialise the cluster")?;
     let hosts: Vec<String> = (0..cfg.hosts).map(|i| format!("h{i}")).collect();
     for h in &hosts {
-        crate::agentsim::register_host(&cluster.addrs(), h).await?;
+        testbed::agentsim::register_host(&cluster.addrs(), h).await?;
     }
     eprintln!(
         "[{scenario}] registered {} hosts; {} clients start",

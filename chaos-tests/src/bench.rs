@@ -18,8 +18,8 @@ use serde::Serialize;
 use supervisor::api::AdminRequest;
 use supervisor::model::AdminOp;
 
-use crate::agentsim::{nic_event, open_stream, register_host};
-use crate::cluster::SupervisorCluster;
+use testbed::agentsim::{nic_event, open_stream, register_host};
+use testbed::cluster::SupervisorCluster;
 
 /// One concurrency level's figures.
 #[derive(Debug, Clone, Serialize)]
@@ -85,7 +85,7 @@ fn summarise(clients: usize, trials: Vec<(Vec<u64>, u64)>, secs: f64) -> Level {
 async fn open_streams(
     addr: &str,
     hosts: &[String],
-) -> anyhow::Result<Vec<crate::agentsim::EventStream>> {
+) -> anyhow::Result<Vec<testbed::agentsim::EventStream>> {
     let mut tasks = Vec::new();
     for _ in hosts {
         let addr = addr.to_string();
@@ -110,7 +110,7 @@ async fn open_streams(
 
 /// One trial: every client sends one event at a time on its own stream.
 async fn event_level(
-    streams: &mut Vec<crate::agentsim::EventStream>,
+    streams: &mut Vec<testbed::agentsim::EventStream>,
     hosts: &[String],
     seqs: &mut [u64],
     secs: f64,

@@ -29,10 +29,10 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::bulk::BulkFlow;
-use crate::burst::{BurstLoad, BurstSpec};
-use crate::netcluster::{NetCluster, NetClusterOptions, RESHAPING_PLAYBOOK};
-use crate::testbed::{LeafSplit, TestbedSpec};
+use testbed::bulk::BulkFlow;
+use testbed::burst::{BurstLoad, BurstSpec};
+use testbed::netcluster::{NetCluster, NetClusterOptions, RESHAPING_PLAYBOOK};
+use testbed::{LeafSplit, TestbedSpec};
 
 /// One run's parameters.
 #[derive(Debug, Clone)]
@@ -174,7 +174,7 @@ const SPLIT_BLOCK: u64 = 6;
 
 /// Where the per-edge errors come from. Each edge's error series (one
 /// reading a second, both estimators from the same probes) is cut into
-/// blocks of [`SPLIT_BLOCK`] readings: the block means are the *slow* part
+/// blocks of `SPLIT_BLOCK` readings: the block means are the *slow* part
 /// (what persists over several disjoint windows: a path asymmetry, which
 /// both estimators see alike if it is the fabric's), the deviations from
 /// them the *fast* part (each estimator's own noise, which the block
@@ -576,7 +576,7 @@ pub async fn run(p: ClockSyncRun) -> anyhow::Result<ClockSyncReport> {
     if p.probe_rate.is_some_and(|r| r == 0 || r > max_rate) {
         bail!("--probe-rate takes 1..={max_rate} pairs/s per peer");
     }
-    let load_max = crate::burst::MAX_LOAD.min(crate::bulk::MAX_FLOW);
+    let load_max = testbed::burst::MAX_LOAD.min(testbed::bulk::MAX_FLOW);
     if (p.uplink_load_mbit > 0 || p.cross_load_mbit > 0)
         && Duration::from_secs(p.seconds + 30) > load_max
     {

@@ -5,8 +5,8 @@
 //!
 //! Layout (`hosts_per_leaf` = n ≥ 3): hosts 0..n on leaf 0, n..2n on
 //! leaf 1 of rail 0 (rail 1 stays one bridge). Job `ring-a` runs ranks on
-//! h0 and h<n>, job `ring-b` on h1 and h<n+1>; the bulk flow goes from h2
-//! to h<n+2> over rail 0. Every figure comes from the real processes: the
+//! h0 and `h<n>`, job `ring-b` on h1 and `h<n+1>`; the bulk flow goes from h2
+//! to `h<n+2>` over rail 0. Every figure comes from the real processes: the
 //! incident and shapes from the supervisor, OWDs from the probe mesh
 //! (`railguard paths --queueing`), step times from the ranks' own logs,
 //! leftovers from dumping the host NICs' qdiscs through netlink.
@@ -17,10 +17,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::json;
 
-use crate::bulk::BulkFlow;
-use crate::netcluster::{NetCluster, NetClusterOptions};
-use crate::testbed::{LeafSplit, TestbedSpec};
 use crate::training::{JobRun, TrainOpts, Training, Watch};
+use testbed::bulk::BulkFlow;
+use testbed::netcluster::{NetCluster, NetClusterOptions};
+use testbed::{LeafSplit, TestbedSpec};
 
 /// The split rail and the uplink's name in the written topology.
 const RAIL: usize = 0;

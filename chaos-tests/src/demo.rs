@@ -17,7 +17,7 @@ use serde::Serialize;
 use supervisor::api::{AdminReply, AdminRequest};
 use supervisor::model::{ClusterEvent, HostStatus};
 
-use crate::cluster::{bin_path, SupervisorCluster};
+use testbed::cluster::{bin_path, SupervisorCluster};
 
 #[derive(Debug, Serialize)]
 pub struct DemoReport {
@@ -69,7 +69,7 @@ pub async fn drain() -> anyhow::Result<DemoReport> {
     let leader = cluster.init().await?;
     t.say(&format!("cluster initialised; supervisor {leader} leads"));
     for i in 0..4 {
-        crate::agentsim::register_host(&cluster.addrs(), &format!("h{i}")).await?;
+        testbed::agentsim::register_host(&cluster.addrs(), &format!("h{i}")).await?;
     }
     t.say("4 hosts registered through the agent API (h0..h3, rails rail0/rail1)");
     let addrs = cluster.addrs();
@@ -168,10 +168,10 @@ fn ms_since(t_ns: u64, at_ns: u64) -> f64 {
 
 /// The netns NIC-flap demo.
 pub async fn nic_flap() -> anyhow::Result<NicFlapDemoReport> {
-    use crate::netcluster::NetCluster;
-    use crate::testbed::{Side, TestbedSpec};
+    use testbed::netcluster::NetCluster;
+    use testbed::{Side, TestbedSpec};
     let t = Timeline(Instant::now());
-    if !crate::testbed::require_root("demo")? {
+    if !testbed::require_root("demo")? {
         bail!("the NIC-flap demo builds network namespaces and needs root (try `railguard-chaos demo --drain`)");
     }
     t.say("building the testbed: namespaces for a fabric, 3 supervisors and 4 GPU hosts (rail0, rail1, mgmt0 each)");
@@ -292,7 +292,7 @@ pub async fn nic_flap() -> anyhow::Result<NicFlapDemoReport> {
     drop(c);
     let left = names
         .iter()
-        .filter(|n| !crate::testbed::netns::list(n).is_empty())
+        .filter(|n| !testbed::netns::list(n).is_empty())
         .count();
     t.say(&format!("namespaces left behind: {left}"));
     Ok(NicFlapDemoReport {

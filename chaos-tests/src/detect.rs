@@ -22,9 +22,9 @@ use supervisor::model::ClusterEvent;
 use tokio::io::AsyncBufReadExt;
 
 use crate::bench::percentile_ms;
-use crate::cluster::bin_path;
-use crate::netcluster::NetCluster;
-use crate::testbed::{Node, Side, TestbedSpec};
+use testbed::cluster::bin_path;
+use testbed::netcluster::NetCluster;
+use testbed::{Node, Side, TestbedSpec};
 
 #[derive(Debug, Serialize)]
 pub struct DetectReport {

@@ -11,8 +11,8 @@ use std::time::Duration;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::netcluster::NetCluster;
-use crate::testbed::{Node, Side, TestbedSpec};
+use testbed::netcluster::NetCluster;
+use testbed::{Node, Side, TestbedSpec};
 
 #[derive(Debug, Clone)]
 pub struct NicFlapRun {

@@ -30,8 +30,8 @@ use anyhow::{bail, Context};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::netcluster::NetCluster;
-use crate::testbed::{Node, TestbedSpec};
+use testbed::netcluster::NetCluster;
+use testbed::{Node, TestbedSpec};
 
 /// Hosts of the cluster.
 const HOSTS: usize = 4;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use serde::Serialize;
 
-use crate::cluster::{bin_path, SupervisorCluster};
+use testbed::cluster::{bin_path, SupervisorCluster};
 
 /// One corpus file's outcome.
 #[derive(Debug, Clone, Serialize)]

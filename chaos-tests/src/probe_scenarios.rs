@@ -21,8 +21,8 @@ use anyhow::{bail, Context};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::netcluster::NetCluster;
-use crate::testbed::{Node, TestbedSpec};
+use testbed::netcluster::NetCluster;
+use testbed::{Node, TestbedSpec};
 
 /// Waits until every host's probes are flowing: all NICs up and the
 /// leader's clock solution covers every host.

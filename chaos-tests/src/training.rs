@@ -15,8 +15,8 @@ use anyhow::{bail, Context};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use crate::netcluster::NetCluster;
-use crate::testbed::{Side, TestbedSpec};
+use testbed::netcluster::NetCluster;
+use testbed::{Side, TestbedSpec};
 
 /// How to run one training job.
 #[derive(Debug, Clone)]
@@ -86,7 +86,7 @@ impl Training {
         .await?;
         let t = Training {
             c,
-            ringtrain: crate::cluster::bin_path("ringtrain")?,
+            ringtrain: testbed::cluster::bin_path("ringtrain")?,
         };
         let n = o.hosts;
         t.c.wait_until("every host Ready", Duration::from_secs(30), |c| {
@@ -104,7 +104,7 @@ impl Training {
     pub fn from_cluster(c: NetCluster) -> anyhow::Result<Training> {
         Ok(Training {
             c,
-            ringtrain: crate::cluster::bin_path("ringtrain")?,
+            ringtrain: testbed::cluster::bin_path("ringtrain")?,
         })
     }
 

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use chaos_tests::netcluster::NetCluster;
-use chaos_tests::testbed::{require_root, Node, TestbedSpec};
+use testbed::netcluster::NetCluster;
+use testbed::{require_root, Node, TestbedSpec};
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -105,10 +105,7 @@ async fn nic_flaps_reach_the_cluster_through_agents_and_failures() {
     let names = c.tb.namespace_names();
     drop(c);
     for n in names {
-        assert!(
-            chaos_tests::testbed::netns::list(&n).is_empty(),
-            "{n} left behind"
-        );
+        assert!(testbed::netns::list(&n).is_empty(), "{n} left behind");
     }
 }
 

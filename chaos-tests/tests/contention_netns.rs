@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use chaos_tests::contention::{scenario, ContentionOpts};
-use chaos_tests::testbed::require_root;
+use testbed::require_root;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_uplink_queue_is_named_reshaped_and_the_shapes_removed() {

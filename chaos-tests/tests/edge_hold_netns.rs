@@ -15,10 +15,6 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use chaos_tests::bulk::BulkFlow;
-use chaos_tests::testbed::{
-    host_name, rail_addr, require_root, LeafSplit, Node, Testbed, TestbedOptions, TestbedSpec,
-};
 use futures::TryStreamExt;
 use nodeagent::agent::NicConfig;
 use nodeagent::control::{bind, Control};
@@ -30,6 +26,10 @@ use nodeagent::probe::{MeshNic, ProbeOptions, ProbeRunner, Summary};
 use nodeagent::shaping::{ShapeOrder, Shaper};
 use proto::v1::{ClearShape, FlowMatch, PaceJob, ShapeClass, ShapeNic};
 use rdma::contract::{ClientOptions, ConnUp, ContractClient, Hello, OrderKind};
+use testbed::bulk::BulkFlow;
+use testbed::{
+    host_name, rail_addr, require_root, LeafSplit, Node, Testbed, TestbedOptions, TestbedSpec,
+};
 use tokio::sync::mpsc;
 
 const HOSTS: usize = 3;

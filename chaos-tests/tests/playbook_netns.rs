@@ -2,7 +2,7 @@
 //! of skipping when `CI` is set): a short `playbook-leader-kill`.
 
 use chaos_tests::playbook_leader_kill::{playbook_leader_kill, LeaderKillRun};
-use chaos_tests::testbed::require_root;
+use testbed::require_root;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn playbooks_complete_through_leader_kills_without_duplicated_actions() {

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use chaos_tests::testbed::require_root;
 use chaos_tests::{clock_sync, probe_scenarios};
+use testbed::require_root;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silently_dead_nic_goes_down_from_probe_loss_and_comes_back() {

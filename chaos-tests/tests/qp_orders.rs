@@ -6,9 +6,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use chaos_tests::netcluster::NetCluster;
-use chaos_tests::testbed::{require_root, Node, TestbedSpec};
 use rdma::contract::{ClientOptions, ConnUp, ContractClient, Hello, Order, OrderKind};
+use testbed::netcluster::NetCluster;
+use testbed::{require_root, Node, TestbedSpec};
 use tokio::sync::{mpsc, watch};
 
 const WAIT: Duration = Duration::from_secs(20);

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use chaos_tests::qp::{self, HostTraffic, Sizes, TrafficSpec};
-use chaos_tests::testbed::{rail_addr, require_root, Node, Side, Testbed, TestbedSpec};
 use rdma::resilient::{ConnConfig, ConnError, MoveReason, Rail, ResilientConnection};
 use rdma::soft::Endpoint;
+use testbed::{rail_addr, require_root, Node, Side, Testbed, TestbedSpec};
 
 async fn two_hosts() -> Testbed {
     Testbed::build(TestbedSpec {

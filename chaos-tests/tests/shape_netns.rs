@@ -12,13 +12,13 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use chaos_tests::testbed::{rail_addr, require_root, Node, Testbed, TestbedSpec};
 use futures::TryStreamExt;
 use nodeagent::shape::{
     self, FlowMatch, Installed, L4Port, Shape, ShapeError, DEFAULT_MINOR, FILTER_PRIO, ROOT_MINOR,
 };
 use nodeagent::shaping::{ShapeOrder, Shaper};
 use proto::v1::{ClearShape, PaceJob, ShapeClass, ShapeNic};
+use testbed::{rail_addr, require_root, Node, Testbed, TestbedSpec};
 
 async fn two_hosts() -> Testbed {
     Testbed::build(TestbedSpec {

@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use chaos_tests::admin_history::{run, HistoryRun};
-use chaos_tests::agentsim::register_host;
-use chaos_tests::cluster::SupervisorCluster;
 use supervisor::api::{AdminReply, AdminRequest, ErrorKind};
 use supervisor::model::AdminOp;
+use testbed::agentsim::register_host;
+use testbed::cluster::SupervisorCluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_kill_short() {

@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
-use chaos_tests::testbed::require_root;
 use chaos_tests::training::{self, Storm, TrainOpts};
+use testbed::require_root;
 
 fn short(hosts: usize) -> TrainOpts {
     TrainOpts {

@@ -8,8 +8,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chaos_tests::agentsim::{nic_event, open_stream, register_host};
-use chaos_tests::cluster::{bin_path, SupervisorCluster};
+use testbed::agentsim::{nic_event, open_stream, register_host};
+use testbed::cluster::{bin_path, SupervisorCluster};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Debug, Clone)]

@@ -1,42 +1,228 @@
 //! `railguard-chaos`: demo, scenarios and benchmarks. Progress goes to
 //! stderr; the last line on stdout is one JSON object with `"ok"` and the
 //! figures; the exit status is non-zero when not ok.
+//!
+//! Every subcommand is one row of a table ([`SCENARIOS`], [`BENCHES`],
+//! [`DEMO`]): its name, its help line, and a [`Runner`] — a `clap::Args`
+//! struct holding its flags whose `run` checks them, asks for root where
+//! the run needs it and returns `(ok, report)`. The command line is built
+//! from the tables, and one dispatcher finds the row and prints the report.
 
-use clap::{Parser, Subcommand};
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::{ArgMatches, Args, Command, FromArgMatches};
+use serde::Serialize;
+use serde_json::Value;
 
 /// Large messages are allocated and freed at GB/s on the receive path;
 /// mimalloc keeps freed pages for reuse where glibc returns them to the
 /// kernel and faults them in again (measured: up to 2x on `bench failover`).
 #[global_allocator]
 static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
-use serde::Serialize;
 
-/// railguard chaos suite.
-#[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
+/// What a run returns: whether its checks passed, and its report (the
+/// JSON object printed as the last line of stdout).
+type Outcome = anyhow::Result<(bool, Value)>;
+
+/// A started run.
+type Run = Pin<Box<dyn Future<Output = Outcome>>>;
+
+/// A subcommand's flags and how to run it.
+trait Runner: Args + FromArgMatches + 'static {
+    /// Checks the flags, asks for root if needed (`what` is e.g.
+    /// `"scenario nic-flap"`, the name `require_root` reports) and runs.
+    fn run(self, what: String) -> impl Future<Output = Outcome>;
 }
 
-#[derive(Subcommand, Debug)]
-enum Cmd {
-    /// A real cluster in network namespaces, a NIC flap and a storm, a
-    /// printed timeline (needs root). `--drain`: a loopback drain-through-failover demo.
-    Demo {
-        /// Run the loopback drain demo instead (no root needed).
-        #[arg(long)]
-        drain: bool,
-    },
-    /// Run a scenario and check its invariants.
-    #[command(subcommand)]
-    Scenario(Scenario),
-    /// Measure and print figures.
-    #[command(subcommand)]
-    Bench(Bench),
+/// One row of a subcommand table.
+struct Entry {
+    /// The subcommand's name, as typed (`nic-flap`).
+    name: &'static str,
+    /// The line `--help` shows for it.
+    help: &'static str,
+    /// Adds its flags to the subcommand.
+    args: fn(Command) -> Command,
+    /// Parses its flags from the matches and starts the run.
+    run: fn(&ArgMatches, String) -> anyhow::Result<Run>,
 }
 
-#[derive(clap::Args, Debug, Clone)]
+/// The table row of runner `R`.
+const fn entry<R: Runner>(name: &'static str, help: &'static str) -> Entry {
+    Entry {
+        name,
+        help,
+        args: R::augment_args,
+        run: start::<R>,
+    }
+}
+
+fn start<R: Runner>(m: &ArgMatches, what: String) -> anyhow::Result<Run> {
+    let r = R::from_arg_matches(m)?;
+    Ok(Box::pin(r.run(what)))
+}
+
+/// The report of a run whose result serializes with an `ok` field.
+fn report<T: Serialize>(ok: bool, r: &T) -> Outcome {
+    Ok((ok, serde_json::to_value(r)?))
+}
+
+/// A JSON report is ok when its `ok` field is `true`.
+fn value_report(v: Value) -> Outcome {
+    Ok((v["ok"] == true, v))
+}
+
+/// Fails unless running as root (`require_root` prints why).
+fn need_root(what: &str) -> anyhow::Result<()> {
+    if !testbed::require_root(what)? {
+        bail!("{what} needs root");
+    }
+    Ok(())
+}
+
+/// `railguard-chaos demo`.
+const DEMO: Entry = entry::<Demo>(
+    "demo",
+    "A real cluster in network namespaces, a NIC flap and a storm, a printed \
+     timeline (needs root). `--drain`: a loopback drain-through-failover demo",
+);
+
+/// `railguard-chaos scenario <name>`: runs that check invariants.
+const SCENARIOS: &[Entry] = &[
+    entry::<LeaderKill>(
+        "leader-kill",
+        "Concurrent admin writes and linearizable reads while the leader is SIGKILLed every round",
+    ),
+    entry::<NicFlap>(
+        "nic-flap",
+        "Random NIC flaps (host and fabric side, storms, overlaps) in a netns cluster with an \
+         agent and the leader SIGKILLed; every transition must commit exactly once, in order. \
+         Needs root",
+    ),
+    entry::<QpMigrate>(
+        "qp-migrate",
+        "Two hosts stream checksummed messages of mixed sizes over resilient connections while \
+         NICs flap on both ends (host and fabric side), both NICs of one host go down for a \
+         while and an agent is restarted: nothing lost, duplicated, reordered or corrupted. \
+         Needs root",
+    ),
+    entry::<MgmtPartition>(
+        "mgmt-partition",
+        "A host's management link is cut: it must go Suspect and never Down while its peers \
+         hear its probes; afterwards it is Ready and its outbox drains. Needs root",
+    ),
+    entry::<Contention>(
+        "contention",
+        "Two leaves joined by a shaped uplink, two ringtrain jobs crossing it and a bulk flow: \
+         the link_contention incident must name the uplink within 2 s of the load starting, \
+         shapes must be applied on the senders and removed (nothing left on any NIC) when the \
+         load ends; a quiet run before the load must raise no incident. Needs root",
+    ),
+    entry::<ProbeBlackhole>(
+        "probe-blackhole",
+        "A NIC's cable is detached from its rail bridge (carrier stays up, netlink sees \
+         nothing): probe loss must take it Down within 1 s, and reattaching must bring it \
+         back. Needs root",
+    ),
+    entry::<TrainNicFlap>(
+        "train-nic-flap",
+        "ringtrain across the hosts under a NIC flap storm on random hosts: it must finish \
+         with no restart and the fault-free run's digest. Prints goodput (steps/s against the \
+         fault-free run). Needs root",
+    ),
+    entry::<HostLoss>(
+        "host-loss",
+        "A host running a rank is lost mid-run (agent and ranks SIGKILLed, links down): the \
+         job resumes on a spare from its latest complete checkpoint, loses at most one \
+         checkpoint interval, and ends with the fault-free digest. Needs root",
+    ),
+    entry::<Drain>(
+        "drain",
+        "A host running a rank is drained mid-run: the job halts at a checkpoint and moves to \
+         a spare with 0 lost steps and the fault-free digest. Needs root",
+    ),
+    entry::<BadPlaybooks>(
+        "bad-playbooks",
+        "The shipped playbook library is applied to a 3-supervisor cluster, then every \
+         invalid playbook of `playbooks/tests/bad/` through the CLI and the API: each refused \
+         with its file:line:column and message, the stored playbooks unchanged",
+    ),
+    entry::<PlaybookLeaderKill>(
+        "playbook-leader-kill",
+        "NIC flap storms open `nic_flapping` incidents whose shipped playbook (migrate off, \
+         wait until reusable, fail back) runs while the leader is SIGKILLed at a random moment \
+         of every wave: every playbook must complete and no agent may execute an order twice \
+         (checked against the agents' execution journals). Needs root",
+    ),
+    entry::<ClusterCrash>(
+        "cluster-crash",
+        "The same load while all supervisors are SIGKILLed at once and restarted",
+    ),
+];
+
+/// `railguard-chaos bench <name>`: runs that measure and print figures.
+const BENCHES: &[Entry] = &[
+    entry::<Failover>(
+        "failover",
+        "Link down to first message delivered over the backup (p50/p99 over many flaps), \
+         steady throughput of a resilient connection against plain TCP on the same veth, and \
+         the throughput dip around a flap. Needs root",
+    ),
+    entry::<Detect>(
+        "detect",
+        "Time from a netlink link change to the agent seeing it and to the state being \
+         committed; time from host loss to Down. Needs root",
+    ),
+    entry::<ClockSync>(
+        "clock-sync",
+        "Software clock sync against the truth: random test clock errors (±1 s, ±200 ppm) on \
+         every agent; per-host error of railguard's network solution and of an NTP-style \
+         estimator from the same probes, convergence time, probe CPU and bytes per agent. \
+         Needs root",
+    ),
+    entry::<Goodput>(
+        "goodput",
+        "The same ringtrain job under the same flap storm, with railguard's migration and \
+         without it (no backup rail: the job dies on a network error and restarts from its \
+         checkpoint, as NCCL jobs do today): steps/s of each and their ratio. Needs root",
+    ),
+    entry::<Reshaping>(
+        "reshaping",
+        "The contention setup with reshaping off, then on (fresh clusters): p99 OWD across \
+         the uplink and each job's mean/p99 step time side by side. Needs root",
+    ),
+    entry::<RaftCommit>(
+        "raft-commit",
+        "Committed events/s and latency of 3 supervisors at 1, 16 and 256 clients",
+    ),
+];
+
+// ---- demo ----
+
+#[derive(Args, Debug)]
+struct Demo {
+    /// Run the loopback drain demo instead (no root needed).
+    #[arg(long)]
+    drain: bool,
+}
+
+impl Runner for Demo {
+    async fn run(self, _what: String) -> Outcome {
+        if self.drain {
+            let r = chaos_tests::demo::drain().await?;
+            report(r.ok, &r)
+        } else {
+            let r = chaos_tests::demo::nic_flap().await?;
+            report(r.ok, &r)
+        }
+    }
+}
+
+// ---- flags shared by several runs ----
+
+#[derive(Args, Debug, Clone)]
 struct ContentionArgs {
     /// Hosts on each leaf (3..=8): jobs on the first two of each, the
     /// bulk flow from the third of leaf 0 to the third of leaf 1.
@@ -59,177 +245,25 @@ struct ContentionArgs {
 impl ContentionArgs {
     fn opts(&self, quiet_secs: u64) -> anyhow::Result<chaos_tests::contention::ContentionOpts> {
         if !(10..=3_600).contains(&self.deadline_secs) {
-            anyhow::bail!("--deadline-secs takes 10..=3600");
+            bail!("--deadline-secs takes 10..=3600");
         }
         if quiet_secs > 3_600 {
-            anyhow::bail!("--quiet-secs takes 0..=3600");
+            bail!("--quiet-secs takes 0..=3600");
         }
         Ok(chaos_tests::contention::ContentionOpts {
             hosts_per_leaf: self.hosts_per_leaf,
             uplink_mbit: self.uplink_mbit,
             steps: self.steps,
             hidden: self.hidden,
-            quiet: std::time::Duration::from_secs(quiet_secs),
+            quiet: Duration::from_secs(quiet_secs),
             reshaping: true,
-            deadline: std::time::Duration::from_secs(self.deadline_secs),
+            deadline: Duration::from_secs(self.deadline_secs),
         })
     }
 }
 
-#[derive(Subcommand, Debug)]
-enum Scenario {
-    /// Concurrent admin writes and linearizable reads while the leader is SIGKILLed every round.
-    LeaderKill {
-        #[arg(long, default_value_t = 20)]
-        rounds: usize,
-        #[arg(long, default_value_t = 4)]
-        hosts: usize,
-        #[arg(long, default_value_t = 6)]
-        clients: usize,
-        /// Load time before each kill, in ms.
-        #[arg(long, default_value_t = 1500)]
-        load_ms: u64,
-        #[arg(long, default_value_t = 7)]
-        seed: u64,
-    },
-    /// Random NIC flaps (host and fabric side, storms, overlaps) in a netns
-    /// cluster with an agent and the leader SIGKILLed; every transition must
-    /// commit exactly once, in order. Needs root.
-    NicFlap {
-        #[arg(long, default_value_t = 4)]
-        hosts: usize,
-        #[arg(long, default_value_t = 50)]
-        flaps: usize,
-        #[arg(long, default_value_t = 3)]
-        seed: u64,
-        /// Skip waiting for damping to release every NIC at the end.
-        #[arg(long)]
-        no_quiet: bool,
-    },
-    /// Two hosts stream checksummed messages of mixed sizes over resilient
-    /// connections while NICs flap on both ends (host and fabric side), both
-    /// NICs of one host go down for a while and an agent is restarted:
-    /// nothing lost, duplicated, reordered or corrupted. Needs root.
-    QpMigrate {
-        #[arg(long, default_value_t = 100)]
-        flaps: usize,
-        /// Resilient connections between the two hosts.
-        #[arg(long, default_value_t = 4)]
-        conns: usize,
-        /// Largest message, bytes (sizes are log-uniform from 1 byte).
-        #[arg(long, default_value_t = 4 << 20)]
-        max_message: usize,
-        /// How long both NICs of one host stay down (ms; 0: skip).
-        #[arg(long, default_value_t = 2000)]
-        outage_ms: u64,
-        #[arg(long, default_value_t = 5)]
-        seed: u64,
-    },
-    /// A host's management link is cut: it must go Suspect and never Down
-    /// while its peers hear its probes; afterwards it is Ready and its
-    /// outbox drains. Needs root.
-    MgmtPartition {
-        #[arg(long, default_value_t = 4)]
-        hosts: usize,
-        /// How long the link stays cut (s).
-        #[arg(long, default_value_t = 10.0)]
-        cut_secs: f64,
-        #[arg(long, default_value_t = 21)]
-        seed: u64,
-    },
-    /// Two leaves joined by a shaped uplink, two ringtrain jobs crossing it
-    /// and a bulk flow: the link_contention incident must name the uplink
-    /// within 2 s of the load starting, shapes must be applied on the
-    /// senders and removed (nothing left on any NIC) when the load ends;
-    /// a quiet run before the load must raise no incident. Needs root.
-    Contention {
-        #[command(flatten)]
-        args: ContentionArgs,
-        /// Length of the quiet run before the load (s).
-        #[arg(long, default_value_t = 300)]
-        quiet_secs: u64,
-    },
-    /// A NIC's cable is detached from its rail bridge (carrier stays up,
-    /// netlink sees nothing): probe loss must take it Down within 1 s, and
-    /// reattaching must bring it back. Needs root.
-    ProbeBlackhole {
-        #[arg(long, default_value_t = 4)]
-        hosts: usize,
-        #[arg(long, default_value_t = 5)]
-        rounds: usize,
-        /// How long each blackhole lasts (s).
-        #[arg(long, default_value_t = 2.0)]
-        hold_secs: f64,
-        #[arg(long, default_value_t = 31)]
-        seed: u64,
-    },
-    /// ringtrain across the hosts under a NIC flap storm on random hosts:
-    /// it must finish with no restart and the fault-free run's digest.
-    /// Prints goodput (steps/s against the fault-free run). Needs root.
-    TrainNicFlap {
-        #[command(flatten)]
-        train: TrainArgs,
-        #[command(flatten)]
-        storm: StormArgs,
-    },
-    /// A host running a rank is lost mid-run (agent and ranks SIGKILLed,
-    /// links down): the job resumes on a spare from its latest complete
-    /// checkpoint, loses at most one checkpoint interval, and ends with the
-    /// fault-free digest. Needs root.
-    HostLoss {
-        #[command(flatten)]
-        train: TrainArgs,
-        /// Lose the host once the job reached this step.
-        #[arg(long, default_value_t = 120)]
-        at_step: u64,
-    },
-    /// A host running a rank is drained mid-run: the job halts at a
-    /// checkpoint and moves to a spare with 0 lost steps and the fault-free
-    /// digest. Needs root.
-    Drain {
-        #[command(flatten)]
-        train: TrainArgs,
-        /// Drain once the job reached this step.
-        #[arg(long, default_value_t = 120)]
-        at_step: u64,
-    },
-    /// The shipped playbook library is applied to a 3-supervisor cluster,
-    /// then every invalid playbook of `playbooks/tests/bad/` through the
-    /// CLI and the API: each refused with its file:line:column and message,
-    /// the stored playbooks unchanged.
-    BadPlaybooks,
-    /// NIC flap storms open `nic_flapping` incidents whose shipped playbook
-    /// (migrate off, wait until reusable, fail back) runs while the leader
-    /// is SIGKILLed at a random moment of every wave: every playbook must
-    /// complete and no agent may execute an order twice (checked against
-    /// the agents' execution journals). Needs root.
-    PlaybookLeaderKill {
-        /// Playbooks to complete (one nic_flapping incident each).
-        #[arg(long, default_value_t = 50)]
-        rounds: usize,
-        /// Incidents per wave (hosts flapping at once), 1..=4.
-        #[arg(long, default_value_t = 4)]
-        parallel: usize,
-        #[arg(long, default_value_t = 7)]
-        seed: u64,
-    },
-    /// The same load while all supervisors are SIGKILLed at once and restarted.
-    ClusterCrash {
-        #[arg(long, default_value_t = 3)]
-        rounds: usize,
-        #[arg(long, default_value_t = 4)]
-        hosts: usize,
-        #[arg(long, default_value_t = 6)]
-        clients: usize,
-        #[arg(long, default_value_t = 1500)]
-        load_ms: u64,
-        #[arg(long, default_value_t = 11)]
-        seed: u64,
-    },
-}
-
 /// The training job of the ringtrain scenarios.
-#[derive(clap::Args, Debug, Clone)]
+#[derive(Args, Debug, Clone)]
 struct TrainArgs {
     /// Hosts in the testbed (ranks plus spares); default: ranks + 1.
     #[arg(long)]
@@ -256,13 +290,13 @@ impl TrainArgs {
             .hosts
             .unwrap_or(self.ranks as usize + usize::from(spare));
         if !(1..=16).contains(&self.ranks) || hosts < self.ranks as usize || hosts > 32 {
-            anyhow::bail!("--ranks takes 1..=16 and --hosts ranks..=32");
+            bail!("--ranks takes 1..=16 and --hosts ranks..=32");
         }
         if !(1..=100_000).contains(&self.steps) || self.checkpoint_every > self.steps {
-            anyhow::bail!("--steps takes 1..=100000 and --checkpoint-every at most --steps");
+            bail!("--steps takes 1..=100000 and --checkpoint-every at most --steps");
         }
         if !(1..=7).contains(&self.supervisors) || !(1..=7200).contains(&self.deadline_secs) {
-            anyhow::bail!("--supervisors takes 1..=7 and --deadline-secs 1..=7200");
+            bail!("--supervisors takes 1..=7 and --deadline-secs 1..=7200");
         }
         Ok(chaos_tests::training::TrainOpts {
             hosts,
@@ -271,14 +305,14 @@ impl TrainArgs {
             steps: self.steps,
             checkpoint_every: self.checkpoint_every,
             hidden: self.hidden,
-            deadline: std::time::Duration::from_secs(self.deadline_secs),
+            deadline: Duration::from_secs(self.deadline_secs),
             ..Default::default()
         })
     }
 }
 
 /// The flap storm of the training scenarios.
-#[derive(clap::Args, Debug, Clone)]
+#[derive(Args, Debug, Clone)]
 struct StormArgs {
     /// Mean time between flaps (ms).
     #[arg(long, default_value_t = 4000)]
@@ -297,154 +331,566 @@ impl StormArgs {
         if !(100..=600_000).contains(&self.flap_every_ms)
             || !(10..=20_000).contains(&self.flap_down_ms)
         {
-            anyhow::bail!("--flap-every-ms takes 100..=600000 and --flap-down-ms 10..=20000");
+            bail!("--flap-every-ms takes 100..=600000 and --flap-down-ms 10..=20000");
         }
         Ok(chaos_tests::training::Storm {
-            every: std::time::Duration::from_millis(self.flap_every_ms),
-            down: std::time::Duration::from_millis(self.flap_down_ms),
+            every: Duration::from_millis(self.flap_every_ms),
+            down: Duration::from_millis(self.flap_down_ms),
             seed: self.seed,
         })
     }
 }
 
-impl Scenario {
-    /// The admin-history run of `leader-kill` / `cluster-crash`.
-    fn history_run(&self) -> Option<chaos_tests::admin_history::HistoryRun> {
-        let (rounds, hosts, clients, load_ms, seed, whole_cluster) = match *self {
-            Scenario::LeaderKill {
-                rounds,
-                hosts,
-                clients,
-                load_ms,
-                seed,
-            } => (rounds, hosts, clients, load_ms, seed, false),
-            Scenario::ClusterCrash {
-                rounds,
-                hosts,
-                clients,
-                load_ms,
-                seed,
-            } => (rounds, hosts, clients, load_ms, seed, true),
-            _ => return None,
-        };
-        Some(chaos_tests::admin_history::HistoryRun {
-            rounds,
-            hosts,
-            clients,
-            whole_cluster,
-            load_per_round: std::time::Duration::from_millis(load_ms),
-            seed,
+// ---- scenarios ----
+
+#[derive(Args, Debug)]
+struct LeaderKill {
+    #[arg(long, default_value_t = 20)]
+    rounds: usize,
+    #[arg(long, default_value_t = 4)]
+    hosts: usize,
+    #[arg(long, default_value_t = 6)]
+    clients: usize,
+    /// Load time before each kill, in ms.
+    #[arg(long, default_value_t = 1500)]
+    load_ms: u64,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+}
+
+impl Runner for LeaderKill {
+    async fn run(self, _what: String) -> Outcome {
+        let r = chaos_tests::admin_history::run(chaos_tests::admin_history::HistoryRun {
+            rounds: self.rounds,
+            hosts: self.hosts,
+            clients: self.clients,
+            whole_cluster: false,
+            load_per_round: Duration::from_millis(self.load_ms),
+            seed: self.seed,
         })
+        .await?;
+        report(r.ok, &r)
     }
 }
 
-#[derive(Subcommand, Debug)]
-enum Bench {
-    /// Link down to first message delivered over the backup (p50/p99 over
-    /// many flaps), steady throughput of a resilient connection against
-    /// plain TCP on the same veth, and the throughput dip around a flap.
-    /// Needs root.
-    Failover {
-        #[arg(long, default_value_t = 100)]
-        flaps: usize,
-        /// Seconds of each steady-throughput run.
-        #[arg(long, default_value_t = 3.0)]
-        seconds: f64,
-        #[arg(long, default_value_t = 13)]
-        seed: u64,
-    },
-    /// Time from a netlink link change to the agent seeing it and to the
-    /// state being committed; time from host loss to Down. Needs root.
-    Detect {
-        #[arg(long, default_value_t = 200)]
-        flaps: usize,
-        #[arg(long, default_value_t = 10)]
-        host_losses: usize,
-        #[arg(long, default_value_t = 9)]
-        seed: u64,
-    },
-    /// Software clock sync against the truth: random test clock errors
-    /// (±1 s, ±200 ppm) on every agent; per-host error of railguard's
-    /// network solution and of an NTP-style estimator from the same probes,
-    /// convergence time, probe CPU and bytes per agent. Needs root.
-    ClockSync {
-        #[arg(long, default_value_t = 8)]
-        hosts: usize,
-        /// Measurement window after convergence (s).
-        #[arg(long, default_value_t = 60)]
-        seconds: u64,
-        /// Supervisors (1 keeps the 2-core testbed quieter).
-        #[arg(long, default_value_t = 1)]
-        supervisors: usize,
-        #[arg(long, default_value_t = 17)]
-        seed: u64,
-        /// Queue one rail: split rail 0 into two leaves joined by an uplink
-        /// shaped to this many Mbit/s and run a bulk TCP flow across it
-        /// (leaf 0 → leaf 1) for the whole window; the shipped
-        /// link-contention playbook is deleted first, so the flow is not
-        /// reshaped away. 0: an idle fabric.
-        #[arg(long, default_value_t = 0)]
-        uplink_load_mbit: u64,
-        /// Queue both rails both ways: split each rail into two leaves
-        /// joined by an uplink shaped to this many Mbit/s and send bursty
-        /// UDP cross traffic (bursts of 1400-byte datagrams, geometric size
-        /// of mean 8, exponential gaps) across each uplink in both
-        /// directions at --cross-load-util of its rate, so every probe path
-        /// between the leaves queues on and off and no rail or direction
-        /// stays idle. The link-contention playbook is deleted first. 0: off.
-        #[arg(long, default_value_t = 0)]
-        cross_load_mbit: u64,
-        /// Offered cross traffic per direction, as a fraction of the uplink
-        /// rate (0.05..=1.2).
-        #[arg(long, default_value_t = 0.85)]
-        cross_load_util: f64,
-        /// The agents' probe CPU budget, % of one core (their governor
-        /// lowers the probe rate to stay inside it; 0 turns it off).
-        /// Default: the agent's (1).
-        #[arg(long)]
-        probe_cpu_budget_pct: Option<f64>,
-        /// The agents' probe rate, pairs/s per peer (the most: the CPU
-        /// governor may lower it). Default: the agent's (100).
-        #[arg(long)]
-        probe_rate: Option<u32>,
-        /// Pin every agent to this CPU. veth runs a probe's whole path in
-        /// the sender's context, so with agents on different CPUs a path's
-        /// two directions run on CPUs of different speeds (an asymmetry no
-        /// estimator can see); pinned, every path runs on one CPU.
-        /// Default: not pinned.
-        #[arg(long)]
-        pin_agents_cpu: Option<usize>,
-    },
-    /// The same ringtrain job under the same flap storm, with railguard's
-    /// migration and without it (no backup rail: the job dies on a network
-    /// error and restarts from its checkpoint, as NCCL jobs do today):
-    /// steps/s of each and their ratio. Needs root.
-    Goodput {
-        #[command(flatten)]
-        train: TrainArgs,
-        #[command(flatten)]
-        storm: StormArgs,
-    },
-    /// The contention setup with reshaping off, then on (fresh clusters):
-    /// p99 OWD across the uplink and each job's mean/p99 step time side by
-    /// side. Needs root.
-    Reshaping {
-        #[command(flatten)]
-        args: ContentionArgs,
-    },
-    /// Committed events/s and latency of 3 supervisors at 1, 16 and 256 clients.
-    RaftCommit {
-        /// Seconds measured per concurrency level.
-        #[arg(long, default_value_t = 5.0)]
-        seconds: f64,
-        /// Client counts (comma-separated).
-        #[arg(long, value_delimiter = ',', default_value = "1,16,256")]
-        clients: Vec<usize>,
-        /// Trials per level: throughput is the median over trials, latency
-        /// percentiles are over every sample of every trial.
-        #[arg(long, default_value_t = 3)]
-        trials: usize,
-    },
+#[derive(Args, Debug)]
+struct ClusterCrash {
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    #[arg(long, default_value_t = 4)]
+    hosts: usize,
+    #[arg(long, default_value_t = 6)]
+    clients: usize,
+    #[arg(long, default_value_t = 1500)]
+    load_ms: u64,
+    #[arg(long, default_value_t = 11)]
+    seed: u64,
+}
+
+impl Runner for ClusterCrash {
+    async fn run(self, _what: String) -> Outcome {
+        let r = chaos_tests::admin_history::run(chaos_tests::admin_history::HistoryRun {
+            rounds: self.rounds,
+            hosts: self.hosts,
+            clients: self.clients,
+            whole_cluster: true,
+            load_per_round: Duration::from_millis(self.load_ms),
+            seed: self.seed,
+        })
+        .await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct NicFlap {
+    #[arg(long, default_value_t = 4)]
+    hosts: usize,
+    #[arg(long, default_value_t = 50)]
+    flaps: usize,
+    #[arg(long, default_value_t = 3)]
+    seed: u64,
+    /// Skip waiting for damping to release every NIC at the end.
+    #[arg(long)]
+    no_quiet: bool,
+}
+
+impl Runner for NicFlap {
+    async fn run(self, what: String) -> Outcome {
+        if !(2..=50).contains(&self.hosts) || !(1..=10_000).contains(&self.flaps) {
+            bail!("--hosts takes 2..=50 and --flaps 1..=10000");
+        }
+        need_root(&what)?;
+        let r = chaos_tests::nic_flap::run(chaos_tests::nic_flap::NicFlapRun {
+            hosts: self.hosts,
+            flaps: self.flaps,
+            seed: self.seed,
+            wait_quiet: !self.no_quiet,
+        })
+        .await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct QpMigrate {
+    #[arg(long, default_value_t = 100)]
+    flaps: usize,
+    /// Resilient connections between the two hosts.
+    #[arg(long, default_value_t = 4)]
+    conns: usize,
+    /// Largest message, bytes (sizes are log-uniform from 1 byte).
+    #[arg(long, default_value_t = 4 << 20)]
+    max_message: usize,
+    /// How long both NICs of one host stay down (ms; 0: skip).
+    #[arg(long, default_value_t = 2000)]
+    outage_ms: u64,
+    #[arg(long, default_value_t = 5)]
+    seed: u64,
+}
+
+impl Runner for QpMigrate {
+    async fn run(self, what: String) -> Outcome {
+        if !(1..=10_000).contains(&self.flaps) || !(1..=64).contains(&self.conns) {
+            bail!("--flaps takes 1..=10000 and --conns 1..=64");
+        }
+        if !(16..=(64 << 20)).contains(&self.max_message) || self.outage_ms > 25_000 {
+            bail!("--max-message takes 16..=67108864 and --outage-ms at most 25000 (under the 30 s stall timeout)");
+        }
+        need_root(&what)?;
+        let r = chaos_tests::qp::qp_migrate(chaos_tests::qp::QpMigrateRun {
+            flaps: self.flaps,
+            conns: self.conns,
+            max_message: self.max_message,
+            seed: self.seed,
+            outage: Duration::from_millis(self.outage_ms),
+        })
+        .await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct MgmtPartition {
+    #[arg(long, default_value_t = 4)]
+    hosts: usize,
+    /// How long the link stays cut (s).
+    #[arg(long, default_value_t = 10.0)]
+    cut_secs: f64,
+    #[arg(long, default_value_t = 21)]
+    seed: u64,
+}
+
+impl Runner for MgmtPartition {
+    async fn run(self, what: String) -> Outcome {
+        if !(0.5..=120.0).contains(&self.cut_secs) {
+            bail!("--cut-secs takes 0.5..=120");
+        }
+        need_root(&what)?;
+        let r = chaos_tests::probe_scenarios::mgmt_partition(
+            chaos_tests::probe_scenarios::MgmtPartitionRun {
+                hosts: self.hosts,
+                cut: Duration::from_secs_f64(self.cut_secs),
+                seed: self.seed,
+            },
+        )
+        .await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct Contention {
+    #[command(flatten)]
+    args: ContentionArgs,
+    /// Length of the quiet run before the load (s).
+    #[arg(long, default_value_t = 300)]
+    quiet_secs: u64,
+}
+
+impl Runner for Contention {
+    async fn run(self, what: String) -> Outcome {
+        let o = self.args.opts(self.quiet_secs)?;
+        need_root(&what)?;
+        value_report(chaos_tests::contention::scenario(&o).await?)
+    }
+}
+
+#[derive(Args, Debug)]
+struct ProbeBlackhole {
+    #[arg(long, default_value_t = 4)]
+    hosts: usize,
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// How long each blackhole lasts (s).
+    #[arg(long, default_value_t = 2.0)]
+    hold_secs: f64,
+    #[arg(long, default_value_t = 31)]
+    seed: u64,
+}
+
+impl Runner for ProbeBlackhole {
+    async fn run(self, what: String) -> Outcome {
+        if !(0.1..=60.0).contains(&self.hold_secs) {
+            bail!("--hold-secs takes 0.1..=60");
+        }
+        need_root(&what)?;
+        let r = chaos_tests::probe_scenarios::probe_blackhole(
+            chaos_tests::probe_scenarios::BlackholeRun {
+                hosts: self.hosts,
+                rounds: self.rounds,
+                hold: Duration::from_secs_f64(self.hold_secs),
+                seed: self.seed,
+            },
+        )
+        .await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct TrainNicFlap {
+    #[command(flatten)]
+    train: TrainArgs,
+    #[command(flatten)]
+    storm: StormArgs,
+}
+
+impl Runner for TrainNicFlap {
+    async fn run(self, what: String) -> Outcome {
+        let (o, st) = (self.train.opts(false)?, self.storm.storm()?);
+        need_root(&what)?;
+        value_report(chaos_tests::training::train_nic_flap(&o, st).await?)
+    }
+}
+
+#[derive(Args, Debug)]
+struct HostLoss {
+    #[command(flatten)]
+    train: TrainArgs,
+    /// Lose the host once the job reached this step.
+    #[arg(long, default_value_t = 120)]
+    at_step: u64,
+}
+
+impl Runner for HostLoss {
+    async fn run(self, what: String) -> Outcome {
+        let o = self.train.opts(true)?;
+        if self.at_step == 0 || self.at_step >= o.steps {
+            bail!("--at-step must be within 1..steps");
+        }
+        need_root(&what)?;
+        value_report(chaos_tests::training::host_loss(&o, self.at_step).await?)
+    }
+}
+
+#[derive(Args, Debug)]
+struct Drain {
+    #[command(flatten)]
+    train: TrainArgs,
+    /// Drain once the job reached this step.
+    #[arg(long, default_value_t = 120)]
+    at_step: u64,
+}
+
+impl Runner for Drain {
+    async fn run(self, what: String) -> Outcome {
+        let o = self.train.opts(true)?;
+        if self.at_step == 0 || self.at_step >= o.steps {
+            bail!("--at-step must be within 1..steps");
+        }
+        need_root(&what)?;
+        value_report(chaos_tests::training::drain(&o, self.at_step).await?)
+    }
+}
+
+#[derive(Args, Debug)]
+struct BadPlaybooks {}
+
+impl Runner for BadPlaybooks {
+    async fn run(self, _what: String) -> Outcome {
+        let r = chaos_tests::playbook_scenarios::bad_playbooks().await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct PlaybookLeaderKill {
+    /// Playbooks to complete (one nic_flapping incident each).
+    #[arg(long, default_value_t = 50)]
+    rounds: usize,
+    /// Incidents per wave (hosts flapping at once), 1..=4.
+    #[arg(long, default_value_t = 4)]
+    parallel: usize,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+}
+
+impl Runner for PlaybookLeaderKill {
+    async fn run(self, what: String) -> Outcome {
+        need_root(&what)?;
+        let r = chaos_tests::playbook_leader_kill::playbook_leader_kill(
+            chaos_tests::playbook_leader_kill::LeaderKillRun {
+                rounds: self.rounds,
+                parallel: self.parallel,
+                seed: self.seed,
+                ..Default::default()
+            },
+        )
+        .await?;
+        report(r.ok, &r)
+    }
+}
+
+// ---- benches ----
+
+#[derive(Args, Debug)]
+struct Failover {
+    #[arg(long, default_value_t = 100)]
+    flaps: usize,
+    /// Seconds of each steady-throughput run.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    #[arg(long, default_value_t = 13)]
+    seed: u64,
+}
+
+impl Runner for Failover {
+    async fn run(self, what: String) -> Outcome {
+        if !(1..=10_000).contains(&self.flaps) || !(0.5..=120.0).contains(&self.seconds) {
+            bail!("--flaps takes 1..=10000 and --seconds 0.5..=120");
+        }
+        need_root(&what)?;
+        let r = chaos_tests::qp::failover(chaos_tests::qp::FailoverRun {
+            flaps: self.flaps,
+            seed: self.seed,
+            throughput_secs: self.seconds,
+        })
+        .await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct Detect {
+    #[arg(long, default_value_t = 200)]
+    flaps: usize,
+    #[arg(long, default_value_t = 10)]
+    host_losses: usize,
+    #[arg(long, default_value_t = 9)]
+    seed: u64,
+}
+
+impl Runner for Detect {
+    async fn run(self, what: String) -> Outcome {
+        if !(1..=100_000).contains(&self.flaps) || self.host_losses > 1000 {
+            bail!("--flaps takes 1..=100000 and --host-losses at most 1000");
+        }
+        need_root(&what)?;
+        let r = chaos_tests::detect::run(self.flaps, self.host_losses, self.seed).await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct ClockSync {
+    #[arg(long, default_value_t = 8)]
+    hosts: usize,
+    /// Measurement window after convergence (s).
+    #[arg(long, default_value_t = 60)]
+    seconds: u64,
+    /// Supervisors (1 keeps the 2-core testbed quieter).
+    #[arg(long, default_value_t = 1)]
+    supervisors: usize,
+    #[arg(long, default_value_t = 17)]
+    seed: u64,
+    /// Queue one rail: split rail 0 into two leaves joined by an uplink
+    /// shaped to this many Mbit/s and run a bulk TCP flow across it
+    /// (leaf 0 → leaf 1) for the whole window; the shipped
+    /// link-contention playbook is deleted first, so the flow is not
+    /// reshaped away. 0: an idle fabric.
+    #[arg(long, default_value_t = 0)]
+    uplink_load_mbit: u64,
+    /// Queue both rails both ways: split each rail into two leaves
+    /// joined by an uplink shaped to this many Mbit/s and send bursty
+    /// UDP cross traffic (bursts of 1400-byte datagrams, geometric size
+    /// of mean 8, exponential gaps) across each uplink in both
+    /// directions at --cross-load-util of its rate, so every probe path
+    /// between the leaves queues on and off and no rail or direction
+    /// stays idle. The link-contention playbook is deleted first. 0: off.
+    #[arg(long, default_value_t = 0)]
+    cross_load_mbit: u64,
+    /// Offered cross traffic per direction, as a fraction of the uplink
+    /// rate (0.05..=1.2).
+    #[arg(long, default_value_t = 0.85)]
+    cross_load_util: f64,
+    /// The agents' probe CPU budget, % of one core (their governor
+    /// lowers the probe rate to stay inside it; 0 turns it off).
+    /// Default: the agent's (1).
+    #[arg(long)]
+    probe_cpu_budget_pct: Option<f64>,
+    /// The agents' probe rate, pairs/s per peer (the most: the CPU
+    /// governor may lower it). Default: the agent's (100).
+    #[arg(long)]
+    probe_rate: Option<u32>,
+    /// Pin every agent to this CPU. veth runs a probe's whole path in
+    /// the sender's context, so with agents on different CPUs a path's
+    /// two directions run on CPUs of different speeds (an asymmetry no
+    /// estimator can see); pinned, every path runs on one CPU.
+    /// Default: not pinned.
+    #[arg(long)]
+    pin_agents_cpu: Option<usize>,
+}
+
+impl Runner for ClockSync {
+    async fn run(self, what: String) -> Outcome {
+        if !(1..=3600).contains(&self.seconds) || !(1..=5).contains(&self.supervisors) {
+            bail!("--seconds takes 1..=3600 and --supervisors 1..=5");
+        }
+        if self.uplink_load_mbit > 10_000 || self.cross_load_mbit > 10_000 {
+            bail!("--uplink-load-mbit and --cross-load-mbit take 0 (off) or 1..=10000");
+        }
+        if !(0.05..=1.2).contains(&self.cross_load_util) {
+            bail!("--cross-load-util takes 0.05..=1.2");
+        }
+        need_root(&what)?;
+        let r = chaos_tests::clock_sync::run(chaos_tests::clock_sync::ClockSyncRun {
+            hosts: self.hosts,
+            supervisors: self.supervisors,
+            seconds: self.seconds,
+            seed: self.seed,
+            converge_timeout: Duration::from_secs(60),
+            uplink_load_mbit: self.uplink_load_mbit,
+            cross_load_mbit: self.cross_load_mbit,
+            cross_load_util: self.cross_load_util,
+            probe_cpu_budget_pct: self.probe_cpu_budget_pct,
+            probe_rate: self.probe_rate,
+            pin_agents_cpu: self.pin_agents_cpu,
+        })
+        .await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct Goodput {
+    #[command(flatten)]
+    train: TrainArgs,
+    #[command(flatten)]
+    storm: StormArgs,
+}
+
+impl Runner for Goodput {
+    async fn run(self, what: String) -> Outcome {
+        let (o, st) = (self.train.opts(false)?, self.storm.storm()?);
+        need_root(&what)?;
+        value_report(chaos_tests::training::goodput(&o, st).await?)
+    }
+}
+
+#[derive(Args, Debug)]
+struct Reshaping {
+    #[command(flatten)]
+    args: ContentionArgs,
+}
+
+impl Runner for Reshaping {
+    async fn run(self, what: String) -> Outcome {
+        let o = self.args.opts(0)?;
+        need_root(&what)?;
+        value_report(chaos_tests::contention::bench(&o).await?)
+    }
+}
+
+#[derive(Args, Debug)]
+struct RaftCommit {
+    /// Seconds measured per concurrency level.
+    #[arg(long, default_value_t = 5.0)]
+    seconds: f64,
+    /// Client counts (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,16,256")]
+    clients: Vec<usize>,
+    /// Trials per level: throughput is the median over trials, latency
+    /// percentiles are over every sample of every trial.
+    #[arg(long, default_value_t = 3)]
+    trials: usize,
+}
+
+impl Runner for RaftCommit {
+    async fn run(self, _what: String) -> Outcome {
+        if !(1..=50).contains(&self.trials) {
+            bail!("--trials takes 1..=50");
+        }
+        if self.clients.is_empty() || self.clients.iter().any(|c| *c == 0 || *c > 1024) {
+            bail!("--clients takes counts between 1 and 1024");
+        }
+        if !(0.5..=600.0).contains(&self.seconds) {
+            bail!("--seconds must be between 0.5 and 600");
+        }
+        let r = chaos_tests::bench::raft_commit(&self.clients, self.seconds, self.trials).await?;
+        report(r.ok, &r)
+    }
+}
+
+// ---- the command line and the dispatcher ----
+
+/// A group of subcommands (`scenario`, `bench`) made from a table.
+fn group(name: &'static str, about: &'static str, table: &[Entry]) -> Command {
+    table.iter().fold(
+        Command::new(name)
+            .about(about)
+            .subcommand_required(true)
+            .arg_required_else_help(true),
+        |cmd, e| cmd.subcommand(leaf(e)),
+    )
+}
+
+/// The subcommand of one table row.
+fn leaf(e: &Entry) -> Command {
+    (e.args)(Command::new(e.name))
+        .about(e.help)
+        .long_about(None)
+}
+
+/// The whole command line.
+fn cli() -> Command {
+    // Named like the derive named it (the package), so `--version` reads as before.
+    Command::new(env!("CARGO_PKG_NAME"))
+        .version(env!("CARGO_PKG_VERSION"))
+        .about(env!("CARGO_PKG_DESCRIPTION"))
+        .long_about(None)
+        .subcommand_required(true)
+        .arg_required_else_help(true)
+        .subcommand(leaf(&DEMO))
+        .subcommand(group(
+            "scenario",
+            "Run a scenario and check its invariants",
+            SCENARIOS,
+        ))
+        .subcommand(group("bench", "Measure and print figures", BENCHES))
+}
+
+/// The row the parsed command line names, with the name `require_root`
+/// reports (`scenario nic-flap`) and its own matches.
+fn chosen(m: &ArgMatches) -> anyhow::Result<(&'static Entry, String, &ArgMatches)> {
+    let Some((top, sub)) = m.subcommand() else {
+        bail!("no subcommand");
+    };
+    if top == DEMO.name {
+        return Ok((&DEMO, top.to_string(), sub));
+    }
+    let table = match top {
+        "scenario" => SCENARIOS,
+        "bench" => BENCHES,
+        other => bail!("unknown subcommand {other}"),
+    };
+    let Some((name, leaf_m)) = sub.subcommand() else {
+        bail!("no {top} named");
+    };
+    let Some(e) = table.iter().find(|e| e.name == name) else {
+        bail!("unknown {top} {name}");
+    };
+    Ok((e, format!("{top} {name}"), leaf_m))
 }
 
 fn finish<T: Serialize>(ok: bool, report: &T) -> ! {
@@ -456,7 +902,7 @@ fn finish<T: Serialize>(ok: bool, report: &T) -> ! {
 }
 
 fn main() {
-    let cli = Cli::parse();
+    let matches = cli().get_matches();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -465,7 +911,7 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
-    let result: anyhow::Result<(bool, serde_json::Value)> = rt.block_on(async {
+    let result: Outcome = rt.block_on(async {
         // Ctrl-C or SIGTERM (e.g. `timeout`): kill what this run started
         // and remove its namespaces.
         tokio::spawn(async {
@@ -485,284 +931,11 @@ fn main() {
                 _ = sigterm => 143,
             };
             eprintln!("interrupted: cleaning up");
-            chaos_tests::testbed::cleanup_all_live();
+            testbed::cleanup_all_live();
             std::process::exit(code);
         });
-        match cli.cmd {
-            Cmd::Demo { drain: true } => {
-                let r = chaos_tests::demo::drain().await?;
-                Ok((r.ok, serde_json::to_value(&r)?))
-            }
-            Cmd::Demo { drain: false } => {
-                let r = chaos_tests::demo::nic_flap().await?;
-                Ok((r.ok, serde_json::to_value(&r)?))
-            }
-            Cmd::Scenario(s @ (Scenario::LeaderKill { .. } | Scenario::ClusterCrash { .. })) => {
-                let r = chaos_tests::admin_history::run(s.history_run().expect("history scenario"))
-                    .await?;
-                Ok((r.ok, serde_json::to_value(&r)?))
-            }
-            Cmd::Scenario(Scenario::NicFlap {
-                hosts,
-                flaps,
-                seed,
-                no_quiet,
-            }) => {
-                if !(2..=50).contains(&hosts) || !(1..=10_000).contains(&flaps) {
-                    anyhow::bail!("--hosts takes 2..=50 and --flaps 1..=10000");
-                }
-                if !chaos_tests::testbed::require_root("scenario nic-flap")? {
-                    anyhow::bail!("scenario nic-flap needs root");
-                }
-                let r = chaos_tests::nic_flap::run(chaos_tests::nic_flap::NicFlapRun {
-                    hosts,
-                    flaps,
-                    seed,
-                    wait_quiet: !no_quiet,
-                })
-                .await?;
-                Ok((r.ok, serde_json::to_value(&r)?))
-            }
-            Cmd::Scenario(Scenario::QpMigrate {
-                flaps,
-                conns,
-                max_message,
-                outage_ms,
-                seed,
-            }) => {
-                if !(1..=10_000).contains(&flaps) || !(1..=64).contains(&conns) {
-                    anyhow::bail!("--flaps takes 1..=10000 and --conns 1..=64");
-                }
-                if !(16..=(64 << 20)).contains(&max_message) || outage_ms > 25_000 {
-                    anyhow::bail!("--max-message takes 16..=67108864 and --outage-ms at most 25000 (under the 30 s stall timeout)");
-                }
-                if !chaos_tests::testbed::require_root("scenario qp-migrate")? {
-                    anyhow::bail!("scenario qp-migrate needs root");
-                }
-                let r = chaos_tests::qp::qp_migrate(chaos_tests::qp::QpMigrateRun {
-                    flaps,
-                    conns,
-                    max_message,
-                    seed,
-                    outage: std::time::Duration::from_millis(outage_ms),
-                })
-                .await?;
-                Ok((r.ok, serde_json::to_value(&r)?))
-            }
-            Cmd::Scenario(Scenario::PlaybookLeaderKill {
-                rounds,
-                parallel,
-                seed,
-            }) => {
-                if !chaos_tests::testbed::require_root("scenario playbook-leader-kill")? {
-                    anyhow::bail!("scenario playbook-leader-kill needs root");
-                }
-                let r = chaos_tests::playbook_leader_kill::playbook_leader_kill(
-                    chaos_tests::playbook_leader_kill::LeaderKillRun {
-                        rounds,
-                        parallel,
-                        seed,
-                        ..Default::default()
-                    },
-                )
-                .await?;
-                Ok((r.ok, serde_json::to_value(&r)?))
-            }
-            Cmd::Scenario(Scenario::BadPlaybooks) => {
-                let r = chaos_tests::playbook_scenarios::bad_playbooks().await?;
-                Ok((r.ok, serde_json::to_value(&r)?))
-            }
-            Cmd::Scenario(Scenario::TrainNicFlap { train, storm }) => {
-                let (o, st) = (train.opts(false)?, storm.storm()?);
-                if !chaos_tests::testbed::require_root("scenario train-nic-flap")? {
-                    anyhow::bail!("scenario train-nic-flap needs root");
-                }
-                let v = chaos_tests::training::train_nic_flap(&o, st).await?;
-                Ok((v["ok"] == true, v))
-            }
-            Cmd::Scenario(Scenario::HostLoss { train, at_step }) => {
-                let o = train.opts(true)?;
-                if at_step == 0 || at_step >= o.steps {
-                    anyhow::bail!("--at-step must be within 1..steps");
-                }
-                if !chaos_tests::testbed::require_root("scenario host-loss")? {
-                    anyhow::bail!("scenario host-loss needs root");
-                }
-                let v = chaos_tests::training::host_loss(&o, at_step).await?;
-                Ok((v["ok"] == true, v))
-            }
-            Cmd::Scenario(Scenario::Drain { train, at_step }) => {
-                let o = train.opts(true)?;
-                if at_step == 0 || at_step >= o.steps {
-                    anyhow::bail!("--at-step must be within 1..steps");
-                }
-                if !chaos_tests::testbed::require_root("scenario drain")? {
-                    anyhow::bail!("scenario drain needs root");
-                }
-                let v = chaos_tests::training::drain(&o, at_step).await?;
-                Ok((v["ok"] == true, v))
-            }
-            Cmd::Bench(Bench::Goodput { train, storm }) => {
-                let (o, st) = (train.opts(false)?, storm.storm()?);
-                if !chaos_tests::testbed::require_root("bench goodput")? {
-                    anyhow::bail!("bench goodput needs root");
-                }
-                let v = chaos_tests::training::goodput(&o, st).await?;
-                Ok((v["ok"] == true, v))
-            }
-            Cmd::Bench(Bench::Failover {
-                flaps,
-                seconds,
-                seed,
-            }) => {
-                if !(1..=10_000).contains(&flaps) || !(0.5..=120.0).contains(&seconds) {
-                    anyhow::bail!("--flaps takes 1..=10000 and --seconds 0.5..=120");
-                }
-                if !chaos_tests::testbed::require_root("bench failover")? {
-                    anyhow::bail!("bench failover needs root");
-                }
-                let r = chaos_tests::qp::failover(chaos_tests::qp::FailoverRun {
-                    flaps,
-                    seed,
-                    throughput_secs: seconds,
-                })
-                .await?;
-                Ok((r.ok, serde_json::to_value(&r)?))
-            }
-            Cmd::Bench(Bench::Detect {
-                flaps,
-                host_losses,
-                seed,
-            }) => {
-                if !(1..=100_000).contains(&flaps) || host_losses > 1000 {
-                    anyhow::bail!("--flaps takes 1..=100000 and --host-losses at most 1000");
-                }
-                if !chaos_tests::testbed::require_root("bench detect")? {
-                    anyhow::bail!("bench detect needs root");
-                }
-                let r = chaos_tests::detect::run(flaps, host_losses, seed).await?;
-                Ok((r.ok, serde_json::to_value(&r)?))
-            }
-            Cmd::Scenario(Scenario::MgmtPartition {
-                hosts,
-                cut_secs,
-                seed,
-            }) => {
-                if !(0.5..=120.0).contains(&cut_secs) {
-                    anyhow::bail!("--cut-secs takes 0.5..=120");
-                }
-                if !chaos_tests::testbed::require_root("scenario mgmt-partition")? {
-                    anyhow::bail!("scenario mgmt-partition needs root");
-                }
-                let r = chaos_tests::probe_scenarios::mgmt_partition(
-                    chaos_tests::probe_scenarios::MgmtPartitionRun {
-                        hosts,
-                        cut: std::time::Duration::from_secs_f64(cut_secs),
-                        seed,
-                    },
-                )
-                .await?;
-                Ok((r.ok, serde_json::to_value(&r)?))
-            }
-            Cmd::Scenario(Scenario::Contention { args, quiet_secs }) => {
-                let o = args.opts(quiet_secs)?;
-                if !chaos_tests::testbed::require_root("scenario contention")? {
-                    anyhow::bail!("scenario contention needs root");
-                }
-                let v = chaos_tests::contention::scenario(&o).await?;
-                Ok((v["ok"] == true, v))
-            }
-            Cmd::Bench(Bench::Reshaping { args }) => {
-                let o = args.opts(0)?;
-                if !chaos_tests::testbed::require_root("bench reshaping")? {
-                    anyhow::bail!("bench reshaping needs root");
-                }
-                let v = chaos_tests::contention::bench(&o).await?;
-                Ok((v["ok"] == true, v))
-            }
-            Cmd::Scenario(Scenario::ProbeBlackhole {
-                hosts,
-                rounds,
-                hold_secs,
-                seed,
-            }) => {
-                if !(0.1..=60.0).contains(&hold_secs) {
-                    anyhow::bail!("--hold-secs takes 0.1..=60");
-                }
-                if !chaos_tests::testbed::require_root("scenario probe-blackhole")? {
-                    anyhow::bail!("scenario probe-blackhole needs root");
-                }
-                let r = chaos_tests::probe_scenarios::probe_blackhole(
-                    chaos_tests::probe_scenarios::BlackholeRun {
-                        hosts,
-                        rounds,
-                        hold: std::time::Duration::from_secs_f64(hold_secs),
-                        seed,
-                    },
-                )
-                .await?;
-                Ok((r.ok, serde_json::to_value(&r)?))
-            }
-            Cmd::Bench(Bench::ClockSync {
-                hosts,
-                seconds,
-                supervisors,
-                seed,
-                uplink_load_mbit,
-                cross_load_mbit,
-                cross_load_util,
-                probe_cpu_budget_pct,
-                probe_rate,
-                pin_agents_cpu,
-            }) => {
-                if !(1..=3600).contains(&seconds) || !(1..=5).contains(&supervisors) {
-                    anyhow::bail!("--seconds takes 1..=3600 and --supervisors 1..=5");
-                }
-                if uplink_load_mbit > 10_000 || cross_load_mbit > 10_000 {
-                    anyhow::bail!(
-                        "--uplink-load-mbit and --cross-load-mbit take 0 (off) or 1..=10000"
-                    );
-                }
-                if !(0.05..=1.2).contains(&cross_load_util) {
-                    anyhow::bail!("--cross-load-util takes 0.05..=1.2");
-                }
-                if !chaos_tests::testbed::require_root("bench clock-sync")? {
-                    anyhow::bail!("bench clock-sync needs root");
-                }
-                let r = chaos_tests::clock_sync::run(chaos_tests::clock_sync::ClockSyncRun {
-                    hosts,
-                    supervisors,
-                    seconds,
-                    seed,
-                    converge_timeout: std::time::Duration::from_secs(60),
-                    uplink_load_mbit,
-                    cross_load_mbit,
-                    cross_load_util,
-                    probe_cpu_budget_pct,
-                    probe_rate,
-                    pin_agents_cpu,
-                })
-                .await?;
-                Ok((r.ok, serde_json::to_value(&r)?))
-            }
-            Cmd::Bench(Bench::RaftCommit {
-                seconds,
-                clients,
-                trials,
-            }) => {
-                if !(1..=50).contains(&trials) {
-                    anyhow::bail!("--trials takes 1..=50");
-                }
-                if clients.is_empty() || clients.iter().any(|c| *c == 0 || *c > 1024) {
-                    anyhow::bail!("--clients takes counts between 1 and 1024");
-                }
-                if !(0.5..=600.0).contains(&seconds) {
-                    anyhow::bail!("--seconds must be between 0.5 and 600");
-                }
-                let r = chaos_tests::bench::raft_commit(&clients, seconds, trials).await?;
-                Ok((r.ok, serde_json::to_value(&r)?))
-            }
-        }
+        let (e, what, m) = chosen(&matches)?;
+        (e.run)(m, what)?.await
     });
     match result {
         Ok((ok, v)) => finish(ok, &v),
@@ -773,5 +946,57 @@ fn main() {
                 &serde_json::json!({"ok": false, "error": format!("{e:#}")}),
             )
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `railguard-chaos scenario X` / `bench X` / `demo` the README
+    /// shows is a row of the tables (and parses with no flags).
+    #[test]
+    fn the_tables_hold_every_command_the_readme_mentions() {
+        let readme = include_str!("../../../README.md");
+        let mut seen = 0;
+        for (i, _) in readme.match_indices("railguard-chaos ") {
+            let words: Vec<&str> = readme[i + "railguard-chaos ".len()..]
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .take(2)
+                .collect();
+            let table = match words.first().copied() {
+                Some("scenario") => SCENARIOS,
+                Some("bench") => BENCHES,
+                Some("demo") => {
+                    seen += 1;
+                    continue;
+                }
+                _ => continue,
+            };
+            let name = words.get(1).copied().unwrap_or_default();
+            assert!(
+                table.iter().any(|e| e.name == name),
+                "README mentions `railguard-chaos {} {name}`, which is not in the table",
+                words[0]
+            );
+            cli()
+                .try_get_matches_from(["railguard-chaos", words[0], name])
+                .unwrap_or_else(|e| panic!("{} {name}: {e}", words[0]));
+            seen += 1;
+        }
+        assert!(seen >= SCENARIOS.len(), "the README names {seen} commands");
+    }
+
+    /// Names are unique within a table, and every row builds a valid
+    /// subcommand (clap's own consistency checks).
+    #[test]
+    fn the_command_line_is_consistent() {
+        for table in [SCENARIOS, BENCHES] {
+            let mut names: Vec<_> = table.iter().map(|e| e.name).collect();
+            names.sort_unstable();
+            names.dedup();
+            assert_eq!(names.len(), table.len());
+        }
+        cli().debug_assert();
     }
 }

@@ -1,22 +1,7 @@
-//! The netns testbed (TESTBED.md): one namespace per node, a fabric
-//! namespace with bridges, veth "cables", addresses, all made through
-//! netlink; fault injectors for every row of TESTBED.md's fault table; a
-//! cleanup guard that runs on drop (also on panic), a registry that Ctrl-C
-//! handlers can flush, and a sweeper for leftovers of dead runs.
-//!
-//! Topology for `TestbedSpec { supervisors: S, hosts: N }`, prefix `rgXXXXX-`:
-//! - `<p>fab`: bridges `mgmt`, `rail0`, `rail1`; fabric-side cable ends
-//!   `s<i>m`, `h<i>m`, `h<i>r0`, `h<i>r1`.
-//! - `<p>s<i>`: `mgmt0` = 10.200.0.(i+1)/16.
-//! - `<p>h<i>`: `mgmt0` = 10.200.1.i/16, `rail0` = 10.201.0.(i+1)/16,
-//!   `rail1` = 10.202.0.(i+1)/16 (each rail the other's backup).
-//!
-//! With [`TestbedOptions::leaf_splits`] a rail is two leaf bridges joined
-//! by a shaped veth uplink ([`leaf`]); [`Testbed::topology`] describes
-//! what was built for the supervisor's `--topology`.
-
-pub mod leaf;
-pub mod netns;
+//! The [`Testbed`] handle: builds the namespaces, bridges and veth
+//! "cables" of a [`TestbedSpec`] through netlink, injects the faults of
+//! TESTBED.md's fault table, runs processes inside nodes, and tears it all
+//! down on drop (also on panic).
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -29,13 +14,10 @@ use futures::TryStreamExt;
 use netlink_packet_route::link::{InfoData, InfoKind, InfoVeth, LinkAttribute, State};
 use rtnetlink::{Handle, LinkBridge, LinkMessageBuilder, LinkUnspec, LinkVeth};
 
-pub use leaf::{LeafSplit, TestbedOptions, UplinkStats};
-pub use netns::Netns;
-
-/// Directory of owner files: `<prefix>.owner` holds the creating pid.
-pub const OWNER_DIR: &str = "/run/railguard-testbed";
-/// Every testbed namespace starts with this.
-pub const NS_PREFIX: &str = "rg";
+use crate::cleanup::{forget_testbed, register_testbed, sweep, OWNER_DIR};
+use crate::leaf::{self, LeafSplit, TestbedOptions, UplinkStats};
+use crate::netns::{self, Netns};
+use crate::plan::{mgmt_addr, rail_addr, Node, TestbedSpec, NS_PREFIX};
 
 /// Root is needed for namespaces. Returns `Ok(false)` to skip (printing
 /// `SKIPPED (needs root): name`) outside CI; fails when `CI` is set.
@@ -49,122 +31,6 @@ pub fn require_root(test_name: &str) -> anyhow::Result<bool> {
     }
     eprintln!("SKIPPED (needs root): {test_name}");
     Ok(false)
-}
-
-/// What to build (optional parts: [`TestbedOptions`]).
-#[derive(Debug, Clone, Copy)]
-pub struct TestbedSpec {
-    pub supervisors: usize,
-    pub hosts: usize,
-}
-
-/// The name host `i` registers under (`railguard-agent --host`), and its
-/// name in the topology file.
-pub fn host_name(i: usize) -> String {
-    format!("h{i}")
-}
-
-/// A node of the testbed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Node {
-    Supervisor(usize),
-    Host(usize),
-}
-
-/// Addresses of the plan.
-pub fn mgmt_addr(node: Node) -> Ipv4Addr {
-    match node {
-        Node::Supervisor(i) => Ipv4Addr::new(10, 200, 0, i as u8 + 1),
-        Node::Host(i) => Ipv4Addr::new(10, 200, 1, i as u8),
-    }
-}
-
-/// Address of host `i`'s `rail<r>`.
-pub fn rail_addr(host: usize, rail: usize) -> Ipv4Addr {
-    Ipv4Addr::new(10, 201 + rail as u8, 0, host as u8 + 1)
-}
-
-/// Namespaces and processes of live testbeds, for Ctrl-C handlers.
-static LIVE: Mutex<Vec<(Vec<String>, Vec<u32>)>> = Mutex::new(Vec::new());
-
-/// Other processes of this run (e.g. loopback supervisors) to kill on Ctrl-C.
-static LIVE_PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
-
-/// Registers a process for [`cleanup_all_live`].
-pub fn register_pid(pid: u32) {
-    LIVE_PIDS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(pid);
-}
-
-/// Forgets a process that was reaped.
-pub fn unregister_pid(pid: u32) {
-    LIVE_PIDS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .retain(|p| *p != pid);
-}
-
-/// Kills every registered process and deletes every registered namespace
-/// (for a SIGINT handler; `Drop` does the same for one testbed).
-pub fn cleanup_all_live() {
-    for pid in std::mem::take(&mut *LIVE_PIDS.lock().unwrap_or_else(|e| e.into_inner())) {
-        // SAFETY: signalling a process this run started.
-        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-    }
-    let live = std::mem::take(&mut *LIVE.lock().unwrap_or_else(|e| e.into_inner()));
-    for (names, pids) in live {
-        for pid in pids {
-            // SAFETY: signalling processes this run started.
-            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-        }
-        for n in names {
-            let _ = netns::delete(&n);
-        }
-    }
-}
-
-fn pid_alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks existence.
-    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
-}
-
-/// Removes `rg*-` namespaces whose owning process is gone (or unknown).
-/// Returns the names removed.
-pub fn sweep() -> Vec<String> {
-    let mut removed = Vec::new();
-    for name in netns::list(NS_PREFIX) {
-        let Some((prefix, _)) = name.split_once('-') else {
-            continue;
-        };
-        let owner = std::fs::read_to_string(format!("{OWNER_DIR}/{prefix}.owner"))
-            .ok()
-            .and_then(|s| s.trim().parse::<i32>().ok());
-        if owner.is_some_and(pid_alive) {
-            continue;
-        }
-        if netns::delete(&name).is_ok() {
-            removed.push(name);
-        }
-    }
-    // Owner files of prefixes that have no namespace left.
-    if let Ok(rd) = std::fs::read_dir(OWNER_DIR) {
-        for e in rd.flatten() {
-            let f = e.file_name().to_string_lossy().to_string();
-            if let Some(prefix) = f.strip_suffix(".owner") {
-                let any = !netns::list(&format!("{prefix}-")).is_empty();
-                let alive = std::fs::read_to_string(e.path())
-                    .ok()
-                    .and_then(|s| s.trim().parse::<i32>().ok())
-                    .is_some_and(pid_alive);
-                if !any && !alive {
-                    let _ = std::fs::remove_file(e.path());
-                }
-            }
-        }
-    }
-    removed
 }
 
 /// A built testbed. Dropping it kills its processes and removes its
@@ -304,9 +170,7 @@ impl Testbed {
     }
 
     fn register(&self) {
-        let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
-        live.retain(|(names, _)| names.first().is_none_or(|n| *n != self.fab.name));
-        live.push((self.namespace_names(), self.pids()));
+        register_testbed(self.namespace_names(), self.pids());
     }
 
     fn pids(&self) -> Vec<u32> {
@@ -461,7 +325,7 @@ impl Testbed {
     }
 
     /// The topology this testbed was built with (hosts named by
-    /// [`host_name`]), for the supervisor's `--topology`.
+    /// [`crate::plan::host_name`]), for the supervisor's `--topology`.
     pub fn topology(&self) -> supervisor::topology::TopologyFile {
         leaf::topology(self.spec.hosts, &self.options.leaf_splits)
     }
@@ -758,8 +622,7 @@ impl Testbed {
             }
         }
         let _ = std::fs::remove_file(format!("{OWNER_DIR}/{}.owner", self.prefix));
-        let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
-        live.retain(|(names, _)| names.first().is_none_or(|n| *n != self.fab.name));
+        forget_testbed(&self.fab.name);
     }
 }
 

@@ -379,7 +379,7 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::ringtrain::config::*;
 
     fn args(extra: &[&str]) -> Result<Config, ConfigError> {
         let mut v = vec!["ringtrain"];

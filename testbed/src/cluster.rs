@@ -193,7 +193,7 @@ impl SupervisorCluster {
             .spawn()
             .with_context(|| format!("spawn {}", self.bin.display()))?;
         tracing::debug!(id, pid = child.id(), "supervisor started");
-        crate::testbed::register_pid(child.id());
+        crate::register_pid(child.id());
         self.node_mut(id).child = Some(child);
         Ok(())
     }
@@ -223,7 +223,7 @@ impl SupervisorCluster {
                 libc::kill(child.id() as i32, libc::SIGKILL);
             }
             let _ = child.wait();
-            crate::testbed::unregister_pid(child.id());
+            crate::unregister_pid(child.id());
             tracing::debug!(id, "supervisor killed");
         }
     }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use crate::cluster::bin_path;
-use crate::testbed::{host_name, mgmt_addr, LeafSplit, Node, Testbed, TestbedOptions, TestbedSpec};
+use crate::{host_name, mgmt_addr, LeafSplit, Node, Testbed, TestbedOptions, TestbedSpec};
 
 /// The shipped playbook that reshapes a contended link.
 pub const RESHAPING_PLAYBOOK: &str = "link-contention";

@@ -4,16 +4,11 @@
 use std::io::{Read, Write};
 use std::time::Duration;
 
-use chaos_tests::testbed::{
+use testbed::{
     netns, rail_addr, require_root, sweep, FlapPattern, Node, Side, Testbed, TestbedSpec, OWNER_DIR,
 };
 
-async fn wait_status(
-    tb: &mut Testbed,
-    ns: &str,
-    link: &str,
-    carrier: bool,
-) -> chaos_tests::testbed::LinkStatus {
+async fn wait_status(tb: &mut Testbed, ns: &str, link: &str, carrier: bool) -> testbed::LinkStatus {
     for _ in 0..100 {
         let s = tb.link_status(ns, link).await.unwrap();
         if s.carrier == carrier {
@@ -207,80 +202,4 @@ fn sweeper_removes_leftovers_of_dead_runs_only() {
     );
     netns::delete(&format!("{live_prefix}-h0")).unwrap();
     let _ = std::fs::remove_file(format!("{OWNER_DIR}/{live_prefix}.owner"));
-}
-
-/// Ctrl-C (SIGINT) on a running scenario removes its namespaces and kills
-/// its processes.
-#[test]
-fn ctrl_c_on_a_scenario_leaves_nothing_behind() {
-    if !require_root("testbed::ctrl_c").unwrap() {
-        return;
-    }
-    let bin = chaos_tests::cluster::bin_path("railguard-chaos").unwrap();
-    let mut child = std::process::Command::new(bin)
-        .args([
-            "scenario",
-            "nic-flap",
-            "--hosts",
-            "2",
-            "--flaps",
-            "2000",
-            "--no-quiet",
-        ])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let pid = child.id();
-    // Wait (bounded) until its testbed exists.
-    let owned = || -> Vec<String> {
-        std::fs::read_dir(OWNER_DIR)
-            .map(|rd| {
-                rd.flatten()
-                    .filter(|e| {
-                        std::fs::read_to_string(e.path()).is_ok_and(|s| s.trim() == pid.to_string())
-                    })
-                    .filter_map(|e| {
-                        e.file_name()
-                            .to_string_lossy()
-                            .strip_suffix(".owner")
-                            .map(str::to_owned)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let mut prefixes = Vec::new();
-    for _ in 0..200 {
-        prefixes = owned();
-        if !prefixes.is_empty() && netns::list(&format!("{}-", prefixes[0])).len() >= 5 {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert!(!prefixes.is_empty(), "the scenario built a testbed");
-    std::thread::sleep(Duration::from_millis(1500)); // supervisors and agents running
-                                                     // SAFETY: signalling our own child.
-    unsafe { libc::kill(pid as i32, libc::SIGINT) };
-    let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(130));
-    for p in &prefixes {
-        assert!(
-            netns::list(&format!("{p}-")).is_empty(),
-            "namespaces of {p} removed"
-        );
-    }
-    // No supervisor or agent of a netns run survives (their command lines
-    // name the run's data directory, railguard-net-*).
-    std::thread::sleep(Duration::from_millis(200));
-    let survivors: Vec<String> = std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| {
-            let cmd = std::fs::read_to_string(e.path().join("cmdline")).ok()?;
-            cmd.contains("railguard-net-")
-                .then(|| cmd.replace('\0', " "))
-        })
-        .collect();
-    assert!(survivors.is_empty(), "{survivors:?}");
 }

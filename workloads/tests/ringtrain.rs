@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use chaos_tests::testbed::netns::Netns;
-use chaos_tests::testbed::{rail_addr, require_root, Node, Side, Testbed, TestbedSpec};
 use rdma::contract::{decode_job, encode, AgentMessage, JobMessage, Order, OrderKind};
+use testbed::netns::Netns;
+use testbed::{rail_addr, require_root, Node, Side, Testbed, TestbedSpec};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 use tokio::process::{Child, Command};

@@ -43,14 +43,19 @@ pub struct State {
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
+    /// Reading or durably writing the checkpoint file failed.
     #[error("checkpoint {path}: {source}")]
     Io {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
+    /// The file is not a whole checkpoint of this shape (bad magic,
+    /// wrong length, CRC mismatch); the run must not resume from it.
     #[error("checkpoint {path} is corrupt: {reason}")]
     Corrupt { path: PathBuf, reason: String },
+    /// The checkpoint is intact but of another run (`field` of its
+    /// identity differs): a configuration error.
     #[error(
         "checkpoint {path} belongs to another run: {field} is {found}, this run has {expected}"
     )]
@@ -247,7 +252,7 @@ pub fn load(dir: &Path, id: &Identity, step: u64) -> Result<State, CheckpointErr
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::ringtrain::checkpoint::*;
 
     fn id() -> Identity {
         Identity {

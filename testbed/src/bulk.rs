@@ -3,7 +3,7 @@
 //! load that makes a leaf split's uplink queue.
 //!
 //! The sockets are made inside the hosts' namespaces (a socket's namespace
-//! is fixed when it is created, [`crate::testbed::Netns::run`]); the sender
+//! is fixed when it is created, [`crate::Netns::run`]); the sender
 //! and receiver then run on plain threads of this process. Both are
 //! bounded: the sender stops on [`BulkFlow::stop`] or when the flow's
 //! maximum duration is up, the receiver drains what is in flight for at
@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::testbed::{rail_addr, Node, Testbed};
+use crate::{rail_addr, Node, Testbed};
 
 /// Longest a receiver keeps draining after the sender stopped.
 pub const DRAIN_MAX: Duration = Duration::from_secs(5);
@@ -31,24 +31,31 @@ const CHUNK: usize = 64 << 10;
 /// Why a flow could not start or did not finish cleanly.
 #[derive(Debug, thiserror::Error)]
 pub enum BulkError {
+    /// The flow asked for is not possible (same host, no such host or
+    /// rail, a duration outside (0, [`MAX_FLOW`]]); nothing was started.
     #[error("bulk flow: bad request: {0}")]
     BadRequest(String),
+    /// A socket could not be made inside a host's namespace.
     #[error("bulk flow: cannot enter namespace of host {host}: {error}")]
     Namespace { host: usize, error: std::io::Error },
+    /// The receiver could not listen on its rail address.
     #[error("bulk flow: listen on {addr} (host {host}): {error}")]
     Listen {
         host: usize,
         addr: SocketAddr,
         error: std::io::Error,
     },
+    /// The sender could not connect to the receiver.
     #[error("bulk flow: connect from host {host} to {addr}: {error}")]
     Connect {
         host: usize,
         addr: SocketAddr,
         error: std::io::Error,
     },
+    /// The receiver was never connected to; both threads are stopped.
     #[error("bulk flow: the receiver saw no connection within {ACCEPT_WAIT:?}")]
     NoConnection,
+    /// The named thread (sender or receiver) panicked; its counts are lost.
     #[error("bulk flow: {0} thread panicked")]
     Panicked(&'static str),
 }

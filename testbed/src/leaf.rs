@@ -13,9 +13,11 @@
 //!
 //! This module also describes what was built as a
 //! [`supervisor::topology::TopologyFile`], named the way
-//! [`super::host_name`] names hosts.
+//! [`crate::plan::host_name`] names hosts.
 
 use supervisor::topology::{AttachDef, LinkDef, SwitchDef, TopologyFile};
+
+use crate::plan::host_name;
 
 /// Splits `rail` into two leaves joined by a shaped uplink.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,7 +30,7 @@ pub struct LeafSplit {
     pub uplink_bps: u64,
 }
 
-/// Optional parts of the topology, on top of [`super::TestbedSpec`].
+/// Optional parts of the topology, on top of [`crate::plan::TestbedSpec`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TestbedOptions {
     /// Split rails into two leaves with a shaped uplink each (at most one
@@ -159,7 +161,7 @@ pub fn topology(hosts: usize, splits: &[LeafSplit]) -> TopologyFile {
                 None => format!("rail{rail}"),
             };
             file.attach.push(AttachDef {
-                host: super::host_name(h),
+                host: host_name(h),
                 nic: format!("rail{rail}"),
                 switch,
                 rate: None,
@@ -171,7 +173,7 @@ pub fn topology(hosts: usize, splits: &[LeafSplit]) -> TopologyFile {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::leaf::*;
     use supervisor::topology::Topology;
 
     fn split() -> LeafSplit {

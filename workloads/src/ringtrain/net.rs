@@ -52,12 +52,14 @@ pub struct RingNet {
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
+    /// The rank's data endpoint could not listen on its NICs.
     #[error("data endpoint on port {port}: {source}")]
     Bind {
         port: u16,
         #[source]
         source: rdma::soft::SoftError,
     },
+    /// A resilient connection to a ring neighbour could not be opened.
     #[error("connection {id}: {source}")]
     Open {
         id: u64,

@@ -8,7 +8,7 @@
 //! (a late wake-up sends the due bursts at once rather than lowering the
 //! rate); the receiver drains and counts. Both are bounded: the sender
 //! stops on [`BurstLoad::stop`] or when the maximum duration is up, the
-//! receiver once quiet after that, and [`DRAIN`] after the maximum
+//! receiver once quiet after that, and `DRAIN` after the maximum
 //! duration at the latest.
 
 use std::net::{SocketAddr, UdpSocket};
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 
 use crate::bulk::timed_out;
-use crate::testbed::{rail_addr, Node, Testbed};
+use crate::{rail_addr, Node, Testbed};
 
 /// UDP payload of every datagram (with headers, a 1442-byte frame).
 pub const PAYLOAD: usize = 1400;
@@ -58,18 +58,25 @@ pub struct BurstSpec {
 /// Why a load could not start or did not finish cleanly.
 #[derive(Debug, thiserror::Error)]
 pub enum BurstError {
+    /// The load asked for is not possible (same host, no such host or
+    /// rail, a zero rate, a mean burst outside 1..=`MAX_BURST`, a
+    /// duration outside (0, [`MAX_LOAD`]]); nothing was started.
     #[error("burst load: bad request: {0}")]
     BadRequest(String),
+    /// A socket could not be made inside a host's namespace.
     #[error("burst load: cannot enter namespace of host {host}: {error}")]
     Namespace { host: usize, error: std::io::Error },
+    /// A UDP socket could not be bound or connected on a rail address.
     #[error("burst load: socket on host {host} ({addr}): {error}")]
     Socket {
         host: usize,
         addr: SocketAddr,
         error: std::io::Error,
     },
+    /// The named thread (sender or receiver) could not be started.
     #[error("burst load: cannot start the {0} thread: {1}")]
     Spawn(&'static str, std::io::Error),
+    /// The named thread (sender or receiver) panicked; its counts are lost.
     #[error("burst load: {0} thread panicked")]
     Panicked(&'static str),
 }

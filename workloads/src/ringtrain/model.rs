@@ -5,7 +5,7 @@
 //! Every function here is a pure function of its inputs, evaluated in a
 //! fixed order (no threads, no fast-math reassociation), so two runs of the
 //! same binary on the same data produce the same bits. Dot products use
-//! [`LANES`] independent accumulators combined in a fixed order: fast
+//! `LANES` independent accumulators combined in a fixed order: fast
 //! (the compiler vectorises the lanes) and still deterministic.
 
 /// Input features per sample.
@@ -144,7 +144,7 @@ pub fn batch(shape: Shape, seed: u64, step: u64, rank: u32, n: usize) -> Batch {
     Batch { n, x, t }
 }
 
-/// Dot product with [`LANES`] accumulators, combined in a fixed order.
+/// Dot product with `LANES` accumulators, combined in a fixed order.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let mut acc = [0f32; LANES];
@@ -290,7 +290,7 @@ pub fn digest(params: &[f32]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::ringtrain::model::*;
 
     fn tiny() -> Shape {
         Shape {

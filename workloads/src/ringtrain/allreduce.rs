@@ -48,8 +48,13 @@ pub trait RingLink {
 /// Why an all-reduce failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RingError {
+    /// The connection to a neighbour failed (e.g. no path for the stall
+    /// timeout): fatal to the run.
     #[error("ring transport: {0}")]
     Link(#[from] ConnError),
+    /// A neighbour's message is malformed or out of step (no header,
+    /// another configuration's fingerprint, an unexpected step, phase,
+    /// hop or chunk): the ranks disagree, fatal to the run.
     #[error("ring protocol: {0}")]
     Protocol(String),
 }
@@ -237,7 +242,7 @@ pub fn reference(inputs: &[Vec<f32>]) -> Vec<f32> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use crate::ringtrain::allreduce::*;
     use crate::ringtrain::model::SplitMix;
     use tokio::sync::mpsc;
 

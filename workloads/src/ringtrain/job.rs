@@ -341,8 +341,8 @@ async fn migrate(
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use crate::ringtrain::allreduce::{FLAG_CHECKPOINT, FLAG_HALT};
+    use crate::ringtrain::job::*;
 
     fn p(id: u64, step: Option<u64>, halt: bool) -> Pending {
         Pending {
