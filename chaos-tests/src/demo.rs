@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde::Serialize;
 use supervisor::api::{AdminReply, AdminRequest};
-use supervisor::model::{ClusterEvent, HostStatus};
+use supervisor::model::{ClusterEvent, Event, HostStatus, IncidentKind};
 
 use testbed::cluster::{bin_path, SupervisorCluster};
 
@@ -211,9 +211,10 @@ pub async fn nic_flap() -> anyhow::Result<NicFlapDemoReport> {
     .await?;
     let t_seen_committed = nodeagent::link::unix_ns();
     let evs = events_after(&c, since);
-    let down = evs
-        .iter()
-        .find(|e| e.host.as_deref() == Some("h2") && e.what.starts_with("NIC rail0: link down"));
+    let down = evs.iter().find(|e| {
+        e.host.as_deref() == Some("h2")
+            && matches!(&e.event, Event::NicLink { nic, up: false, .. } if nic == "rail0")
+    });
     let agent_saw_ms = down
         .and_then(|e| e.observed_unix_ns)
         .map(|o| ms_since(t_inj, o))
@@ -225,9 +226,16 @@ pub async fn nic_flap() -> anyhow::Result<NicFlapDemoReport> {
         "  agent on h2 saw rail0 go down      +{agent_saw_ms:.3} ms after the netlink change"
     ));
     t.say(&format!("  leader batched it into a Raft entry +{committed_ms:.1} ms (committed, seen by the CLI within {:.0} ms)", ms_since(t_inj, t_seen_committed)));
-    let opened = evs
-        .iter()
-        .any(|e| e.host.as_deref() == Some("h2") && e.what.contains("opened: nic_down"));
+    let opened = evs.iter().any(|e| {
+        e.host.as_deref() == Some("h2")
+            && matches!(
+                e.event,
+                Event::IncidentOpened {
+                    kind: IncidentKind::NicDown,
+                    ..
+                }
+            )
+    });
     t.say(&format!("  incident nic_down opened: {opened}"));
     show(
         "nic list --state down",
@@ -241,9 +249,16 @@ pub async fn nic_flap() -> anyhow::Result<NicFlapDemoReport> {
     })
     .await?;
     let evs = events_after(&c, since);
-    let closed = evs
-        .iter()
-        .any(|e| e.host.as_deref() == Some("h2") && e.what.contains("(nic_down) closed"));
+    let closed = evs.iter().any(|e| {
+        e.host.as_deref() == Some("h2")
+            && matches!(
+                e.event,
+                Event::IncidentClosed {
+                    kind: IncidentKind::NicDown,
+                    ..
+                }
+            )
+    });
     t.say(&format!("  h2/rail0 Up again; incident closed: {closed}"));
     t.say("STORM: 3 quick flaps of h3/rail1 (host side, admin down/up)");
     for _ in 0..3 {

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
-use supervisor::model::ClusterEvent;
+use supervisor::model::{ClusterEvent, Event, Liveness};
 use tokio::io::AsyncBufReadExt;
 
 use crate::bench::percentile_ms;
@@ -138,9 +138,11 @@ pub async fn run(flaps: usize, host_losses: usize, seed: u64) -> anyhow::Result<
             let t_inj = unix_ns();
             c.tb.set_cable(h, r, Side::Fabric, up).await?;
             let want = format!("NIC rail{r}: link {}", if up { "up" } else { "down" });
+            let nic_name = format!("rail{r}");
             let host = format!("h{h}");
             let (e, arrived) = wait_event(&seen, Duration::from_secs(10), |e| {
-                e.host.as_deref() == Some(host.as_str()) && e.what.starts_with(&want)
+                e.host.as_deref() == Some(host.as_str())
+                    && matches!(&e.event, Event::NicLink { nic, up: u, .. } if *nic == nic_name && *u == up)
             })
             .await
             .with_context(|| format!("flap {i}: {host} {want}"))?;
@@ -159,8 +161,13 @@ pub async fn run(flaps: usize, host_losses: usize, seed: u64) -> anyhow::Result<
         c.tb.lose_host(h).await?;
         let (_, arrived) = wait_event(&seen, Duration::from_secs(15), |e| {
             e.host.as_deref() == Some(host.as_str())
-                && e.what.ends_with("-> Down")
-                && e.what.starts_with("host")
+                && matches!(
+                    e.event,
+                    Event::Liveness {
+                        to: Liveness::Down,
+                        ..
+                    }
+                )
         })
         .await
         .with_context(|| format!("host loss {i}: {host} never went Down"))?;
@@ -171,7 +178,14 @@ pub async fn run(flaps: usize, host_losses: usize, seed: u64) -> anyhow::Result<
         }
         c.start_agent(h)?;
         wait_event(&seen, Duration::from_secs(15), |e| {
-            e.host.as_deref() == Some(host.as_str()) && e.what.ends_with("-> Ready")
+            e.host.as_deref() == Some(host.as_str())
+                && matches!(
+                    e.event,
+                    Event::Liveness {
+                        to: Liveness::Ready,
+                        ..
+                    }
+                )
         })
         .await?;
     }
