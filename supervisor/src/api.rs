@@ -524,7 +524,7 @@ pub struct QueueingView {
     pub enter_us: f64,
     pub exit_us: f64,
     pub total: usize,
-    pub paths: Vec<crate::contention::PathQueueing>,
+    pub paths: Vec<PathQueueing>,
 }
 
 /// `railguard links`.
@@ -534,7 +534,7 @@ pub struct LinksView {
     pub topology: Option<String>,
     pub links: Vec<crate::topology::Link>,
     /// Directed links crossed by fresh paths, with their scores.
-    pub scores: Vec<crate::contention::LinkScore>,
+    pub scores: Vec<LinkScore>,
     /// Open `link_contention` incidents.
     pub incidents: Vec<crate::model::Incident>,
 }
@@ -675,4 +675,53 @@ impl From<tonic::Status> for ApiError {
         };
         ApiError::new(kind, s.message().to_string())
     }
+}
+
+/// A directed path between two host NICs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PathKey {
+    pub src: String,
+    pub src_nic: String,
+    pub dst: String,
+    pub dst_nic: String,
+    pub rail: u32,
+}
+
+impl std::fmt::Display for PathKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}→{}/{}",
+            self.src, self.src_nic, self.dst, self.dst_nic
+        )
+    }
+}
+
+/// A path's detector state (`railguard paths --contended`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PathQueueing {
+    pub path: PathKey,
+    pub baseline_us: f64,
+    pub queueing_p50_us: f64,
+    pub queueing_p99_us: f64,
+    pub contended: bool,
+    /// How long it has been contended (ms).
+    pub contended_ms: Option<u64>,
+    pub age_ms: u64,
+}
+
+/// A directed link's score (`railguard links`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkScore {
+    pub link: crate::topology::DirLink,
+    pub rate_bps: Option<u64>,
+    pub access: bool,
+    /// Fresh paths crossing it, and how many are contended.
+    pub paths: usize,
+    pub contended: usize,
+    pub score: f64,
+    /// Named as a bottleneck now.
+    pub bottleneck: bool,
+    /// The worst queueing p99 among its contended paths (µs).
+    pub queueing_p99_us: Option<f64>,
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::config::SupervisorConfig;
 use crate::datadir;
+use crate::leader::services::Leader;
 use crate::node::Supervisor;
 
 /// Why the daemon could not start.
@@ -54,14 +55,9 @@ pub async fn run(
             Err(e) => tracing::warn!(error = %e, "cannot read initialisation state"),
         }
     }
-    tokio::spawn(crate::reconciler::run(sup.clone()));
-    tokio::spawn(crate::clock::run(sup.clone()));
-    tokio::spawn(crate::contention::run(sup.clone()));
-    tokio::spawn(crate::liveness::run(
-        sup.clone(),
-        crate::liveness::LivenessConfig::default(),
-    ));
-    crate::service::serve(sup.clone(), listener, shutdown).await?;
+    let leader = Leader::new(sup.clone());
+    leader.spawn_loops();
+    crate::service::serve(leader, listener, shutdown).await?;
     let _ = sup.raft.shutdown().await;
     Ok(())
 }

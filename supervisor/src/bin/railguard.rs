@@ -1445,7 +1445,7 @@ fn print_links(v: &supervisor::api::LinksView) {
         "LINK", "DIRECTION", "RATE", "PATHS", "CONTENDED", "SCORE", "QUEUE p99 µs"
     );
     // One directed link's row (its rate is the topology's).
-    let score_row = |s: &supervisor::contention::LinkScore| {
+    let score_row = |s: &supervisor::api::LinkScore| {
         println!(
             "{:<20} {:<30} {:>8} {:>6} {:>10} {:>7.2} {:>12}  {}",
             s.link.link,
@@ -1459,7 +1459,7 @@ fn print_links(v: &supervisor::api::LinksView) {
         );
     };
     for l in v.links.iter().filter(|l| !l.access) {
-        let dirs: Vec<&supervisor::contention::LinkScore> =
+        let dirs: Vec<&supervisor::api::LinkScore> =
             v.scores.iter().filter(|s| s.link.link == l.name).collect();
         if dirs.is_empty() {
             println!(

@@ -101,12 +101,17 @@ pub fn open_webhooks(st: &ClusterState) -> Vec<OpenWebhook> {
 /// Leader memory: the intents being posted.
 #[derive(Default)]
 pub struct WebhookSender {
-    in_flight: Mutex<HashSet<u64>>,
+    /// Shared with the POST tasks, which remove their intent when done.
+    in_flight: Arc<Mutex<HashSet<u64>>>,
+}
+
+fn lock_in_flight(in_flight: &Mutex<HashSet<u64>>) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+    in_flight.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl WebhookSender {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
-        self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
+        lock_in_flight(&self.in_flight)
     }
 
     /// Starts a POST for every open webhook intent not already being posted
@@ -129,6 +134,7 @@ impl WebhookSender {
                 f.insert(w.intent);
             }
             let sup = sup.clone();
+            let in_flight = self.in_flight.clone();
             tokio::spawn(async move {
                 tracing::info!(intent = w.intent, url = %w.url, "posting webhook");
                 let (ok, detail) = match post(&w.url, &w.body).await {
@@ -154,7 +160,7 @@ impl WebhookSender {
                     // leader (or tick) decides again from the state.
                     tracing::info!(intent = w.intent, error = %e, "webhook outcome not committed");
                 }
-                sup.webhooks.lock().remove(&w.intent);
+                lock_in_flight(&in_flight).remove(&w.intent);
             });
         }
     }

@@ -6,7 +6,7 @@
 //! [`PeerClock`](proto::v1::PeerClock) per (reporter, peer, rail), a ring of
 //! per-second [`PathStats`](proto::v1::PathStats) per directed path, and when
 //! each host's probes were last received by a peer (the probe evidence
-//! [`crate::liveness`] needs before declaring a host Down). A new leader
+//! [`crate::leader::liveness`] needs before declaring a host Down). A new leader
 //! starts empty and is rebuilt by the next summaries, within seconds; a
 //! supervisor that stops leading forgets it all.
 //!
@@ -695,7 +695,7 @@ impl ClockService {
 
     /// Every path's seconds that arrived after `after` (all without),
     /// oldest first per path, with the delays corrected like `paths`
-    /// does: what the contention detector ([`crate::contention`]) reads.
+    /// does: what the contention detector ([`crate::leader::contention`]) reads.
     pub fn path_seconds_after(
         &self,
         st: &ClusterState,
@@ -1399,7 +1399,7 @@ pub fn clock_changes(
 
 /// Runs on every supervisor; solves and commits clock state changes every
 /// [`TICK`] while it leads, forgets everything when it does not.
-pub async fn run(sup: Arc<Supervisor>) {
+pub async fn run(sup: Arc<Supervisor>, clocks: Arc<ClockService>) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut leading = false;
@@ -1411,7 +1411,7 @@ pub async fn run(sup: Arc<Supervisor>) {
                 tracing::info!("no longer leading: clock data forgotten");
                 leading = false;
             }
-            sup.clocks.clear();
+            clocks.clear();
             continue;
         }
         if !leading {
@@ -1420,8 +1420,8 @@ pub async fn run(sup: Arc<Supervisor>) {
             leading_since = Instant::now();
         }
         let now = Instant::now();
-        let input = sup.read(|st| sup.clocks.solve_input(st, now));
-        let cfg = sup.clocks.config().clone();
+        let input = sup.read(|st| clocks.solve_input(st, now));
+        let cfg = clocks.config().clone();
         let solved = match input {
             None => None,
             Some(input) => {
@@ -1445,13 +1445,13 @@ pub async fn run(sup: Arc<Supervisor>) {
                         .map(|h| h.id)
                         .collect()
                 });
-                sup.clocks.hold_over(&mut s, &keep, now);
-                sup.clocks.set_solved(Some(s), now);
+                clocks.hold_over(&mut s, &keep, now);
+                clocks.set_solved(Some(s), now);
             }
-            Some(Err(why)) => sup.clocks.set_solve_failed(why, now),
-            None => sup.clocks.set_solved(None, now),
+            Some(Err(why)) => clocks.set_solve_failed(why, now),
+            None => clocks.set_solved(None, now),
         }
-        let current = sup.clocks.solved();
+        let current = clocks.solved();
         let changes = sup.read(|st| clock_changes(st, current.as_deref(), &cfg, now));
         if changes.is_empty() || leading_since.elapsed() < WARMUP {
             continue;

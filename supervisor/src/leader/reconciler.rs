@@ -14,7 +14,7 @@
 //!
 //! Orders are the second: `nic failover`/`nic failback` commit a
 //! `Failover`/`Failback` intent (the admin write itself); every tick the
-//! reconciler hands the open ones to the [`crate::orders::OrderHub`], which
+//! reconciler hands the open ones to the [`crate::leader::orders::OrderHub`], which
 //! sends them to the host's agent (and again until answered). The agent's
 //! answer (`Agent.OrderDone`) closes the intent Done or Failed; the
 //! reconciler closes what can no longer happen (host or NIC gone: Cancelled)
@@ -30,6 +30,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::leader::orders::OrderHub;
+use crate::leader::webhooks::WebhookSender;
 use crate::model::{Action, ClusterState, Command, DrainPhase, Intent, Outcome};
 use crate::node::{now_ms, Supervisor};
 
@@ -39,17 +41,17 @@ pub const TICK: Duration = Duration::from_millis(50);
 pub const ORDER_DEADLINE_MS: u64 = 30_000;
 
 /// Runs until the process exits; acts only while this node leads.
-pub async fn run(sup: Arc<Supervisor>) {
+pub async fn run(sup: Arc<Supervisor>, orders: Arc<OrderHub>, webhooks: Arc<WebhookSender>) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tick.tick().await;
         if !sup.leads() {
-            sup.orders.clear();
-            sup.webhooks.clear();
+            orders.clear();
+            webhooks.clear();
             continue;
         }
-        if let Err(e) = step(&sup).await {
+        if let Err(e) = step(&sup, &orders, &webhooks).await {
             tracing::warn!(error = %e, "reconciler step failed; retrying next tick");
         }
     }
@@ -145,7 +147,11 @@ fn unanswered(intent: &Intent, now_ms: u64) -> Option<Outcome> {
     })
 }
 
-async fn step(sup: &Arc<Supervisor>) -> Result<(), crate::api::ApiError> {
+async fn step(
+    sup: &Arc<Supervisor>,
+    orders: &OrderHub,
+    webhooks: &WebhookSender,
+) -> Result<(), crate::api::ApiError> {
     let now = now_ms();
     for cmd in sup.read(|st| crate::jobs::wanted_job_commands(st, now)) {
         tracing::info!(decision = ?cmd, "job decision");
@@ -173,7 +179,7 @@ async fn step(sup: &Arc<Supervisor>) -> Result<(), crate::api::ApiError> {
             tracing::info!(error = %e, "playbook run start refused");
         }
     }
-    sup.webhooks.dispatch(sup);
+    webhooks.dispatch(sup);
     for action in sup.read(wanted_actions) {
         tracing::info!(action = ?action, "opening intent");
         sup.propose(Command::OpenIntent { action }).await?;
@@ -187,8 +193,8 @@ async fn step(sup: &Arc<Supervisor>) -> Result<(), crate::api::ApiError> {
         tracing::info!(intent = id, outcome = ?outcome, "closing intent");
         sup.propose(Command::CloseIntent { id, outcome }).await?;
     }
-    let open = sup.read(crate::orders::open_orders);
-    sup.orders.dispatch(&open, std::time::Instant::now());
+    let open = sup.read(crate::leader::orders::open_orders);
+    orders.dispatch(&open, std::time::Instant::now());
     Ok(())
 }
 
@@ -341,7 +347,7 @@ mod tests {
         assert_eq!(r, Ok(crate::model::CmdOk::IntentOpened { id: 1 }));
         assert!(wanted_actions(&st).is_empty(), "orders come from admins");
         let intent = st.open_intents().next().unwrap().clone();
-        let orders = crate::orders::open_orders(&st);
+        let orders = crate::leader::orders::open_orders(&st);
         assert_eq!(orders.len(), 1);
         assert_eq!(orders[0].0, "h0");
         assert_eq!(orders[0].1.order_id, 1);
