@@ -37,4 +37,4 @@ pub mod topology;
 
 // The model files still name these by their old paths (their tests and doc
 // links); the model refactor moves those uses and drops the aliases.
-pub use leader::{contention, orders, reconciler, webhooks};
+pub use leader::{orders, reconciler, webhooks};
