@@ -12,16 +12,20 @@ use crate::node::Supervisor;
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
+    /// The data directory cannot be created or is locked by another process.
     #[error(transparent)]
     DataDir(#[from] datadir::DataDirError),
+    /// The Raft store or node did not start.
     #[error(transparent)]
     Start(#[from] crate::node::StartError),
+    /// The listen address cannot be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: String,
         #[source]
         source: std::io::Error,
     },
+    /// The gRPC server stopped with an error.
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
 }

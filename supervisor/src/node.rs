@@ -67,8 +67,10 @@ pub struct Supervisor {
 /// Start-up failures.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// The Raft log or state machine cannot be opened.
     #[error(transparent)]
     Store(#[from] raft_store::StoreError),
+    /// openraft refused the configuration or failed to start.
     #[error("raft: {0}")]
     Raft(String),
 }

@@ -174,10 +174,13 @@ impl WebhookSender {
 /// Why a POST failed before an answer.
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookError {
+    /// The URL is not an `http://` URL the client can use.
     #[error("bad URL: {0}")]
     Url(String),
+    /// No answer within the bound.
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    /// The connection or the HTTP exchange failed.
     #[error("{0}")]
     Http(String),
 }
