@@ -1,7 +1,7 @@
 //! One supervisor's Raft node: start-up, leadership (`leads`, `leader`),
 //! the read paths, the proposal batcher and membership. The leader-memory
 //! services that act on it (clock, contention, orders, webhooks, liveness,
-//! the reconciler) live in [`crate::leader`] and depend on this node, never
+//! the reconciler) live in `leader/` and depend on this node, never
 //! the other way round.
 //!
 //! **Write path.** A command is validated against the local state, queued on
