@@ -139,7 +139,7 @@ pub async fn bad_playbooks() -> anyhow::Result<BadPlaybooksReport> {
     for f in &corpus {
         let text = std::fs::read_to_string(f)?;
         let op = supervisor::model::AdminOp::PlaybookApply {
-            files: vec![supervisor::playbook_store::PlaybookFile {
+            files: vec![supervisor::model::playbook_store::PlaybookFile {
                 file: f.display().to_string(),
                 text,
             }],

@@ -121,8 +121,8 @@ pub enum AdminRequest {
     },
     /// A dry run of a playbook file against the live state.
     PlaybookPlan {
-        file: crate::playbook_store::PlaybookFile,
-        incident: crate::playbook_store::PlanIncident,
+        file: crate::model::playbook_store::PlaybookFile,
+        incident: crate::model::playbook_store::PlanIncident,
     },
     /// Playbook runs (the most recent [`MAX_RUNS_REPLY`]), oldest first.
     PlaybookRuns {
@@ -259,10 +259,10 @@ pub enum AdminReply {
         shapes: Vec<ShapeRow>,
     },
     Jobs {
-        jobs: Vec<crate::jobs::Job>,
+        jobs: Vec<crate::model::jobs::Job>,
     },
     Job {
-        job: crate::jobs::Job,
+        job: crate::model::jobs::Job,
     },
     JobLogs {
         host: String,
@@ -274,7 +274,7 @@ pub enum AdminReply {
         version: u64,
     },
     Playbook {
-        playbook: crate::playbook_store::StoredPlaybook,
+        playbook: crate::model::playbook_store::StoredPlaybook,
     },
     PlaybookPlan {
         plan: Box<playbooks::Plan>,
@@ -282,7 +282,7 @@ pub enum AdminReply {
         matched_now: Option<String>,
     },
     PlaybookRuns {
-        runs: Vec<crate::runs::RunView>,
+        runs: Vec<crate::model::runs::RunView>,
         /// More matched than one reply carries (the oldest were left out).
         truncated: bool,
     },
@@ -524,7 +524,7 @@ pub struct QueueingView {
     pub enter_us: f64,
     pub exit_us: f64,
     pub total: usize,
-    pub paths: Vec<crate::contention::PathQueueing>,
+    pub paths: Vec<PathQueueing>,
 }
 
 /// `railguard links`.
@@ -534,7 +534,7 @@ pub struct LinksView {
     pub topology: Option<String>,
     pub links: Vec<crate::topology::Link>,
     /// Directed links crossed by fresh paths, with their scores.
-    pub scores: Vec<crate::contention::LinkScore>,
+    pub scores: Vec<LinkScore>,
     /// Open `link_contention` incidents.
     pub incidents: Vec<crate::model::Incident>,
 }
@@ -545,7 +545,7 @@ pub struct ShapeRow {
     pub host: String,
     pub nic: String,
     /// The desired shape (none: only an applied one is left to remove).
-    pub desired: Option<crate::shaping::NicShape>,
+    pub desired: Option<crate::model::shaping::NicShape>,
     /// The version the agent confirmed (none: nothing installed).
     pub applied_version: Option<u64>,
 }
@@ -675,4 +675,53 @@ impl From<tonic::Status> for ApiError {
         };
         ApiError::new(kind, s.message().to_string())
     }
+}
+
+/// A directed path between two host NICs.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PathKey {
+    pub src: String,
+    pub src_nic: String,
+    pub dst: String,
+    pub dst_nic: String,
+    pub rail: u32,
+}
+
+impl std::fmt::Display for PathKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}/{}→{}/{}",
+            self.src, self.src_nic, self.dst, self.dst_nic
+        )
+    }
+}
+
+/// A path's detector state (`railguard paths --contended`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PathQueueing {
+    pub path: PathKey,
+    pub baseline_us: f64,
+    pub queueing_p50_us: f64,
+    pub queueing_p99_us: f64,
+    pub contended: bool,
+    /// How long it has been contended (ms).
+    pub contended_ms: Option<u64>,
+    pub age_ms: u64,
+}
+
+/// A directed link's score (`railguard links`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkScore {
+    pub link: crate::topology::DirLink,
+    pub rate_bps: Option<u64>,
+    pub access: bool,
+    /// Fresh paths crossing it, and how many are contended.
+    pub paths: usize,
+    pub contended: usize,
+    pub score: f64,
+    /// Named as a bottleneck now.
+    pub bottleneck: bool,
+    /// The worst queueing p99 among its contended paths (µs).
+    pub queueing_p99_us: Option<f64>,
 }

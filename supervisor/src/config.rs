@@ -76,14 +76,17 @@ pub struct SupervisorConfig {
 /// A configuration problem, with what to do about it.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The config file cannot be read.
     #[error("cannot read config file {path}: {source}")]
     Read {
         path: String,
         #[source]
         source: std::io::Error,
     },
+    /// The config file is not valid TOML for the config format.
     #[error("config file {path}: {message}")]
     Parse { path: String, message: String },
+    /// A value (from the file or a flag) is invalid.
     #[error("{0}")]
     Invalid(String),
 }

@@ -6,21 +6,26 @@ use std::sync::Arc;
 
 use crate::config::SupervisorConfig;
 use crate::datadir;
+use crate::leader::services::Leader;
 use crate::node::Supervisor;
 
 /// Why the daemon could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
+    /// The data directory cannot be created or is locked by another process.
     #[error(transparent)]
     DataDir(#[from] datadir::DataDirError),
+    /// The Raft store or node did not start.
     #[error(transparent)]
     Start(#[from] crate::node::StartError),
+    /// The listen address cannot be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: String,
         #[source]
         source: std::io::Error,
     },
+    /// The gRPC server stopped with an error.
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
@@ -54,14 +59,9 @@ pub async fn run(
             Err(e) => tracing::warn!(error = %e, "cannot read initialisation state"),
         }
     }
-    tokio::spawn(crate::reconciler::run(sup.clone()));
-    tokio::spawn(crate::clock::run(sup.clone()));
-    tokio::spawn(crate::contention::run(sup.clone()));
-    tokio::spawn(crate::liveness::run(
-        sup.clone(),
-        crate::liveness::LivenessConfig::default(),
-    ));
-    crate::service::serve(sup.clone(), listener, shutdown).await?;
+    let leader = Leader::new(sup.clone());
+    leader.spawn_loops();
+    crate::service::serve(leader, listener, shutdown).await?;
     let _ = sup.raft.shutdown().await;
     Ok(())
 }

@@ -13,14 +13,17 @@ use std::path::{Path, PathBuf};
 /// Why the data directory cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum DataDirError {
+    /// The directory cannot be created.
     #[error("cannot create data directory {path}: {source}")]
     Create {
         path: String,
         #[source]
         source: std::io::Error,
     },
+    /// Another process holds the lock.
     #[error("data directory {path} is in use by another process (pid {holder}); stop it or pass a different --data-dir")]
     InUse { path: String, holder: String },
+    /// The lock file cannot be opened or locked.
     #[error("cannot lock data directory {path}: {source}")]
     Lock {
         path: String,

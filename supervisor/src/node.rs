@@ -1,5 +1,8 @@
-//! One supervisor: the Raft node, the proposal batcher and the leader-side
-//! helpers every service uses.
+//! One supervisor's Raft node: start-up, leadership (`leads`, `leader`),
+//! the read paths, the proposal batcher and membership. The leader-memory
+//! services that act on it (clock, contention, orders, webhooks, liveness,
+//! the reconciler) live in `leader/` and depend on this node, never
+//! the other way round.
 //!
 //! **Write path.** A command is validated against the local state, queued on
 //! the bounded proposal queue, and the batcher packs everything queued into
@@ -56,16 +59,6 @@ pub struct Supervisor {
     proposals: mpsc::Sender<(Command, Reply)>,
     /// Cached peer clients by address (forwarding, leadership transfer).
     peer_clients: std::sync::Mutex<std::collections::HashMap<String, RaftPeerClient<Channel>>>,
-    /// Leader memory: when each host last sent a heartbeat (not replicated).
-    pub heartbeats: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
-    /// Leader memory: agents' open `Orders` streams.
-    pub orders: crate::orders::OrderHub,
-    /// Leader memory: probe summaries, the clock solution, probe evidence.
-    pub clocks: crate::clock::ClockService,
-    /// Leader memory: webhook POSTs in flight.
-    pub webhooks: crate::webhooks::WebhookSender,
-    /// Leader memory: per-path queueing and link scores.
-    pub contention: crate::contention::ContentionService,
     /// The term in which this node last confirmed its leadership with a
     /// quorum (0: never); see [`Supervisor::leads`].
     confirmed_term: Arc<AtomicU64>,
@@ -74,8 +67,10 @@ pub struct Supervisor {
 /// Start-up failures.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// The Raft log or state machine cannot be opened.
     #[error(transparent)]
     Store(#[from] raft_store::StoreError),
+    /// openraft refused the configuration or failed to start.
     #[error("raft: {0}")]
     Raft(String),
 }
@@ -117,11 +112,6 @@ impl Supervisor {
             state,
             proposals: tx,
             peer_clients: Default::default(),
-            heartbeats: Default::default(),
-            orders: Default::default(),
-            clocks: Default::default(),
-            webhooks: Default::default(),
-            contention: Default::default(),
             confirmed_term: Arc::new(AtomicU64::new(0)),
         });
         tokio::spawn(run_batcher(raft.clone(), rx));

@@ -86,26 +86,35 @@ pub struct AttachDef {
 /// Why a topology was refused; each names the offending entry.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TopologyError {
+    /// The file cannot be read.
     #[error("cannot read topology file {path}: {error}")]
     Read { path: String, error: String },
+    /// The file exceeds the size limit.
     #[error("topology file {path} is {bytes} bytes; the limit is {MAX_FILE_BYTES}")]
     TooLarge { path: String, bytes: u64 },
+    /// The file is not valid TOML for the topology format.
     #[error("topology file is not valid TOML: {0}")]
     Syntax(String),
+    /// A switch, link or host name is empty, too long or has other characters.
     #[error("{what} {name:?} is not a valid name (1–64 of A-Z a-z 0-9 . _ -)")]
     BadName { what: &'static str, name: String },
+    /// A name is defined twice.
     #[error("{what} {name:?} is defined twice")]
     Duplicate { what: &'static str, name: String },
+    /// A link or NIC names a switch that is not defined.
     #[error("{what} {name:?} names switch {switch:?}, which is not defined")]
     UnknownSwitch {
         what: &'static str,
         name: String,
         switch: String,
     },
+    /// A link joins a switch to itself.
     #[error("link {name:?} joins switch {switch:?} to itself")]
     SelfLoop { name: String, switch: String },
+    /// A link closes a loop: the switch graph must be a forest.
     #[error("link {name:?} closes a loop between {a:?} and {b:?}: routes must be unique (a tree per fabric; ECMP is not modelled)")]
     Loop { name: String, a: String, b: String },
+    /// A rate that does not parse or is zero.
     #[error("{what} {name:?}: bad rate {rate:?}: {error}")]
     BadRate {
         what: &'static str,
@@ -113,6 +122,7 @@ pub enum TopologyError {
         rate: String,
         error: String,
     },
+    /// More switches, links or NICs than the limit.
     #[error("too many {what}: {count} (the limit is {limit})")]
     TooMany {
         what: &'static str,

@@ -378,7 +378,7 @@ async fn plans_summaries_clock_states_and_paths() {
         let stale = v["solve_error"]
             .as_str()
             .is_some_and(|e| e.contains("no fresh probe edges"));
-        let stale_ms = supervisor::clock::STALE_AFTER.as_millis() as u64;
+        let stale_ms = supervisor::leader::clock::STALE_AFTER.as_millis() as u64;
         if stale && v["solution"]["age_ms"].as_u64() >= Some(stale_ms + 200) {
             for h in v["hosts"].as_array().unwrap() {
                 assert_eq!(h["state"], "synced", "{v:#}");

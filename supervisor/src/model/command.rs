@@ -93,7 +93,7 @@ pub enum Command {
     /// no-op.
     WebhookDone { id: u64, ok: bool, detail: String },
     /// The leader's contention detector opens or closes a
-    /// `link_contention` incident ([`crate::shaping`]).
+    /// `link_contention` incident ([`crate::model::shaping`]).
     Contention(crate::model::shaping::ContentionCommand),
 }
 

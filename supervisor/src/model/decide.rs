@@ -287,7 +287,7 @@ mod tests {
         assert_eq!(r, Ok(crate::model::CmdOk::IntentOpened { id: 1 }));
         assert!(wanted_actions(&st).is_empty(), "orders come from admins");
         let intent = st.open_intents().next().unwrap().clone();
-        let orders = crate::orders::open_orders(&st);
+        let orders = crate::leader::orders::open_orders(&st);
         assert_eq!(orders.len(), 1);
         assert_eq!(orders[0].0, "h0");
         assert_eq!(orders[0].1.order_id, 1);

@@ -40,7 +40,7 @@ pub enum Action {
         host: String,
         halt: bool,
     },
-    /// One attempt of a playbook run's step ([`crate::runs`]): opened by
+    /// One attempt of a playbook run's step ([`crate::model::runs`]): opened by
     /// the run in apply (never proposed on its own), with the operation
     /// resolved when the attempt started. `Failover`/`Failback` operations
     /// are orders to the host's agent, by intent id like the admin ones.
@@ -52,7 +52,7 @@ pub enum Action {
         op: StepOp,
     },
     /// Order the host's agent to install the desired shape `version` on
-    /// `nic` ([`crate::shaping`]).
+    /// `nic` ([`crate::model::shaping`]).
     ShapeNic {
         host: String,
         nic: String,

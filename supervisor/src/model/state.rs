@@ -62,7 +62,7 @@ pub struct ClusterState {
     /// Connection placements per host (each host bounded by
     /// [`MAX_QPS_PER_HOST`]).
     pub qps: BTreeMap<String, BTreeMap<QpKey, Qp>>,
-    /// Desired HTB shaping, host → NIC → shape ([`crate::shaping`]).
+    /// Desired HTB shaping, host → NIC → shape ([`crate::model::shaping`]).
     pub shapes: BTreeMap<String, BTreeMap<String, crate::model::shaping::NicShape>>,
     /// What each agent confirmed installing: host → NIC → shape version.
     pub applied_shapes: BTreeMap<String, BTreeMap<String, u64>>,
@@ -72,7 +72,7 @@ pub struct ClusterState {
     /// Host names by id.
     pub host_ids: BTreeMap<u32, String>,
     /// Who probes whom: a random regular graph over host ids
-    /// ([`crate::probe_graph`]).
+    /// ([`crate::model::probe_graph`]).
     pub probe_graph: ProbeGraph,
     /// Bumped whenever the graph or a NIC's address or rail changes; agents
     /// compare it with their plan's.

@@ -2,7 +2,7 @@
 //! leader; a follower forwards the call there (one hop). `Status` describes
 //! the answering node's own view and is never forwarded; `ClusterMembers`
 //! is the leader's view unless `--stale`. `Clock` and `Paths` read the
-//! leader's memory ([`crate::clock`]), so they always go to the leader.
+//! leader's memory ([`crate::leader`]), so they always go to the leader.
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
@@ -15,13 +15,15 @@ use proto::v1::{Blob, FollowRequest};
 use tonic::{Request, Response, Status};
 
 use crate::api::{AdminCall, AdminReply, AdminRequest, ApiError, ErrorKind, QpView, StatusView};
+use crate::leader::services::Leader;
 use crate::model::{ClusterEvent, CmdOk, Command, IntentStatus};
-use crate::network::encode;
 use crate::node::Supervisor;
-use crate::service::peer::Control;
+use crate::service::transfer::transfer_leader;
 
+/// The `Admin` gRPC service.
 pub struct AdminService {
-    pub sup: Arc<Supervisor>,
+    /// The leader's memory and, through it, this node.
+    pub leader: Arc<Leader>,
 }
 
 /// Most events returned by one `events` call.
@@ -30,7 +32,8 @@ pub const MAX_EVENTS_PER_CALL: u32 = 5_000;
 pub const MAX_QPS_PER_CALL: usize = 10_000;
 
 /// Runs one admin call on this node, forwarding to the leader if needed.
-pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply, ApiError> {
+pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply, ApiError> {
+    let sup = &leader.node;
     let local_only = matches!(
         call.request,
         AdminRequest::Status | AdminRequest::ClusterInit
@@ -190,11 +193,12 @@ pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply
         }
         AdminRequest::Clock => {
             Ok(AdminReply::Clock(sup.read(|st| {
-                sup.clocks.clock_view(st, sup.id, Instant::now())
+                leader.clocks.clock_view(st, sup.id, Instant::now())
             })))
         }
         AdminRequest::Paths { host, top } => Ok(AdminReply::Paths(sup.read(|st| {
-            sup.clocks
+            leader
+                .clocks
                 .paths_view(st, sup.id, host.as_deref(), top, Instant::now())
         })?)),
         AdminRequest::Queueing {
@@ -213,13 +217,13 @@ pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply
                     ));
                 }
             }
-            let cfg = sup.contention.config();
-            let mut paths = sup.contention.paths(contended_only, Instant::now());
+            let cfg = leader.contention.config();
+            let mut paths = leader.contention.paths(contended_only, Instant::now());
             if let Some(h) = &host {
                 paths.retain(|p| &p.path.src == h || &p.path.dst == h);
             }
             let total = paths.len();
-            paths.truncate(top.map_or(crate::clock::MAX_PATHS_PER_CALL, |t| t as usize));
+            paths.truncate(top.map_or(crate::leader::clock::MAX_PATHS_PER_CALL, |t| t as usize));
             Ok(AdminReply::Queueing(crate::api::QueueingView {
                 answered_by: sup.id,
                 topology: sup.config.topology.is_some(),
@@ -242,7 +246,7 @@ pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply
                 .as_ref()
                 .map(|t| t.links())
                 .unwrap_or_default(),
-            scores: sup.contention.scores(),
+            scores: leader.contention.scores(),
             incidents: sup.read(|st| {
                 st.incidents
                     .values()
@@ -312,7 +316,7 @@ pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply
                     ))
                 })
             })?;
-            let r = sup
+            let r = leader
                 .orders
                 .tail_log(&host, &job, rank, max_bytes, Duration::from_secs(5))
                 .await?;
@@ -358,11 +362,11 @@ pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply
         }
         AdminRequest::PlaybookRuns { open_only } => {
             let (runs, truncated) = read!(|st: &crate::model::ClusterState| {
-                let all: Vec<&crate::runs::PlaybookRun> = st.runs_list(open_only).collect();
+                let all: Vec<&crate::model::runs::PlaybookRun> = st.runs_list(open_only).collect();
                 let skip = all.len().saturating_sub(crate::api::MAX_RUNS_REPLY);
-                let runs: Vec<crate::runs::RunView> = all[skip..]
+                let runs: Vec<crate::model::runs::RunView> = all[skip..]
                     .iter()
-                    .map(|r| crate::runs::RunView::of(st, r))
+                    .map(|r| crate::model::runs::RunView::of(st, r))
                     .collect();
                 (runs, skip > 0)
             });
@@ -376,7 +380,7 @@ pub async fn handle(sup: &Arc<Supervisor>, call: AdminCall) -> Result<AdminReply
             Ok(AdminReply::Playbook { playbook })
         }
         AdminRequest::PlaybookPlan { file, incident } => {
-            if file.text.len() > crate::playbook_store::MAX_PLAYBOOK_BYTES {
+            if file.text.len() > crate::model::playbook_store::MAX_PLAYBOOK_BYTES {
                 return Err(ApiError::invalid("playbook file too large"));
             }
             let pb = playbooks::parse(&file.file, &file.text)
@@ -512,102 +516,13 @@ async fn forward(sup: &Arc<Supervisor>, mut call: AdminCall) -> Result<AdminRepl
     }
 }
 
-/// Hands leadership to voter `to`: pauses elections on the other voters,
-/// stops this leader's heartbeats, asks `to` to campaign, and waits (bounded)
-/// until it leads. Elections are re-enabled everywhere on every path.
-async fn transfer_leader(sup: &Arc<Supervisor>, to: u64) -> Result<AdminReply, ApiError> {
-    if to == sup.id {
-        return Ok(AdminReply::Committed {
-            log_index: 0,
-            detail: format!("supervisor {to} is already the leader"),
-        });
-    }
-    let members = sup.members();
-    let target = members.iter().find(|m| m.id == to).ok_or_else(|| {
-        ApiError::new(
-            ErrorKind::NotFound,
-            format!("supervisor {to} is not a member"),
-        )
-    })?;
-    if !target.voter {
-        return Err(ApiError::new(
-            ErrorKind::FailedPrecondition,
-            format!("supervisor {to} is a learner; promote it first"),
-        ));
-    }
-    // Wait (bounded) until the target has the whole log.
-    let caught_up_by = Instant::now() + Duration::from_secs(2);
-    loop {
-        let last = sup.raft.metrics().borrow().last_log_index;
-        let matched = sup
-            .members()
-            .into_iter()
-            .find(|m| m.id == to)
-            .and_then(|m| m.matched);
-        if matched >= last {
-            break;
-        }
-        if Instant::now() > caught_up_by {
-            return Err(ApiError::new(
-                ErrorKind::FailedPrecondition,
-                format!("supervisor {to} has not caught up with the log; is it running?"),
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let others: Vec<String> = members
-        .iter()
-        .filter(|m| m.voter && m.id != to && m.id != sup.id)
-        .map(|m| m.addr.clone())
-        .collect();
-    let control = |addr: String, c: Control| {
-        let sup = sup.clone();
-        async move {
-            let blob = encode(&c).map_err(|e| ApiError::internal(e.to_string()))?;
-            let mut client = sup.peer(&addr)?;
-            tokio::time::timeout(Duration::from_secs(1), client.control(blob))
-                .await
-                .map_err(|_| ApiError::unavailable(format!("{addr} did not answer")))?
-                .map_err(ApiError::from)
-                .map(|_| ())
-        }
-    };
-    for a in &others {
-        // A follower that cannot be paused may win instead; we check below.
-        let _ = control(a.clone(), Control::PauseElection { ms: 4_000 }).await;
-    }
-    sup.raft.runtime_config().elect(false);
-    sup.raft.runtime_config().heartbeat(false);
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let mut result = Err(ApiError::unavailable(format!(
-        "supervisor {to} did not become leader within 3 s"
-    )));
-    while Instant::now() < deadline {
-        let _ = control(target.addr.clone(), Control::Elect).await;
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        if sup.leader() == Some(to) {
-            result = Ok(AdminReply::Committed {
-                log_index: 0,
-                detail: format!("leadership transferred to supervisor {to}"),
-            });
-            break;
-        }
-    }
-    sup.raft.runtime_config().heartbeat(true);
-    sup.raft.runtime_config().elect(true);
-    for a in others {
-        let _ = control(a, Control::ResumeElection).await;
-    }
-    result
-}
-
 #[tonic::async_trait]
 impl Admin for AdminService {
     async fn call(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
         let call: AdminCall = serde_json::from_slice(&req.get_ref().body)
             .map_err(|e| Status::from(ApiError::invalid(format!("malformed admin call: {e}"))))?;
         tracing::debug!(actor = %call.actor, request = ?call.request, "admin call");
-        let reply = handle(&self.sup, call).await.map_err(Status::from)?;
+        let reply = handle(&self.leader, call).await.map_err(Status::from)?;
         let body = serde_json::to_vec(&reply).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(Blob { body }))
     }
@@ -619,7 +534,7 @@ impl Admin for AdminService {
         req: Request<FollowRequest>,
     ) -> Result<Response<Self::FollowStream>, Status> {
         let mut since = req.get_ref().since;
-        let sup = self.sup.clone();
+        let sup = self.leader.node.clone();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Blob, Status>>(256);
         tokio::spawn(async move {
             let mut applied = sup.raft.metrics();

@@ -12,13 +12,13 @@
 //! resends from there.
 //!
 //! **Orders.** `Orders` streams the host's open orders (see
-//! [`crate::orders`]); `OrderDone` commits the agent's answer and replies
+//! [`crate::leader::orders`]); `OrderDone` commits the agent's answer and replies
 //! once it is applied (answering twice is harmless).
 //!
 //! **Probe mesh.** `GetProbePlan` is served by any supervisor from its local
 //! (possibly stale) model: the host's id and neighbours in the probe graph
 //! with their data NICs. `SendProbeSummary` is leader only and never
-//! touches Raft: [`crate::clock::ClockService::ingest`] validates it and
+//! touches Raft: [`crate::leader::clock::ClockService::ingest`] validates it and
 //! keeps it in leader memory.
 
 use std::pin::Pin;
@@ -34,6 +34,7 @@ use proto::v1::{
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::api::{ApiError, ErrorKind};
+use crate::leader::services::Leader;
 use crate::model::{AgentEvent, AgentEventKind, ClusterState, CmdOk, Command, NicSpec, NicState};
 use crate::node::Supervisor;
 
@@ -42,8 +43,12 @@ pub const MAX_EVENTS_PER_COMMAND: usize = 512;
 /// Commands of one stream proposed but not yet acked.
 pub const MAX_PENDING_PER_STREAM: usize = 32;
 
+/// The `Agent` gRPC service.
 pub struct AgentService {
+    /// This node.
     pub sup: Arc<Supervisor>,
+    /// The leader's memory: heartbeats, order streams, probe summaries.
+    pub leader: Arc<Leader>,
 }
 
 impl AgentService {
@@ -234,7 +239,7 @@ impl Agent for AgentService {
                 format!("host {host:?} is not registered; register first"),
             )));
         }
-        self.sup
+        self.leader
             .heartbeats
             .lock()
             .expect("heartbeat map poisoned")
@@ -258,7 +263,7 @@ impl Agent for AgentService {
                 format!("host {host:?} is not registered; register first"),
             )));
         }
-        let rx = self.sup.orders.subscribe(&host);
+        let rx = self.leader.orders.subscribe(&host);
         // The open orders go out on the next reconciler tick.
         Ok(Response::new(Box::pin(
             tokio_stream::wrappers::ReceiverStream::new(rx),
@@ -288,7 +293,7 @@ impl Agent for AgentService {
     ) -> Result<Response<OrderResultReply>, Status> {
         self.require_leader()?;
         let r = req.into_inner();
-        self.sup.orders.answer_query(r);
+        self.leader.orders.answer_query(r);
         Ok(Response::new(OrderResultReply {}))
     }
 
@@ -450,7 +455,7 @@ impl Agent for AgentService {
         self.require_leader()?;
         let s = req.into_inner();
         let now = Instant::now();
-        match self.sup.read(|st| self.sup.clocks.ingest(st, &s, now)) {
+        match self.sup.read(|st| self.leader.clocks.ingest(st, &s, now)) {
             Ok(got) => {
                 tracing::debug!(
                     host = %s.host,
@@ -463,7 +468,7 @@ impl Agent for AgentService {
                 Ok(Response::new(proto::v1::ProbeSummaryReply {}))
             }
             Err(e) => {
-                tracing::debug!(host = %crate::clock::short(&s.host), error = %e, "probe summary refused");
+                tracing::debug!(host = %crate::leader::clock::short(&s.host), error = %e, "probe summary refused");
                 Err(Status::from(ApiError::from(e)))
             }
         }

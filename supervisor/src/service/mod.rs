@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod agent;
 pub mod peer;
+pub mod transfer;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,15 +12,16 @@ use proto::v1::admin_server::AdminServer;
 use proto::v1::agent_server::AgentServer;
 use proto::v1::raft_peer_server::RaftPeerServer;
 
-use crate::node::Supervisor;
+use crate::leader::services::Leader;
 
 /// Serves `Admin`, `Agent` and `RaftPeer` on `listener` until `shutdown`
 /// resolves. Message sizes are bounded per service.
 pub async fn serve(
-    sup: Arc<Supervisor>,
+    leader: Arc<Leader>,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
+    let sup = leader.node.clone();
     let addr: Option<SocketAddr> = listener.local_addr().ok();
     tracing::info!(addr = ?addr, id = sup.id, "serving gRPC");
     // With our own listener tonic cannot set TCP_NODELAY; without it small
@@ -38,17 +40,19 @@ pub async fn serve(
         .tcp_nodelay(true)
         .concurrency_limit_per_connection(1024)
         .add_service(
-            RaftPeerServer::new(peer::PeerService::new(sup.clone()))
+            RaftPeerServer::new(peer::PeerService::new(leader.clone()))
                 .max_decoding_message_size(proto::MAX_PEER_MESSAGE_BYTES)
                 .max_encoding_message_size(proto::MAX_PEER_MESSAGE_BYTES),
         )
         .add_service(
-            AdminServer::new(admin::AdminService { sup: sup.clone() })
-                .max_decoding_message_size(proto::MAX_ADMIN_MESSAGE_BYTES)
-                .max_encoding_message_size(proto::MAX_ADMIN_MESSAGE_BYTES),
+            AdminServer::new(admin::AdminService {
+                leader: leader.clone(),
+            })
+            .max_decoding_message_size(proto::MAX_ADMIN_MESSAGE_BYTES)
+            .max_encoding_message_size(proto::MAX_ADMIN_MESSAGE_BYTES),
         )
         .add_service(
-            AgentServer::new(agent::AgentService { sup })
+            AgentServer::new(agent::AgentService { sup, leader })
                 .max_decoding_message_size(proto::MAX_AGENT_MESSAGE_BYTES),
         )
         .serve_with_incoming_shutdown(incoming, shutdown)

@@ -7,39 +7,32 @@ use std::time::Duration;
 
 use proto::v1::raft_peer_server::RaftPeer;
 use proto::v1::Blob;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tonic::{Request, Response, Status};
 
 use crate::api::AdminCall;
+use crate::leader::services::Leader;
 use crate::network::{decode, encode};
 use crate::node::Supervisor;
+use crate::service::transfer::{Control, MAX_PAUSE_MS};
 
-/// Election control messages (leadership transfer).
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-pub enum Control {
-    /// Do not start elections for this long (re-enabled automatically, so a
-    /// transfer interrupted by a crash cannot leave a node unable to elect).
-    PauseElection { ms: u64 },
-    /// Allow elections again now.
-    ResumeElection,
-    /// Start an election now.
-    Elect,
-}
-
-/// Longest election pause a peer accepts.
-pub const MAX_PAUSE_MS: u64 = 10_000;
-
+/// The `RaftPeer` gRPC service.
 pub struct PeerService {
+    /// This node.
     pub sup: Arc<Supervisor>,
+    /// The leader's memory, for forwarded admin calls.
+    pub leader: Arc<Leader>,
     /// Generation of the latest pause, so an old timer never re-enables
     /// elections early under a newer pause.
     pause_gen: Arc<AtomicU64>,
 }
 
 impl PeerService {
-    pub fn new(sup: Arc<Supervisor>) -> Self {
+    /// The service over `leader` and its node.
+    pub fn new(leader: Arc<Leader>) -> Self {
         Self {
-            sup,
+            sup: leader.node.clone(),
+            leader,
             pause_gen: Arc::new(AtomicU64::new(0)),
         }
     }
@@ -76,7 +69,7 @@ impl RaftPeer for PeerService {
         let mut call: AdminCall = serde_json::from_slice(&req.get_ref().body)
             .map_err(|e| Status::invalid_argument(format!("malformed forwarded call: {e}")))?;
         call.forwarded = true;
-        let res = super::admin::handle(&self.sup, call).await;
+        let res = crate::service::admin::handle(&self.leader, call).await;
         let body = serde_json::to_vec(&res).map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(Blob { body }))
     }

@@ -12,7 +12,26 @@ use supervisor::client::AdminClient;
 use supervisor::model::events::Event;
 
 pub const SUPERVISOR: &str = env!("CARGO_BIN_EXE_railguard-supervisor");
-pub const CLI: &str = env!("CARGO_BIN_EXE_railguard");
+
+/// The `railguard` CLI (package `railguard-cli`): `$RAILGUARD_BIN_DIR`, else
+/// beside the supervisor binary in the target dir. Cargo builds it only for
+/// its own package, so build it first: `cargo build --workspace --bins`.
+pub fn cli_bin() -> std::path::PathBuf {
+    let dir = match std::env::var_os("RAILGUARD_BIN_DIR") {
+        Some(d) => std::path::PathBuf::from(d),
+        None => Path::new(SUPERVISOR)
+            .parent()
+            .expect("the supervisor binary has a directory")
+            .to_path_buf(),
+    };
+    let p = dir.join("railguard");
+    assert!(
+        p.is_file(),
+        "cannot find the railguard CLI at {}; build it first (cargo build --workspace --bins) or set RAILGUARD_BIN_DIR",
+        p.display()
+    );
+    p
+}
 
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -136,7 +155,7 @@ impl Drop for Sup {
 }
 
 pub fn cli(addr: &str, args: &[&str]) -> Output {
-    Command::new(CLI)
+    Command::new(cli_bin())
         .args(["--supervisor", addr])
         .args(args)
         .env_remove("RAILGUARD_SUPERVISORS")

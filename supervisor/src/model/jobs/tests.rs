@@ -213,7 +213,7 @@ fn a_job_runs_to_success_on_ready_hosts_only() {
         "never the cordoned host"
     );
     assert!(j.ranks.iter().all(|r| r.started));
-    let order = crate::orders::open_orders(&w.st);
+    let order = crate::leader::orders::open_orders(&w.st);
     assert!(order.is_empty(), "every start order answered");
     w.event("h1", exited("j", 1, 0, 0));
     assert_eq!(
@@ -238,7 +238,7 @@ fn start_orders_carry_peers_command_and_checkpoint() {
     let mut w = World::new(&["h0", "h1"]);
     w.admin(JobOp::Submit { spec: spec("j", 2) }).unwrap();
     w.settle(|_| None);
-    let orders = crate::orders::open_orders(&w.st);
+    let orders = crate::leader::orders::open_orders(&w.st);
     assert_eq!(orders.len(), 2);
     let Some(proto::v1::agent_order::Kind::StartRank(s)) = &orders[1].1.kind else {
         panic!("{orders:?}");
@@ -509,7 +509,7 @@ fn cancel_stops_every_rank_and_start_orders_of_old_incarnations_are_cancelled() 
     let mut w = World::new(&["h0", "h1"]);
     w.admin(JobOp::Submit { spec: spec("j", 2) }).unwrap();
     w.settle(|_| None);
-    assert_eq!(crate::orders::open_orders(&w.st).len(), 2);
+    assert_eq!(crate::leader::orders::open_orders(&w.st).len(), 2);
     w.admin(JobOp::Cancel { job: "j".into() }).unwrap();
     assert_eq!(w.job().state, JobState::Cancelled);
     w.settle(obey);

@@ -15,7 +15,7 @@
 //! same Raft entry that decides it, with its model effects (cordon, drain,
 //! checkpoint and restart orders, OWD flag, notify line) applied right
 //! there. Steps done by agents (`migrate_qps`, `failback`) are orders whose
-//! id is the intent id: the leader's [`crate::orders::OrderHub`] sends
+//! id is the intent id: the leader's [`crate::leader::orders::OrderHub`] sends
 //! every open one, a new leader finds the open intent in the state and
 //! sends the same id again, and the agent answers a repeated id from its
 //! order log instead of executing it twice. Steps that wait (checkpoint,
@@ -44,15 +44,15 @@
 //! states (Synced or Degraded → Unsynced; Synced again closes it).
 //!
 //! **Webhooks.** A `notify` step with a webhook logs its line and waits:
-//! the leader's [`crate::webhooks`] sender POSTs it (idempotency key = the
+//! the leader's [`crate::leader::webhooks`] sender POSTs it (idempotency key = the
 //! intent id, so a new leader re-sending after a crash is recognisable)
 //! and closes the intent with the answer; the step's timeout bounds it.
 //!
 //! **Reshaping.** A `reshape_rate` step on a `link_contention` incident
-//! computes the plan ([`crate::shaping::plan`]) and installs it as the
+//! computes the plan ([`crate::model::shaping::plan`]) and installs it as the
 //! incident's desired shaping when the attempt starts; the attempt is done
 //! when every sending host's agent confirmed its shape, failed when an
-//! agent refused one [`crate::shaping::MAX_SHAPE_FAILURES`] times or on
+//! agent refused one [`crate::model::shaping::MAX_SHAPE_FAILURES`] times or on
 //! its timeout. The shapes stay until the incident closes.
 
 pub(crate) mod apply;

@@ -135,7 +135,7 @@ impl World {
     /// Sends every open order (what the `OrderHub` would send).
     fn deliver(&mut self, agent: &mut impl FnMut(&Action) -> Option<(bool, String)>) -> bool {
         let mut progressed = false;
-        for (host, order) in crate::orders::open_orders(&self.st) {
+        for (host, order) in crate::leader::orders::open_orders(&self.st) {
             let id = order.order_id;
             self.delivered.push(id);
             let action = self.st.intents[&id].action.clone();
@@ -233,7 +233,7 @@ fn a_nic_down_incident_runs_the_migrate_step_as_a_failover_order() {
     let intent = run
         .step_intent
         .expect("the migrate step waits for its order");
-    let orders = crate::orders::open_orders(&w.st);
+    let orders = crate::leader::orders::open_orders(&w.st);
     assert_eq!(orders.len(), 1);
     assert_eq!(orders[0].0, "h0");
     assert_eq!(
@@ -319,7 +319,7 @@ fn a_new_leader_resumes_the_open_step_with_the_same_order_id() {
     let mut executions = 0;
     let mut lose_first_answer = true;
     for _ in 0..3 {
-        let orders = crate::orders::open_orders(&w.st);
+        let orders = crate::leader::orders::open_orders(&w.st);
         assert!(orders.len() <= 1);
         for (_, o) in &orders {
             assert_eq!(o.order_id, intent);
@@ -513,7 +513,7 @@ fn an_incident_cleared_mid_run_cancels_the_run_and_its_order() {
     let mut w = nic_down_world();
     w.settle(|_| None);
     let intent = w.run(1).step_intent.unwrap();
-    assert_eq!(crate::orders::open_orders(&w.st).len(), 1);
+    assert_eq!(crate::leader::orders::open_orders(&w.st).len(), 1);
     w.nic("h0", "rail0", NicState::Up);
     let run = w.run(1);
     assert!(
@@ -526,7 +526,7 @@ fn an_incident_cleared_mid_run_cancels_the_run_and_its_order() {
         w.st.intents[&intent].status,
         IntentStatus::Closed(Outcome::Cancelled { .. })
     ));
-    assert!(crate::orders::open_orders(&w.st).is_empty());
+    assert!(crate::leader::orders::open_orders(&w.st).is_empty());
     // A late answer to the cancelled order changes nothing.
     let before = w.st.runs.clone();
     w.ok(Command::OrderDone {
@@ -604,13 +604,13 @@ fn webhook_notifications_wait_for_the_leaders_post() {
     w.settle(obey);
     // Logged at once; the intent waits for the POST.
     assert_eq!(w.events_with("notify: h0 rail0 down"), 1);
-    let open = crate::webhooks::open_webhooks(&w.st);
+    let open = crate::leader::webhooks::open_webhooks(&w.st);
     assert_eq!(open.len(), 1, "{open:?}");
     let first = open[0].clone();
     assert_eq!(first.url, "http://127.0.0.1:9/hook");
     assert_eq!(
         first.body.key,
-        crate::webhooks::idempotency_key(first.intent)
+        crate::leader::webhooks::idempotency_key(first.intent)
     );
     assert_eq!(first.body.incident_kind, "nic_down");
     // Only webhook intents can be answered this way.
@@ -627,7 +627,7 @@ fn webhook_notifications_wait_for_the_leaders_post() {
         detail: "webhook answered 503".into(),
     });
     w.settle(obey);
-    let open = crate::webhooks::open_webhooks(&w.st);
+    let open = crate::leader::webhooks::open_webhooks(&w.st);
     assert_eq!(open.len(), 1);
     assert_ne!(open[0].intent, first.intent);
     assert_eq!(w.run(1).attempt, 1);
@@ -650,7 +650,7 @@ fn webhook_notifications_wait_for_the_leaders_post() {
         .log
         .iter()
         .any(|l| l.line.contains("done (intent") && l.line.contains("answered 204")));
-    assert!(crate::webhooks::open_webhooks(&w.st).is_empty());
+    assert!(crate::leader::webhooks::open_webhooks(&w.st).is_empty());
     // Unanswered past the step's timeout (both attempts): the run fails.
     w.nic("h0", "rail0", NicState::Up);
     w.nic("h0", "rail0", NicState::Down);
@@ -665,7 +665,7 @@ fn webhook_notifications_wait_for_the_leaders_post() {
         "{:?}",
         run.state
     );
-    assert!(crate::webhooks::open_webhooks(&w.st).is_empty());
+    assert!(crate::leader::webhooks::open_webhooks(&w.st).is_empty());
 }
 
 fn job_world(with_playbooks: bool) -> World {

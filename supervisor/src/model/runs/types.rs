@@ -129,7 +129,7 @@ pub enum StepOp {
     ExcludeFromOwd,
     IncludeInOwd,
     /// The rendered message; with a webhook the leader POSTs it there
-    /// (see [`crate::webhooks`]) and the attempt waits for the answer.
+    /// (see [`crate::leader::webhooks`]) and the attempt waits for the answer.
     Notify {
         message: String,
         webhook: Option<String>,

@@ -33,17 +33,14 @@
 //! seconds; nothing opens or closes during its first `quiet`.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
-
-use crate::api::Correction;
-use crate::clock::PathSample;
+use crate::api::{Correction, LinkScore, PathKey, PathQueueing};
+use crate::leader::clock::{ClockService, PathSample};
+use crate::model::shaping::{ContentionCommand, HostNic, LinkContention, MAX_INCIDENT_PATHS};
 use crate::model::{ClusterState, Command};
 use crate::node::Supervisor;
-use crate::shaping::{ContentionCommand, HostNic, LinkContention, MAX_INCIDENT_PATHS};
 use crate::topology::{DirLink, Topology};
 
 /// Detector settings (DESIGN.md defaults; TIMELY's T_high is 500 µs).
@@ -88,26 +85,6 @@ impl Default for ContentionConfig {
     }
 }
 
-/// A directed path between two host NICs.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct PathKey {
-    pub src: String,
-    pub src_nic: String,
-    pub dst: String,
-    pub dst_nic: String,
-    pub rail: u32,
-}
-
-impl fmt::Display for PathKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}/{}→{}/{}",
-            self.src, self.src_nic, self.dst, self.dst_nic
-        )
-    }
-}
-
 struct Track {
     /// Per-second minimum OWDs (ns) of uncontended seconds, newest last.
     baseline: VecDeque<f64>,
@@ -119,35 +96,6 @@ struct Track {
     /// Seconds in a row below `exit_us` while contended.
     calm: u32,
     since: Option<Instant>,
-}
-
-/// A path's detector state (`railguard paths --contended`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PathQueueing {
-    pub path: PathKey,
-    pub baseline_us: f64,
-    pub queueing_p50_us: f64,
-    pub queueing_p99_us: f64,
-    pub contended: bool,
-    /// How long it has been contended (ms).
-    pub contended_ms: Option<u64>,
-    pub age_ms: u64,
-}
-
-/// A directed link's score (`railguard links`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LinkScore {
-    pub link: DirLink,
-    pub rate_bps: Option<u64>,
-    pub access: bool,
-    /// Fresh paths crossing it, and how many are contended.
-    pub paths: usize,
-    pub contended: usize,
-    pub score: f64,
-    /// Named as a bottleneck now.
-    pub bottleneck: bool,
-    /// The worst queueing p99 among its contended paths (µs).
-    pub queueing_p99_us: Option<f64>,
 }
 
 /// One named bottleneck.
@@ -249,7 +197,7 @@ impl Detector {
                 }
             }
         }
-        let keep = crate::clock::PATH_WINDOW;
+        let keep = crate::leader::clock::PATH_WINDOW;
         self.tracks
             .retain(|_, t| now.saturating_duration_since(t.last) <= keep);
     }
@@ -467,13 +415,14 @@ impl ContentionService {
     fn round(
         &self,
         sup: &Supervisor,
+        clocks: &ClockService,
         topo: Option<&Topology>,
         now: Instant,
         settled: bool,
     ) -> Vec<ContentionCommand> {
         let mut g = self.lock();
         let after = g.last_seen;
-        let samples = sup.read(|st| sup.clocks.path_seconds_after(st, after, now));
+        let samples = sup.read(|st| clocks.path_seconds_after(st, after, now));
         if let Some(last) = samples.last() {
             g.last_seen = Some(last.arrived);
         }
@@ -498,7 +447,7 @@ impl ContentionService {
                 topo,
                 &named,
                 &named_at,
-                |h, n| sup.clocks.shaped_busy(h, n),
+                |h, n| clocks.shaped_busy(h, n),
                 quiet,
                 now,
             )
@@ -577,9 +526,13 @@ pub fn decide(
 }
 
 /// Runs on every supervisor; detects while it leads, forgets when not.
-pub async fn run(sup: Arc<Supervisor>) {
-    let tick_every = sup.contention.config().tick;
-    let quiet = sup.contention.config().quiet;
+pub async fn run(
+    sup: Arc<Supervisor>,
+    contention: Arc<ContentionService>,
+    clocks: Arc<ClockService>,
+) {
+    let tick_every = contention.config().tick;
+    let quiet = contention.config().quiet;
     let mut tick = tokio::time::interval(tick_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut leading_since: Option<Instant> = None;
@@ -593,13 +546,13 @@ pub async fn run(sup: Arc<Supervisor>) {
             if leading_since.take().is_some() {
                 tracing::info!("no longer leading: contention data forgotten");
             }
-            sup.contention.clear();
+            contention.clear();
             continue;
         }
         let now = Instant::now();
         let since = *leading_since.get_or_insert(now);
         let settled = now.saturating_duration_since(since) >= quiet;
-        let cmds = sup.contention.round(&sup, topo.as_ref(), now, settled);
+        let cmds = contention.round(&sup, &clocks, topo.as_ref(), now, settled);
         for c in cmds {
             match &c {
                 ContentionCommand::Open { host, info } => {

@@ -4,7 +4,7 @@
 //!
 //! Suspect follows management-network silence alone (no heartbeat). Down
 //! needs two silences: no heartbeat *and* no probe evidence (no peer
-//! received this host's probes, see [`crate::clock`]) for the Down period,
+//! received this host's probes, see [`crate::leader::clock`]) for the Down period,
 //! so a management-network partition alone never kills a host's jobs.
 //!
 //! Heartbeats and probe evidence live only in the leader's memory. A new
@@ -17,8 +17,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::leader::clock::ClockService;
 use crate::model::{ClusterState, Command, Liveness};
 use crate::node::Supervisor;
+
+/// Leader memory: when each host last sent a heartbeat (not replicated).
+pub type Heartbeats = std::sync::Mutex<HashMap<String, Instant>>;
 
 /// Liveness thresholds.
 #[derive(Debug, Clone, Copy)]
@@ -83,7 +87,12 @@ pub fn judge(
 }
 
 /// Runs on every supervisor; acts while it leads.
-pub async fn run(sup: Arc<Supervisor>, cfg: LivenessConfig) {
+pub async fn run(
+    sup: Arc<Supervisor>,
+    heartbeats: Arc<Heartbeats>,
+    clocks: Arc<ClockService>,
+    cfg: LivenessConfig,
+) {
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut leader_since: Option<(u64, Instant)> = None;
@@ -107,8 +116,8 @@ pub async fn run(sup: Arc<Supervisor>, cfg: LivenessConfig) {
                 now
             }
         };
-        let hb = sup.heartbeats.lock().expect("heartbeats").clone();
-        let evidence = sup.clocks.probe_evidence();
+        let hb = heartbeats.lock().expect("heartbeats").clone();
+        let evidence = clocks.probe_evidence();
         let changes = sup.read(|st| judge(st, &hb, &evidence, since, Instant::now(), cfg));
         for (host, liveness) in changes {
             tracing::info!(host = %host, liveness = ?liveness, "host liveness changes");

@@ -24,9 +24,9 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
 use serde::Serialize;
 
+use crate::model::runs::StepOp;
 use crate::model::{Action, ClusterState, Command};
 use crate::node::Supervisor;
-use crate::runs::StepOp;
 
 /// Longest a POST may take (connect, send, answer).
 pub const POST_TIMEOUT: Duration = Duration::from_secs(5);
@@ -101,12 +101,17 @@ pub fn open_webhooks(st: &ClusterState) -> Vec<OpenWebhook> {
 /// Leader memory: the intents being posted.
 #[derive(Default)]
 pub struct WebhookSender {
-    in_flight: Mutex<HashSet<u64>>,
+    /// Shared with the POST tasks, which remove their intent when done.
+    in_flight: Arc<Mutex<HashSet<u64>>>,
+}
+
+fn lock_in_flight(in_flight: &Mutex<HashSet<u64>>) -> std::sync::MutexGuard<'_, HashSet<u64>> {
+    in_flight.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl WebhookSender {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashSet<u64>> {
-        self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
+        lock_in_flight(&self.in_flight)
     }
 
     /// Starts a POST for every open webhook intent not already being posted
@@ -129,6 +134,7 @@ impl WebhookSender {
                 f.insert(w.intent);
             }
             let sup = sup.clone();
+            let in_flight = self.in_flight.clone();
             tokio::spawn(async move {
                 tracing::info!(intent = w.intent, url = %w.url, "posting webhook");
                 let (ok, detail) = match post(&w.url, &w.body).await {
@@ -154,7 +160,7 @@ impl WebhookSender {
                     // leader (or tick) decides again from the state.
                     tracing::info!(intent = w.intent, error = %e, "webhook outcome not committed");
                 }
-                sup.webhooks.lock().remove(&w.intent);
+                lock_in_flight(&in_flight).remove(&w.intent);
             });
         }
     }
@@ -168,10 +174,13 @@ impl WebhookSender {
 /// Why a POST failed before an answer.
 #[derive(Debug, thiserror::Error)]
 pub enum WebhookError {
+    /// The URL is not an `http://` URL the client can use.
     #[error("bad URL: {0}")]
     Url(String),
+    /// No answer within the bound.
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    /// The connection or the HTTP exchange failed.
     #[error("{0}")]
     Http(String),
 }

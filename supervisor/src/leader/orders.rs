@@ -112,11 +112,13 @@ pub fn order_of(st: &ClusterState, id: u64, action: &Action) -> Option<(String, 
             halt: *halt,
         }),
         Action::PlaybookStep { op, .. } => match op {
-            crate::runs::StepOp::Failover { nic, to } => agent_order::Kind::Failover(NicFailover {
-                nic: nic.clone(),
-                to: to.clone(),
-            }),
-            crate::runs::StepOp::Failback { nic } => {
+            crate::model::runs::StepOp::Failover { nic, to } => {
+                agent_order::Kind::Failover(NicFailover {
+                    nic: nic.clone(),
+                    to: to.clone(),
+                })
+            }
+            crate::model::runs::StepOp::Failback { nic } => {
                 agent_order::Kind::Failback(NicFailback { nic: nic.clone() })
             }
             _ => return None,
@@ -143,7 +145,7 @@ pub fn order_of(st: &ClusterState, id: u64, action: &Action) -> Option<(String, 
 }
 
 /// The wire form of a desired NIC shape.
-fn shape_order(nic: &str, want: &crate::shaping::NicShape) -> proto::v1::ShapeNic {
+fn shape_order(nic: &str, want: &crate::model::shaping::NicShape) -> proto::v1::ShapeNic {
     proto::v1::ShapeNic {
         nic: nic.to_owned(),
         classes: want

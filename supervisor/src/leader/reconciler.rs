@@ -1,5 +1,8 @@
-//! The leader's reconciler: turns desired state into actions, each recorded
-//! as an intent before it is carried out.
+//! The leader's reconciler loop: every tick it proposes what
+//! [`crate::model::decide::decide`] calls for, then hands the open orders to
+//! the agents' order streams ([`crate::leader::orders::OrderHub`]) and the
+//! open `notify` steps to the webhook sender. All the deciding is in the
+//! model (pure, tested there); this loop only does the I/O.
 //!
 //! **Protocol.** (1) Commit `OpenIntent{action}` (deduplicated by action, so
 //! a retried or concurrent open yields the same id). (2) Carry out the action;
@@ -7,31 +10,13 @@
 //! (closing twice is a no-op). A new leader finds every open intent in the
 //! replicated state and resumes it from step 2, so nothing is forgotten and
 //! nothing takes effect twice.
-//!
-//! Drain is the first user: a Draining host gets a `CompleteDrain` intent
-//! that closes (host → Drained) once no job runs on it. Stopping work at the
-//! drain deadline and moving jobs arrive with the jobs issue.
-//!
-//! Orders are the second: `nic failover`/`nic failback` commit a
-//! `Failover`/`Failback` intent (the admin write itself); every tick the
-//! reconciler hands the open ones to the [`crate::orders::OrderHub`], which
-//! sends them to the host's agent (and again until answered). The agent's
-//! answer (`Agent.OrderDone`) closes the intent Done or Failed; the
-//! reconciler closes what can no longer happen (host or NIC gone: Cancelled)
-//! or got no answer within [`ORDER_DEADLINE_MS`] (Failed).
-//!
-//! Playbook runs are the third ([`crate::runs`]): each tick proposes a run
-//! for every open incident a stored playbook matches; the run opens its
-//! step intents in apply, and [`evaluate`] closes the waiting ones (orders
-//! are answered by agents like the admin ones; checkpoints, restarts,
-//! drains and `wait_until` conditions are checked here, each with its
-//! step's timeout).
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::leader::orders::OrderHub;
+use crate::leader::webhooks::WebhookSender;
 use crate::model::decide::decide;
-pub use crate::model::decide::{evaluate, wanted_actions, ORDER_DEADLINE_MS};
 use crate::model::Command;
 use crate::node::{now_ms, Supervisor};
 
@@ -39,17 +24,17 @@ use crate::node::{now_ms, Supervisor};
 pub const TICK: Duration = Duration::from_millis(50);
 
 /// Runs until the process exits; acts only while this node leads.
-pub async fn run(sup: Arc<Supervisor>) {
+pub async fn run(sup: Arc<Supervisor>, orders: Arc<OrderHub>, webhooks: Arc<WebhookSender>) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tick.tick().await;
         if !sup.leads() {
-            sup.orders.clear();
-            sup.webhooks.clear();
+            orders.clear();
+            webhooks.clear();
             continue;
         }
-        if let Err(e) = step(&sup).await {
+        if let Err(e) = step(&sup, &orders, &webhooks).await {
             tracing::warn!(error = %e, "reconciler step failed; retrying next tick");
         }
     }
@@ -61,7 +46,11 @@ pub async fn run(sup: Arc<Supervisor>) {
 /// more cannot hold the loop.
 const MAX_ROUNDS: usize = 4;
 
-async fn step(sup: &Arc<Supervisor>) -> Result<(), crate::api::ApiError> {
+async fn step(
+    sup: &Arc<Supervisor>,
+    orders: &OrderHub,
+    webhooks: &WebhookSender,
+) -> Result<(), crate::api::ApiError> {
     let now = now_ms();
     let mut last: Vec<Command> = Vec::new();
     for _ in 0..MAX_ROUNDS {
@@ -100,8 +89,8 @@ async fn step(sup: &Arc<Supervisor>) -> Result<(), crate::api::ApiError> {
         }
         last = cmds;
     }
-    sup.webhooks.dispatch(sup);
-    let open = sup.read(crate::orders::open_orders);
-    sup.orders.dispatch(&open, std::time::Instant::now());
+    webhooks.dispatch(sup);
+    let open = sup.read(crate::leader::orders::open_orders);
+    orders.dispatch(&open, std::time::Instant::now());
     Ok(())
 }

@@ -1,0 +1,179 @@
+//! `railguard events`, `incidents`, `intents` and `history`: the event log
+//! (also followed live), incidents, the leader's intents with their
+//! outcome, and recorded admin operations.
+
+use supervisor::client::AdminClient;
+use supervisor::model::{
+    Action, AdminRecord, ClusterEvent, Incident, Intent, IntentStatus, Outcome,
+};
+
+use crate::output::fmt_ms;
+
+pub async fn follow(client: &AdminClient, since: u64, json: bool) -> anyhow::Result<()> {
+    client
+        .follow(since, |e| {
+            if json {
+                println!("{}", serde_json::to_string(&e).unwrap_or_default());
+            } else {
+                print_event(&e);
+            }
+            true
+        })
+        .await?;
+    Ok(())
+}
+
+pub fn print_event(e: &ClusterEvent) {
+    println!(
+        "{:>6}  {}  {:<10} {}",
+        e.seq,
+        fmt_ms(e.at_ms),
+        e.host.as_deref().unwrap_or("-"),
+        e.what
+    );
+}
+
+/// `railguard events`.
+pub fn print_events(events: &[ClusterEvent]) {
+    if events.is_empty() {
+        println!("no events");
+    }
+    for e in events {
+        print_event(e);
+    }
+}
+
+pub fn print_incidents(incidents: &[Incident]) {
+    if incidents.is_empty() {
+        println!("no incidents");
+        return;
+    }
+    println!(
+        "{:>5}  {:<14} {:<10} {:<8} {:<26} {:<26} DETAIL",
+        "ID", "KIND", "HOST", "NIC", "OPENED", "CLOSED"
+    );
+    for i in incidents {
+        println!(
+            "{:>5}  {:<14} {:<10} {:<8} {:<26} {:<26} {}",
+            i.id,
+            i.kind,
+            i.host,
+            i.nic.as_deref().unwrap_or("-"),
+            fmt_ms(i.opened_ms),
+            i.closed_ms.map(fmt_ms).unwrap_or_else(|| "open".into()),
+            i.detail
+        );
+    }
+}
+
+/// `railguard history`.
+pub fn print_history(records: &[AdminRecord]) {
+    for r in records {
+        println!(
+            "{}  {:<10} {:>8}  {}",
+            fmt_ms(r.at_ms),
+            r.actor,
+            r.log_index,
+            r.op.summary()
+        );
+    }
+}
+
+pub fn describe_action(a: &Action) -> String {
+    match a {
+        Action::CompleteDrain { host } => format!("complete drain of {host}"),
+        Action::Failover { host, nic, to } => format!("failover of {host}/{nic} to {to}"),
+        Action::Failback { host, nic } => format!("failback to {host}/{nic}"),
+        Action::StartRank {
+            job,
+            incarnation,
+            rank,
+            host,
+        } => format!("start {job}#{incarnation} rank {rank} on {host}"),
+        Action::StopJob {
+            job,
+            incarnation,
+            host,
+        } => format!("stop {job}#{incarnation} (and older) on {host}"),
+        Action::CheckpointJob {
+            job,
+            incarnation,
+            host,
+            halt,
+        } => format!(
+            "checkpoint {job}#{incarnation} on {host}{}",
+            if *halt { " and halt" } else { "" }
+        ),
+        Action::ShapeNic { host, nic, version } => {
+            format!("shape {host}/{nic} (version {version})")
+        }
+        Action::ClearShape { host, nic } => format!("clear shapes of {host}/{nic}"),
+        Action::PlaybookStep {
+            run,
+            step,
+            attempt,
+            host,
+            op,
+        } => format!(
+            "run {run} step {} attempt {} on {host}: {op:?}",
+            step + 1,
+            attempt + 1
+        ),
+    }
+}
+
+pub fn intent_status(i: &Intent) -> String {
+    match &i.status {
+        IntentStatus::Open => "open".into(),
+        IntentStatus::Closed(Outcome::Done) => "done".into(),
+        IntentStatus::Closed(Outcome::Failed { .. }) => "failed".into(),
+        IntentStatus::Closed(Outcome::Cancelled { .. }) => "cancelled".into(),
+    }
+}
+
+/// `intent 7: failover of h0/rail0 to rail1: done (moved 3 connections)`.
+pub fn intent_line(i: &Intent) -> String {
+    let why = match &i.status {
+        IntentStatus::Closed(Outcome::Failed { error }) => error.clone(),
+        IntentStatus::Closed(Outcome::Cancelled { why }) => why.clone(),
+        _ => i.detail.clone(),
+    };
+    let why = if why.is_empty() {
+        String::new()
+    } else {
+        format!(" ({why})")
+    };
+    format!(
+        "intent {}: {}: {}{why}",
+        i.id,
+        describe_action(&i.action),
+        intent_status(i)
+    )
+}
+
+pub fn print_intents(intents: &[Intent]) {
+    if intents.is_empty() {
+        println!("no intents");
+        return;
+    }
+    println!(
+        "{:>5}  {:<36} {:<9} {:<26} {:<26} DETAIL",
+        "ID", "ACTION", "STATUS", "OPENED", "CLOSED"
+    );
+    for i in intents {
+        let detail = match &i.status {
+            IntentStatus::Closed(Outcome::Failed { error }) => error.as_str(),
+            IntentStatus::Closed(Outcome::Cancelled { why }) => why.as_str(),
+            _ => i.detail.as_str(),
+        };
+        println!(
+            "{:>5}  {:<36} {:<9} {:<26} {:<26} {}",
+            i.id,
+            describe_action(&i.action),
+            intent_status(i),
+            fmt_ms(i.opened_ms),
+            i.closed_ms.map(fmt_ms).unwrap_or_else(|| "-".into()),
+            detail
+        );
+    }
+}

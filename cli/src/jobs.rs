@@ -1,0 +1,272 @@
+//! `railguard job …`: training jobs — submit (a TOML job file), list,
+//! show, checkpoint (waiting for it), restart, cancel, logs.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::Subcommand;
+use supervisor::api::{AdminReply, AdminRequest, ApiError, ErrorKind};
+use supervisor::client::AdminClient;
+use supervisor::model::jobs::{Job, JobOp, JobState};
+use supervisor::model::AdminOp;
+
+use crate::output::{fmt_ms, pairs, parse_duration, print_json};
+
+/// `railguard job …`.
+#[derive(Subcommand, Debug)]
+pub enum JobCmd {
+    /// Submit a job described by a TOML file.
+    ///
+    /// Fields: name, ranks, command, checkpoint_dir; optionally hosts, labels,
+    /// env, checkpoint_every, max_restarts (3) and backoff ("1s").
+    Submit { spec: std::path::PathBuf },
+    /// Every job with its state, incarnation, hosts and latest checkpoint.
+    List,
+    /// One job: spec, ranks, checkpoints, restarts.
+    Show { job: String },
+    /// Checkpoint a running job now (all ranks at the same step) and wait
+    /// until the checkpoint is complete.
+    Checkpoint {
+        job: String,
+        /// How long to wait for it (0s: don't wait).
+        #[arg(long, default_value = "60s", value_parser = parse_duration)]
+        wait: Duration,
+    },
+    /// Stop a running job and start it again from its latest complete
+    /// checkpoint (not counted against max_restarts).
+    Restart {
+        job: String,
+        /// Why (recorded).
+        #[arg(long, short)]
+        reason: String,
+    },
+    /// Stop a job for good.
+    Cancel { job: String },
+    /// The end of a rank's output (stdout and stderr), from its host.
+    Logs {
+        job: String,
+        #[arg(long, default_value_t = 0)]
+        rank: u32,
+        /// At most this many bytes (from the end; the agent caps it at 128 KiB).
+        #[arg(long, default_value_t = 16 << 10)]
+        bytes: u32,
+    },
+}
+
+/// A job file as written by hand (durations as text).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobFile {
+    name: String,
+    ranks: u32,
+    #[serde(default)]
+    hosts: Vec<String>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    command: Vec<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    checkpoint_dir: String,
+    #[serde(default)]
+    checkpoint_every: u64,
+    max_restarts: Option<u32>,
+    backoff: Option<String>,
+}
+
+/// Reads and validates a job file.
+pub fn read_job_file(path: &std::path::Path) -> anyhow::Result<supervisor::model::jobs::JobSpec> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read job file {}", path.display()))?;
+    let f: JobFile = toml::from_str(&text).map_err(|e| {
+        ApiError::invalid(format!("{}: {}", path.display(), e.to_string().trim_end()))
+    })?;
+    let backoff_ms = match &f.backoff {
+        Some(b) => parse_duration(b)
+            .map_err(|e| ApiError::invalid(format!("{}: backoff: {e}", path.display())))?
+            .as_millis() as u64,
+        None => 1_000,
+    };
+    let spec = supervisor::model::jobs::JobSpec {
+        name: f.name,
+        ranks: f.ranks,
+        hosts: f.hosts,
+        labels: f.labels,
+        command: f.command,
+        env: f.env,
+        checkpoint_dir: f.checkpoint_dir,
+        checkpoint_every: f.checkpoint_every,
+        max_restarts: f.max_restarts.unwrap_or(3),
+        backoff_ms,
+    };
+    spec.validate()
+        .map_err(|e| ApiError::invalid(format!("{}: {e}", path.display())))?;
+    Ok(spec)
+}
+
+/// Orders a checkpoint and, unless `wait` is zero, waits until a complete
+/// checkpoint newer than the one before exists (exit 2 when the job left
+/// Checkpointing without one, 4 when `wait` ran out). Without waiting, the
+/// write's reply is returned for the caller to print.
+pub async fn checkpoint(
+    client: &AdminClient,
+    job: String,
+    wait: Duration,
+    json: bool,
+) -> anyhow::Result<Option<AdminReply>> {
+    let before = match client
+        .call(AdminRequest::JobShow { job: job.clone() }, false)
+        .await?
+    {
+        AdminReply::Job { job } => job.latest_checkpoint,
+        other => bail!(ApiError::internal(format!("unexpected reply: {other:?}"))),
+    };
+    let op = AdminOp::Job(JobOp::Checkpoint { job: job.clone() });
+    let reply = client.call(AdminRequest::Write { op }, false).await?;
+    if wait.is_zero() {
+        return Ok(Some(reply));
+    }
+    let deadline = Instant::now() + wait;
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let j = match client
+            .call(AdminRequest::JobShow { job: job.clone() }, false)
+            .await
+        {
+            Ok(AdminReply::Job { job }) => job,
+            Ok(other) => bail!(ApiError::internal(format!("unexpected reply: {other:?}"))),
+            Err(e) if e.kind == ErrorKind::Unavailable => {
+                if Instant::now() >= deadline {
+                    return Err(e.into());
+                }
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if j.latest_checkpoint > before {
+            let step = j.latest_checkpoint.unwrap_or(0);
+            if json {
+                print_json(&serde_json::json!({"job": j.name, "step": step}))?;
+                return Ok(None);
+            }
+            println!("job {}: checkpoint at step {step} complete", j.name);
+            return Ok(None);
+        }
+        if j.state != JobState::Checkpointing {
+            bail!(ApiError::new(
+                ErrorKind::FailedPrecondition,
+                format!(
+                    "job {} is {:?} and has no new complete checkpoint{}",
+                    j.name,
+                    j.state,
+                    if j.reason.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", j.reason)
+                    }
+                ),
+            ));
+        }
+        if Instant::now() >= deadline {
+            bail!(ApiError::new(
+                ErrorKind::Unknown,
+                format!("job {job} is still checkpointing after {wait:?}"),
+            ));
+        }
+    }
+}
+
+pub fn print_jobs(jobs: &[Job]) {
+    if jobs.is_empty() {
+        println!("no jobs");
+        return;
+    }
+    println!(
+        "{:<20} {:<13} {:>5} {:>5} {:>8} {:>10}  HOSTS",
+        "JOB", "STATE", "RANKS", "INC", "RESTARTS", "CHECKPOINT"
+    );
+    for j in jobs {
+        let hosts = if j.placement.is_empty() {
+            "-".to_string()
+        } else {
+            j.placement.join(",")
+        };
+        println!(
+            "{:<20} {:<13} {:>5} {:>5} {:>8} {:>10}  {}",
+            j.name,
+            format!("{:?}", j.state).to_lowercase(),
+            j.spec.ranks,
+            j.incarnation,
+            j.restarts,
+            j.latest_checkpoint
+                .map(|s| s.to_string())
+                .unwrap_or_else(|| "-".into()),
+            hosts
+        );
+    }
+}
+
+pub fn print_job(j: &Job) {
+    println!("job:         {}", j.name);
+    println!(
+        "state:       {} since {}{}",
+        format!("{:?}", j.state).to_lowercase(),
+        fmt_ms(j.state_since_ms),
+        if j.reason.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", j.reason)
+        }
+    );
+    println!("submitted:   {}", fmt_ms(j.submitted_ms));
+    println!("command:     {}", j.spec.command.join(" "));
+    println!(
+        "incarnation: {} (resumed from {}), restarts {}/{}",
+        j.incarnation,
+        match j.resume_step {
+            0 => "scratch".to_string(),
+            s => format!("step {s}"),
+        },
+        j.restarts,
+        j.spec.max_restarts
+    );
+    println!("port:        {}", j.port);
+    println!(
+        "checkpoints: {} every {} steps; latest complete: {}",
+        j.spec.checkpoint_dir,
+        j.spec.checkpoint_every,
+        j.latest_checkpoint
+            .map(|s| format!("step {s}"))
+            .unwrap_or_else(|| "none".into())
+    );
+    if !j.stopping.is_empty() {
+        println!("stopping on: {}", pairs(&j.stopping, ",", "-"));
+    }
+    println!("RANKS:");
+    println!("  {:>4}  {:<16} {:<8} EXIT", "RANK", "HOST", "STARTED");
+    for (r, rank) in j.ranks.iter().enumerate() {
+        println!(
+            "  {:>4}  {:<16} {:<8} {}",
+            r,
+            rank.host,
+            if rank.started { "yes" } else { "no" },
+            rank.exit
+                .as_ref()
+                .map(|e| if e.signal != 0 {
+                    format!("signal {}", e.signal)
+                } else {
+                    format!("code {}", e.code)
+                })
+                .unwrap_or_else(|| "-".into())
+        );
+    }
+}
+
+/// `railguard job logs`: the tail of a rank's output (a header on stderr).
+pub fn print_job_logs(host: &str, incarnation: u64, text: &str) {
+    eprintln!("--- {host}, incarnation {incarnation} ---");
+    print!("{text}");
+    if !text.ends_with('\n') && !text.is_empty() {
+        println!();
+    }
+}

@@ -1,0 +1,376 @@
+//! `railguard`: the admin CLI. Talks gRPC to any supervisor; writes are
+//! forwarded to the leader; reads are linearizable unless `--stale`.
+//!
+//! # Layout
+//! One module per command group — `members` (status, cluster), `nodes`,
+//! `nics` (NICs, orders, connections), `jobs`, `playbooks`, `events`
+//! (events, incidents, intents, history), `clock` (clock, paths), `links`
+//! (links, shapes) — each with its clap subcommands and its printers;
+//! `render` dispatches a reply to its printer; `output` holds the shared
+//! helpers.
+
+mod clock;
+mod events;
+mod jobs;
+mod links;
+mod members;
+mod nics;
+mod nodes;
+mod output;
+mod playbooks;
+mod render;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use supervisor::api::{AdminRequest, ApiError};
+use supervisor::client::AdminClient;
+use supervisor::model::jobs::JobOp;
+use supervisor::model::playbook_store::PlanIncident;
+use supervisor::model::AdminOp;
+
+use crate::jobs::JobCmd;
+use crate::links::ShapeCmd;
+use crate::members::ClusterCmd;
+use crate::nics::{NicCmd, QpCmd};
+use crate::nodes::NodeCmd;
+use crate::output::{exit_code, parse_duration, Output};
+use crate::playbooks::PlaybookCmd;
+
+/// railguard admin CLI: human tables or `--output json`; exit 2 on bad input or a
+/// refusal, 3 when the cluster is unavailable, 4 when an outcome is unknown.
+#[derive(Parser, Debug)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    /// Supervisor addresses (IP:port, comma-separated); tried in order.
+    #[arg(
+        long,
+        short = 's',
+        global = true,
+        env = "RAILGUARD_SUPERVISORS",
+        value_delimiter = ',',
+        default_value = "127.0.0.1:7400"
+    )]
+    supervisor: Vec<String>,
+    /// Output format.
+    #[arg(long, short = 'o', global = true, value_enum, default_value = "table")]
+    output: Output,
+    /// Serve reads from the contacted supervisor's local state (may be stale)
+    /// instead of a linearizable read through the leader.
+    #[arg(long, global = true)]
+    stale: bool,
+    /// Time limit per call, e.g. 10s.
+    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Name recorded with writes (default: $USER).
+    #[arg(long = "as", global = true, env = "RAILGUARD_ACTOR")]
+    actor: Option<String>,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Members, leader, term, commit index, hosts by state, open incidents.
+    Status,
+    /// Supervisor cluster membership.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
+    /// GPU hosts: list, show, cordon, drain, labels.
+    #[command(subcommand)]
+    Node(NodeCmd),
+    /// NICs of all hosts; failover and failback orders.
+    #[command(subcommand)]
+    Nic(NicCmd),
+    /// Training jobs: submit, list, show, checkpoint, restart, cancel, logs.
+    #[command(subcommand)]
+    Job(JobCmd),
+    /// Remediation playbooks: list, show, apply, delete, plan (dry run).
+    #[command(subcommand)]
+    Playbook(PlaybookCmd),
+    /// Jobs' connections (queue pairs) and the NICs they use.
+    #[command(subcommand)]
+    Qp(QpCmd),
+    /// Intents: what the leader is doing or did (drains, failover and
+    /// failback orders), with their outcome.
+    Intents {
+        /// Only intents that are still open.
+        #[arg(long)]
+        open: bool,
+        /// At most this many (the most recent).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Incidents (NIC down, flapping, ...).
+    Incidents {
+        /// Only incidents that are still open.
+        #[arg(long)]
+        open: bool,
+    },
+    /// The cluster event log.
+    Events {
+        /// Keep printing new events as they commit (Ctrl-C to stop).
+        #[arg(long, short)]
+        follow: bool,
+        /// Start after this event sequence number.
+        #[arg(long, default_value_t = 0)]
+        since: u64,
+        /// At most this many events (without --follow).
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Recorded admin operations (who, when, what).
+    History {
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+    },
+    /// Clock synchronisation of every host, from the leader's latest
+    /// network solution.
+    ///
+    /// Leader memory, so always answered by the leader (also with --stale);
+    /// `--output json` adds the solve's edges and NTP-style offsets.
+    Clock,
+    /// One-way delays and probe loss per directed path, worst p99 first.
+    ///
+    /// Over the last 120 s, network-corrected when the clock solution covers
+    /// both hosts; --contended or --queueing show the detector's queueing.
+    Paths {
+        /// Only paths from or to this host.
+        #[arg(long)]
+        host: Option<String>,
+        /// Only the N worst paths (N ≥ 1).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        top: Option<u32>,
+        /// Show queueing and contention instead of delays (contended paths
+        /// only).
+        #[arg(long, conflicts_with = "queueing")]
+        contended: bool,
+        /// Show every path's queueing (baseline, latest second's queueing
+        /// p50/p99, contended or not).
+        #[arg(long)]
+        queueing: bool,
+    },
+    /// Fabric links from the topology file with each direction's contention
+    /// score, the named bottlenecks and open link_contention incidents.
+    Links,
+    /// HTB shapes put on host NICs by reshaping playbooks.
+    #[command(subcommand)]
+    Shape(ShapeCmd),
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => {}
+        Err(e) => {
+            let code = e.downcast_ref::<ApiError>().map(exit_code).unwrap_or(2);
+            eprintln!("error: {e:#}");
+            std::process::exit(code);
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let actor = cli
+        .actor
+        .clone()
+        .or_else(|| std::env::var("USER").ok())
+        .unwrap_or_else(|| "unknown".into());
+    let client = AdminClient::new(&cli.supervisor, &actor, cli.timeout)?;
+    let json = cli.output == Output::Json;
+    let request = match cli.cmd {
+        Cmd::Status => AdminRequest::Status,
+        Cmd::Cluster(c) => match c {
+            ClusterCmd::Init => AdminRequest::ClusterInit,
+            ClusterCmd::Members => AdminRequest::ClusterMembers,
+            ClusterCmd::AddMember { id, addr } => AdminRequest::AddMember { id, addr },
+            ClusterCmd::RemoveMember { id } => AdminRequest::RemoveMember { id },
+            ClusterCmd::TransferLeader { id } => AdminRequest::TransferLeader { id },
+        },
+        Cmd::Node(n) => match n {
+            NodeCmd::List => AdminRequest::NodeList,
+            NodeCmd::Show { host } => AdminRequest::NodeShow { host },
+            NodeCmd::Cordon { host } => AdminRequest::Write {
+                op: AdminOp::Cordon { host },
+            },
+            NodeCmd::Uncordon { host } => AdminRequest::Write {
+                op: AdminOp::Uncordon { host },
+            },
+            NodeCmd::Drain {
+                host,
+                reason,
+                deadline,
+            } => {
+                if reason.trim().is_empty() {
+                    bail!(ApiError::invalid("drain needs a non-empty --reason"));
+                }
+                let deadline_ms = deadline.map(|d| output::now_ms() + d.as_millis() as u64);
+                AdminRequest::Write {
+                    op: AdminOp::Drain {
+                        host,
+                        reason,
+                        deadline_ms,
+                    },
+                }
+            }
+            NodeCmd::Undrain { host } => AdminRequest::Write {
+                op: AdminOp::Undrain { host },
+            },
+            NodeCmd::Label { host, set, remove } => {
+                let mut map = BTreeMap::new();
+                for kv in set {
+                    let (k, v) = kv
+                        .split_once('=')
+                        .with_context(|| format!("label {kv:?} must look like KEY=VALUE"))?;
+                    map.insert(k.to_string(), v.to_string());
+                }
+                if map.is_empty() && remove.is_empty() {
+                    bail!(ApiError::invalid(
+                        "give KEY=VALUE labels to set or --remove KEY"
+                    ));
+                }
+                AdminRequest::Write {
+                    op: AdminOp::SetLabels {
+                        host,
+                        set: map,
+                        remove,
+                    },
+                }
+            }
+        },
+        Cmd::Incidents { open } => AdminRequest::Incidents { open_only: open },
+        Cmd::Nic(NicCmd::List { state }) => AdminRequest::NicList {
+            state: state.map(Into::into),
+        },
+        Cmd::Nic(NicCmd::Failover {
+            host,
+            nic,
+            to,
+            wait,
+        }) => {
+            let op = AdminOp::NicFailover { host, nic, to };
+            return nics::order(&client, op, wait.wait(), json).await;
+        }
+        Cmd::Nic(NicCmd::Failback { host, nic, wait }) => {
+            let op = AdminOp::NicFailback { host, nic };
+            return nics::order(&client, op, wait.wait(), json).await;
+        }
+        Cmd::Job(j) => match j {
+            JobCmd::Submit { spec } => AdminRequest::Write {
+                op: AdminOp::Job(JobOp::Submit {
+                    spec: jobs::read_job_file(&spec)?,
+                }),
+            },
+            JobCmd::List => AdminRequest::JobList,
+            JobCmd::Show { job } => AdminRequest::JobShow { job },
+            JobCmd::Checkpoint { job, wait } => {
+                return match jobs::checkpoint(&client, job, wait, json).await? {
+                    Some(reply) => render::show(&reply, json),
+                    None => Ok(()),
+                };
+            }
+            JobCmd::Restart { job, reason } => {
+                if reason.trim().is_empty() {
+                    bail!(ApiError::invalid("restart needs a non-empty --reason"));
+                }
+                AdminRequest::Write {
+                    op: AdminOp::Job(JobOp::Restart { job, reason }),
+                }
+            }
+            JobCmd::Cancel { job } => AdminRequest::Write {
+                op: AdminOp::Job(JobOp::Cancel { job }),
+            },
+            JobCmd::Logs { job, rank, bytes } => {
+                if bytes == 0 {
+                    bail!(ApiError::invalid("--bytes must be at least 1"));
+                }
+                AdminRequest::JobLogs {
+                    job,
+                    rank,
+                    max_bytes: bytes,
+                }
+            }
+        },
+        Cmd::Playbook(p) => match p {
+            PlaybookCmd::List => AdminRequest::PlaybookList,
+            PlaybookCmd::Show { name } => AdminRequest::PlaybookShow { name },
+            PlaybookCmd::Apply { files } => {
+                let files = files
+                    .iter()
+                    .map(|f| playbooks::read_playbook_file(f))
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                // Each file alone is checked here too, so a typo needs no
+                // round trip; the set (escalations, cycles, names) can only
+                // be judged by the supervisor, with the stored playbooks.
+                for f in &files {
+                    if let Err(e) = ::playbooks::parse(&f.file, &f.text) {
+                        bail!(ApiError::invalid(e.to_string()));
+                    }
+                }
+                AdminRequest::Write {
+                    op: AdminOp::PlaybookApply { files },
+                }
+            }
+            PlaybookCmd::Delete { name } => AdminRequest::Write {
+                op: AdminOp::PlaybookDelete { name },
+            },
+            PlaybookCmd::Runs { open } => AdminRequest::PlaybookRuns { open_only: open },
+            PlaybookCmd::Plan {
+                file,
+                incident,
+                host,
+                nic,
+                job,
+            } => AdminRequest::PlaybookPlan {
+                file: playbooks::read_playbook_file(&file)?,
+                incident: PlanIncident {
+                    kind: incident,
+                    host,
+                    nic,
+                    job,
+                },
+            },
+        },
+        Cmd::Qp(QpCmd::List { host, job }) => AdminRequest::QpList { host, job },
+        Cmd::Intents { open, limit } => AdminRequest::Intents {
+            open_only: open,
+            limit,
+        },
+        Cmd::Events {
+            follow: true,
+            since,
+            ..
+        } => {
+            return events::follow(&client, since, json).await;
+        }
+        Cmd::Events { since, limit, .. } => AdminRequest::Events { since, limit },
+        Cmd::History { limit } => AdminRequest::AdminHistory { limit },
+        Cmd::Clock => AdminRequest::Clock,
+        Cmd::Paths {
+            host,
+            top,
+            contended: false,
+            queueing: false,
+        } => AdminRequest::Paths { host, top },
+        Cmd::Paths {
+            host,
+            top,
+            contended,
+            ..
+        } => AdminRequest::Queueing {
+            host,
+            contended_only: contended,
+            top,
+        },
+        Cmd::Links => AdminRequest::Links,
+        Cmd::Shape(ShapeCmd::List { host }) => AdminRequest::ShapeList { host },
+        Cmd::Shape(ShapeCmd::Clear { host }) => AdminRequest::Write {
+            op: AdminOp::ShapeClear { host },
+        },
+    };
+    let reply = client.call(request, cli.stale).await?;
+    render::show(&reply, json)
+}
