@@ -12,8 +12,8 @@ use std::time::Duration;
 use chaos_tests::bulk::{BulkFlow, BulkReport};
 use chaos_tests::netcluster::{NetCluster, NetClusterOptions};
 use chaos_tests::testbed::{netns, require_root, LeafSplit, Testbed, TestbedOptions, TestbedSpec};
-use nodeagent::shape::DEFAULT_MINOR;
 use supervisor::topology::Topology;
+use tc_htb::DEFAULT_MINOR;
 
 const UPLINK_BPS: u64 = 100_000_000;
 

@@ -14,10 +14,9 @@
 //! - [`agent`]: the runtime (tracker → outbox → report stream, heartbeats,
 //!   orders from the leader).
 //! - [`config`]: TOML + flags, NIC discovery.
-//! - [`shape`]: HTB classes and u32 filters through raw rtnetlink.
 //! - [`shaping`]: the supervisor's `ShapeNic`/`ClearShape` orders on this
-//!   host's NICs (apply, verify by dump, pace jobs) and the shaped NICs'
-//!   counters.
+//!   host's NICs (apply through the `tc-htb` crate, verify by dump, pace
+//!   jobs) and the shaped NICs' counters.
 //! - [`hold`]: On-Ramp-style edge holding of shaped jobs' connections while
 //!   the outgoing queueing to their peer is above the order's threshold.
 //!
@@ -37,5 +36,4 @@ pub mod link;
 pub mod outbox;
 pub mod probe;
 pub mod rdma_events;
-pub mod shape;
 pub mod shaping;

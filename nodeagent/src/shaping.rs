@@ -46,7 +46,7 @@ use crate::agent::NicConfig;
 use crate::control::{Control, MAX_DETAIL};
 use crate::hold::{HoldLoop, HoldSpec, JobHold};
 use crate::probe::queueing::QueueingBoard;
-use crate::shape::{self, FlowMatch, Installed, L4Port, Shape, DEFAULT_MINOR, ROOT_MINOR};
+use tc_htb::{self as shape, FlowMatch, Installed, L4Port, Shape, DEFAULT_MINOR, ROOT_MINOR};
 
 /// Jobs one order may pace.
 pub const MAX_PACE_JOBS: usize = 64;
