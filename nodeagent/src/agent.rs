@@ -47,8 +47,8 @@ use proto::v1::{
 use tokio::sync::{mpsc, Mutex, Notify};
 use tonic::transport::{Channel, Endpoint};
 
+pub use crate::config::{AgentConfig, NicConfig};
 use crate::control::{Control, ControlError, SupervisorOrder};
-use crate::damper::DampingConfig;
 use crate::jobs::{JobOrder, JobsConfig, JobsError, Launcher};
 use crate::link::{LinkTracker, LinkTransition, NicHealth, PortEvent};
 use crate::outbox::{NicReport, OrderLog, Outbox, OutboxError, Report, StoredOrder};
@@ -66,35 +66,6 @@ pub const MAX_ORDERS_IN_FLIGHT: usize = 64;
 /// How long an order's outcome is offered to the leader before the agent
 /// leaves it to the leader's resend (answered from the record).
 pub const ORDER_REPORT_WINDOW: Duration = Duration::from_secs(2);
-
-/// A data NIC the agent watches.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NicConfig {
-    pub name: String,
-    pub rail: Option<u32>,
-    pub backup: Option<String>,
-    pub rdma_device: Option<String>,
-    /// The NIC's IPv4 address (found at start; registered for probing).
-    pub addr: Option<std::net::Ipv4Addr>,
-}
-
-/// Everything the agent needs to run.
-#[derive(Debug, Clone)]
-pub struct AgentConfig {
-    pub host: String,
-    pub supervisors: Vec<String>,
-    pub nics: Vec<NicConfig>,
-    pub data_dir: std::path::PathBuf,
-    pub damping: DampingConfig,
-    /// The job contract's Unix socket.
-    pub control_socket: std::path::PathBuf,
-    /// The probe mesh (None: off).
-    pub probe: Option<crate::probe::ProbeOptions>,
-    /// TEST ONLY: wait this long before executing each order (an action
-    /// that takes a while, so chaos tests can crash the leader while an
-    /// order is in flight). Zero on a real cluster.
-    pub test_order_delay: Duration,
-}
 
 /// Why the agent stopped.
 #[derive(Debug, thiserror::Error)]

@@ -42,7 +42,7 @@ use futures::TryStreamExt;
 use proto::v1::{ClearShape, ShapeNic, ShapedNic};
 use rdma::contract;
 
-use crate::agent::NicConfig;
+use crate::config::NicConfig;
 use crate::control::{Control, MAX_DETAIL};
 use crate::hold::{HoldLoop, HoldSpec, JobHold};
 use crate::probe::queueing::QueueingBoard;
