@@ -208,16 +208,6 @@ pub enum SupervisorOrder {
     Failback { nic: String },
 }
 
-impl SupervisorOrder {
-    /// A stable description (a repeated order id must carry the same order).
-    pub fn describe(&self) -> String {
-        match self {
-            SupervisorOrder::Failover { nic, to } => format!("failover {nic} -> {to}"),
-            SupervisorOrder::Failback { nic } => format!("failback -> {nic}"),
-        }
-    }
-}
-
 struct Session {
     hello: Hello,
     tx: mpsc::Sender<AgentMessage>,

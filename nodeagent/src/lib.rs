@@ -4,7 +4,9 @@
 //! - [`damper`]: RFC 2439-style flap damping (`FlapDamper`), shared with the
 //!   `rdma` crate (a resilient connection fails back only to a reusable NIC).
 //! - [`link`]: `LinkTracker` over rtnetlink multicast, per-NIC health.
-//! - [`outbox`]: persisted, bounded, coalescing outbox of sequenced reports.
+//! - [`outbox`]: persisted, bounded, coalescing outbox of sequenced reports,
+//!   and the order log.
+//! - [`store_format`]: the format versions of the agent's sled trees.
 //!
 //! - [`control`]: the job contract's socket, the connection inventory, the
 //!   reflex and the execution of failover/failback orders.
@@ -37,3 +39,4 @@ pub mod outbox;
 pub mod probe;
 pub mod rdma_events;
 pub mod shaping;
+pub mod store_format;

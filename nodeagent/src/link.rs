@@ -36,6 +36,17 @@ pub enum NicHealth {
     Recovering,
 }
 
+impl From<NicHealth> for proto::agent::NicHealth {
+    fn from(h: NicHealth) -> Self {
+        match h {
+            NicHealth::Up => proto::agent::NicHealth::Up,
+            NicHealth::Down => proto::agent::NicHealth::Down,
+            NicHealth::Flapping => proto::agent::NicHealth::Flapping,
+            NicHealth::Recovering => proto::agent::NicHealth::Recovering,
+        }
+    }
+}
+
 impl NicHealth {
     /// Whether traffic may use the NIC.
     pub fn usable(self) -> bool {

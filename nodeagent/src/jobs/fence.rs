@@ -7,7 +7,12 @@ use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
 
+use crate::store_format::{self, FormatError};
+
 use super::model::{FENCE_TREE, MAX_FENCES};
+
+/// The format of the `job_fences` records (bincode [`Fence`]).
+pub(crate) const FENCE_FORMAT: u32 = 1;
 use crate::link::unix_ns;
 
 /// Per job, durable.
@@ -30,11 +35,22 @@ pub(crate) struct FenceStore {
 }
 
 impl FenceStore {
-    /// Opens the tree in the agent's database.
-    pub(crate) fn open(db: &sled::Db) -> Result<FenceStore, sled::Error> {
+    /// Opens the tree in the agent's database (at `path`), checking its
+    /// format ([`FENCE_FORMAT`]; a tree written before formats were kept is
+    /// that format and is stamped now).
+    pub(crate) fn open(db: &sled::Db, path: &str) -> Result<FenceStore, FormatError> {
+        let tree = db
+            .open_tree(FENCE_TREE)
+            .map_err(|source| FormatError::Sled {
+                path: path.to_owned(),
+                tree: FENCE_TREE.to_owned(),
+                source,
+            })?;
+        store_format::open(db, path, &tree, FENCE_FORMAT, &[FENCE_FORMAT])?;
+        store_format::stamp(db, path, &tree, FENCE_FORMAT)?;
         Ok(FenceStore {
             db: db.clone(),
-            tree: db.open_tree(FENCE_TREE)?,
+            tree,
         })
     }
 

@@ -10,6 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use proto::agent::{detail_step, OrderOutcome};
 use proto::v1::StartRank;
 use rdma::contract::OrderKind;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
@@ -80,12 +81,8 @@ impl Launcher {
         fresh: Arc<Notify>,
     ) -> Result<Arc<Launcher>, JobsError> {
         let (db, path) = outbox.lock().await.database();
-        let sled_err = |source| JobsError::Sled {
-            path: path.clone(),
-            source,
-        };
-        let fences = FenceStore::open(&db).map_err(sled_err)?;
-        let records = RankStore::open(&db).map_err(sled_err)?;
+        let fences = FenceStore::open(&db, &path)?;
+        let records = RankStore::open(&db, &path)?;
         let jobs_dir = cfg.data_dir.join("jobs");
         std::fs::create_dir_all(&jobs_dir).map_err(|source| JobsError::Io {
             path: jobs_dir.display().to_string(),
@@ -181,8 +178,10 @@ impl Launcher {
             .await
     }
 
-    /// Carries out a job order; returns (ok, detail).
-    pub async fn execute(self: &Arc<Self>, control: &Control, order: &JobOrder) -> (bool, String) {
+    /// Carries out a job order. A checkpoint that every rank answered
+    /// is [`OrderOutcome::Checkpointed`] at the step the ranks' answer
+    /// names (`step=N`, the job contract's answer).
+    pub async fn execute(self: &Arc<Self>, control: &Control, order: &JobOrder) -> OrderOutcome {
         let (ok, detail) = match order {
             JobOrder::Start(s) => self.start(s).await,
             JobOrder::Stop { job, incarnation } => self.stop_job(job, *incarnation).await,
@@ -192,7 +191,16 @@ impl Launcher {
                 halt,
             } => self.checkpoint(control, job, *incarnation, *halt).await,
         };
-        (ok, rdma::contract::truncate(&detail, MAX_DETAIL).to_owned())
+        let step = match order {
+            JobOrder::Checkpoint { .. } if ok => detail_step(&detail),
+            _ => None,
+        };
+        let detail = rdma::contract::truncate(&detail, MAX_DETAIL).to_owned();
+        match (ok, step) {
+            (false, _) => OrderOutcome::Failed { error: detail },
+            (true, Some(step)) => OrderOutcome::Checkpointed { step, detail },
+            (true, None) => OrderOutcome::Done { detail },
+        }
     }
 
     /// Launches one rank (see the module docs).

@@ -54,12 +54,14 @@
 //!
 //! **Checkpoint** ([`JobOrder::Checkpoint`]): `OrderKind::Checkpoint {
 //! step: None, halt }` goes over the control socket to each running rank
-//! of that incarnation ([`Control::order_ranks`]; a rank not connected yet
+//! of that incarnation ([`Control::order_ranks`](crate::control::Control::order_ranks); a rank not connected yet
 //! gets it when it says hello); answered once every rank answered, within
 //! [`CHECKPOINT_TIMEOUT`] in all. The detail is the ranks' common detail
-//! (`step=N`), else `rank R: …` per rank. For incarnation 0 with no rank
-//! launched here, the job's connected ranks are ordered (a job the agent
-//! did not launch).
+//! (`step=N`), else `rank R: …` per rank. A successful answer is the typed
+//! `OrderOutcome::Checkpointed { step }` (the step the detail names, sent as
+//! `OrderResult.checkpoint_step`; the detail is kept for older
+//! supervisors). For incarnation 0 with no rank launched here, the job's
+//! connected ranks are ordered (a job the agent did not launch).
 //!
 //! **Checkpointed.** A rank's `checkpointed {step}` becomes a
 //! `RankCheckpoint` event (the incarnation of the rank the agent launched

@@ -8,6 +8,7 @@ use proto::v1::StartRank;
 
 use crate::config::NicConfig;
 use crate::outbox::OutboxError;
+use crate::store_format::FormatError;
 
 /// Between SIGTERM and SIGKILL when the agent stops a rank.
 pub const STOP_GRACE: Duration = Duration::from_secs(5);
@@ -42,20 +43,31 @@ pub(crate) const RANK_TREE: &str = "job_ranks";
 /// Job runner failures (its storage).
 #[derive(Debug, thiserror::Error)]
 pub enum JobsError {
+    /// The outbox (shared database) failed.
     #[error(transparent)]
     Outbox(#[from] OutboxError),
+    /// The job trees of the database at `path` could not be read.
     #[error("job store at {path}: {source}")]
     Sled {
+        /// The database directory.
         path: String,
+        /// What sled said.
         #[source]
         source: sled::Error,
     },
+    /// The jobs directory (logs) could not be made.
     #[error("jobs directory {path}: {source}")]
     Io {
+        /// The directory.
         path: String,
+        /// The OS error.
         #[source]
         source: std::io::Error,
     },
+    /// A job tree (`job_fences`, `job_ranks`) has a format this agent does
+    /// not read.
+    #[error(transparent)]
+    Format(#[from] FormatError),
 }
 
 /// What the launcher needs from the agent's configuration.
@@ -95,29 +107,6 @@ pub enum JobOrder {
         incarnation: u64,
         halt: bool,
     },
-}
-
-impl JobOrder {
-    /// A stable description (a repeated order id must carry the same order).
-    pub fn describe(&self) -> String {
-        match self {
-            JobOrder::Start(s) => format!(
-                "start job {} incarnation {} rank {}",
-                s.job, s.incarnation, s.rank
-            ),
-            JobOrder::Stop { job, incarnation } => {
-                format!("stop job {job} through incarnation {incarnation}")
-            }
-            JobOrder::Checkpoint {
-                job,
-                incarnation,
-                halt,
-            } => format!(
-                "checkpoint job {job} incarnation {incarnation}{}",
-                if *halt { " and halt" } else { "" }
-            ),
-        }
-    }
 }
 
 /// One rank of one incarnation of a job.

@@ -5,7 +5,12 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::store_format::{self, FormatError};
+
 use super::model::{RankKey, RANK_TREE};
+
+/// The format of the `job_ranks` records (bincode [`RankRecord`]).
+pub(crate) const RANK_FORMAT: u32 = 1;
 
 /// A launched rank, durable until its exit is in the outbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -46,11 +51,22 @@ pub(crate) struct RankStore {
 }
 
 impl RankStore {
-    /// Opens the tree in the agent's database.
-    pub(crate) fn open(db: &sled::Db) -> Result<RankStore, sled::Error> {
+    /// Opens the tree in the agent's database (at `path`), checking its
+    /// format ([`RANK_FORMAT`]; a tree written before formats were kept is
+    /// that format and is stamped now).
+    pub(crate) fn open(db: &sled::Db, path: &str) -> Result<RankStore, FormatError> {
+        let tree = db
+            .open_tree(RANK_TREE)
+            .map_err(|source| FormatError::Sled {
+                path: path.to_owned(),
+                tree: RANK_TREE.to_owned(),
+                source,
+            })?;
+        store_format::open(db, path, &tree, RANK_FORMAT, &[RANK_FORMAT])?;
+        store_format::stamp(db, path, &tree, RANK_FORMAT)?;
         Ok(RankStore {
             db: db.clone(),
-            tree: db.open_tree(RANK_TREE)?,
+            tree,
         })
     }
 

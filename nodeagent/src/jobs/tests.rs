@@ -10,10 +10,11 @@ use std::time::Duration;
 use proto::v1::StartRank;
 use tokio::sync::Notify;
 
+use super::fence::{FenceStore, FENCE_FORMAT};
 use super::launch::*;
 use super::model::*;
 use super::process::proc_stat;
-use super::records::{RankRecord, RankStore};
+use super::records::{RankRecord, RankStore, RANK_FORMAT};
 use crate::config::NicConfig;
 use crate::control::{Control, RankEvents};
 use crate::outbox::{Outbox, RankExitReport, Report};
@@ -374,8 +375,8 @@ async fn ranks_left_by_an_earlier_run_are_killed_and_reported() {
     gone.wait().unwrap();
     {
         let outbox = Outbox::open(&dir.path().join("outbox"), 1000).unwrap();
-        let (db, _) = outbox.database();
-        let store = RankStore::open(&db).unwrap();
+        let (db, path) = outbox.database();
+        let store = RankStore::open(&db, &path).unwrap();
         let recs = [
             RankRecord {
                 job: "j".into(),
@@ -523,4 +524,45 @@ async fn checkpoint_orders_reach_the_ranks_and_checkpoints_are_reported_once() {
         .collect();
     assert_eq!(ckpts, vec![(5, 40), (5, 41)], "repeats are not reported");
     r.launcher.shutdown().await;
+}
+
+/// Stamps `tree` of the database in `dir` with format `v`.
+fn stamp_format(dir: &Path, tree: &str, v: u32) {
+    let outbox = Outbox::open(dir, 10).unwrap();
+    let (db, path) = outbox.database();
+    let t = db.open_tree(tree).unwrap();
+    crate::store_format::stamp(&db, &path, &t, v).unwrap();
+    db.flush().unwrap();
+}
+
+#[tokio::test]
+async fn the_fence_and_rank_trees_refuse_an_unknown_format() {
+    for (tree, current) in [("job_fences", FENCE_FORMAT), ("job_ranks", RANK_FORMAT)] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            // A fresh database is stamped with the current format.
+            let outbox = Outbox::open(dir.path(), 10).unwrap();
+            let (db, path) = outbox.database();
+            FenceStore::open(&db, &path).unwrap();
+            RankStore::open(&db, &path).unwrap();
+            let t = db.open_tree(tree).unwrap();
+            assert_eq!(
+                crate::store_format::open(&db, &path, &t, current, &[current]).unwrap(),
+                current
+            );
+        }
+        stamp_format(dir.path(), tree, current + 98);
+        let outbox = Outbox::open(dir.path(), 10).unwrap();
+        let (db, path) = outbox.database();
+        let e = match tree {
+            "job_fences" => FenceStore::open(&db, &path).err().unwrap(),
+            _ => RankStore::open(&db, &path).err().unwrap(),
+        }
+        .to_string();
+        assert!(
+            e.contains(tree) && e.contains(&(current + 98).to_string()),
+            "{e}"
+        );
+        assert!(e.contains(&path), "names the database: {e}");
+    }
 }
