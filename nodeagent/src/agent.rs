@@ -71,20 +71,28 @@ pub const ORDER_REPORT_WINDOW: Duration = Duration::from_secs(2);
 /// Why the agent stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
+    /// The outbox (or the order log) failed.
     #[error(transparent)]
     Outbox(#[from] OutboxError),
+    /// The link tracker could not start.
     #[error(transparent)]
     Tracker(#[from] crate::link::TrackerError),
+    /// A supervisor address is not `host:port`.
     #[error("bad supervisor address {0:?}")]
     BadAddress(String),
+    /// The control socket could not be served.
     #[error(transparent)]
     Control(#[from] ControlError),
+    /// The probe mesh could not start.
     #[error("probe mesh: {0}")]
     Probe(String),
+    /// The job runner failed (its storage).
     #[error(transparent)]
     Jobs(#[from] JobsError),
+    /// The execution journal could not be opened.
     #[error(transparent)]
     Journal(#[from] crate::journal::JournalError),
+    /// No netlink socket for shaping.
     #[error("cannot open a netlink socket for shaping: {0}")]
     Netlink(std::io::Error),
 }

@@ -116,8 +116,10 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// The configuration file (or a flag) does not parse.
     #[error("{path}: {message}")]
     Parse { path: String, message: String },
+    /// A value parses but is not allowed (the message says which).
     #[error("{0}")]
     Invalid(String),
 }

@@ -72,12 +72,16 @@ pub const MAX_DETAIL: usize = 1024;
 /// Control socket failures.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
+    /// Another process (an agent) answers on the socket path.
     #[error("control socket {path}: another agent is listening on it")]
     InUse { path: String },
+    /// The path exists and is something other than a socket.
     #[error("control socket {path}: the path exists and is not a socket; remove it or pass another --control-socket")]
     NotASocket { path: String },
+    /// The agent may not create the socket at the path.
     #[error("control socket {path}: permission denied; run the agent as root or pass --control-socket PATH")]
     Permission { path: String },
+    /// Any other failure binding or preparing the socket.
     #[error("control socket {path}: {source}")]
     Io {
         path: String,

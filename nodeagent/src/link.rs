@@ -292,8 +292,10 @@ pub enum Evidence {
 /// Errors starting the tracker.
 #[derive(Debug, thiserror::Error)]
 pub enum TrackerError {
+    /// The netlink socket could not be opened or read.
     #[error("netlink: {0}")]
     Netlink(String),
+    /// A configured NIC is not in this network namespace.
     #[error("NIC {0:?} does not exist in this network namespace")]
     NoSuchNic(String),
 }

@@ -75,6 +75,7 @@ impl std::str::FromStr for TsMode {
 /// Errors opening a probe socket.
 #[derive(Debug, thiserror::Error)]
 pub enum SockError {
+    /// A socket call (`op`) failed on a NIC.
     #[error("probe socket on {nic} ({addr}): {op}: {source}")]
     Io {
         nic: String,
@@ -83,8 +84,10 @@ pub enum SockError {
         #[source]
         source: io::Error,
     },
+    /// The NIC name does not fit an interface name.
     #[error("NIC name {0:?} is too long for an interface name")]
     BadName(String),
+    /// Hardware timestamps were asked for and the NIC has none.
     #[error("NIC {nic} does not offer hardware timestamps ({source}); use software timestamps")]
     NoHardwareTimestamps {
         nic: String,

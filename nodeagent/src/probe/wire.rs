@@ -59,18 +59,25 @@ pub struct Probe {
 /// Why a packet was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
+    /// The packet is not [`PACKET_LEN`] bytes.
     #[error("probe packet of {0} bytes (want {PACKET_LEN})")]
     Length(usize),
+    /// The packet does not start with the probe magic.
     #[error("not a railguard probe (bad magic)")]
     Magic,
+    /// The packet is of another probe version.
     #[error("probe version {0} (this agent speaks {VERSION})")]
     Version(u8),
+    /// The probe index is neither 0 nor 1.
     #[error("probe index {0} (want 0 or 1)")]
     Index(u8),
+    /// The packet claims more than [`MAX_RECORDS`] records.
     #[error("{0} records (at most {MAX_RECORDS})")]
     Records(u8),
+    /// A record has an unknown tag.
     #[error("unknown record tag {0}")]
     Tag(u8),
+    /// The pair sequence is 0 (sequences start at 1).
     #[error("pair sequence 0")]
     ZeroSeq,
 }
