@@ -29,9 +29,9 @@
 //! # Wire layouts (linux/pkt_sched.h, host byte order unless noted)
 //!
 //! netlink-packet-route 0.34 has no HTB types: for kind `htb` it parses
-//! `TCA_OPTIONS` into a single [`TcOption::Other`] holding the raw nested
-//! bytes, and emits whatever [`DefaultNla`]s we put into
-//! [`TcAttribute::Options`] as the nested attributes. So the HTB payloads are
+//! `TCA_OPTIONS` into a single [`TcOption::Other`](netlink_packet_route::tc::TcOption::Other) holding the raw nested
+//! bytes, and emits whatever [`DefaultNla`](netlink_packet_core::DefaultNla)s we put into
+//! [`TcAttribute::Options`](netlink_packet_route::tc::TcAttribute::Options) as the nested attributes. So the HTB payloads are
 //! built and parsed here, byte by byte:
 //!
 //! - qdisc, `TCA_OPTIONS { TCA_HTB_INIT (2) }` with `struct tc_htb_glob`

@@ -99,7 +99,7 @@ pub fn parse_qdisc_options(nested: &[u8]) -> Result<u32, String> {
     Err("no TCA_HTB_INIT".into())
 }
 
-/// The match a selector written by [`u32_selector`] encodes (also the
+/// The match a selector written by [`u32_selector`](crate::u32_selector) encodes (also the
 /// form `tc` writes, with both ports merged into one key at offset 20);
 /// `None` for any other selector.
 pub fn flow_from_selector(sel: &TcU32Selector) -> Option<FlowMatch> {
