@@ -1,4 +1,4 @@
-//! HTB shaping through raw rtnetlink (`nodeagent::shape`) on a real veth
+//! HTB shaping through raw rtnetlink (the `tc-htb` crate) on a real veth
 //! NIC inside the testbed (needs root; fails instead of skipping when `CI`
 //! is set): the kernel holds exactly the rates we asked for (64-bit rates
 //! included) and the filters in the order given (several per class), apply
@@ -13,11 +13,12 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
-use nodeagent::shape::{
-    self, FlowMatch, Installed, L4Port, Shape, ShapeError, DEFAULT_MINOR, FILTER_PRIO, ROOT_MINOR,
-};
 use nodeagent::shaping::{ShapeOrder, Shaper};
 use proto::v1::{ClearShape, PaceJob, ShapeClass, ShapeNic};
+use tc_htb::{
+    self as shape, FlowMatch, Installed, L4Port, Shape, ShapeError, DEFAULT_MINOR, FILTER_PRIO,
+    ROOT_MINOR,
+};
 use testbed::{rail_addr, require_root, Node, Testbed, TestbedSpec};
 
 async fn two_hosts() -> Testbed {

@@ -38,20 +38,21 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use proto::agent::{Order, OrderOutcome};
 use proto::v1::agent_client::AgentClient;
 use proto::v1::{
-    agent_event, agent_order, AgentEvent, AgentOrder, HeartbeatRequest, LogTailResult, Nic,
-    NicStateChange, OrderResult, OrderResultReply, OrdersRequest, QpPlacement, QpReset,
-    RankCheckpoint, RankExited, ReflexDone, RegisterHost,
+    agent_event, AgentEvent, AgentOrder, ClearShape, HeartbeatRequest, LogTailResult, Nic,
+    OrderResultReply, OrdersRequest, QpPlacement, QpReset, RankCheckpoint, RankExited, ReflexDone,
+    RegisterHost,
 };
 use tokio::sync::{mpsc, Mutex, Notify};
 use tonic::transport::{Channel, Endpoint};
 
+pub use crate::config::{AgentConfig, NicConfig};
 use crate::control::{Control, ControlError, SupervisorOrder};
-use crate::damper::DampingConfig;
 use crate::jobs::{JobOrder, JobsConfig, JobsError, Launcher};
-use crate::link::{LinkTracker, LinkTransition, NicHealth, PortEvent};
-use crate::outbox::{NicReport, OrderLog, Outbox, OutboxError, Report, StoredOrder};
+use crate::link::{LinkTracker, LinkTransition, PortEvent};
+use crate::outbox::{NicReport, OrderLog, Outbox, OutboxError, RecordedOrder, Report, StoredOrder};
 use crate::shaping::{ShapeOrder, Shaper};
 
 /// Heartbeat period (DESIGN.md default).
@@ -67,64 +68,33 @@ pub const MAX_ORDERS_IN_FLIGHT: usize = 64;
 /// leaves it to the leader's resend (answered from the record).
 pub const ORDER_REPORT_WINDOW: Duration = Duration::from_secs(2);
 
-/// A data NIC the agent watches.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NicConfig {
-    pub name: String,
-    pub rail: Option<u32>,
-    pub backup: Option<String>,
-    pub rdma_device: Option<String>,
-    /// The NIC's IPv4 address (found at start; registered for probing).
-    pub addr: Option<std::net::Ipv4Addr>,
-}
-
-/// Everything the agent needs to run.
-#[derive(Debug, Clone)]
-pub struct AgentConfig {
-    pub host: String,
-    pub supervisors: Vec<String>,
-    pub nics: Vec<NicConfig>,
-    pub data_dir: std::path::PathBuf,
-    pub damping: DampingConfig,
-    /// The job contract's Unix socket.
-    pub control_socket: std::path::PathBuf,
-    /// The probe mesh (None: off).
-    pub probe: Option<crate::probe::ProbeOptions>,
-    /// TEST ONLY: wait this long before executing each order (an action
-    /// that takes a while, so chaos tests can crash the leader while an
-    /// order is in flight). Zero on a real cluster.
-    pub test_order_delay: Duration,
-}
-
 /// Why the agent stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
+    /// The outbox (or the order log) failed.
     #[error(transparent)]
     Outbox(#[from] OutboxError),
+    /// The link tracker could not start.
     #[error(transparent)]
     Tracker(#[from] crate::link::TrackerError),
+    /// A supervisor address is not `host:port`.
     #[error("bad supervisor address {0:?}")]
     BadAddress(String),
+    /// The control socket could not be served.
     #[error(transparent)]
     Control(#[from] ControlError),
+    /// The probe mesh could not start.
     #[error("probe mesh: {0}")]
     Probe(String),
+    /// The job runner failed (its storage).
     #[error(transparent)]
     Jobs(#[from] JobsError),
+    /// The execution journal could not be opened.
     #[error(transparent)]
     Journal(#[from] crate::journal::JournalError),
+    /// No netlink socket for shaping.
     #[error("cannot open a netlink socket for shaping: {0}")]
     Netlink(std::io::Error),
-}
-
-fn health_to_wire(h: NicHealth) -> i32 {
-    use proto::v1::NicState as P;
-    (match h {
-        NicHealth::Up => P::Up,
-        NicHealth::Down => P::Down,
-        NicHealth::Flapping => P::Flapping,
-        NicHealth::Recovering => P::Recovering,
-    }) as i32
 }
 
 fn client(addr: &str) -> Result<AgentClient<Channel>, AgentError> {
@@ -304,7 +274,7 @@ pub async fn run(
             reflex.on_link(&t);
             let report = NicReport {
                 nic: t.nic.clone(),
-                health: t.health,
+                health: t.health.into(),
                 link_up: t.link_up,
                 carrier_changes: t.carrier_changes,
                 flaps: t.flaps,
@@ -515,45 +485,41 @@ enum Work {
     Shape(ShapeOrder),
 }
 
-impl Work {
-    fn describe(&self) -> String {
-        match self {
-            Work::Nic(o) => o.describe(),
-            Work::Job(o) => o.describe(),
-            Work::Shape(o) => o.describe(),
-        }
-    }
-}
-
-/// A `TailLog` query's id has this bit set.
-pub const QUERY_BIT: u64 = 1 << 63;
+/// A `TailLog` query's id has this bit set (the border's constant).
+pub use proto::agent::QUERY_BIT;
 /// Log tail queries answered at once (more are dropped; the leader asks
 /// again).
 pub const MAX_TAILS_IN_FLIGHT: usize = 8;
 
-fn work(o: &AgentOrder) -> Option<Work> {
-    Some(match o.kind.as_ref()? {
-        agent_order::Kind::Failover(f) => Work::Nic(SupervisorOrder::Failover {
-            nic: f.nic.clone(),
-            to: f.to.clone(),
+/// The executor of a (non-query) order.
+fn work(o: &Order) -> Option<Work> {
+    Some(match o.clone() {
+        Order::Failover { nic, to } => Work::Nic(SupervisorOrder::Failover { nic, to }),
+        Order::Failback { nic } => Work::Nic(SupervisorOrder::Failback { nic }),
+        Order::StartRank(s) => Work::Job(JobOrder::Start(s)),
+        Order::StopJob { job, incarnation } => Work::Job(JobOrder::Stop { job, incarnation }),
+        Order::CheckpointJob {
+            job,
+            incarnation,
+            halt,
+        } => Work::Job(JobOrder::Checkpoint {
+            job,
+            incarnation,
+            halt,
         }),
-        agent_order::Kind::Failback(f) => {
-            Work::Nic(SupervisorOrder::Failback { nic: f.nic.clone() })
-        }
-        agent_order::Kind::StartRank(s) => Work::Job(JobOrder::Start(s.clone())),
-        agent_order::Kind::StopJob(s) => Work::Job(JobOrder::Stop {
-            job: s.job.clone(),
-            incarnation: s.incarnation,
-        }),
-        agent_order::Kind::CheckpointJob(c) => Work::Job(JobOrder::Checkpoint {
-            job: c.job.clone(),
-            incarnation: c.incarnation,
-            halt: c.halt,
-        }),
-        agent_order::Kind::ShapeNic(s) => Work::Shape(ShapeOrder::Shape(s.clone())),
-        agent_order::Kind::ClearShape(c) => Work::Shape(ShapeOrder::Clear(c.clone())),
-        agent_order::Kind::TailLog(_) => return None,
+        Order::ShapeNic(s) => Work::Shape(ShapeOrder::Shape(s)),
+        Order::ClearShape { nic } => Work::Shape(ShapeOrder::Clear(ClearShape { nic })),
+        Order::TailLog { .. } => return None,
     })
+}
+
+/// An executor's (ok, detail) as an outcome.
+fn outcome_of((ok, detail): (bool, String)) -> OrderOutcome {
+    if ok {
+        OrderOutcome::Done { detail }
+    } else {
+        OrderOutcome::Failed { error: detail }
+    }
 }
 
 /// Everything the orders loop hands to each order.
@@ -667,26 +633,42 @@ fn handle_tail(ctx: &OrderCtx, id: u64, t: &proto::v1::TailLog) {
 
 fn handle_order(ctx: &OrderCtx, o: AgentOrder) {
     let id = o.order_id;
-    if let Some(agent_order::Kind::TailLog(t)) = &o.kind {
-        handle_tail(ctx, id, t);
+    let order = match Order::try_from(&o) {
+        Ok(order) => order,
+        Err(e) => {
+            tracing::warn!(order_id = id, error = %e, "order of an unknown kind; ignoring it");
+            return;
+        }
+    };
+    if let Order::TailLog {
+        job,
+        rank,
+        max_bytes,
+    } = &order
+    {
+        let t = proto::v1::TailLog {
+            job: job.clone(),
+            rank: *rank,
+            max_bytes: *max_bytes,
+        };
+        handle_tail(ctx, id, &t);
         return;
     }
-    let Some(order) = work(&o) else {
-        tracing::warn!(order_id = id, "order of an unknown kind; ignoring it");
+    let Some(work) = work(&order) else {
         return;
     };
     let desc = order.describe();
     match ctx.log.get(id) {
-        Ok(Some(stored)) if stored.order == desc => {
-            tracing::info!(order_id = id, order = %desc, ok = stored.ok, "order already executed; answering the stored outcome");
+        Ok(Some(stored)) if stored.order.is(&order) => {
+            tracing::info!(order_id = id, order = %desc, ok = stored.outcome.ok(), "order already executed; answering the stored outcome");
             let ctx = ctx.clone();
             tokio::spawn(async move {
-                report_order(&ctx.cfg, &ctx.hint, id, stored.ok, &stored.detail).await;
+                report_order(&ctx.cfg, &ctx.hint, id, &stored.outcome).await;
             });
             return;
         }
         Ok(Some(stored)) => {
-            tracing::warn!(order_id = id, stored = %stored.order, order = %desc, "order id reused for a different order (a new cluster?); executing it");
+            tracing::warn!(order_id = id, stored = %stored.order.describe(), order = %desc, "order id reused for a different order (a new cluster?); executing it");
         }
         Ok(None) => {}
         Err(e) => {
@@ -729,16 +711,15 @@ fn handle_order(ctx: &OrderCtx, o: AgentOrder) {
             Ok(Err(e)) => tracing::error!(order_id = id, error = %e, "cannot journal the order"),
             Err(e) => tracing::error!(order_id = id, error = %e, "journal task failed"),
         }
-        let (ok, detail) = match &order {
-            Work::Nic(o) => ctx.control.execute(o).await,
+        let outcome = match &work {
+            Work::Nic(o) => outcome_of(ctx.control.execute(o).await),
             Work::Job(o) => ctx.launcher.execute(&ctx.control, o).await,
-            Work::Shape(o) => ctx.shaper.execute(o).await,
+            Work::Shape(o) => outcome_of(ctx.shaper.execute(o).await),
         };
-        tracing::info!(order_id = id, order = %desc, ok, detail = %detail, "order executed");
+        tracing::info!(order_id = id, order = %desc, ok = outcome.ok(), detail = %outcome.detail(), step = ?outcome.step(), "order executed");
         let stored = StoredOrder {
-            order: desc,
-            ok,
-            detail: detail.clone(),
+            order: RecordedOrder::Typed(order),
+            outcome: outcome.clone(),
             at_unix_ms: crate::link::unix_ns() / 1_000_000,
         };
         if let Err(e) = ctx.log.record(id, &stored).await {
@@ -748,19 +729,14 @@ fn handle_order(ctx: &OrderCtx, o: AgentOrder) {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&id);
-        report_order(&ctx.cfg, &ctx.hint, id, ok, &detail).await;
+        report_order(&ctx.cfg, &ctx.hint, id, &outcome).await;
     });
 }
 
 /// Offers an order's outcome to the leader for [`ORDER_REPORT_WINDOW`];
 /// after that the leader's resend gets it from the order log.
-async fn report_order(cfg: &AgentConfig, hint: &LeaderHint, id: u64, ok: bool, detail: &str) {
-    let req = OrderResult {
-        host: cfg.host.clone(),
-        order_id: id,
-        ok,
-        detail: detail.to_owned(),
-    };
+async fn report_order(cfg: &AgentConfig, hint: &LeaderHint, id: u64, outcome: &OrderOutcome) {
+    let req = outcome.to_wire(&cfg.host, id);
     offer(cfg, hint, id, "order outcome", move |mut c| {
         let req = req.clone();
         async move { c.order_done(req).await }
@@ -815,16 +791,7 @@ where
 /// The wire form of a report.
 fn event_kind(r: &Report) -> agent_event::Kind {
     match r {
-        Report::Nic(n) => agent_event::Kind::NicState(NicStateChange {
-            nic: n.nic.clone(),
-            state: health_to_wire(n.health),
-            carrier_changes: n.carrier_changes,
-            flaps: n.flaps,
-            damping_penalty: n.penalty,
-            coalesced: n.coalesced,
-            link_up: n.link_up,
-            probes_lost: n.probes_lost,
-        }),
+        Report::Nic(n) => agent_event::Kind::NicState(n.to_wire()),
         Report::Qp(q) => agent_event::Kind::Qp(QpPlacement {
             job: q.job.clone(),
             rank: q.rank,

@@ -3,15 +3,44 @@
 //! the host's `rail<N>` interfaces when none are configured.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::agent::{AgentConfig, NicConfig};
 use crate::damper::DampingConfig;
 use crate::probe::clock::TestClock;
 use crate::probe::mesh::{MeshConfig, MAX_PAIRS_PER_S};
 use crate::probe::sock::TsMode;
 use crate::probe::ProbeOptions;
+
+/// A data NIC the agent watches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NicConfig {
+    pub name: String,
+    pub rail: Option<u32>,
+    pub backup: Option<String>,
+    pub rdma_device: Option<String>,
+    /// The NIC's IPv4 address (found at start; registered for probing).
+    pub addr: Option<std::net::Ipv4Addr>,
+}
+
+/// Everything the agent needs to run.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub host: String,
+    pub supervisors: Vec<String>,
+    pub nics: Vec<NicConfig>,
+    pub data_dir: PathBuf,
+    pub damping: DampingConfig,
+    /// The job contract's Unix socket.
+    pub control_socket: PathBuf,
+    /// The probe mesh (None: off).
+    pub probe: Option<ProbeOptions>,
+    /// TEST ONLY: wait this long before executing each order (an action
+    /// that takes a while, so chaos tests can crash the leader while an
+    /// order is in flight). Zero on a real cluster.
+    pub test_order_delay: Duration,
+}
 
 /// Default data directory for the outbox.
 pub const DEFAULT_DATA_DIR: &str = "./railguard-agent-data";
@@ -87,8 +116,10 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// The configuration file (or a flag) does not parse.
     #[error("{path}: {message}")]
     Parse { path: String, message: String },
+    /// A value parses but is not allowed (the message says which).
     #[error("{0}")]
     Invalid(String),
 }

@@ -45,7 +45,7 @@ use rdma::contract::{
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, Notify};
 
-use crate::agent::NicConfig;
+use crate::config::NicConfig;
 use crate::link::{unix_ns, LinkTransition, NicHealth};
 use crate::outbox::{QpReport, ReflexReport, Report};
 
@@ -72,12 +72,16 @@ pub const MAX_DETAIL: usize = 1024;
 /// Control socket failures.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
+    /// Another process (an agent) answers on the socket path.
     #[error("control socket {path}: another agent is listening on it")]
     InUse { path: String },
+    /// The path exists and is something other than a socket.
     #[error("control socket {path}: the path exists and is not a socket; remove it or pass another --control-socket")]
     NotASocket { path: String },
+    /// The agent may not create the socket at the path.
     #[error("control socket {path}: permission denied; run the agent as root or pass --control-socket PATH")]
     Permission { path: String },
+    /// Any other failure binding or preparing the socket.
     #[error("control socket {path}: {source}")]
     Io {
         path: String,
@@ -206,16 +210,6 @@ pub struct PaceOutcome {
 pub enum SupervisorOrder {
     Failover { nic: String, to: String },
     Failback { nic: String },
-}
-
-impl SupervisorOrder {
-    /// A stable description (a repeated order id must carry the same order).
-    pub fn describe(&self) -> String {
-        match self {
-            SupervisorOrder::Failover { nic, to } => format!("failover {nic} -> {to}"),
-            SupervisorOrder::Failback { nic } => format!("failback -> {nic}"),
-        }
-    }
 }
 
 struct Session {
@@ -1128,295 +1122,4 @@ impl Drop for AbortOnDrop {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use rdma::contract::{ClientOptions, ContractClient, Delivery};
-
-    fn nics() -> Vec<NicConfig> {
-        vec![
-            NicConfig {
-                name: "rail0".into(),
-                rail: Some(0),
-                backup: Some("rail1".into()),
-                rdma_device: None,
-                addr: None,
-            },
-            NicConfig {
-                name: "rail1".into(),
-                rail: Some(1),
-                backup: Some("rail0".into()),
-                rdma_device: None,
-                addr: None,
-            },
-        ]
-    }
-
-    fn up(conn_id: u64, nic: &str, rail: u32) -> ConnUp {
-        ConnUp {
-            job: "train".into(),
-            rank: 0,
-            conn_id,
-            nic: nic.into(),
-            peer_host: "h1".into(),
-            peer_rank: 1,
-            rail,
-        }
-    }
-
-    fn transition(nic: &str, link_up: bool) -> LinkTransition {
-        LinkTransition {
-            nic: nic.into(),
-            link_up,
-            probes_lost: false,
-            health: if link_up {
-                NicHealth::Up
-            } else {
-                NicHealth::Down
-            },
-            carrier_changes: 0,
-            flaps: 0,
-            penalty: 0.0,
-            observed_at: Instant::now(),
-            observed_unix_ns: 0,
-            synthesized: false,
-        }
-    }
-
-    async fn start() -> (Arc<Control>, tempfile::TempDir, std::path::PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("run").join("agent.sock");
-        let l = bind(&sock).unwrap();
-        let c = Control::new(nics());
-        tokio::spawn(c.clone().serve(l));
-        (c, dir, sock)
-    }
-
-    async fn job(sock: &Path) -> (ContractClient, rdma::contract::OrderStream) {
-        ContractClient::connect_with(
-            sock,
-            Hello {
-                job: "train".into(),
-                rank: 0,
-                pid: std::process::id(),
-            },
-            ClientOptions {
-                backoff_max: Duration::from_millis(100),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap()
-    }
-
-    /// Answers every migrate order: `conn_moved` for each, then ok.
-    fn obey(
-        c: ContractClient,
-        mut orders: rdma::contract::OrderStream,
-    ) -> mpsc::UnboundedReceiver<Order> {
-        let (seen_tx, seen) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Some(o) = orders.next().await {
-                if let OrderKind::Migrate { conn_ids, to_nic } = &o.kind {
-                    for id in conn_ids {
-                        c.conn_moved(*id, to_nic.as_deref().unwrap_or("rail1"))
-                            .await
-                            .unwrap();
-                    }
-                }
-                c.order_done(o.order_id, true, "moved").await.unwrap();
-                let _ = seen_tx.send(o);
-            }
-        });
-        seen
-    }
-
-    fn reports(c: &Control) -> Vec<QpReport> {
-        c.take_reports()
-            .into_iter()
-            .filter_map(|r| match r {
-                Report::Qp(q) => Some(q),
-                _ => None,
-            })
-            .collect()
-    }
-
-    #[tokio::test]
-    async fn socket_binding_replaces_stale_files_and_refuses_a_live_agent() {
-        let (_c, dir, sock) = start().await;
-        let e = bind(&sock).unwrap_err();
-        assert!(matches!(e, ControlError::InUse { .. }), "{e}");
-        assert!(e.to_string().contains("another agent"), "{e}");
-        // A socket file nobody listens on is replaced.
-        let stale = dir.path().join("stale.sock");
-        drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
-        bind(&stale).expect("stale socket replaced");
-        // A regular file is left alone.
-        let file = dir.path().join("file.sock");
-        std::fs::write(&file, b"x").unwrap();
-        let e = bind(&file).unwrap_err();
-        assert!(matches!(e, ControlError::NotASocket { .. }), "{e}");
-        assert_eq!(std::fs::read(&file).unwrap(), b"x");
-    }
-
-    #[tokio::test]
-    async fn registrations_are_validated_and_reported() {
-        let (c, _dir, sock) = start().await;
-        let (j, _orders) = job(&sock).await;
-        assert_eq!(j.conn_up(up(1, "rail0", 0)).await.unwrap(), Delivery::Acked);
-        assert_eq!(j.conn_up(up(2, "rail1", 0)).await.unwrap(), Delivery::Acked);
-        let e = j.conn_up(up(3, "eth9", 0)).await.unwrap_err();
-        assert!(e.to_string().contains("not a data NIC"), "{e}");
-        let mut other = up(4, "rail0", 0);
-        other.job = "other".into();
-        assert!(j.conn_up(other).await.is_err(), "another job's connection");
-        let r = reports(&c);
-        assert_eq!(r.len(), 2);
-        assert!(!r[0].moved && r[1].moved, "conn 2 is off its home rail0");
-        // A garbage line gets an error and the socket stays usable.
-        let mut raw = UnixStream::connect(&sock).await.unwrap();
-        use tokio::io::AsyncWriteExt;
-        raw.write_all(b"{\"type\":\"hello\",\"job\":\"x\",\"rank\":0,\"pid\":1}\nnot json\n{\"type\":\"conn_teleported\"}\n")
-            .await
-            .unwrap();
-        let (rd, _wr) = raw.into_split();
-        let mut lines = LineReader::new(rd);
-        let mut got = Vec::new();
-        for _ in 0..3 {
-            let l = lines.next_line().await.unwrap().unwrap().to_vec();
-            got.push(contract::decode_agent(&l).unwrap());
-        }
-        assert_eq!(got[0], AgentMessage::Ok);
-        assert!(matches!(&got[1], AgentMessage::Error { message } if message.contains("not JSON")));
-        assert!(
-            matches!(&got[2], AgentMessage::Error { message } if message.contains("unknown message type"))
-        );
-        // Moves and closes are reported; closing twice is refused.
-        j.conn_moved(1, "rail1").await.unwrap();
-        j.conn_closed(2).await.unwrap();
-        let r = reports(&c);
-        assert_eq!(r.len(), 2);
-        assert!(r[0].moved && !r[0].closed);
-        assert!(r[1].closed);
-        assert!(j.conn_closed(2).await.is_err());
-    }
-
-    #[tokio::test]
-    async fn failover_and_failback_move_the_right_connections() {
-        let (c, _dir, sock) = start().await;
-        let (j, orders) = job(&sock).await;
-        for (id, nic, rail) in [(1, "rail0", 0), (2, "rail0", 0), (3, "rail1", 1)] {
-            j.conn_up(up(id, nic, rail)).await.unwrap();
-        }
-        let mut seen = obey(j.clone(), orders);
-        let fo = SupervisorOrder::Failover {
-            nic: "rail0".into(),
-            to: "rail1".into(),
-        };
-        let (ok, detail) = c.execute(&fo).await;
-        assert!(ok, "{detail}");
-        assert_eq!(detail, "2 connections moved off rail0 to rail1");
-        let o = seen.recv().await.unwrap();
-        assert_eq!(
-            o.kind,
-            OrderKind::Migrate {
-                conn_ids: vec![1, 2],
-                to_nic: Some("rail1".into())
-            }
-        );
-        assert!(c.conns().iter().all(|r| r.conn.nic == "rail1"));
-        // Nothing left on rail0: done without orders.
-        let (ok, detail) = c.execute(&fo).await;
-        assert!(ok && detail.contains("no connections"), "{detail}");
-        // Failback moves only the connections whose home is rail0.
-        let (ok, detail) = c
-            .execute(&SupervisorOrder::Failback {
-                nic: "rail0".into(),
-            })
-            .await;
-        assert!(ok, "{detail}");
-        let o = seen.recv().await.unwrap();
-        assert!(
-            matches!(&o.kind, OrderKind::Migrate { conn_ids, to_nic } if conn_ids == &vec![1, 2] && to_nic.as_deref() == Some("rail0")),
-            "{o:?}"
-        );
-        assert!(seen.try_recv().is_err(), "one order each");
-        // A failback to a NIC that is down is refused without orders.
-        c.on_link(&transition("rail0", false));
-        let (ok, detail) = c
-            .execute(&SupervisorOrder::Failback {
-                nic: "rail0".into(),
-            })
-            .await;
-        assert!(!ok && detail.contains("Down"), "{detail}");
-    }
-
-    #[tokio::test]
-    async fn reflex_orders_connections_off_a_down_nic_and_reports_it() {
-        let (c, _dir, sock) = start().await;
-        let (j, orders) = job(&sock).await;
-        j.conn_up(up(1, "rail0", 0)).await.unwrap();
-        j.conn_up(up(2, "rail1", 1)).await.unwrap();
-        let mut seen = obey(j.clone(), orders);
-        c.take_reports();
-        c.on_link(&transition("rail0", false));
-        let o = seen.recv().await.unwrap();
-        assert_eq!(
-            o.kind,
-            OrderKind::Migrate {
-                conn_ids: vec![1],
-                to_nic: Some("rail1".into())
-            }
-        );
-        // The outcome is reported once the job answered.
-        let reflex = tokio::time::timeout(Duration::from_secs(5), async {
-            loop {
-                c.changed().await;
-                if let Some(r) = c.take_reports().into_iter().find_map(|r| match r {
-                    Report::Reflex(x) => Some(x),
-                    _ => None,
-                }) {
-                    return r;
-                }
-            }
-        })
-        .await
-        .unwrap();
-        assert!(reflex.ok && reflex.conns == 1, "{reflex:?}");
-        // Connections already moved off the NIC are not ordered again.
-        c.on_link(&transition("rail0", false));
-        assert!(
-            tokio::time::timeout(Duration::from_millis(200), seen.recv())
-                .await
-                .is_err()
-        );
-    }
-
-    #[tokio::test]
-    async fn unanswered_orders_fail_and_a_reconnecting_job_gets_them_again() {
-        let (c, _dir, sock) = start().await;
-        let (j, mut orders) = job(&sock).await;
-        j.conn_up(up(1, "rail0", 0)).await.unwrap();
-        let c2 = c.clone();
-        let run = tokio::spawn(async move {
-            c2.execute(&SupervisorOrder::Failover {
-                nic: "rail0".into(),
-                to: "rail1".into(),
-            })
-            .await
-        });
-        let first = orders.next().await.unwrap();
-        // A second socket of the same job and rank (its client reconnected)
-        // gets the unanswered order again and may answer it.
-        let (j2, mut orders2) = job(&sock).await;
-        let again = orders2.next().await.unwrap();
-        assert_eq!(again.order_id, first.order_id);
-        j2.order_done(again.order_id, false, "no healthy NIC")
-            .await
-            .unwrap();
-        let (ok, detail) = run.await.unwrap();
-        assert!(!ok);
-        assert!(detail.contains("no healthy NIC"), "{detail}");
-        // Answering a finished order is refused.
-        assert!(j.order_done(first.order_id, true, "").await.is_err());
-    }
-}
+mod tests;

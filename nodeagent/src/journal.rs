@@ -31,11 +31,13 @@ pub struct JournalEntry {
 
 #[derive(Debug, thiserror::Error)]
 pub enum JournalError {
+    /// The journal file could not be opened, written or read.
     #[error("execution journal {path}: {source}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// A journal line is not a journal entry.
     #[error("execution journal {path} line {line}: {source}")]
     Parse {
         path: PathBuf,

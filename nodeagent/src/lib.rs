@@ -4,7 +4,9 @@
 //! - [`damper`]: RFC 2439-style flap damping (`FlapDamper`), shared with the
 //!   `rdma` crate (a resilient connection fails back only to a reusable NIC).
 //! - [`link`]: `LinkTracker` over rtnetlink multicast, per-NIC health.
-//! - [`outbox`]: persisted, bounded, coalescing outbox of sequenced reports.
+//! - [`outbox`]: persisted, bounded, coalescing outbox of sequenced reports,
+//!   and the order log.
+//! - [`store_format`]: the format versions of the agent's sled trees.
 //!
 //! - [`control`]: the job contract's socket, the connection inventory, the
 //!   reflex and the execution of failover/failback orders.
@@ -14,10 +16,9 @@
 //! - [`agent`]: the runtime (tracker → outbox → report stream, heartbeats,
 //!   orders from the leader).
 //! - [`config`]: TOML + flags, NIC discovery.
-//! - [`shape`]: HTB classes and u32 filters through raw rtnetlink.
 //! - [`shaping`]: the supervisor's `ShapeNic`/`ClearShape` orders on this
-//!   host's NICs (apply, verify by dump, pace jobs) and the shaped NICs'
-//!   counters.
+//!   host's NICs (apply through the `tc-htb` crate, verify by dump, pace
+//!   jobs) and the shaped NICs' counters.
 //! - [`hold`]: On-Ramp-style edge holding of shaped jobs' connections while
 //!   the outgoing queueing to their peer is above the order's threshold.
 //!
@@ -37,5 +38,5 @@ pub mod link;
 pub mod outbox;
 pub mod probe;
 pub mod rdma_events;
-pub mod shape;
 pub mod shaping;
+pub mod store_format;

@@ -36,6 +36,17 @@ pub enum NicHealth {
     Recovering,
 }
 
+impl From<NicHealth> for proto::agent::NicHealth {
+    fn from(h: NicHealth) -> Self {
+        match h {
+            NicHealth::Up => proto::agent::NicHealth::Up,
+            NicHealth::Down => proto::agent::NicHealth::Down,
+            NicHealth::Flapping => proto::agent::NicHealth::Flapping,
+            NicHealth::Recovering => proto::agent::NicHealth::Recovering,
+        }
+    }
+}
+
 impl NicHealth {
     /// Whether traffic may use the NIC.
     pub fn usable(self) -> bool {
@@ -281,8 +292,10 @@ pub enum Evidence {
 /// Errors starting the tracker.
 #[derive(Debug, thiserror::Error)]
 pub enum TrackerError {
+    /// The netlink socket could not be opened or read.
     #[error("netlink: {0}")]
     Netlink(String),
+    /// A configured NIC is not in this network namespace.
     #[error("NIC {0:?} does not exist in this network namespace")]
     NoSuchNic(String),
 }

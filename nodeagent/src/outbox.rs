@@ -27,25 +27,12 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::link::NicHealth;
+use proto::agent::{Order, OrderOutcome};
 
-/// One report about a NIC.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NicReport {
-    pub nic: String,
-    pub health: NicHealth,
-    /// The link itself is up (independent of damping).
-    pub link_up: bool,
-    pub carrier_changes: u64,
-    pub flaps: u32,
-    pub penalty: f64,
-    pub at_unix_ns: u64,
-    /// Transitions folded into this report because the outbox was full.
-    pub coalesced: u32,
-    /// Down because probes stopped crossing it while the link said up.
-    #[serde(default)]
-    pub probes_lost: bool,
-}
+use crate::store_format::{self, FormatError};
+
+/// One report about a NIC: the border type, stored as it is sent.
+pub use proto::agent::NicReport;
 
 /// Where a job's connection runs (or that it closed).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -167,14 +154,22 @@ struct SequencedV1 {
 /// Outbox failures (disk).
 #[derive(Debug, thiserror::Error)]
 pub enum OutboxError {
+    /// The database at `path` could not be opened, read or written.
     #[error("outbox storage at {path}: {source}")]
     Sled {
+        /// The database directory.
         path: String,
+        /// What sled said.
         #[source]
         source: sled::Error,
     },
+    /// A record (or the outbox's own format stamp) does not decode, or
+    /// names a format newer than this agent reads.
     #[error("outbox record is corrupt: {0}")]
     Corrupt(String),
+    /// A tree's format version is unknown (see [`crate::store_format`]).
+    #[error(transparent)]
+    Format(#[from] FormatError),
 }
 
 const KEY_NEXT: &[u8] = b"next_seq";
@@ -219,7 +214,7 @@ impl Outbox {
         };
         if format > FORMAT {
             return Err(OutboxError::Corrupt(format!(
-                "outbox format {format} is newer than this agent understands ({FORMAT})"
+                "outbox {path}: tree `queue` has format {format}, newer than this agent understands ({FORMAT})"
             )));
         }
         let overflow = match meta.get(KEY_OVERFLOW).map_err(e)? {
@@ -423,25 +418,64 @@ impl Outbox {
 
     /// The record of executed orders, in the same database.
     pub fn order_log(&self, capacity: usize) -> Result<OrderLog, OutboxError> {
-        let tree = self.db.open_tree("orders").map_err(self.err())?;
-        Ok(OrderLog {
-            db: self.db.clone(),
-            tree,
-            path: self.path.clone(),
-            capacity: capacity.max(1),
-        })
+        OrderLog::open(&self.db, &self.path, capacity)
+    }
+}
+
+/// The order a stored outcome belongs to: typed, or (a record written
+/// before the order log was typed, format 1) the order's description.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum RecordedOrder {
+    /// The order itself (format 2).
+    Typed(Order),
+    /// [`Order::describe`] of the order (migrated from format 1).
+    Described(String),
+}
+
+impl RecordedOrder {
+    /// Whether `order` is the order recorded (a repeated id must carry the
+    /// same order).
+    pub fn is(&self, order: &Order) -> bool {
+        match self {
+            RecordedOrder::Typed(o) => o == order,
+            RecordedOrder::Described(d) => *d == order.describe(),
+        }
+    }
+
+    /// For logs.
+    pub fn describe(&self) -> String {
+        match self {
+            RecordedOrder::Typed(o) => o.describe(),
+            RecordedOrder::Described(d) => d.clone(),
+        }
     }
 }
 
 /// The outcome of an order the agent executed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredOrder {
     /// What the order was (a repeat must be the same order).
-    pub order: String,
-    pub ok: bool,
-    pub detail: String,
+    pub order: RecordedOrder,
+    /// How it ended, as it was answered.
+    pub outcome: OrderOutcome,
+    /// When it was recorded (ms since the Unix epoch).
     pub at_unix_ms: u64,
 }
+
+/// A format-1 order log record (before the order log was typed).
+#[derive(Deserialize)]
+struct StoredOrderV1 {
+    order: String,
+    ok: bool,
+    detail: String,
+    at_unix_ms: u64,
+}
+
+/// The order log's tree.
+pub const ORDER_TREE: &str = "orders";
+/// The order log's format: 1 held descriptions and (ok, detail); 2 holds
+/// [`StoredOrder`].
+pub const ORDER_LOG_FORMAT: u32 = 2;
 
 /// Executed orders by id (durable, the `capacity` highest ids kept).
 #[derive(Clone)]
@@ -453,6 +487,44 @@ pub struct OrderLog {
 }
 
 impl OrderLog {
+    /// Opens the tree, checking its format and migrating format 1.
+    fn open(db: &sled::Db, path: &str, capacity: usize) -> Result<OrderLog, OutboxError> {
+        let e = |source| OutboxError::Sled {
+            path: path.to_owned(),
+            source,
+        };
+        let tree = db.open_tree(ORDER_TREE).map_err(e)?;
+        let format = store_format::open(db, path, &tree, ORDER_LOG_FORMAT, &[1, ORDER_LOG_FORMAT])?;
+        if format == 1 {
+            let mut batch = sled::Batch::default();
+            for kv in tree.iter() {
+                let (k, v) = kv.map_err(e)?;
+                let old: StoredOrderV1 = bincode::deserialize(&v)
+                    .map_err(|x| corrupt(format!("order log {path}: format 1 record: {x}")))?;
+                let new = StoredOrder {
+                    order: RecordedOrder::Described(old.order),
+                    outcome: if old.ok {
+                        OrderOutcome::Done { detail: old.detail }
+                    } else {
+                        OrderOutcome::Failed { error: old.detail }
+                    },
+                    at_unix_ms: old.at_unix_ms,
+                };
+                batch.insert(k, bincode::serialize(&new).map_err(corrupt)?);
+            }
+            tree.apply_batch(batch).map_err(e)?;
+            store_format::stamp(db, path, &tree, ORDER_LOG_FORMAT)?;
+            db.flush().map_err(e)?;
+            tracing::info!(records = tree.len(), "order log migrated to format 2");
+        }
+        Ok(OrderLog {
+            db: db.clone(),
+            tree,
+            path: path.to_owned(),
+            capacity: capacity.max(1),
+        })
+    }
+
     fn err(&self) -> impl Fn(sled::Error) -> OutboxError + '_ {
         move |source| OutboxError::Sled {
             path: self.path.clone(),
@@ -463,7 +535,9 @@ impl OrderLog {
     /// The stored outcome of order `id`, if it was executed.
     pub fn get(&self, id: u64) -> Result<Option<StoredOrder>, OutboxError> {
         match self.tree.get(id.to_be_bytes()).map_err(self.err())? {
-            Some(b) => Ok(Some(bincode::deserialize(&b).map_err(corrupt)?)),
+            Some(b) => Ok(Some(bincode::deserialize(&b).map_err(|x| {
+                corrupt(format!("order log {}: order {id}: {x}", self.path))
+            })?)),
             None => Ok(None),
         }
     }
@@ -494,6 +568,7 @@ impl OrderLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proto::agent::NicHealth;
 
     fn rep(nic: &str, h: NicHealth, n: u64) -> NicReport {
         NicReport {
@@ -688,9 +763,11 @@ mod tests {
     async fn order_log_is_durable_and_bounded() {
         let dir = tempfile::tempdir().unwrap();
         let stored = |d: &str| StoredOrder {
-            order: "failover rail0 -> rail1".into(),
-            ok: true,
-            detail: d.into(),
+            order: RecordedOrder::Typed(Order::Failover {
+                nic: "rail0".into(),
+                to: "rail1".into(),
+            }),
+            outcome: OrderOutcome::Done { detail: d.into() },
             at_unix_ms: 1,
         };
         {
@@ -705,5 +782,76 @@ mod tests {
         let log = o.order_log(3).unwrap();
         assert_eq!(log.get(5).unwrap(), Some(stored("#5")));
         assert_eq!(log.get(2).unwrap(), None, "the lowest ids are forgotten");
+    }
+
+    #[tokio::test]
+    async fn an_outbox_of_an_unknown_format_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = sled::Config::new().path(dir.path()).open().unwrap();
+            let meta = db.open_tree("meta").unwrap();
+            meta.insert(KEY_FORMAT, bincode::serialize(&(FORMAT + 1)).unwrap())
+                .unwrap();
+            db.flush().unwrap();
+        }
+        let e = Outbox::open(dir.path(), 10).err().unwrap().to_string();
+        assert!(
+            e.contains("queue") && e.contains(&dir.path().display().to_string()),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_order_log_refuses_an_unknown_format_and_migrates_format_1() {
+        #[derive(Serialize)]
+        struct V1 {
+            order: String,
+            ok: bool,
+            detail: String,
+            at_unix_ms: u64,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = sled::Config::new().path(dir.path()).open().unwrap();
+            let t = db.open_tree(ORDER_TREE).unwrap();
+            let v = V1 {
+                order: "failover rail0 -> rail1".into(),
+                ok: false,
+                detail: "no such NIC".into(),
+                at_unix_ms: 3,
+            };
+            t.insert(7u64.to_be_bytes(), bincode::serialize(&v).unwrap())
+                .unwrap();
+            db.flush().unwrap();
+        }
+        {
+            let o = Outbox::open(dir.path(), 10).unwrap();
+            let log = o.order_log(10).unwrap();
+            let s = log.get(7).unwrap().unwrap();
+            let order = Order::Failover {
+                nic: "rail0".into(),
+                to: "rail1".into(),
+            };
+            assert!(
+                s.order.is(&order),
+                "a migrated record matches by description"
+            );
+            assert!(!s.order.is(&Order::Failback {
+                nic: "rail0".into()
+            }));
+            assert_eq!(
+                s.outcome,
+                OrderOutcome::Failed {
+                    error: "no such NIC".into()
+                }
+            );
+            let (db, path) = o.database();
+            let t = db.open_tree(ORDER_TREE).unwrap();
+            crate::store_format::stamp(&db, &path, &t, ORDER_LOG_FORMAT + 1).unwrap();
+            db.flush().unwrap();
+        }
+        let o = Outbox::open(dir.path(), 10).unwrap();
+        let e = o.order_log(10).err().unwrap().to_string();
+        assert!(e.contains("`orders`") && e.contains("3"), "{e}");
     }
 }

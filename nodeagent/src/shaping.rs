@@ -4,7 +4,7 @@
 //!
 //! **An order.** [`Shaper::execute`] validates everything first (an unknown
 //! NIC, a bad address, port, minor or rate fails the order and changes
-//! nothing), installs the HTB classes and filters with [`crate::shape`] on
+//! nothing), installs the HTB classes and filters with [`tc_htb`] on
 //! the NIC's ifindex in the agent's own network namespace, dumps them back
 //! and checks that the kernel holds exactly what was asked (qdisc, every
 //! class's rate and ceiling, every filter's match and class, in order, and
@@ -42,11 +42,11 @@ use futures::TryStreamExt;
 use proto::v1::{ClearShape, ShapeNic, ShapedNic};
 use rdma::contract;
 
-use crate::agent::NicConfig;
+use crate::config::NicConfig;
 use crate::control::{Control, MAX_DETAIL};
 use crate::hold::{HoldLoop, HoldSpec, JobHold};
 use crate::probe::queueing::QueueingBoard;
-use crate::shape::{self, FlowMatch, Installed, L4Port, Shape, DEFAULT_MINOR, ROOT_MINOR};
+use tc_htb::{self as shape, FlowMatch, Installed, L4Port, Shape, DEFAULT_MINOR, ROOT_MINOR};
 
 /// Jobs one order may pace.
 pub const MAX_PACE_JOBS: usize = 64;
@@ -60,29 +60,6 @@ pub enum ShapeOrder {
     Clear(ClearShape),
 }
 
-impl ShapeOrder {
-    /// A stable description (a repeated order id must carry the same
-    /// order): the NIC, the sizes, and a hash of the whole order.
-    pub fn describe(&self) -> String {
-        match self {
-            ShapeOrder::Shape(s) => format!(
-                "shape {}: {} classes, {} paced jobs, #{:016x}",
-                s.nic,
-                s.classes.len(),
-                s.pace.len(),
-                fnv1a(format!("{s:?}").as_bytes())
-            ),
-            ShapeOrder::Clear(c) => format!("clear shaping on {}", c.nic),
-        }
-    }
-}
-
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
-}
-
 /// One class of an order, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct WantedClass {
@@ -90,7 +67,7 @@ struct WantedClass {
     label: String,
 }
 
-/// A `ShapeNic`, validated and in [`crate::shape`]'s types.
+/// A `ShapeNic`, validated and in [`tc_htb`]'s types.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Plan {
     classes: Vec<WantedClass>,
@@ -988,18 +965,20 @@ mod tests {
 
     #[test]
     fn descriptions_are_stable_and_tell_orders_apart() {
-        let a = ShapeOrder::Shape(order());
-        assert_eq!(a.describe(), ShapeOrder::Shape(order()).describe());
+        use proto::agent::Order;
+        let a = Order::ShapeNic(order());
+        assert_eq!(a.describe(), Order::ShapeNic(order()).describe());
         assert!(a
             .describe()
             .starts_with("shape rail0: 2 classes, 1 paced jobs, #"));
         let mut o = order();
         o.classes[0].rate_bps += 8;
-        assert_ne!(a.describe(), ShapeOrder::Shape(o).describe());
+        assert_ne!(a.describe(), Order::ShapeNic(o.clone()).describe());
+        assert_ne!(a, Order::ShapeNic(o), "a repeat is told apart by equality");
         assert_eq!(
-            ShapeOrder::Clear(ClearShape {
+            Order::ClearShape {
                 nic: "rail0".into()
-            })
+            }
             .describe(),
             "clear shaping on rail0"
         );

@@ -6,13 +6,15 @@
 //! own serde types encoded with bincode, and admin calls carry JSON bodies of
 //! the supervisor's `api` types, inside a `Blob`: both are Rust-to-Rust, and
 //! one set of types is easier to keep correct than a second copy in protobuf.
+//!
+//! [`agent`] holds the agent↔supervisor vocabulary as plain Rust types
+//! (NIC reports, orders, typed order outcomes) with validating conversions
+//! from and to the protobuf messages.
 
-#![allow(clippy::all, missing_docs)]
+pub mod agent;
+pub mod v1;
 
-/// Generated from `proto/railguard.proto`.
-pub mod v1 {
-    tonic::include_proto!("railguard.v1");
-}
+pub use agent::{BorderError, NicHealth, NicReport, Order, OrderOutcome, QUERY_BIT};
 
 /// Largest admin request or reply body accepted (bytes).
 pub const MAX_ADMIN_MESSAGE_BYTES: usize = 4 << 20;

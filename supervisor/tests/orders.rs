@@ -194,6 +194,7 @@ async fn orders_are_validated_committed_streamed_and_closed_by_the_agent() {
             order_id: id,
             ok: true,
             detail: String::new(),
+            checkpoint_step: None,
         })
         .await
         .unwrap_err();
@@ -204,6 +205,7 @@ async fn orders_are_validated_committed_streamed_and_closed_by_the_agent() {
             order_id: id,
             ok: true,
             detail: "moved 2 connections".into(),
+            checkpoint_step: None,
         })
         .await
         .expect("answer (twice is harmless)");
@@ -230,6 +232,7 @@ async fn orders_are_validated_committed_streamed_and_closed_by_the_agent() {
         order_id: o.order_id,
         ok: false,
         detail: "job train rank 0 did not answer".into(),
+        checkpoint_step: None,
     })
     .await
     .unwrap();

@@ -310,7 +310,7 @@ impl Testbed {
             .with_context(|| format!("create uplink {a} <-> {b}"))?;
         for (end, leaf) in [(&a, 0), (&b, 1)] {
             let idx = attach_up(fab, end, &s.bridge(leaf)).await?;
-            nodeagent::shape::apply(fab, idx, &[], s.uplink_bps)
+            tc_htb::apply(fab, idx, &[], s.uplink_bps)
                 .await
                 .with_context(|| format!("shape uplink end {end} to {} bit/s", s.uplink_bps))?;
         }
@@ -346,19 +346,19 @@ impl Testbed {
     /// Fails without a split.
     pub async fn uplink_shaping(
         &mut self,
-    ) -> anyhow::Result<(nodeagent::shape::Installed, nodeagent::shape::Installed)> {
+    ) -> anyhow::Result<(tc_htb::Installed, tc_htb::Installed)> {
         let (a, b) = self.uplink_ends()?;
         let fab_name = self.fab.name.clone();
         let fab = self.handle(&fab_name)?;
         let mut dumps = Vec::with_capacity(2);
         for end in [&a, &b] {
             let idx = link_index(&fab, end).await?;
-            let i = nodeagent::shape::list(&fab, idx)
+            let i = tc_htb::list(&fab, idx)
                 .await
                 .with_context(|| format!("dump qdisc of uplink end {end}"))?;
             dumps.push(i);
         }
-        let [a, b]: [nodeagent::shape::Installed; 2] = dumps.try_into().expect("one dump per end");
+        let [a, b]: [tc_htb::Installed; 2] = dumps.try_into().expect("one dump per end");
         Ok((a, b))
     }
 
@@ -368,12 +368,12 @@ impl Testbed {
         &mut self,
         host: usize,
         rail: usize,
-    ) -> anyhow::Result<nodeagent::shape::Installed> {
+    ) -> anyhow::Result<tc_htb::Installed> {
         let ns = self.ns(Node::Host(host)).name.clone();
         let h = self.handle(&ns)?;
         let nic = format!("rail{rail}");
         let idx = link_index(&h, &nic).await?;
-        nodeagent::shape::list(&h, idx)
+        tc_htb::list(&h, idx)
             .await
             .with_context(|| format!("dump qdisc of h{host}/{nic}"))
     }

@@ -1,6 +1,6 @@
 //! The leaf split (TESTBED.md, "Contention"): a rail's fabric becomes
 //! two leaf bridges joined by a veth "uplink" whose two ends are each held
-//! to the uplink rate by our own HTB code (`nodeagent::shape`), so traffic
+//! to the uplink rate by our own HTB code (the `tc-htb` crate), so traffic
 //! between the leaves queues there, one queue per direction.
 //!
 //! In the fabric namespace, for a split of rail `r`:
@@ -75,7 +75,7 @@ impl LeafSplit {
             );
             anyhow::ensure!(seen.insert(h), "leaf split: host {h} listed twice");
         }
-        nodeagent::shape::validate(&[], self.uplink_bps)
+        tc_htb::validate(&[], self.uplink_bps)
             .map_err(|e| anyhow::anyhow!("leaf split: uplink rate: {e}"))?;
         Ok(())
     }

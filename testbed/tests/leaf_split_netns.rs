@@ -9,8 +9,8 @@
 
 use std::time::Duration;
 
-use nodeagent::shape::DEFAULT_MINOR;
 use supervisor::topology::Topology;
+use tc_htb::DEFAULT_MINOR;
 use testbed::bulk::{BulkFlow, BulkReport};
 use testbed::netcluster::{NetCluster, NetClusterOptions};
 use testbed::{netns, require_root, LeafSplit, Testbed, TestbedOptions, TestbedSpec};

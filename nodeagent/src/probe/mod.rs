@@ -19,8 +19,9 @@
 //! and no async machinery on the hot path. It talks to the async agent
 //! through bounded channels: plans in (a `watch`), NIC probe liveness out
 //! (the link tracker's evidence channel) and per-second summaries out
-//! (sent to the leader by [`summary_loop`], dropped when the leader cannot
-//! be reached: summaries are not state, the next one supersedes them).
+//! (sent to the leader by the agent's summary loop in `agent.rs`, dropped
+//! when the leader cannot be reached: summaries are not state, the next
+//! one supersedes them).
 //! After each tick's reads it copies the paths' fresh outgoing queueing
 //! samples onto the runner's [`QueueingBoard`] ([`ProbeRunner::queueing`]).
 //! At each summary it reads its own CPU clock for the [`governor`], which

@@ -75,6 +75,7 @@ impl std::str::FromStr for TsMode {
 /// Errors opening a probe socket.
 #[derive(Debug, thiserror::Error)]
 pub enum SockError {
+    /// A socket call (`op`) failed on a NIC.
     #[error("probe socket on {nic} ({addr}): {op}: {source}")]
     Io {
         nic: String,
@@ -83,8 +84,10 @@ pub enum SockError {
         #[source]
         source: io::Error,
     },
+    /// The NIC name does not fit an interface name.
     #[error("NIC name {0:?} is too long for an interface name")]
     BadName(String),
+    /// Hardware timestamps were asked for and the NIC has none.
     #[error("NIC {nic} does not offer hardware timestamps ({source}); use software timestamps")]
     NoHardwareTimestamps {
         nic: String,
@@ -490,33 +493,4 @@ pub fn thread_cpu_ns() -> io::Result<u64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_receive_buffer_holds_the_error_queue_too() {
-        let s = TsSocket::open("lo", Ipv4Addr::LOCALHOST, 0, TsMode::Software).unwrap();
-        let mut got: libc::c_int = 0;
-        let mut len = size_of::<libc::c_int>() as libc::socklen_t;
-        // SAFETY: a valid fd and an int-sized out buffer.
-        let rc = unsafe {
-            libc::getsockopt(
-                s.fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUF,
-                (&mut got as *mut libc::c_int).cast(),
-                &mut len,
-            )
-        };
-        assert_eq!(rc, 0);
-        // The kernel reports twice what was set; without root the setting
-        // is capped by net.core.rmem_max.
-        // SAFETY: geteuid(2) has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        if root {
-            assert!(got >= 2 * RCVBUF_BYTES, "receive buffer {got} bytes");
-        } else {
-            assert!(got > 0);
-        }
-    }
-}
+mod tests;

@@ -59,18 +59,25 @@ pub struct Probe {
 /// Why a packet was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
+    /// The packet is not [`PACKET_LEN`] bytes.
     #[error("probe packet of {0} bytes (want {PACKET_LEN})")]
     Length(usize),
+    /// The packet does not start with the probe magic.
     #[error("not a railguard probe (bad magic)")]
     Magic,
+    /// The packet is of another probe version.
     #[error("probe version {0} (this agent speaks {VERSION})")]
     Version(u8),
+    /// The probe index is neither 0 nor 1.
     #[error("probe index {0} (want 0 or 1)")]
     Index(u8),
+    /// The packet claims more than [`MAX_RECORDS`] records.
     #[error("{0} records (at most {MAX_RECORDS})")]
     Records(u8),
+    /// A record has an unknown tag.
     #[error("unknown record tag {0}")]
     Tag(u8),
+    /// The pair sequence is 0 (sequences start at 1).
     #[error("pair sequence 0")]
     ZeroSeq,
 }
@@ -159,80 +166,4 @@ impl Probe {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sample() -> Probe {
-        Probe {
-            index: 1,
-            rail: 3,
-            from: 7,
-            to: 9,
-            seq: 42,
-            records: [
-                Record::Tx {
-                    seq: 41,
-                    ts: [i64::MIN, i64::MAX],
-                },
-                Record::Rx {
-                    seq: 40,
-                    ts: [-5, 1_700_000_000_000_000_000],
-                },
-            ]
-            .into_iter()
-            .collect(),
-        }
-    }
-
-    #[test]
-    fn round_trips() {
-        let p = sample();
-        let b = p.encode();
-        assert_eq!(Probe::decode(&b).unwrap(), p);
-        let mut frame = vec![0xAA; 42];
-        frame.extend_from_slice(&b);
-        assert_eq!(Probe::decode_frame_tail(&frame).unwrap(), p);
-    }
-
-    #[test]
-    fn refuses_malformed_packets() {
-        let b = sample().encode();
-        assert_eq!(Probe::decode(&b[..100]), Err(WireError::Length(100)));
-        let mut x = b;
-        x[0] = b'X';
-        assert_eq!(Probe::decode(&x), Err(WireError::Magic));
-        let mut x = b;
-        x[4] = 2;
-        assert_eq!(Probe::decode(&x), Err(WireError::Version(2)));
-        let mut x = b;
-        x[5] = 2;
-        assert_eq!(Probe::decode(&x), Err(WireError::Index(2)));
-        let mut x = b;
-        x[7] = 5;
-        assert_eq!(Probe::decode(&x), Err(WireError::Records(5)));
-        let mut x = b;
-        x[HEADER_LEN] = 9;
-        assert_eq!(Probe::decode(&x), Err(WireError::Tag(9)));
-        let mut x = b;
-        x[16..24].copy_from_slice(&0u64.to_le_bytes());
-        assert_eq!(Probe::decode(&x), Err(WireError::ZeroSeq));
-    }
-
-    #[test]
-    fn arbitrary_bytes_never_panic() {
-        // A cheap deterministic fuzz: random packets decode or fail cleanly.
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        for _ in 0..20_000 {
-            let mut b = [0u8; PACKET_LEN];
-            for byte in b.iter_mut() {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                *byte = x as u8;
-            }
-            b[0..4].copy_from_slice(MAGIC);
-            b[4] = VERSION;
-            let _ = Probe::decode(&b);
-        }
-    }
-}
+mod tests;

@@ -1,0 +1,132 @@
+//! Rank logs: copying a rank's output into its capped log, the log
+//! directories per incarnation (pruned to the newest), and log tails.
+
+use std::fs::File;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use super::model::{job_dir_name, LogTail, KEEP_INCARNATION_LOGS};
+
+/// Copies the rank's output into its log until end-of-file, up to `cap`
+/// bytes (then a note, and the rest is discarded).
+pub(crate) fn copy_log(
+    mut reader: std::io::PipeReader,
+    mut file: File,
+    mut written: u64,
+    cap: u64,
+) {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut capped = false;
+    loop {
+        let n = match reader.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading a rank's output failed");
+                return;
+            }
+        };
+        if capped {
+            continue;
+        }
+        let take = (cap.saturating_sub(written) as usize).min(n);
+        if take > 0 {
+            if let Err(e) = file.write_all(&buf[..take]) {
+                tracing::warn!(error = %e, "writing a rank's log failed; discarding its output");
+                capped = true;
+                continue;
+            }
+            written += take as u64;
+        }
+        if take < n {
+            let note = format!(
+                "\n[railguard-agent: log capped at {} MiB; further output discarded]\n",
+                cap >> 20
+            );
+            let _ = file.write_all(note.as_bytes());
+            capped = true;
+        }
+    }
+}
+
+/// The incarnations that have a log directory under `dir`.
+fn incarnation_dirs(dir: &Path) -> Vec<u64> {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// Keeps the newest log directories of `job` under `jobs_dir` (the new
+/// incarnation's is made next): at most [`KEEP_INCARNATION_LOGS`] with the
+/// new one.
+pub(crate) fn prune_logs(jobs_dir: &Path, job: &str, incarnation: u64) {
+    let dir = jobs_dir.join(job_dir_name(job));
+    let mut incs = incarnation_dirs(&dir);
+    incs.retain(|i| *i < incarnation);
+    incs.sort_unstable_by(|a, b| b.cmp(a));
+    for old in incs.iter().skip(KEEP_INCARNATION_LOGS.saturating_sub(1)) {
+        let p = dir.join(old.to_string());
+        if let Err(e) = std::fs::remove_dir_all(&p) {
+            tracing::warn!(path = %p.display(), error = %e, "cannot remove an old log directory");
+        }
+    }
+}
+
+/// The last `n` bytes of the newest incarnation's log of `rank` under
+/// `dir` (the job's log directory), as lossy UTF-8.
+pub(crate) fn read_tail(dir: &Path, job: &str, rank: u32, n: usize) -> LogTail {
+    let name = format!("rank-{rank}.log");
+    let mut incs = incarnation_dirs(dir);
+    incs.sort_unstable_by(|a, b| b.cmp(a));
+    let Some(inc) = incs
+        .into_iter()
+        .find(|i| dir.join(i.to_string()).join(&name).exists())
+    else {
+        return LogTail {
+            ok: false,
+            text: format!("no log of job {job} rank {rank} on this host"),
+            incarnation: 0,
+        };
+    };
+    let path = dir.join(inc.to_string()).join(&name);
+    let fail = |e: std::io::Error| LogTail {
+        ok: false,
+        text: format!("cannot read {}: {e}", path.display()),
+        incarnation: inc,
+    };
+    let mut f = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) => return fail(e),
+    };
+    let len = match f.metadata() {
+        Ok(m) => m.len(),
+        Err(e) => return fail(e),
+    };
+    let from = len.saturating_sub(n as u64);
+    let mut buf = Vec::with_capacity(n.min(len as usize));
+    if let Err(e) = f
+        .seek(SeekFrom::Start(from))
+        .and_then(|_| f.take(n as u64).read_to_end(&mut buf))
+    {
+        return fail(e);
+    }
+    // Do not start in the middle of a UTF-8 sequence.
+    let skip = if from > 0 {
+        buf.iter()
+            .take(3)
+            .take_while(|b| (**b & 0xC0) == 0x80)
+            .count()
+    } else {
+        0
+    };
+    LogTail {
+        ok: true,
+        text: String::from_utf8_lossy(&buf[skip..]).into_owned(),
+        incarnation: inc,
+    }
+}

@@ -1,0 +1,568 @@
+//! Unit tests of the job runner (real processes, a temporary database).
+
+use std::collections::BTreeMap;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use proto::v1::StartRank;
+use tokio::sync::Notify;
+
+use super::fence::{FenceStore, FENCE_FORMAT};
+use super::launch::*;
+use super::model::*;
+use super::process::proc_stat;
+use super::records::{RankRecord, RankStore, RANK_FORMAT};
+use crate::config::NicConfig;
+use crate::control::{Control, RankEvents};
+use crate::outbox::{Outbox, RankExitReport, Report};
+use proto::v1::RankPeer;
+use rdma::contract::OrderKind;
+use rdma::contract::{ClientOptions, ContractClient, Hello};
+use std::time::Instant;
+
+struct Rig {
+    dir: tempfile::TempDir,
+    outbox: Arc<tokio::sync::Mutex<Outbox>>,
+    launcher: Arc<Launcher>,
+}
+
+fn nics() -> Vec<NicConfig> {
+    // Out of rail order on purpose, plus a NIC on no rail.
+    vec![
+        NicConfig {
+            name: "rail1".into(),
+            rail: Some(1),
+            backup: Some("rail0".into()),
+            rdma_device: None,
+            addr: Some("10.11.0.1".parse().unwrap()),
+        },
+        NicConfig {
+            name: "eth0".into(),
+            rail: None,
+            backup: None,
+            rdma_device: None,
+            addr: None,
+        },
+        NicConfig {
+            name: "rail0".into(),
+            rail: Some(0),
+            backup: Some("rail1".into()),
+            rdma_device: None,
+            addr: Some("10.10.0.1".parse().unwrap()),
+        },
+    ]
+}
+
+fn jobs_cfg(dir: &Path) -> JobsConfig {
+    JobsConfig::new(dir.to_path_buf(), dir.join("agent.sock"), nics())
+}
+
+async fn rig_with(dir: tempfile::TempDir, cfg: JobsConfig) -> Rig {
+    let outbox = Outbox::open(&dir.path().join("outbox"), 1000).unwrap();
+    let outbox = Arc::new(tokio::sync::Mutex::new(outbox));
+    let launcher = Launcher::open(cfg, outbox.clone(), Arc::new(Notify::new()))
+        .await
+        .unwrap();
+    Rig {
+        dir,
+        outbox,
+        launcher,
+    }
+}
+
+async fn rig() -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = jobs_cfg(dir.path());
+    rig_with(dir, cfg).await
+}
+
+fn order(job: &str, incarnation: u64, rank: u32, script: &str) -> StartRank {
+    StartRank {
+        job: job.into(),
+        incarnation,
+        rank,
+        peers: vec![
+            RankPeer {
+                host: "h0".into(),
+                addrs: vec!["10.10.0.1".into(), "10.11.0.1".into()],
+            },
+            RankPeer {
+                host: "h1".into(),
+                addrs: vec!["10.10.0.2".into(), "10.11.0.2".into()],
+            },
+        ],
+        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        env: [
+            ("EXTRA".to_string(), "x y".to_string()),
+            ("RAILGUARD_RANK".to_string(), "overridden".to_string()),
+        ]
+        .into(),
+        checkpoint_dir: "/ckpt/train".into(),
+        checkpoint_every: 50,
+        resume_step: 100,
+        port: 7000,
+    }
+}
+
+fn key(job: &str, incarnation: u64, rank: u32) -> RankKey {
+    RankKey {
+        job: job.into(),
+        incarnation,
+        rank,
+    }
+}
+
+impl Rig {
+    fn log_dir(&self, job: &str, inc: u64) -> PathBuf {
+        self.dir
+            .path()
+            .join("jobs")
+            .join(job_dir_name(job))
+            .join(inc.to_string())
+    }
+
+    async fn wait_exit(&self, k: &RankKey) -> RankExit {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(x) = self.launcher.exit_of(k) {
+                return x;
+            }
+            assert!(Instant::now() < deadline, "{k} did not exit");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn reports(&self) -> Vec<Report> {
+        self.launcher.flush_events().await;
+        self.outbox
+            .lock()
+            .await
+            .pending_after(0)
+            .unwrap()
+            .into_iter()
+            .map(|s| s.report)
+            .collect()
+    }
+
+    async fn exits(&self) -> Vec<RankExitReport> {
+        self.reports()
+            .await
+            .into_iter()
+            .filter_map(|r| match r {
+                Report::RankExited(x) => Some(x),
+                _ => None,
+            })
+            .collect()
+    }
+
+    async fn wait_log(&self, job: &str, inc: u64, rank: u32, needle: &str) -> String {
+        let p = self.log_dir(job, inc).join(format!("rank-{rank}.log"));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let s = std::fs::read_to_string(&p).unwrap_or_default();
+            if s.contains(needle) {
+                return s;
+            }
+            assert!(Instant::now() < deadline, "{needle:?} not in {s:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn pid_of(detail: &str) -> u32 {
+    detail
+        .strip_prefix("pid=")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("not pid=N: {detail}"))
+}
+
+#[tokio::test]
+async fn a_rank_gets_its_environment_and_its_output_and_exit_are_captured() {
+    let r = rig().await;
+    let (ok, detail) = r
+        .launcher
+        .start(&order(
+            "train",
+            4,
+            1,
+            "env > env.txt; echo to-stdout; echo to-stderr >&2; exit 3",
+        ))
+        .await;
+    assert!(ok, "{detail}");
+    let pid = pid_of(&detail);
+    let x = r.wait_exit(&key("train", 4, 1)).await;
+    assert_eq!((x.exit_code, x.signal), (3, 0), "{x:?}");
+    assert_eq!(x.detail, "exited with code 3");
+    let env = std::fs::read_to_string(r.log_dir("train", 4).join("env.txt")).unwrap();
+    let vars: BTreeMap<&str, &str> = env.lines().filter_map(|l| l.split_once('=')).collect();
+    let sock = r.dir.path().join("agent.sock").display().to_string();
+    for (k, v) in [
+        ("RAILGUARD_AGENT_SOCKET", sock.as_str()),
+        ("RAILGUARD_JOB", "train"),
+        ("RAILGUARD_INCARNATION", "4"),
+        ("RAILGUARD_RANK", "1"),
+        ("RAILGUARD_WORLD_SIZE", "2"),
+        (
+            "RAILGUARD_PEERS",
+            "h0=10.10.0.1,10.11.0.1;h1=10.10.0.2,10.11.0.2",
+        ),
+        ("RAILGUARD_NICS", "rail0=10.10.0.1,rail1=10.11.0.1"),
+        ("RAILGUARD_PORT", "7000"),
+        ("RAILGUARD_CHECKPOINT_DIR", "/ckpt/train"),
+        ("RAILGUARD_CHECKPOINT_EVERY", "50"),
+        ("RAILGUARD_RESUME_STEP", "100"),
+        ("EXTRA", "x y"),
+    ] {
+        assert_eq!(vars.get(k).copied(), Some(v), "{k} in {env}");
+    }
+    assert!(vars.contains_key("PATH"), "the agent's environment is kept");
+    let log = r.wait_log("train", 4, 1, "to-stderr").await;
+    assert!(log.contains("to-stdout\n"), "{log}");
+    let exits = r.exits().await;
+    assert_eq!(exits.len(), 1, "{exits:?}");
+    assert_eq!(
+        (exits[0].job.as_str(), exits[0].incarnation, exits[0].rank),
+        ("train", 4, 1)
+    );
+    assert_eq!(exits[0].exit_code, 3);
+    assert!(
+        r.launcher.records.is_empty(),
+        "the record goes with the exit"
+    );
+    assert!(pid > 1);
+    // Starting the exited rank again (another order id) is refused.
+    let (ok, detail) = r.launcher.start(&order("train", 4, 1, "exit 0")).await;
+    assert!(!ok && detail.contains("already ran"), "{detail}");
+}
+
+#[tokio::test]
+async fn a_signal_is_reported_and_a_bad_start_fails_with_the_os_error() {
+    let r = rig().await;
+    let (ok, detail) = r.launcher.start(&order("j", 1, 0, "kill -9 $$")).await;
+    assert!(ok, "{detail}");
+    let x = r.wait_exit(&key("j", 1, 0)).await;
+    assert_eq!((x.exit_code, x.signal), (-1, 9), "{x:?}");
+    assert_eq!(x.detail, "killed by signal 9 (SIGKILL)");
+    let mut o = order("j", 1, 1, "");
+    o.argv = vec!["/nonexistent/trainer".into()];
+    let (ok, detail) = r.launcher.start(&o).await;
+    assert!(!ok, "{detail}");
+    assert!(detail.contains("No such file"), "{detail}");
+    let mut o = order("bad\nname", 1, 0, "true");
+    let (ok, detail) = r.launcher.start(&o).await;
+    assert!(!ok && detail.contains("job name"), "{detail}");
+    // Any other name gets a directory of its own, inside jobs/.
+    let (ok, detail) = r.launcher.start(&order("../x/y", 1, 0, "pwd")).await;
+    assert!(ok, "{detail}");
+    r.wait_exit(&key("../x/y", 1, 0)).await;
+    let t = r.launcher.tail_log("../x/y", 0, 1000).await;
+    assert!(t.ok, "{t:?}");
+    assert!(t.text.trim_end().ends_with("/jobs/%2E.%2Fx%2Fy/1"), "{t:?}");
+    assert_eq!(job_dir_name("a.b-c_D9"), "a.b-c_D9");
+    assert_eq!(job_dir_name(".%"), "%2E%25");
+    o.job = "j".into();
+    o.rank = 2;
+    let (ok, detail) = r.launcher.start(&o).await;
+    assert!(!ok && detail.contains("outside a world of 2"), "{detail}");
+}
+
+#[tokio::test]
+async fn stop_escalates_from_sigterm_to_sigkill() {
+    let r = rig().await;
+    let script = "trap 'echo got TERM' TERM; echo ready; while :; do sleep 0.1; done";
+    let (ok, detail) = r.launcher.start(&order("j", 1, 0, script)).await;
+    assert!(ok, "{detail}");
+    r.wait_log("j", 1, 0, "ready").await;
+    let t0 = Instant::now();
+    let (ok, detail) = r.launcher.stop_job("j", 1).await;
+    let took = t0.elapsed();
+    assert!(ok, "{detail}");
+    assert_eq!(detail, "1 ranks stopped");
+    assert!(took >= STOP_GRACE, "SIGKILL came after {took:?}");
+    assert!(took < STOP_GRACE + KILL_WAIT, "{took:?}");
+    let x = r
+        .launcher
+        .exit_of(&key("j", 1, 0))
+        .expect("reaped before the answer");
+    assert_eq!((x.exit_code, x.signal), (-1, 9), "{x:?}");
+    assert!(
+        x.detail.starts_with("stopped by order: killed by signal 9")
+            && x.detail.contains("SIGKILL after 5 s"),
+        "{}",
+        x.detail
+    );
+    r.wait_log("j", 1, 0, "got TERM").await;
+    // Nothing left: ok at once.
+    let t0 = Instant::now();
+    let (ok, detail) = r.launcher.stop_job("j", 1).await;
+    assert!(ok && detail == "nothing running", "{detail}");
+    assert!(t0.elapsed() < Duration::from_secs(1));
+    // A stopped incarnation does not start again.
+    let (ok, detail) = r.launcher.start(&order("j", 1, 1, "true")).await;
+    assert!(!ok && detail.contains("was stopped"), "{detail}");
+}
+
+#[tokio::test]
+async fn fencing_refuses_stale_incarnations_and_a_newer_one_stops_the_older_first() {
+    let r = rig().await;
+    let (ok, d) = r.launcher.start(&order("j", 2, 0, "exec sleep 100")).await;
+    assert!(ok, "{d}");
+    let old_pid = pid_of(&d);
+    let (ok, d) = r.launcher.start(&order("j", 2, 1, "exec sleep 100")).await;
+    assert!(ok, "{d}");
+    // The same rank again (another order id): the same process.
+    let (ok, again) = r.launcher.start(&order("j", 2, 0, "exec sleep 100")).await;
+    assert!(ok && pid_of(&again) == old_pid, "{again}");
+    // Older incarnations are refused, for starts and checkpoints.
+    let (ok, d) = r.launcher.start(&order("j", 1, 0, "true")).await;
+    assert_eq!((ok, d.as_str()), (false, "stale incarnation 1 < 2"));
+    let control = Control::new(nics());
+    let (ok, d) = r.launcher.checkpoint(&control, "j", 1, false).await;
+    assert_eq!((ok, d.as_str()), (false, "stale incarnation 1 < 2"));
+    assert_eq!(r.launcher.running().len(), 2, "nothing was touched");
+    // A newer incarnation: the older ranks are gone before it starts.
+    let (ok, d) = r.launcher.start(&order("j", 3, 0, "exec sleep 100")).await;
+    assert!(ok, "{d}");
+    assert!(
+        proc_stat(old_pid).is_none(),
+        "reaped before the newer started"
+    );
+    for rank in [0, 1] {
+        let x = r.launcher.exit_of(&key("j", 2, rank));
+        let x = x.expect("the older rank was reaped before the newer started");
+        assert_eq!(x.signal, 15, "{x:?}");
+        assert!(x.detail.starts_with("superseded by incarnation 3"), "{x:?}");
+    }
+    let exits = r.exits().await;
+    assert_eq!(exits.len(), 2, "{exits:?}");
+    assert!(exits.iter().all(|x| x.incarnation == 2));
+    let running: Vec<RankKey> = r.launcher.running().into_iter().map(|(k, _)| k).collect();
+    assert_eq!(running, vec![key("j", 3, 0)]);
+    // Other jobs are not fenced by this one.
+    let (ok, d) = r
+        .launcher
+        .start(&order("other", 1, 0, "exec sleep 100"))
+        .await;
+    assert!(ok, "{d}");
+    // The fence is durable.
+    assert_eq!(r.launcher.fence("j").unwrap().highest, 3);
+    r.launcher.shutdown().await;
+    let exits = r.exits().await;
+    assert_eq!(exits.len(), 4, "{exits:?}");
+    let last: Vec<&str> = exits[2..].iter().map(|x| x.detail.as_str()).collect();
+    assert!(
+        last.iter()
+            .all(|d| d.starts_with("agent shutting down: rank stopped")),
+        "{last:?}"
+    );
+    let (ok, d) = r.launcher.start(&order("j", 4, 0, "true")).await;
+    assert!(!ok && d.contains("shutting down"), "{d}");
+}
+
+#[tokio::test]
+async fn ranks_left_by_an_earlier_run_are_killed_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut alive = Command::new("sleep")
+        .arg("100")
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let mut gone = Command::new("true").spawn().unwrap();
+    let gone_pid = gone.id();
+    gone.wait().unwrap();
+    {
+        let outbox = Outbox::open(&dir.path().join("outbox"), 1000).unwrap();
+        let (db, path) = outbox.database();
+        let store = RankStore::open(&db, &path).unwrap();
+        let recs = [
+            RankRecord {
+                job: "j".into(),
+                incarnation: 7,
+                rank: 0,
+                pid: alive.id(),
+                start_time: proc_stat(alive.id()).unwrap().start_time,
+            },
+            RankRecord {
+                job: "j".into(),
+                incarnation: 7,
+                rank: 1,
+                pid: gone_pid,
+                start_time: 12345,
+            },
+        ];
+        for rec in recs {
+            store.insert(&rec).await.unwrap();
+        }
+        db.flush().unwrap();
+    }
+    let cfg = jobs_cfg(dir.path());
+    let r = rig_with(dir, cfg).await;
+    let status = alive.wait().unwrap();
+    assert_eq!(status.signal(), Some(9), "the leftover rank was killed");
+    let mut exits = r.exits().await;
+    exits.sort_by_key(|x| x.rank);
+    assert_eq!(exits.len(), 2, "{exits:?}");
+    assert_eq!(
+        (
+            exits[0].exit_code,
+            exits[0].signal,
+            exits[0].detail.as_str()
+        ),
+        (-1, 9, "agent restarted: rank stopped")
+    );
+    assert_eq!(
+        (
+            exits[1].exit_code,
+            exits[1].signal,
+            exits[1].detail.as_str()
+        ),
+        (-1, 0, "lost while the agent was down")
+    );
+    assert!(r.launcher.records.is_empty());
+}
+
+#[tokio::test]
+async fn the_log_tail_is_the_end_of_the_newest_incarnations_log_and_logs_are_capped() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = jobs_cfg(dir.path());
+    cfg.log_cap = 1000;
+    let r = rig_with(dir, cfg).await;
+    let (ok, d) = r.launcher.start(&order("j", 1, 0, "echo first")).await;
+    assert!(ok, "{d}");
+    r.wait_exit(&key("j", 1, 0)).await;
+    let script = "i=0; while [ $i -lt 20 ]; do echo line-$i; i=$((i+1)); done";
+    let (ok, d) = r.launcher.start(&order("j", 2, 0, script)).await;
+    assert!(ok, "{d}");
+    r.wait_exit(&key("j", 2, 0)).await;
+    r.wait_log("j", 2, 0, "line-19").await;
+    let t = r.launcher.tail_log("j", 0, 16).await;
+    assert!(t.ok, "{t:?}");
+    assert_eq!(t.incarnation, 2);
+    assert_eq!(t.text, "line-18\nline-19\n");
+    let t = r.launcher.tail_log("j", 0, 0).await;
+    assert!(t.text.starts_with("line-0\n"), "0 means the cap: {t:?}");
+    let t = r.launcher.tail_log("j", 5, 100).await;
+    assert!(!t.ok && t.text.contains("no log"), "{t:?}");
+    let t = r.launcher.tail_log("nope", 0, 100).await;
+    assert!(!t.ok, "{t:?}");
+    // Output beyond the cap is discarded with a note; the rank is not
+    // blocked by it.
+    let script = "i=0; while [ $i -lt 500 ]; do echo 0123456789; i=$((i+1)); done; echo done >&2";
+    let (ok, d) = r.launcher.start(&order("j", 3, 0, script)).await;
+    assert!(ok, "{d}");
+    let x = r.wait_exit(&key("j", 3, 0)).await;
+    assert_eq!(x.exit_code, 0, "{x:?}");
+    let log = r.wait_log("j", 3, 0, "log capped").await;
+    assert!(log.len() < 1100, "{}", log.len());
+    assert!(!log.contains("done"), "{log}");
+}
+
+#[tokio::test]
+async fn checkpoint_orders_reach_the_ranks_and_checkpoints_are_reported_once() {
+    let r = rig().await;
+    let sock = r.dir.path().join("agent.sock");
+    let listener = crate::control::bind(&sock).unwrap();
+    let control =
+        Control::with_rank_events(nics(), Some(r.launcher.clone() as Arc<dyn RankEvents>));
+    tokio::spawn(control.clone().serve(listener));
+    let (ok, d) = r.launcher.checkpoint(&control, "j", 5, true).await;
+    assert_eq!(
+        (ok, d.as_str()),
+        (false, "no rank of job j incarnation 5 runs on this host")
+    );
+    let (ok, d) = r.launcher.start(&order("j", 5, 0, "exec sleep 100")).await;
+    assert!(ok, "{d}");
+    // The rank's contract side, played by the test: it connects after
+    // the order was sent (the order waits for its hello).
+    let checkpoint = {
+        let (l, c) = (r.launcher.clone(), control.clone());
+        tokio::spawn(async move { l.checkpoint(&c, "j", 5, true).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (client, mut orders) = ContractClient::connect_with(
+        &sock,
+        Hello {
+            job: "j".into(),
+            rank: 0,
+            pid: std::process::id(),
+        },
+        ClientOptions::default(),
+    )
+    .await
+    .unwrap();
+    let o = tokio::time::timeout(Duration::from_secs(5), orders.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        o.kind,
+        OrderKind::Checkpoint {
+            step: None,
+            halt: true
+        }
+    );
+    client.checkpointed(40).await.unwrap();
+    client.checkpointed(40).await.unwrap();
+    client
+        .order_done(o.order_id, true, "step=40")
+        .await
+        .unwrap();
+    let (ok, d) = checkpoint.await.unwrap();
+    assert_eq!((ok, d.as_str()), (true, "step=40"));
+    client.checkpointed(41).await.unwrap();
+    let ckpts: Vec<(u64, u64)> = r
+        .reports()
+        .await
+        .into_iter()
+        .filter_map(|r| match r {
+            Report::RankCheckpoint(c) => Some((c.incarnation, c.step)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ckpts, vec![(5, 40), (5, 41)], "repeats are not reported");
+    r.launcher.shutdown().await;
+}
+
+/// Stamps `tree` of the database in `dir` with format `v`.
+fn stamp_format(dir: &Path, tree: &str, v: u32) {
+    let outbox = Outbox::open(dir, 10).unwrap();
+    let (db, path) = outbox.database();
+    let t = db.open_tree(tree).unwrap();
+    crate::store_format::stamp(&db, &path, &t, v).unwrap();
+    db.flush().unwrap();
+}
+
+#[tokio::test]
+async fn the_fence_and_rank_trees_refuse_an_unknown_format() {
+    for (tree, current) in [("job_fences", FENCE_FORMAT), ("job_ranks", RANK_FORMAT)] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            // A fresh database is stamped with the current format.
+            let outbox = Outbox::open(dir.path(), 10).unwrap();
+            let (db, path) = outbox.database();
+            FenceStore::open(&db, &path).unwrap();
+            RankStore::open(&db, &path).unwrap();
+            let t = db.open_tree(tree).unwrap();
+            assert_eq!(
+                crate::store_format::open(&db, &path, &t, current, &[current]).unwrap(),
+                current
+            );
+        }
+        stamp_format(dir.path(), tree, current + 98);
+        let outbox = Outbox::open(dir.path(), 10).unwrap();
+        let (db, path) = outbox.database();
+        let e = match tree {
+            "job_fences" => FenceStore::open(&db, &path).err().unwrap(),
+            _ => RankStore::open(&db, &path).err().unwrap(),
+        }
+        .to_string();
+        assert!(
+            e.contains(tree) && e.contains(&(current + 98).to_string()),
+            "{e}"
+        );
+        assert!(e.contains(&path), "names the database: {e}");
+    }
+}

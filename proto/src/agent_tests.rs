@@ -1,0 +1,234 @@
+//! Unit tests of the border types: a wire roundtrip per variant, bincode
+//! roundtrips, and bad wire input.
+
+use std::collections::HashMap;
+
+use crate::agent::*;
+use crate::v1;
+
+fn orders() -> Vec<Order> {
+    vec![
+        Order::Failover {
+            nic: "rail0".into(),
+            to: "rail1".into(),
+        },
+        Order::Failback {
+            nic: "rail0".into(),
+        },
+        Order::StartRank(v1::StartRank {
+            job: "train".into(),
+            incarnation: 3,
+            rank: 1,
+            peers: vec![v1::RankPeer {
+                host: "h0".into(),
+                addrs: vec!["10.0.0.1".into()],
+            }],
+            argv: vec!["/bin/true".into()],
+            env: HashMap::from([("A".into(), "1".into())]),
+            checkpoint_dir: "/ckpt".into(),
+            checkpoint_every: 10,
+            resume_step: 5,
+            port: 7000,
+        }),
+        Order::StopJob {
+            job: "train".into(),
+            incarnation: 3,
+        },
+        Order::CheckpointJob {
+            job: "train".into(),
+            incarnation: 3,
+            halt: true,
+        },
+        Order::ShapeNic(v1::ShapeNic {
+            nic: "rail0".into(),
+            classes: vec![v1::ShapeClass {
+                minor: 2,
+                rate_bps: 1_000_000,
+                ceil_bps: 2_000_000,
+                flows: vec![v1::FlowMatch {
+                    dst: "10.0.0.2".into(),
+                    protocol: 6,
+                    dst_port: 7000,
+                    src_port: 0,
+                }],
+                label: "job train".into(),
+            }],
+            default_rate_bps: 10_000_000,
+            pace: vec![v1::PaceJob {
+                job: "train".into(),
+                rate_bps: 500_000,
+            }],
+            hold_queueing_us: 50,
+        }),
+        Order::ClearShape {
+            nic: "rail0".into(),
+        },
+        Order::TailLog {
+            job: "train".into(),
+            rank: 0,
+            max_bytes: 4096,
+        },
+    ]
+}
+
+#[test]
+fn every_order_roundtrips_through_the_wire_and_bincode() {
+    for (i, o) in orders().into_iter().enumerate() {
+        let id = 40 + i as u64;
+        let wire = o.to_wire(id);
+        assert_eq!(wire.order_id, id);
+        assert_eq!(Order::try_from(&wire).unwrap(), o);
+        let bytes = bincode::serialize(&o).unwrap();
+        assert_eq!(bincode::deserialize::<Order>(&bytes).unwrap(), o);
+        assert_eq!(o.is_query(), matches!(o, Order::TailLog { .. }));
+    }
+}
+
+#[test]
+fn descriptions_are_the_ones_the_journal_has_always_had() {
+    let o = orders();
+    assert_eq!(o[0].describe(), "failover rail0 -> rail1");
+    assert_eq!(o[1].describe(), "failback -> rail0");
+    assert_eq!(o[2].describe(), "start job train incarnation 3 rank 1");
+    assert_eq!(o[3].describe(), "stop job train through incarnation 3");
+    assert_eq!(
+        o[4].describe(),
+        "checkpoint job train incarnation 3 and halt"
+    );
+    assert!(o[5]
+        .describe()
+        .starts_with("shape rail0: 1 classes, 1 paced jobs, #"));
+    assert_eq!(o[6].describe(), "clear shaping on rail0");
+}
+
+#[test]
+fn an_order_without_a_kind_is_refused() {
+    let wire = v1::AgentOrder {
+        order_id: 9,
+        kind: None,
+    };
+    assert_eq!(
+        Order::try_from(&wire),
+        Err(BorderError::NoOrderKind { order_id: 9 })
+    );
+}
+
+#[test]
+fn every_outcome_roundtrips_through_the_wire_and_bincode() {
+    let outcomes = [
+        OrderOutcome::Done {
+            detail: "moved 2 connections".into(),
+        },
+        OrderOutcome::Checkpointed {
+            step: 12,
+            detail: "step=12".into(),
+        },
+        OrderOutcome::Failed {
+            error: "rank 0 did not answer".into(),
+        },
+    ];
+    for o in outcomes {
+        let wire = o.to_wire("h0", 7);
+        assert_eq!((wire.host.as_str(), wire.order_id), ("h0", 7));
+        assert_eq!(wire.ok, o.ok());
+        assert_eq!(wire.detail, o.detail());
+        assert_eq!(wire.checkpoint_step, o.step());
+        assert_eq!(OrderOutcome::try_from(&wire).unwrap(), o);
+        let bytes = bincode::serialize(&o).unwrap();
+        assert_eq!(bincode::deserialize::<OrderOutcome>(&bytes).unwrap(), o);
+    }
+}
+
+#[test]
+fn a_failure_with_a_step_is_refused_and_an_old_agents_step_is_in_its_detail() {
+    let bad = v1::OrderResult {
+        host: "h0".into(),
+        order_id: 3,
+        ok: false,
+        detail: "x".into(),
+        checkpoint_step: Some(4),
+    };
+    assert_eq!(
+        OrderOutcome::try_from(&bad),
+        Err(BorderError::StepOnFailure {
+            order_id: 3,
+            step: 4
+        })
+    );
+    let old = v1::OrderResult {
+        host: "h0".into(),
+        order_id: 3,
+        ok: true,
+        detail: "step=8".into(),
+        checkpoint_step: None,
+    };
+    assert_eq!(
+        OrderOutcome::try_from(&old).unwrap(),
+        OrderOutcome::Done {
+            detail: "step=8".into()
+        }
+    );
+    assert_eq!(detail_step("step=8"), Some(8));
+    assert_eq!(detail_step("rank 0: step=x; rank 1: done"), None);
+}
+
+#[test]
+fn nic_reports_roundtrip_and_bad_states_are_refused() {
+    for health in [
+        NicHealth::Up,
+        NicHealth::Down,
+        NicHealth::Flapping,
+        NicHealth::Recovering,
+    ] {
+        let r = NicReport {
+            nic: "rail0".into(),
+            health,
+            link_up: health == NicHealth::Up,
+            carrier_changes: 4,
+            flaps: 2,
+            penalty: 1.5,
+            at_unix_ns: 99,
+            coalesced: 1,
+            probes_lost: health == NicHealth::Down,
+        };
+        assert_eq!(NicReport::from_wire(&r.to_wire(), 99).unwrap(), r);
+        let bytes = bincode::serialize(&r).unwrap();
+        assert_eq!(bincode::deserialize::<NicReport>(&bytes).unwrap(), r);
+    }
+    for state in [0, 5, -1, i32::MAX] {
+        let m = v1::NicStateChange {
+            nic: "rail0".into(),
+            state,
+            ..Default::default()
+        };
+        assert!(matches!(
+            NicReport::from_wire(&m, 0),
+            Err(BorderError::BadNicState { .. })
+        ));
+    }
+}
+
+#[test]
+fn arbitrary_wire_bytes_never_panic() {
+    use prost::Message;
+    let mut seed = 0x1234_5678_9abc_def0u64;
+    for len in 0..200usize {
+        let bytes: Vec<u8> = (0..len)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                seed as u8
+            })
+            .collect();
+        if let Ok(o) = v1::AgentOrder::decode(bytes.as_slice()) {
+            let _ = Order::try_from(&o);
+        }
+        if let Ok(r) = v1::OrderResult::decode(bytes.as_slice()) {
+            let _ = OrderOutcome::try_from(&r);
+        }
+        if let Ok(n) = v1::NicStateChange::decode(bytes.as_slice()) {
+            let _ = NicReport::from_wire(&n, 0);
+        }
+    }
+}
