@@ -30,8 +30,9 @@ pub const RESEND_EVERY: Duration = Duration::from_secs(3);
 /// Orders queued per stream (a stream that falls behind gets them on the
 /// next resend).
 pub const STREAM_QUEUE: usize = 64;
-/// Query ids have this bit set (intent ids never do).
-pub const QUERY_BIT: u64 = 1 << 63;
+/// Query ids have this bit set (intent ids never do): the border's own
+/// constant, which agents test too.
+pub use proto::agent::QUERY_BIT;
 /// Queries awaiting an answer at once.
 pub const MAX_QUERIES: usize = 256;
 /// Streams kept per host (the newest win; an agent has one).

@@ -8,6 +8,7 @@ use crate::model::intents::{Action, Outcome};
 use crate::model::jobs::types::JobCommand;
 use crate::model::result::CmdResult;
 use crate::model::runs::types::RunCommand;
+use proto::agent::OrderOutcome;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Cursor;
@@ -68,14 +69,14 @@ pub enum Command {
     OpenIntent { action: Action },
     /// Record an intent's outcome and apply its effect.
     CloseIntent { id: u64, outcome: Outcome },
-    /// A host's agent answers an order (a `Failover`/`Failback` intent):
-    /// closes the intent Done or Failed with the agent's detail. Only the
-    /// host the order was for may answer it; answering twice is a no-op.
+    /// A host's agent answers an order (an order intent): closes the
+    /// intent Done or Failed with the agent's typed outcome (a checkpoint
+    /// order's answer carries its step). Only the host the order was for
+    /// may answer it; answering twice is a no-op.
     OrderDone {
         host: String,
         id: u64,
-        ok: bool,
-        detail: String,
+        outcome: OrderOutcome,
     },
     /// A leader decision about a job (placement, restart, drain move).
     Job(JobCommand),

@@ -75,3 +75,22 @@ pub(crate) fn spec(name: &str, ranks: u32) -> JobSpec {
         backoff_ms: 100,
     }
 }
+
+/// An agent's answer to an order: done with `detail`, or failed with it.
+pub(crate) fn answer(ok: bool, detail: impl Into<String>) -> proto::agent::OrderOutcome {
+    let detail = detail.into();
+    if ok {
+        proto::agent::OrderOutcome::Done { detail }
+    } else {
+        proto::agent::OrderOutcome::Failed { error: detail }
+    }
+}
+
+/// An agent's answer to a checkpoint order: every rank checkpointed at
+/// `step`.
+pub(crate) fn checkpointed(step: u64) -> proto::agent::OrderOutcome {
+    proto::agent::OrderOutcome::Checkpointed {
+        step,
+        detail: format!("step={step}"),
+    }
+}

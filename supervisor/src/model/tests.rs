@@ -442,8 +442,7 @@ fn every_command_roundtrips_through_bincode() {
         Command::OrderDone {
             host: "h".into(),
             id: 4,
-            ok: false,
-            detail: "d".into(),
+            outcome: crate::model::testkit::answer(false, "d"),
         },
         Command::SetClockStates {
             changes: vec![
@@ -863,8 +862,7 @@ fn failover_and_failback_open_intents_closed_by_the_hosts_answer() {
     let wrong = Command::OrderDone {
         host: "h1".into(),
         id: 1,
-        ok: true,
-        detail: "x".into(),
+        outcome: crate::model::testkit::answer(true, "x"),
     };
     assert!(matches!(
         one(&mut st, 4, 4, wrong),
@@ -874,8 +872,7 @@ fn failover_and_failback_open_intents_closed_by_the_hosts_answer() {
     let done = Command::OrderDone {
         host: "h0".into(),
         id: 1,
-        ok: true,
-        detail: "moved 3 connections".into(),
+        outcome: crate::model::testkit::answer(true, "moved 3 connections"),
     };
     assert_eq!(one(&mut st, 5, 5, done.clone()), Ok(CmdOk::Done));
     assert_eq!(st.intents[&1].status, IntentStatus::Closed(Outcome::Done));
@@ -884,8 +881,7 @@ fn failover_and_failback_open_intents_closed_by_the_hosts_answer() {
     let failed = Command::OrderDone {
         host: "h0".into(),
         id: 1,
-        ok: false,
-        detail: "late".into(),
+        outcome: crate::model::testkit::answer(false, "late"),
     };
     let before = st.clone();
     assert_eq!(one(&mut st, 6, 6, done), Ok(CmdOk::Done));
@@ -908,8 +904,7 @@ fn failover_and_failback_open_intents_closed_by_the_hosts_answer() {
         Command::OrderDone {
             host: "h0".into(),
             id: 2,
-            ok: false,
-            detail: "job j rank 0 did not answer".into(),
+            outcome: crate::model::testkit::answer(false, "job j rank 0 did not answer"),
         },
     );
     assert_eq!(r, Ok(CmdOk::Done));
@@ -948,8 +943,7 @@ fn failover_and_failback_open_intents_closed_by_the_hosts_answer() {
         Command::OrderDone {
             host: "h0".into(),
             id: 3,
-            ok: true,
-            detail: String::new(),
+            outcome: crate::model::testkit::answer(true, String::new()),
         },
     );
     assert!(matches!(r, Err(CmdError::InvalidArgument(_))), "{r:?}");

@@ -235,10 +235,8 @@ impl ClusterState {
                 None => Err(not_found("intent", &id.to_string())),
                 Some(_) => Ok(()),
             },
-            Command::OrderDone {
-                host, id, detail, ..
-            } => {
-                if detail.len() > MAX_REASON_LEN {
+            Command::OrderDone { host, id, outcome } => {
+                if outcome.detail().len() > MAX_REASON_LEN {
                     return Err(CmdError::InvalidArgument(format!(
                         "order detail is longer than {MAX_REASON_LEN} bytes"
                     )));

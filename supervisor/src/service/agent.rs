@@ -276,12 +276,13 @@ impl Agent for AgentService {
     ) -> Result<Response<OrderResultReply>, Status> {
         self.require_leader()?;
         let r = req.into_inner();
-        tracing::info!(host = %r.host, order = r.order_id, ok = r.ok, detail = %r.detail, "order answered");
+        let outcome = proto::agent::OrderOutcome::try_from(&r)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        tracing::info!(host = %r.host, order = r.order_id, ok = r.ok, step = ?outcome.step(), detail = %r.detail, "order answered");
         let cmd = Command::OrderDone {
             host: r.host,
             id: r.order_id,
-            ok: r.ok,
-            detail: r.detail,
+            outcome,
         };
         self.sup.propose(cmd).await.map_err(Status::from)?;
         Ok(Response::new(OrderResultReply {}))

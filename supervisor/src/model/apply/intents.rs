@@ -41,7 +41,8 @@ impl ClusterState {
         id
     }
 
-    /// Closes an open intent with its outcome and applies the effect;
+    /// Closes an open intent with its outcome and applies the effect
+    /// (`checkpoint_step`: the step an agent's checkpoint answer carries);
     /// closing a closed intent changes nothing.
     pub(crate) fn close_intent(
         &mut self,
@@ -49,6 +50,7 @@ impl ClusterState {
         id: u64,
         outcome: Outcome,
         detail: &str,
+        checkpoint_step: Option<u64>,
     ) -> CmdResult {
         let intent = self.intents.get(&id).expect("validated").clone();
         if intent.status != IntentStatus::Open {
@@ -90,7 +92,13 @@ impl ClusterState {
         e.detail = detail.to_owned();
         self.prune_closed_intents(id);
         if intent.action.job().is_some() {
-            self.job_order_closed(at_ms, &intent.action, outcome == Outcome::Done, detail);
+            self.job_order_closed(
+                at_ms,
+                &intent.action,
+                outcome == Outcome::Done,
+                detail,
+                checkpoint_step,
+            );
         }
         if let Action::PlaybookStep { run, .. } = &intent.action {
             // Logged first so the run's lines follow the intent's.

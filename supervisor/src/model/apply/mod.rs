@@ -302,17 +302,17 @@ impl ClusterState {
                 id: self.open_intent(at_ms, action),
             }),
             Command::CloseIntent { id, outcome } => {
-                self.close_intent(at_ms, *id, outcome.clone(), "")
+                self.close_intent(at_ms, *id, outcome.clone(), "", None)
             }
-            Command::OrderDone { id, ok, detail, .. } => {
-                let outcome = if *ok {
+            Command::OrderDone { id, outcome, .. } => {
+                let closed = if outcome.ok() {
                     Outcome::Done
                 } else {
                     Outcome::Failed {
-                        error: detail.clone(),
+                        error: outcome.detail().to_owned(),
                     }
                 };
-                self.close_intent(at_ms, *id, outcome, detail)
+                self.close_intent(at_ms, *id, closed, outcome.detail(), outcome.step())
             }
             Command::Job(c) => self.apply_job_command(at_ms, c),
             Command::Playbook(c) => self.apply_run_command(at_ms, c),
@@ -328,7 +328,7 @@ impl ClusterState {
                         error: detail.clone(),
                     }
                 };
-                self.close_intent(at_ms, *id, outcome, detail)
+                self.close_intent(at_ms, *id, outcome, detail, None)
             }
             Command::Contention(c) => {
                 crate::model::shaping::apply(self, at_ms, c);

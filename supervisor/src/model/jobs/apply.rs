@@ -4,7 +4,6 @@
 use crate::model::events::Event;
 use crate::model::hosts::Liveness;
 use crate::model::intents::{Action, IntentStatus};
-use crate::model::jobs::decide::step_of;
 use crate::model::jobs::place::eligible;
 use crate::model::jobs::types::{
     port_of, Exit, Job, JobCommand, JobOp, JobState, Rank, MAX_BACKOFF_MS, MAX_JOBS,
@@ -496,7 +495,14 @@ impl ClusterState {
     }
 
     /// Effect of a closed job order intent.
-    pub(crate) fn job_order_closed(&mut self, at_ms: u64, action: &Action, ok: bool, detail: &str) {
+    pub(crate) fn job_order_closed(
+        &mut self,
+        at_ms: u64,
+        action: &Action,
+        ok: bool,
+        detail: &str,
+        checkpoint_step: Option<u64>,
+    ) {
         match action {
             Action::StartRank {
                 job,
@@ -544,7 +550,7 @@ impl ClusterState {
                     return;
                 }
                 if ok {
-                    if let Some(step) = step_of(detail) {
+                    if let Some(step) = checkpoint_step {
                         let ranks: Vec<u32> = (0..j.ranks.len() as u32)
                             .filter(|r| j.ranks[*r as usize].host == *host)
                             .collect();

@@ -7,13 +7,6 @@ use crate::model::jobs::place::place;
 use crate::model::jobs::types::{JobCommand, JobState};
 use crate::model::state::ClusterState;
 
-/// The step in an order answer (`step=N`).
-pub fn step_of(detail: &str) -> Option<u64> {
-    detail
-        .split(|c: char| c.is_whitespace() || c == ',' || c == ';')
-        .find_map(|w| w.strip_prefix("step=")?.parse().ok())
-}
-
 /// Leader decisions the state calls for now (pure): placements, drain
 /// moves, drain deadlines.
 pub fn wanted_job_commands(st: &ClusterState, now_ms: u64) -> Vec<JobCommand> {

@@ -16,7 +16,7 @@
 //! incarnations cannot talk (their connection ids differ).
 //!
 //! **Checkpoints.** A checkpoint at step N is complete once every rank
-//! reported its part (agent `RankCheckpoint` events, or the `step=N`
+//! reported its part (agent `RankCheckpoint` events, or the typed step
 //! answer of a checkpoint order); only complete checkpoints are restart
 //! points. Steps are deterministic, so parts written by different
 //! incarnations of the same rank are the same part.
@@ -37,7 +37,7 @@ pub(crate) mod place;
 mod tests;
 pub(crate) mod types;
 
-pub use decide::{job_order_obsolete, step_of, wanted_job_actions, wanted_job_commands};
+pub use decide::{job_order_obsolete, wanted_job_actions, wanted_job_commands};
 pub use place::place;
 pub use types::{
     port_of, Exit, Job, JobCommand, JobOp, JobSpec, JobState, Rank, MAX_BACKOFF_MS,

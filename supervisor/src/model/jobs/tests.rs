@@ -2,19 +2,43 @@
 
 use crate::model::hosts::Liveness;
 use crate::model::intents::{Action, IntentStatus};
-use crate::model::jobs::decide::step_of;
 use crate::model::jobs::types::{port_of, Job, JobCommand, JobOp, JobState, PORT_BASE, PORT_SPAN};
 use crate::model::result::{CmdError, CmdResult};
 use crate::model::state::ClusterState;
 use crate::model::testkit::spec;
+use proto::agent::OrderOutcome;
 use std::collections::BTreeMap;
 
+/// A checkpoint's step comes from the agent's typed answer
+/// (`OrderOutcome::Checkpointed`), never from its text: an answer that only
+/// says `step=N` in its detail records no checkpoint.
 #[test]
-fn step_is_read_from_order_answers() {
-    assert_eq!(step_of("step=42"), Some(42));
-    assert_eq!(step_of("rank 0: step=7, rank 1: step=7"), Some(7));
-    assert_eq!(step_of("no step"), None);
-    assert_eq!(step_of("step=x"), None);
+fn the_checkpoint_step_is_read_from_the_typed_answer_only() {
+    let run = |reply: fn(&Action) -> Option<OrderOutcome>| {
+        let mut w = World::new(&["h0", "h1"]);
+        w.admin(JobOp::Submit { spec: spec("j", 2) }).unwrap();
+        w.settle(obey);
+        w.admin(JobOp::Checkpoint { job: "j".into() }).unwrap();
+        w.settle(reply);
+        w.job().latest_checkpoint
+    };
+    assert_eq!(
+        run(|a| match a {
+            Action::CheckpointJob { .. } => Some(crate::model::testkit::checkpointed(42)),
+            _ => Some(crate::model::testkit::answer(true, "pid=1")),
+        }),
+        Some(42)
+    );
+    assert_eq!(
+        run(|a| Some(crate::model::testkit::answer(
+            true,
+            match a {
+                Action::CheckpointJob { .. } => "step=42",
+                _ => "pid=1",
+            }
+        ))),
+        None
+    );
 }
 
 #[test]
@@ -110,7 +134,7 @@ impl World {
 
     /// Runs the leader's decisions and answers every open order the
     /// way `answer` says, until nothing changes (bounded).
-    fn settle(&mut self, mut answer: impl FnMut(&Action) -> Option<(bool, String)>) {
+    fn settle(&mut self, mut answer: impl FnMut(&Action) -> Option<OrderOutcome>) {
         for _ in 0..50 {
             let mut progressed = false;
             // The leader decides now; when all it could do is wait for a
@@ -142,12 +166,11 @@ impl World {
             // Agents answer the orders that are out.
             let open: Vec<_> = self.st.open_intents().cloned().collect();
             for i in open.iter().filter(|i| i.action.is_order()) {
-                if let Some((ok, detail)) = answer(&i.action) {
+                if let Some(outcome) = answer(&i.action) {
                     self.ok(Command::OrderDone {
                         host: i.action.host().into(),
                         id: i.id,
-                        ok,
-                        detail,
+                        outcome,
                     });
                     progressed = true;
                 }
@@ -164,14 +187,11 @@ impl World {
     }
 }
 
-fn obey(a: &Action) -> Option<(bool, String)> {
-    Some((
-        true,
-        match a {
-            Action::CheckpointJob { .. } => "step=40".into(),
-            _ => "pid=1".into(),
-        },
-    ))
+fn obey(a: &Action) -> Option<OrderOutcome> {
+    Some(match a {
+        Action::CheckpointJob { .. } => crate::model::testkit::checkpointed(40),
+        _ => crate::model::testkit::answer(true, "pid=1"),
+    })
 }
 
 fn exited(job: &str, incarnation: u64, rank: u32, code: i32) -> AgentEventKind {
@@ -451,7 +471,7 @@ fn at_the_drain_deadline_the_job_is_moved_from_its_latest_checkpoint() {
     // Checkpoint orders are never answered: the deadline decides.
     w.settle(|a| match a {
         Action::CheckpointJob { .. } => None,
-        _ => Some((true, "pid=1".into())),
+        _ => Some(crate::model::testkit::answer(true, "pid=1")),
     });
     let j = w.job();
     assert_eq!(j.incarnation, 2);

@@ -317,14 +317,14 @@ impl ClusterState {
                 let detail = match &result {
                     Ok(d) | Err(d) => d.clone(),
                 };
-                let _ = self.close_intent(at_ms, id, outcome, &detail);
+                let _ = self.close_intent(at_ms, id, outcome, &detail, None);
                 Begun::Ended(result)
             }
         }
     }
 
     pub(in crate::model) fn close_intent_now(&mut self, at_ms: u64, id: u64, outcome: Outcome) {
-        let _ = self.close_intent(at_ms, id, outcome, "");
+        let _ = self.close_intent(at_ms, id, outcome, "", None);
     }
 
     /// The jobs with ranks on `host` that a step acts on.

@@ -9,6 +9,7 @@ use crate::model::runs::types::{PlaybookRun, RunCommand, RunState, StepOp};
 use crate::model::runs::view::RunView;
 use crate::model::state::ClusterState;
 use crate::model::IncidentKind;
+use proto::agent::OrderOutcome;
 
 use std::collections::BTreeMap;
 
@@ -28,7 +29,7 @@ struct World {
     index: u64,
     seq: BTreeMap<String, u64>,
     /// Outcomes of executed orders by id (the agents' order logs).
-    executed: BTreeMap<u64, (bool, String)>,
+    executed: BTreeMap<u64, OrderOutcome>,
     /// Orders delivered to agents (ids; repeats included).
     delivered: Vec<u64>,
 }
@@ -115,7 +116,7 @@ impl World {
     /// `reconciler::step` proposes it), then the agents get the open orders; `agent` decides
     /// the outcome of an order the first time its id arrives (`None`:
     /// no answer yet). Returns whether anything was committed.
-    fn tick(&mut self, agent: &mut impl FnMut(&Action) -> Option<(bool, String)>) -> bool {
+    fn tick(&mut self, agent: &mut impl FnMut(&Action) -> Option<OrderOutcome>) -> bool {
         let now = self.now;
         let mut progressed = false;
         for c in crate::model::decide::decide(&self.st, now) {
@@ -133,7 +134,7 @@ impl World {
     }
 
     /// Sends every open order (what the `OrderHub` would send).
-    fn deliver(&mut self, agent: &mut impl FnMut(&Action) -> Option<(bool, String)>) -> bool {
+    fn deliver(&mut self, agent: &mut impl FnMut(&Action) -> Option<OrderOutcome>) -> bool {
         let mut progressed = false;
         for (host, order) in crate::leader::orders::open_orders(&self.st) {
             let id = order.order_id;
@@ -145,20 +146,15 @@ impl World {
                     self.executed.insert(id, a.clone());
                 }),
             };
-            if let Some((ok, detail)) = answer {
-                self.ok(Command::OrderDone {
-                    host,
-                    id,
-                    ok,
-                    detail,
-                });
+            if let Some(outcome) = answer {
+                self.ok(Command::OrderDone { host, id, outcome });
                 progressed = true;
             }
         }
         progressed
     }
 
-    fn settle(&mut self, mut agent: impl FnMut(&Action) -> Option<(bool, String)>) {
+    fn settle(&mut self, mut agent: impl FnMut(&Action) -> Option<OrderOutcome>) {
         for _ in 0..100 {
             if !self.tick(&mut agent) {
                 return;
@@ -192,15 +188,12 @@ impl World {
     }
 }
 
-fn obey(a: &Action) -> Option<(bool, String)> {
-    Some((
-        true,
-        match a {
-            Action::CheckpointJob { .. } => "step=40".into(),
-            Action::PlaybookStep { .. } => "moved 2 connections".into(),
-            _ => "pid=1".into(),
-        },
-    ))
+fn obey(a: &Action) -> Option<OrderOutcome> {
+    Some(match a {
+        Action::CheckpointJob { .. } => crate::model::testkit::checkpointed(40),
+        Action::PlaybookStep { .. } => crate::model::testkit::answer(true, "moved 2 connections"),
+        _ => crate::model::testkit::answer(true, "pid=1"),
+    })
 }
 
 /// h0's rail0 goes down while its backup rail1 is up.
@@ -325,7 +318,7 @@ fn a_new_leader_resumes_the_open_step_with_the_same_order_id() {
             assert_eq!(o.order_id, intent);
             w.delivered.push(o.order_id);
             if w.executed
-                .insert(o.order_id, (true, "moved".into()))
+                .insert(o.order_id, crate::model::testkit::answer(true, "moved"))
                 .is_none()
             {
                 executions += 1;
@@ -334,20 +327,18 @@ fn a_new_leader_resumes_the_open_step_with_the_same_order_id() {
                 lose_first_answer = false;
                 continue;
             }
-            let (ok, detail) = w.executed[&o.order_id].clone();
+            let outcome = w.executed[&o.order_id].clone();
             w.ok(Command::OrderDone {
                 host: "h0".into(),
                 id: o.order_id,
-                ok,
-                detail: detail.clone(),
+                outcome: outcome.clone(),
             });
             // A late duplicate answer changes nothing.
             let before = w.st.runs.clone();
             w.ok(Command::OrderDone {
                 host: "h0".into(),
                 id: o.order_id,
-                ok,
-                detail,
+                outcome,
             });
             assert_eq!(w.st.runs, before);
         }
@@ -370,8 +361,11 @@ fn a_failing_step_is_retried_then_escalated() {
     w.nic("h0", "rail1", NicState::Up);
     w.nic("h0", "rail0", NicState::Flapping);
     w.settle(|a| match a {
-        Action::PlaybookStep { .. } => Some((false, "job j rank 0 did not answer".into())),
-        _ => Some((true, String::new())),
+        Action::PlaybookStep { .. } => Some(crate::model::testkit::answer(
+            false,
+            "job j rank 0 did not answer",
+        )),
+        _ => Some(crate::model::testkit::answer(true, String::new())),
     });
     let first = w.run(1);
     assert_eq!(first.playbook, "nic-flapping");
@@ -532,8 +526,7 @@ fn an_incident_cleared_mid_run_cancels_the_run_and_its_order() {
     w.ok(Command::OrderDone {
         host: "h0".into(),
         id: intent,
-        ok: true,
-        detail: "moved".into(),
+        outcome: crate::model::testkit::answer(true, "moved"),
     });
     assert_eq!(w.st.runs, before);
     assert!(wanted_run_commands(&w.st).is_empty());
@@ -733,7 +726,7 @@ fn checkpoint_steps_wait_for_a_new_complete_checkpoint() {
     // Checkpoint orders go unanswered: the step waits.
     w.settle(|a| match a {
         Action::CheckpointJob { .. } => None,
-        _ => Some((true, "pid=1".into())),
+        _ => Some(crate::model::testkit::answer(true, "pid=1")),
     });
     assert_eq!(w.run(1).step_id(), "checkpoint");
     assert_eq!(w.st.jobs["j"].state, JobState::Checkpointing);
@@ -886,9 +879,10 @@ fn a_refused_shape_is_retried_a_bounded_number_of_times() {
     use crate::model::shaping::{ContentionCommand, MAX_SHAPE_FAILURES};
     let (mut w, inc) = contention_world();
     let refuse = |a: &Action| match a {
-        Action::ShapeNic { host, .. } if host == "h1" => {
-            Some((false, "rail0: no such device".to_string()))
-        }
+        Action::ShapeNic { host, .. } if host == "h1" => Some(crate::model::testkit::answer(
+            false,
+            "rail0: no such device",
+        )),
         other => obey(other),
     };
     w.settle(refuse);
