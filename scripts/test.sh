@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo fmt --all --check
+# No import circles between the files of a crate, no non-test file over
+# 1,200 lines (see ARCHITECTURE.md).
+python3 scripts/layout.py
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 cargo build --workspace --bins --all-features
 cargo test --workspace --all-features
