@@ -110,6 +110,7 @@ pub struct Overrides {
 /// A configuration problem.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The configuration file could not be read (missing, no permission).
     #[error("cannot read {path}: {source}")]
     Read {
         path: String,

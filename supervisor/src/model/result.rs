@@ -33,10 +33,16 @@ pub enum CmdOk {
 /// Why a command was refused. Nothing was changed.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, thiserror::Error)]
 pub enum CmdError {
+    /// The command names a host, NIC, job, intent, incident or playbook
+    /// the model does not have (`kind` says which).
     #[error("{kind} {name:?} not found")]
     NotFound { kind: String, name: String },
+    /// The command itself is malformed: a bad name, a value out of range,
+    /// a field over its bound (the message says which).
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// The command is well formed but the state does not allow it now (a
+    /// draining host uncordoned, a failover to a NIC that is down, …).
     #[error("{0}")]
     FailedPrecondition(String),
     /// A retried request is older than what its session remembers: it may or
