@@ -242,7 +242,7 @@ mod tests {
         assert_eq!(
             st.events
                 .iter()
-                .filter(|e| e.what.starts_with("drained"))
+                .filter(|e| matches!(e.event, crate::model::Event::Drained { .. }))
                 .count(),
             1
         );

@@ -304,7 +304,7 @@ fn agent_events_apply_exactly_once_in_order() {
     assert!(
         st.events
             .iter()
-            .filter(|e| e.what.contains(": link "))
+            .filter(|e| matches!(e.event, crate::model::Event::NicLink { .. }))
             .all(|e| e.observed_unix_ns.is_some()),
         "link events carry the agent's observation time"
     );
@@ -775,10 +775,12 @@ fn qp_placements_are_recorded_moved_closed_and_reset() {
     // An agent restart forgets the host's placements.
     qp_event(&mut st, 10, 7, AgentEventKind::QpReset).unwrap();
     assert!(!st.qps.contains_key("h0"));
-    assert!(st
-        .events
-        .iter()
-        .any(|e| e.what.contains("2 connection placements forgotten")));
+    assert!(st.events.iter().any(|e| matches!(
+        e.event,
+        crate::model::Event::AgentRestarted {
+            placements_forgotten: 2
+        }
+    )));
 }
 
 #[test]
@@ -809,7 +811,10 @@ fn qp_placements_are_bounded_per_host() {
         "never stalls the agent's stream"
     );
     assert_eq!(st.qps["h0"].len(), MAX_QPS_PER_HOST);
-    assert!(st.events.iter().any(|e| e.what.contains("not recorded")));
+    assert!(st
+        .events
+        .iter()
+        .any(|e| matches!(e.event, crate::model::Event::QpNotRecorded { .. })));
     // Updates of recorded connections still apply when full.
     qp_event(
         &mut st,
