@@ -954,13 +954,24 @@ mod tests {
     use super::*;
 
     /// Every `railguard-chaos scenario X` / `bench X` / `demo` the README
-    /// shows is a row of the tables (and parses with no flags).
+    /// and the docs show is a row of the tables (and parses with no flags),
+    /// and together they show every scenario.
     #[test]
     fn the_tables_hold_every_command_the_readme_mentions() {
-        let readme = include_str!("../../../README.md");
+        let docs = [
+            include_str!("../../../README.md"),
+            include_str!("../../../docs/benchmarks.md"),
+            include_str!("../../../docs/references.md"),
+            include_str!("../../../docs/status.md"),
+            include_str!("../../../docs/testbed.md"),
+        ];
         let mut seen = 0;
-        for (i, _) in readme.match_indices("railguard-chaos ") {
-            let words: Vec<&str> = readme[i + "railguard-chaos ".len()..]
+        let mut named = std::collections::BTreeSet::new();
+        for (doc, i) in docs.iter().flat_map(|d| {
+            d.match_indices("railguard-chaos ")
+                .map(move |(i, _)| (d, i))
+        }) {
+            let words: Vec<&str> = doc[i + "railguard-chaos ".len()..]
                 .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
                 .take(2)
                 .collect();
@@ -983,8 +994,17 @@ mod tests {
                 .try_get_matches_from(["railguard-chaos", words[0], name])
                 .unwrap_or_else(|e| panic!("{} {name}: {e}", words[0]));
             seen += 1;
+            if words[0] == "scenario" {
+                named.insert(name);
+            }
         }
-        assert!(seen >= SCENARIOS.len(), "the README names {seen} commands");
+        assert!(seen >= SCENARIOS.len(), "the docs name {seen} commands");
+        let missing: Vec<_> = SCENARIOS
+            .iter()
+            .map(|e| e.name)
+            .filter(|n| !named.contains(n))
+            .collect();
+        assert!(missing.is_empty(), "no doc shows scenarios {missing:?}");
     }
 
     /// Names are unique within a table, and every row builds a valid
