@@ -41,9 +41,8 @@ use std::time::Duration;
 use proto::agent::{Order, OrderOutcome};
 use proto::v1::agent_client::AgentClient;
 use proto::v1::{
-    agent_event, AgentEvent, AgentOrder, ClearShape, HeartbeatRequest, LogTailResult, Nic,
-    OrderResultReply, OrdersRequest, QpPlacement, QpReset, RankCheckpoint, RankExited, ReflexDone,
-    RegisterHost,
+    AgentEvent, AgentOrder, ClearShape, HeartbeatRequest, LogTailResult, Nic, OrderResultReply,
+    OrdersRequest, RegisterHost,
 };
 use tokio::sync::{mpsc, Mutex, Notify};
 use tonic::transport::{Channel, Endpoint};
@@ -788,45 +787,6 @@ where
     }
 }
 
-/// The wire form of a report.
-fn event_kind(r: &Report) -> agent_event::Kind {
-    match r {
-        Report::Nic(n) => agent_event::Kind::NicState(n.to_wire()),
-        Report::Qp(q) => agent_event::Kind::Qp(QpPlacement {
-            job: q.job.clone(),
-            rank: q.rank,
-            conn_id: q.conn_id,
-            nic: q.nic.clone(),
-            peer_host: q.peer_host.clone(),
-            peer_rank: q.peer_rank,
-            rail: q.rail,
-            moved: q.moved,
-            closed: q.closed,
-        }),
-        Report::QpReset { .. } => agent_event::Kind::QpReset(QpReset {}),
-        Report::Reflex(x) => agent_event::Kind::Reflex(ReflexDone {
-            nic: x.nic.clone(),
-            conns: x.conns,
-            ok: x.ok,
-            detail: x.detail.clone(),
-        }),
-        Report::RankExited(x) => agent_event::Kind::RankExited(RankExited {
-            job: x.job.clone(),
-            incarnation: x.incarnation,
-            rank: x.rank,
-            exit_code: x.exit_code,
-            signal: x.signal,
-            detail: x.detail.clone(),
-        }),
-        Report::RankCheckpoint(x) => agent_event::Kind::RankCheckpoint(RankCheckpoint {
-            job: x.job.clone(),
-            incarnation: x.incarnation,
-            rank: x.rank,
-            step: x.step,
-        }),
-    }
-}
-
 async fn heartbeat_loop(cfg: Arc<AgentConfig>, hint: Arc<LeaderHint>) {
     let mut tick = tokio::time::interval(HEARTBEAT);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -980,12 +940,7 @@ async fn stream_once(
             .pending_after(sent)
             .map_err(|e| e.to_string())?;
         for p in pending {
-            let ev = AgentEvent {
-                host: cfg.host.clone(),
-                seq: p.seq,
-                at_unix_ns: p.report.at_unix_ns(),
-                kind: Some(event_kind(&p.report)),
-            };
+            let ev = p.report.to_event(&cfg.host, p.seq);
             tx.send(ev).await.map_err(|_| "stream closed".to_string())?;
             sent = p.seq;
         }

@@ -40,7 +40,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rdma::contract::{
-    self, AgentMessage, ConnUp, ContractError, Hello, JobMessage, LineReader, Order, OrderKind,
+    self, AgentMessage, ConnUp, ContractError, Hello, JobMessage, LineReader, Order, OrderAnswer,
+    OrderKind,
 };
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, Notify};
@@ -190,6 +191,8 @@ pub struct RankAnswer {
     pub rank: u32,
     pub ok: bool,
     pub detail: String,
+    /// The checkpoint step a checkpoint order's answer names.
+    pub step: Option<u64>,
 }
 
 /// What [`Control::pace_job`] did.
@@ -225,7 +228,7 @@ struct Pending {
     rank: u32,
     order: Order,
     conns: Vec<ConnKey>,
-    reply: Option<oneshot::Sender<(bool, String)>>,
+    reply: Option<oneshot::Sender<OrderAnswer>>,
     /// It reached a job socket at least once.
     delivered: bool,
 }
@@ -262,7 +265,7 @@ struct Wait {
     who: String,
     order_id: u64,
     conns: usize,
-    rx: oneshot::Receiver<(bool, String)>,
+    rx: oneshot::Receiver<OrderAnswer>,
 }
 
 /// Outcome of sending migrate orders: what to wait for, and what already
@@ -642,11 +645,8 @@ impl Control {
                     inv.bury(key, r.conn);
                 }
             }
-            JobMessage::OrderDone {
-                order_id,
-                ok,
-                detail,
-            } => {
+            JobMessage::OrderDone(answer) => {
+                let order_id = answer.order_id;
                 match inv.pending.get(&order_id) {
                     Some(p) if p.job == job => {}
                     Some(_) => return Err(format!("order {order_id} is not for job {job:?}")),
@@ -657,7 +657,7 @@ impl Control {
                     }
                 }
                 let p = inv.pending.remove(&order_id).expect("checked");
-                tracing::info!(order_id, job = %job, rank, ok, detail = %detail, "job answered an order");
+                tracing::info!(order_id, job = %job, rank, ok = answer.ok, step = ?answer.step, detail = %answer.detail, "job answered an order");
                 for k in &p.conns {
                     if let Some(r) = inv.conns.get_mut(k) {
                         if r.in_order == Some(order_id) {
@@ -666,7 +666,7 @@ impl Control {
                     }
                 }
                 if let Some(reply) = p.reply {
-                    let _ = reply.send((ok, detail));
+                    let _ = reply.send(answer);
                 }
             }
         }
@@ -771,8 +771,8 @@ impl Control {
         let mut moved = 0usize;
         for w in waits {
             match tokio::time::timeout_at(deadline, w.rx).await {
-                Ok(Ok((true, _))) => moved += w.conns,
-                Ok(Ok((false, d))) => failed.push(format!("{}: {d}", w.who)),
+                Ok(Ok(a)) if a.ok => moved += w.conns,
+                Ok(Ok(a)) => failed.push(format!("{}: {}", w.who, a.detail)),
                 Ok(Err(_)) => failed.push(format!("{}: the order was dropped", w.who)),
                 Err(_) => failed.push(format!(
                     "{} did not answer within {} s",
@@ -891,8 +891,8 @@ impl Control {
         let deadline = tokio::time::Instant::now() + timeout;
         for (key, order_id, rx) in waits {
             match tokio::time::timeout_at(deadline, rx).await {
-                Ok(Ok((true, _))) => out.paced += 1,
-                Ok(Ok((false, d))) => out.failed.push(format!("{key}: {d}")),
+                Ok(Ok(a)) if a.ok => out.paced += 1,
+                Ok(Ok(a)) => out.failed.push(format!("{key}: {}", a.detail)),
                 Ok(Err(_)) => out.failed.push(format!("{key}: the order was dropped")),
                 Err(_) => out.failed.push(format!(
                     "{key}: no answer within {} ms",
@@ -963,9 +963,9 @@ impl Control {
         let deadline = tokio::time::Instant::now() + timeout;
         let mut out = Vec::with_capacity(waits.len());
         for (rank, order_id, rx) in waits {
-            let (ok, detail) = match tokio::time::timeout_at(deadline, rx).await {
-                Ok(Ok((ok, d))) => (ok, d),
-                Ok(Err(_)) => (false, "the order was dropped".to_owned()),
+            let (ok, detail, step) = match tokio::time::timeout_at(deadline, rx).await {
+                Ok(Ok(a)) => (a.ok, a.detail, a.step),
+                Ok(Err(_)) => (false, "the order was dropped".to_owned(), None),
                 Err(_) => {
                     let delivered = self
                         .lock()
@@ -980,11 +980,16 @@ impl Control {
                             timeout.as_secs()
                         )
                     };
-                    (false, why)
+                    (false, why, None)
                 }
             };
             self.forget_order(order_id);
-            out.push(RankAnswer { rank, ok, detail });
+            out.push(RankAnswer {
+                rank,
+                ok,
+                detail,
+                step,
+            });
         }
         out
     }

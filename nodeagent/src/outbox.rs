@@ -31,108 +31,24 @@ use proto::agent::{Order, OrderOutcome};
 
 use crate::store_format::{self, FormatError};
 
-/// One report about a NIC: the border type, stored as it is sent.
-pub use proto::agent::NicReport;
-
-/// Where a job's connection runs (or that it closed).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct QpReport {
-    pub job: String,
-    pub rank: u32,
-    pub conn_id: u64,
-    pub nic: String,
-    pub peer_host: String,
-    pub peer_rank: u32,
-    pub rail: u32,
-    pub moved: bool,
-    pub closed: bool,
-    pub at_unix_ns: u64,
-}
-
-/// The outcome of a reflex (connections ordered off a NIC that went down).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReflexReport {
-    pub nic: String,
-    pub conns: u32,
-    pub ok: bool,
-    pub detail: String,
-    pub at_unix_ns: u64,
-}
-
-/// Anything the agent reports to the supervisor.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub enum Report {
-    Nic(NicReport),
-    Qp(QpReport),
-    /// The agent started: the host's connection placements are unknown
-    /// until the jobs register again.
-    QpReset {
-        at_unix_ns: u64,
-    },
-    Reflex(ReflexReport),
-    /// A rank the agent launched exited (or was found gone at start).
-    RankExited(RankExitReport),
-    /// A rank's checkpoint at a step is durable.
-    RankCheckpoint(RankCheckpointReport),
-}
-
-/// A rank the agent launched has exited.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RankExitReport {
-    pub job: String,
-    pub incarnation: u64,
-    pub rank: u32,
-    /// The exit code (-1: killed by a signal, or unknown).
-    pub exit_code: i32,
-    /// The signal that ended it (0: none).
-    pub signal: i32,
-    pub detail: String,
-    pub at_unix_ns: u64,
-}
-
-/// A rank said its checkpoint at `step` is durable.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RankCheckpointReport {
-    pub job: String,
-    pub incarnation: u64,
-    pub rank: u32,
-    pub step: u64,
-    pub at_unix_ns: u64,
-}
-
-impl From<NicReport> for Report {
-    fn from(r: NicReport) -> Self {
-        Report::Nic(r)
-    }
-}
+/// The reports: the border types, stored as they are sent.
+pub use proto::agent::{
+    NicReport, QpReport, RankCheckpointReport, RankExitReport, ReflexReport, Report,
+};
 
 const QP_KEY_PREFIX: &str = "qp/";
 
-impl Report {
-    /// What a newer report of the same key supersedes when coalescing.
-    fn key(&self) -> String {
-        match self {
-            Report::Nic(r) => format!("nic/{}", r.nic),
-            Report::Qp(q) => format!("{QP_KEY_PREFIX}{}/{}/{}", q.job, q.rank, q.conn_id),
-            Report::QpReset { .. } => "qp-reset".into(),
-            Report::Reflex(r) => format!("reflex/{}", r.nic),
-            Report::RankExited(r) => format!("rank-exit/{}/{}/{}", r.job, r.incarnation, r.rank),
-            // A newer step of the same rank supersedes an older one.
-            Report::RankCheckpoint(r) => {
-                format!("rank-ckpt/{}/{}/{}", r.job, r.incarnation, r.rank)
-            }
-        }
-    }
-
-    /// When the agent observed it.
-    pub fn at_unix_ns(&self) -> u64 {
-        match self {
-            Report::Nic(r) => r.at_unix_ns,
-            Report::Qp(q) => q.at_unix_ns,
-            Report::QpReset { at_unix_ns } => *at_unix_ns,
-            Report::Reflex(r) => r.at_unix_ns,
-            Report::RankExited(r) => r.at_unix_ns,
-            Report::RankCheckpoint(r) => r.at_unix_ns,
+/// What a newer report of the same key supersedes when coalescing.
+fn coalesce_key(report: &Report) -> String {
+    match report {
+        Report::Nic(r) => format!("nic/{}", r.nic),
+        Report::Qp(q) => format!("{QP_KEY_PREFIX}{}/{}/{}", q.job, q.rank, q.conn_id),
+        Report::QpReset { .. } => "qp-reset".into(),
+        Report::Reflex(r) => format!("reflex/{}", r.nic),
+        Report::RankExited(r) => format!("rank-exit/{}/{}/{}", r.job, r.incarnation, r.rank),
+        // A newer step of the same rank supersedes an older one.
+        Report::RankCheckpoint(r) => {
+            format!("rank-ckpt/{}/{}/{}", r.job, r.incarnation, r.rank)
         }
     }
 }
@@ -223,7 +139,7 @@ impl Outbox {
                 old.into_values()
                     .map(|r| {
                         let r = Report::Nic(r);
-                        (r.key(), r)
+                        (coalesce_key(&r), r)
                     })
                     .collect()
             }
@@ -329,7 +245,7 @@ impl Outbox {
         if self.queue.len() < self.capacity && self.overflow.is_empty() {
             return Ok(Some(self.enqueue(report)?));
         }
-        let key = report.key();
+        let key = coalesce_key(&report);
         let mut r = report;
         match (self.overflow.remove(&key), &mut r) {
             (Some(Report::Nic(old)), Report::Nic(new)) => {

@@ -4,7 +4,9 @@
 //! **Envelope.** Every value raft-store writes (a log entry, the vote, the
 //! committed log id, the purge marker, snapshot meta and snapshot data)
 //! starts with one byte, the format version ([`FORMAT_VERSION`]), followed by
-//! the payload: bincode (fixed-width integers, little-endian, the encoding of
+//! the payload. A log entry's payload starts with a second byte, the
+//! application model's format ([`crate::StateModel::FORMAT_VERSION`]), since
+//! the entry carries the model's commands; then comes the rest: bincode (fixed-width integers, little-endian, the encoding of
 //! `bincode::serialize`) for Raft records, the model's own bytes
 //! ([`crate::StateModel::encode`]) for snapshot data. A reader checks the
 //! byte before it decodes anything: another version is
@@ -28,7 +30,7 @@ use crate::error::StoreError;
 
 /// Format version of every value raft-store writes (the envelope's first
 /// byte, and the store marker). Bump it when any stored encoding changes.
-pub const FORMAT_VERSION: u8 = 1;
+pub const FORMAT_VERSION: u8 = 2;
 
 /// The tree of log entries, keyed by big-endian `u64` index.
 pub(crate) const TREE_LOG: &str = "log";
@@ -52,6 +54,42 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, bincode::Error>
     Ok(out)
 }
 
+/// A log entry in the envelope: version byte, the model's format byte
+/// `model`, then bincode.
+pub(crate) fn encode_entry<T: Serialize>(value: &T, model: u8) -> Result<Vec<u8>, bincode::Error> {
+    let mut out = vec![FORMAT_VERSION, model];
+    options().serialize_into(&mut out, value)?;
+    Ok(out)
+}
+
+/// Decodes a log entry written by [`encode_entry`] with the model format
+/// `model`; an entry of another model format is
+/// [`StoreError::UnsupportedVersion`].
+pub(crate) fn decode_entry<T: DeserializeOwned>(
+    bytes: &[u8],
+    model: u8,
+    index: u64,
+) -> Result<T, StoreError> {
+    const WHAT: &str = "log entry";
+    let body = decode_raw(bytes, WHAT, TREE_LOG, &index)?;
+    match body.split_first() {
+        Some((&found, rest)) if found == model => deserialize(rest, WHAT, TREE_LOG, &index),
+        Some((&found, _)) => Err(StoreError::UnsupportedVersion {
+            what: "log entry's model format",
+            tree: TREE_LOG,
+            key: index.to_string(),
+            found,
+            supported: model,
+        }),
+        None => Err(StoreError::Corrupt {
+            what: WHAT,
+            tree: TREE_LOG,
+            key: index.to_string(),
+            detail: "no model format byte".into(),
+        }),
+    }
+}
+
 /// Opaque bytes (snapshot data) in the envelope.
 pub(crate) fn encode_raw(bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len() + 1);
@@ -68,7 +106,16 @@ pub(crate) fn decode<T: DeserializeOwned>(
     tree: &'static str,
     key: &dyn Display,
 ) -> Result<T, StoreError> {
-    let body = decode_raw(bytes, what, tree, key)?;
+    deserialize(decode_raw(bytes, what, tree, key)?, what, tree, key)
+}
+
+/// Bincode of `body`, all of it.
+fn deserialize<T: DeserializeOwned>(
+    body: &[u8],
+    what: &'static str,
+    tree: &'static str,
+    key: &dyn Display,
+) -> Result<T, StoreError> {
     // A limit of the body's length makes a garbled length prefix an error
     // instead of an allocation.
     options()

@@ -70,7 +70,7 @@ where
             source,
         })?;
     format::check_store(&db, dir)?;
-    let log = SledLogStore::new(&db).map_err(|source| StoreError::Sled {
+    let log = SledLogStore::new(&db, M::FORMAT_VERSION).map_err(|source| StoreError::Sled {
         path: dir.display().to_string(),
         source,
     })?;

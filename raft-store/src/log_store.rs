@@ -18,7 +18,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::error::StoreError;
-use crate::format::{decode, encode, TREE_LOG, TREE_META};
+use crate::format::{decode, decode_entry, encode, encode_entry, TREE_LOG, TREE_META};
 
 const KEY_VOTE: &[u8] = b"vote";
 const KEY_COMMITTED: &[u8] = b"committed";
@@ -32,6 +32,8 @@ pub struct SledLogStore<C: RaftTypeConfig> {
     db: sled::Db,
     log: sled::Tree,
     meta: sled::Tree,
+    /// The model's format byte in every entry written and read.
+    model_format: u8,
     _c: PhantomData<C>,
 }
 
@@ -41,6 +43,7 @@ impl<C: RaftTypeConfig> Clone for SledLogStore<C> {
             db: self.db.clone(),
             log: self.log.clone(),
             meta: self.meta.clone(),
+            model_format: self.model_format,
             _c: PhantomData,
         }
     }
@@ -76,11 +79,12 @@ where
     C: RaftTypeConfig<Entry = Entry<C>>,
     C::D: Serialize + DeserializeOwned,
 {
-    pub(crate) fn new(db: &sled::Db) -> Result<Self, sled::Error> {
+    pub(crate) fn new(db: &sled::Db, model_format: u8) -> Result<Self, sled::Error> {
         Ok(Self {
             db: db.clone(),
             log: db.open_tree(TREE_LOG)?,
             meta: db.open_tree(TREE_META)?,
+            model_format,
             _c: PhantomData,
         })
     }
@@ -128,7 +132,7 @@ where
         for kv in iter {
             let (k, v) = kv.map_err(|e| StorageIOError::read_logs(&e))?;
             let index = key_index(&k).map_err(|e| StorageIOError::read_logs(&e))?;
-            let entry: Entry<C> = decode(&v, "log entry", TREE_LOG, &index)
+            let entry: Entry<C> = decode_entry(&v, self.model_format, index)
                 .map_err(|e| StorageIOError::read_log_at_index(index, &e))?;
             out.push(entry);
         }
@@ -149,7 +153,7 @@ where
             None => None,
             Some((k, v)) => {
                 let index = key_index(&k).map_err(|e| StorageIOError::read_logs(&e))?;
-                let entry: Entry<C> = decode(&v, "log entry", TREE_LOG, &index)
+                let entry: Entry<C> = decode_entry(&v, self.model_format, index)
                     .map_err(|e| StorageIOError::read_log_at_index(index, &e))?;
                 Some(entry.get_log_id().clone())
             }
@@ -218,7 +222,8 @@ where
         let mut batch = sled::Batch::default();
         for entry in entries {
             let log_id = entry.get_log_id().clone();
-            let bytes = encode(&entry).map_err(|e| StorageIOError::write_log_entry(log_id, &*e))?;
+            let bytes = encode_entry(&entry, self.model_format)
+                .map_err(|e| StorageIOError::write_log_entry(log_id, &*e))?;
             batch.insert(&index_key(entry.get_log_id().index), bytes);
         }
         self.log

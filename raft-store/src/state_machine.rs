@@ -37,6 +37,12 @@ pub trait StateModel<C: RaftTypeConfig>: Default + Send + Sync + 'static + Sized
     /// membership entries), which openraft still expects one for.
     fn non_app_response(&mut self, log_id: &LogId<C::NodeId>) -> C::R;
 
+    /// The format of the model's types inside log entries (the commands,
+    /// `C::D`): the second byte of every stored entry, checked on load.
+    /// Bump it whenever a command's encoding changes; a store written with
+    /// another value is refused rather than misread.
+    const FORMAT_VERSION: u8;
+
     /// Serialises the whole model for a snapshot.
     fn encode(&self) -> Result<Vec<u8>, String>;
 

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{log_id, put, KvModel, TestConfig};
+use common::{log_id, put, KvModel, TestConfig, KV_FORMAT};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{RaftLogReader, RaftSnapshotBuilder, Vote};
 use raft_store::{StoreError, FORMAT_VERSION};
@@ -125,7 +125,29 @@ fn log_entry_of_another_version_is_refused() {
         e.contains("stored log entry at log/5 has format version 9"),
         "{e}"
     );
-    assert!(e.contains("reads only version 1"), "{e}");
+    assert!(
+        e.contains(&format!("reads only version {FORMAT_VERSION}")),
+        "{e}"
+    );
+}
+
+#[test]
+fn log_entry_of_another_model_format_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    populate(dir.path());
+    tamper(dir.path(), "log", &5u64.to_be_bytes(), |mut b| {
+        assert_eq!(b[1], KV_FORMAT, "the entry's second byte is the model's");
+        b[1] = KV_FORMAT + 1;
+        b
+    });
+    let e = read_log_err(dir.path());
+    assert!(
+        e.contains(&format!(
+            "stored log entry's model format at log/5 has format version {}; this build reads only version {KV_FORMAT}",
+            KV_FORMAT + 1
+        )),
+        "{e}"
+    );
 }
 
 #[test]
@@ -148,14 +170,14 @@ fn last_log_entry_of_another_version_is_refused_by_the_log_state() {
 fn vote_of_another_version_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     populate(dir.path());
-    tamper(dir.path(), "meta", b"vote", with_version(2));
+    tamper(dir.path(), "meta", b"vote", with_version(9));
     let rt = tokio::runtime::Runtime::new().unwrap();
     let e = rt.block_on(async {
         let (mut log, _sm) = raft_store::open::<TestConfig, KvModel>(dir.path()).unwrap();
         log.read_vote().await.unwrap_err().to_string()
     });
     assert!(
-        e.contains("stored vote at meta/vote has format version 2"),
+        e.contains("stored vote at meta/vote has format version 9"),
         "{e}"
     );
 }

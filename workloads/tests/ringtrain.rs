@@ -5,7 +5,7 @@
 //! What is checked: two runs give the same digest on every rank; a run
 //! killed after a checkpoint and resumed from it gives the same digest; an
 //! ordered halting checkpoint is written by every rank at one agreed step,
-//! answered `step=N`, and stops the computation until a stop order (exit
+//! answered with that step, and stops the computation until a stop order (exit
 //! 143), and resuming from it gives the same digest; a fragile rank whose
 //! peer dies exits 75; bad configuration exits 2 with one line.
 //!
@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use rdma::contract::{decode_job, encode, AgentMessage, JobMessage, Order, OrderKind};
+use rdma::contract::{decode_job, encode, AgentMessage, JobMessage, Order, OrderAnswer, OrderKind};
 use testbed::netns::Netns;
 use testbed::{rail_addr, require_root, Node, Side, Testbed, TestbedSpec};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -343,13 +343,9 @@ impl FakeAgent {
     }
 }
 
-fn done_detail(m: &JobMessage) -> (u64, bool, String) {
+fn answer(m: &JobMessage) -> OrderAnswer {
     match m {
-        JobMessage::OrderDone {
-            order_id,
-            ok,
-            detail,
-        } => (*order_id, *ok, detail.clone()),
+        JobMessage::OrderDone(a) => a.clone(),
         other => panic!("not an order_done: {other:?}"),
     }
 }
@@ -408,16 +404,16 @@ async fn an_ordered_halting_checkpoint_is_agreed_halts_and_resumes_exactly() {
         },
     );
     let done = agents[1]
-        .expect("order_done 7", |m| {
-            matches!(m, JobMessage::OrderDone { order_id: 7, .. })
-        })
+        .expect(
+            "order_done 7",
+            |m| matches!(m, JobMessage::OrderDone(a) if a.order_id == 7),
+        )
         .await;
-    let (_, ok, detail) = done_detail(&done);
+    let OrderAnswer {
+        ok, detail, step, ..
+    } = answer(&done);
     assert!(ok, "{detail}");
-    let n: u64 = detail
-        .strip_prefix("step=")
-        .and_then(|s| s.parse().ok())
-        .expect(&detail);
+    let n: u64 = step.expect("a checkpoint answer names its step");
     assert!((10..STEPS).contains(&n), "checkpoint at {n}");
     for a in agents.iter_mut() {
         a.expect("checkpointed", |m| {
@@ -441,14 +437,15 @@ async fn an_ordered_halting_checkpoint_is_agreed_halts_and_resumes_exactly() {
             halt: true,
         },
     );
-    let (_, ok, detail) = done_detail(
+    let late = answer(
         &agents[0]
-            .expect("order_done 8", |m| {
-                matches!(m, JobMessage::OrderDone { order_id: 8, .. })
-            })
+            .expect(
+                "order_done 8",
+                |m| matches!(m, JobMessage::OrderDone(a) if a.order_id == 8),
+            )
             .await,
     );
-    assert!(ok && detail == format!("step={n}"), "{detail}");
+    assert!(late.ok && late.step == Some(n), "{late:?}");
     // Halted: nothing more is computed.
     tokio::time::sleep(Duration::from_millis(300)).await;
     for r in 0..3 {
@@ -470,10 +467,11 @@ async fn an_ordered_halting_checkpoint_is_agreed_halts_and_resumes_exactly() {
         vec![143, 143, 143]
     );
     for a in agents.iter_mut() {
-        let (_, ok, _) = done_detail(
-            &a.expect("order_done 9", |m| {
-                matches!(m, JobMessage::OrderDone { order_id: 9, .. })
-            })
+        let OrderAnswer { ok, .. } = answer(
+            &a.expect(
+                "order_done 9",
+                |m| matches!(m, JobMessage::OrderDone(a) if a.order_id == 9),
+            )
             .await,
         );
         assert!(ok);
@@ -758,11 +756,11 @@ async fn netns_migrate_and_pace_orders_are_carried_out_and_reported() {
                 to_nic: Some("rail1".into()),
             },
         );
-        let (_, ok, detail) = done_detail(
+        let OrderAnswer { ok, detail, .. } = answer(
             &agents[0]
                 .expect(
                     "order_done",
-                    |m| matches!(m, JobMessage::OrderDone { order_id, .. } if *order_id == id),
+                    |m| matches!(m, JobMessage::OrderDone(a) if a.order_id == id),
                 )
                 .await,
         );
@@ -793,11 +791,12 @@ async fn netns_migrate_and_pace_orders_are_carried_out_and_reported() {
             bytes_per_s: Some(200 << 20),
         },
     );
-    let (_, ok, detail) = done_detail(
+    let OrderAnswer { ok, detail, .. } = answer(
         &agents[1]
-            .expect("order_done 2", |m| {
-                matches!(m, JobMessage::OrderDone { order_id: 2, .. })
-            })
+            .expect(
+                "order_done 2",
+                |m| matches!(m, JobMessage::OrderDone(a) if a.order_id == 2),
+            )
             .await,
     );
     assert!(ok, "{detail}");
@@ -809,11 +808,12 @@ async fn netns_migrate_and_pace_orders_are_carried_out_and_reported() {
             to_nic: Some("rail9".into()),
         },
     );
-    let (_, ok, detail) = done_detail(
+    let OrderAnswer { ok, detail, .. } = answer(
         &agents[1]
-            .expect("order_done 3", |m| {
-                matches!(m, JobMessage::OrderDone { order_id: 3, .. })
-            })
+            .expect(
+                "order_done 3",
+                |m| matches!(m, JobMessage::OrderDone(a) if a.order_id == 3),
+            )
             .await,
     );
     assert!(!ok && detail.contains("rail9"), "{detail}");

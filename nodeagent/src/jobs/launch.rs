@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use proto::agent::{detail_step, OrderOutcome};
+use proto::agent::OrderOutcome;
 use proto::v1::StartRank;
 use rdma::contract::OrderKind;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
@@ -179,21 +179,19 @@ impl Launcher {
     }
 
     /// Carries out a job order. A checkpoint that every rank answered
-    /// is [`OrderOutcome::Checkpointed`] at the step the ranks' answer
-    /// names (`step=N`, the job contract's answer).
+    /// with the same step (the contract answer's `step` field) is
+    /// [`OrderOutcome::Checkpointed`] at that step.
     pub async fn execute(self: &Arc<Self>, control: &Control, order: &JobOrder) -> OrderOutcome {
-        let (ok, detail) = match order {
-            JobOrder::Start(s) => self.start(s).await,
-            JobOrder::Stop { job, incarnation } => self.stop_job(job, *incarnation).await,
+        let (ok, detail, step) = match order {
+            JobOrder::Start(s) => with_no_step(self.start(s).await),
+            JobOrder::Stop { job, incarnation } => {
+                with_no_step(self.stop_job(job, *incarnation).await)
+            }
             JobOrder::Checkpoint {
                 job,
                 incarnation,
                 halt,
             } => self.checkpoint(control, job, *incarnation, *halt).await,
-        };
-        let step = match order {
-            JobOrder::Checkpoint { .. } if ok => detail_step(&detail),
-            _ => None,
         };
         let detail = rdma::contract::truncate(&detail, MAX_DETAIL).to_owned();
         match (ok, step) {
@@ -597,19 +595,20 @@ impl Launcher {
         job: &str,
         incarnation: u64,
         halt: bool,
-    ) -> (bool, String) {
+    ) -> (bool, String, Option<u64>) {
         if let Err(e) = check_job_name(job) {
-            return (false, e);
+            return (false, e, None);
         }
         match self.fence(job) {
             Ok(f) if incarnation < f.highest => {
                 return (
                     false,
                     format!("stale incarnation {incarnation} < {}", f.highest),
+                    None,
                 )
             }
             Ok(_) => {}
-            Err(e) => return (false, e),
+            Err(e) => return (false, e, None),
         }
         let mut ranks: Vec<u32> = self
             .lock()
@@ -625,6 +624,7 @@ impl Launcher {
             return (
                 false,
                 format!("no rank of job {job} incarnation {incarnation} runs on this host"),
+                None,
             );
         }
         let kind = OrderKind::Checkpoint { step: None, halt };
@@ -632,6 +632,11 @@ impl Launcher {
             .order_ranks(job, &ranks, kind, CHECKPOINT_TIMEOUT)
             .await;
         let ok = answers.iter().all(|a| a.ok);
+        // The checkpoint is this host's part of one restart point only if
+        // every rank names the same step.
+        let step = answers[0]
+            .step
+            .filter(|s| answers.iter().all(|a| a.step == Some(*s)));
         let same = answers.windows(2).all(|w| w[0].detail == w[1].detail);
         let detail = if ok && same {
             answers[0].detail.clone()
@@ -645,8 +650,8 @@ impl Launcher {
                 .collect::<Vec<_>>()
                 .join("; ")
         };
-        tracing::info!(job, incarnation, halt, ok, detail = %detail, "checkpoint order answered");
-        (ok, detail)
+        tracing::info!(job, incarnation, halt, ok, step = ?step, detail = %detail, "checkpoint order answered");
+        (ok, detail, step.filter(|_| ok))
     }
 
     /// The last `max_bytes` (0 or more than [`MAX_TAIL`]: [`MAX_TAIL`]) of
@@ -928,4 +933,9 @@ pub fn rank_env(cfg: &JobsConfig, o: &StartRank) -> Vec<(String, String)> {
         env.insert(k.to_owned(), v);
     }
     env.into_iter().collect()
+}
+
+/// An answer that names no checkpoint step.
+fn with_no_step((ok, detail): (bool, String)) -> (bool, String, Option<u64>) {
+    (ok, detail, None)
 }

@@ -320,8 +320,11 @@ async fn fencing_refuses_stale_incarnations_and_a_newer_one_stops_the_older_firs
     let (ok, d) = r.launcher.start(&order("j", 1, 0, "true")).await;
     assert_eq!((ok, d.as_str()), (false, "stale incarnation 1 < 2"));
     let control = Control::new(nics());
-    let (ok, d) = r.launcher.checkpoint(&control, "j", 1, false).await;
-    assert_eq!((ok, d.as_str()), (false, "stale incarnation 1 < 2"));
+    let (ok, d, step) = r.launcher.checkpoint(&control, "j", 1, false).await;
+    assert_eq!(
+        (ok, d.as_str(), step),
+        (false, "stale incarnation 1 < 2", None)
+    );
     assert_eq!(r.launcher.running().len(), 2, "nothing was touched");
     // A newer incarnation: the older ranks are gone before it starts.
     let (ok, d) = r.launcher.start(&order("j", 3, 0, "exec sleep 100")).await;
@@ -468,10 +471,14 @@ async fn checkpoint_orders_reach_the_ranks_and_checkpoints_are_reported_once() {
     let control =
         Control::with_rank_events(nics(), Some(r.launcher.clone() as Arc<dyn RankEvents>));
     tokio::spawn(control.clone().serve(listener));
-    let (ok, d) = r.launcher.checkpoint(&control, "j", 5, true).await;
+    let (ok, d, step) = r.launcher.checkpoint(&control, "j", 5, true).await;
     assert_eq!(
-        (ok, d.as_str()),
-        (false, "no rank of job j incarnation 5 runs on this host")
+        (ok, d.as_str(), step),
+        (
+            false,
+            "no rank of job j incarnation 5 runs on this host",
+            None
+        )
     );
     let (ok, d) = r.launcher.start(&order("j", 5, 0, "exec sleep 100")).await;
     assert!(ok, "{d}");
@@ -506,12 +513,12 @@ async fn checkpoint_orders_reach_the_ranks_and_checkpoints_are_reported_once() {
     );
     client.checkpointed(40).await.unwrap();
     client.checkpointed(40).await.unwrap();
-    client
-        .order_done(o.order_id, true, "step=40")
-        .await
-        .unwrap();
-    let (ok, d) = checkpoint.await.unwrap();
-    assert_eq!((ok, d.as_str()), (true, "step=40"));
+    client.checkpoint_done(o.order_id, 40).await.unwrap();
+    let (ok, d, step) = checkpoint.await.unwrap();
+    assert_eq!(
+        (ok, d.as_str(), step),
+        (true, "checkpoint at step 40", Some(40))
+    );
     client.checkpointed(41).await.unwrap();
     let ckpts: Vec<(u64, u64)> = r
         .reports()

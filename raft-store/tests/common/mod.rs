@@ -30,7 +30,12 @@ pub struct KvModel {
     pub kv: std::collections::BTreeMap<String, String>,
 }
 
+/// The test model's format byte in log entries.
+pub const KV_FORMAT: u8 = 7;
+
 impl StateModel<TestConfig> for KvModel {
+    const FORMAT_VERSION: u8 = KV_FORMAT;
+
     fn apply(&mut self, _log_id: &LogId<u64>, data: &Put) -> Option<String> {
         self.kv.insert(data.key.clone(), data.value.clone())
     }

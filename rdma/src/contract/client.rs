@@ -14,7 +14,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use super::error::ContractError;
 use super::messages::{
-    truncate, AgentMessage, ConnUp, Hello, JobMessage, Order, MAX_CONNS_PER_CLIENT, MAX_DETAIL_LEN,
+    truncate, AgentMessage, ConnUp, Hello, JobMessage, Order, OrderAnswer, MAX_CONNS_PER_CLIENT,
+    MAX_DETAIL_LEN,
 };
 use super::wire::{decode_agent, encode, write_message, LineReader};
 
@@ -90,12 +91,7 @@ struct Call {
     reply: oneshot::Sender<Result<(), CallError>>,
 }
 
-#[derive(Debug, Clone)]
-struct Done {
-    order_id: u64,
-    ok: bool,
-    detail: String,
-}
+type Done = OrderAnswer;
 
 struct Shared {
     path: PathBuf,
@@ -259,11 +255,28 @@ impl ContractClient {
         ok: bool,
         detail: &str,
     ) -> Result<Delivery, ContractError> {
-        self.call(JobMessage::OrderDone {
+        self.call(JobMessage::OrderDone(OrderAnswer {
             order_id,
             ok,
             detail: truncate(detail, MAX_DETAIL_LEN).to_owned(),
-        })
+            step: None,
+        }))
+        .await
+    }
+
+    /// Answers a checkpoint order: this rank's checkpoint at `step` is
+    /// durable (send [`checkpointed`](Self::checkpointed) for it too).
+    pub async fn checkpoint_done(
+        &self,
+        order_id: u64,
+        step: u64,
+    ) -> Result<Delivery, ContractError> {
+        self.call(JobMessage::OrderDone(OrderAnswer {
+            order_id,
+            ok: true,
+            detail: format!("checkpoint at step {step}"),
+            step: Some(step),
+        }))
         .await
     }
 
@@ -414,20 +427,8 @@ async fn run_client(
 }
 
 fn answer_disconnected(shared: &Shared, c: Call) {
-    if let JobMessage::OrderDone {
-        order_id,
-        ok,
-        detail,
-    } = c.msg
-    {
-        defer_done(
-            shared,
-            Done {
-                order_id,
-                ok,
-                detail,
-            },
-        );
+    if let JobMessage::OrderDone(answer) = c.msg {
+        defer_done(shared, answer);
     }
     let _ = c.reply.send(Err(CallError::Disconnected));
 }
@@ -457,16 +458,11 @@ async fn session(
         if let Some(step) = *lock(&shared.checkpointed) {
             resync.push((JobMessage::Checkpointed { step }, Pending::Resync));
         }
-        resync.extend(dones.into_iter().map(|d| {
-            (
-                JobMessage::OrderDone {
-                    order_id: d.order_id,
-                    ok: d.ok,
-                    detail: d.detail.clone(),
-                },
-                Pending::Done(d),
-            )
-        }));
+        resync.extend(
+            dones
+                .into_iter()
+                .map(|d| (JobMessage::OrderDone(d.clone()), Pending::Done(d))),
+        );
         for (msg, p) in resync {
             // Register the pending entry first: a write failure hands a
             // deferred answer back to the queue.
@@ -530,8 +526,8 @@ async fn session(
                                 Err(mpsc::error::TrySendError::Closed(_)) => Some("the job takes no orders"),
                             };
                             if let Some(why) = refusal {
-                                let d = Done { order_id: id, ok: false, detail: why.into() };
-                                let msg = JobMessage::OrderDone { order_id: id, ok: false, detail: d.detail.clone() };
+                                let d = Done { order_id: id, ok: false, detail: why.into(), step: None };
+                                let msg = JobMessage::OrderDone(d.clone());
                                 pending.push_back(Pending::Done(d));
                                 if let Err(e) = write_message(&mut wr, &msg).await {
                                     break 'session SessionEnd::Lost(e.to_string());
@@ -543,7 +539,7 @@ async fn session(
                 c = calls.recv(), if pending.len() < MAX_PENDING => {
                     let Some(c) = c else { break 'session SessionEnd::ClientGone };
                     let done = match &c.msg {
-                        JobMessage::OrderDone { order_id, ok, detail } => Some(Done { order_id: *order_id, ok: *ok, detail: detail.clone() }),
+                        JobMessage::OrderDone(answer) => Some(answer.clone()),
                         _ => None,
                     };
                     let line = encode(&c.msg);
@@ -717,11 +713,12 @@ mod tests {
         assert_eq!(resent[2], JobMessage::ConnUp(conn(2, "rail1")));
         assert_eq!(
             resent[3],
-            JobMessage::OrderDone {
+            JobMessage::OrderDone(OrderAnswer {
                 order_id: 5,
                 ok: true,
-                detail: "moved".into()
-            }
+                detail: "moved".into(),
+                step: None,
+            })
         );
         assert!(c.wait_connected(Duration::from_secs(5)).await);
         // The new agent repeats the open order: not delivered again.

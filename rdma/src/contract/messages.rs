@@ -54,6 +54,22 @@ pub struct ConnUp {
     pub rail: u32,
 }
 
+/// A job's answer to an order (`order_done`). A checkpoint order's
+/// success names the checkpoint's `step` in its own field: nothing reads
+/// the detail for meaning.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OrderAnswer {
+    pub order_id: u64,
+    pub ok: bool,
+    /// For people and logs (at most [`MAX_DETAIL_LEN`] bytes).
+    #[serde(default)]
+    pub detail: String,
+    /// The step of the checkpoint written for a checkpoint order; only
+    /// with `ok`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u64>,
+}
+
 /// Job → agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -67,12 +83,7 @@ pub enum JobMessage {
     ConnClosed {
         conn_id: u64,
     },
-    OrderDone {
-        order_id: u64,
-        ok: bool,
-        #[serde(default)]
-        detail: String,
-    },
+    OrderDone(OrderAnswer),
     /// This rank's checkpoint at `step` is durable.
     Checkpointed {
         step: u64,
@@ -165,10 +176,16 @@ impl JobMessage {
             }
             JobMessage::ConnMoved { nic, .. } => check_name("nic", nic),
             JobMessage::ConnClosed { .. } | JobMessage::Checkpointed { .. } => Ok(()),
-            JobMessage::OrderDone { detail, .. } => {
-                if detail.len() > MAX_DETAIL_LEN {
+            JobMessage::OrderDone(a) => {
+                if a.detail.len() > MAX_DETAIL_LEN {
                     return Err(ContractError::Invalid(format!(
                         "detail longer than {MAX_DETAIL_LEN} bytes"
+                    )));
+                }
+                if let (false, Some(step)) = (a.ok, a.step) {
+                    return Err(ContractError::Invalid(format!(
+                        "order {} failed but names checkpoint step {step}",
+                        a.order_id
                     )));
                 }
                 Ok(())

@@ -15,8 +15,9 @@
 //!   the agent.
 //! - `conn_moved {conn_id, nic}`: the transport moved the connection.
 //! - `conn_closed {conn_id}`.
-//! - `order_done {order_id, ok, detail}`: the answer to an order (send
-//!   `conn_moved` for every connection that moved first).
+//! - `order_done {order_id, ok, detail, step}`: the answer to an order
+//!   (send `conn_moved` for every connection that moved first); `step`
+//!   only in a successful checkpoint order's answer.
 //! - `checkpointed {step}`: this rank's part of the checkpoint at `step` is
 //!   durable (written and renamed into place). Send it for periodic
 //!   checkpoints and ordered ones alike; the supervisor records a checkpoint
@@ -29,7 +30,7 @@
 //! checkpoint order lets the ranks agree on the step (null: the next one
 //! they can all reach); with `halt` the rank computes nothing after it and
 //! waits to be stopped (a drain moves the job without losing a step). Its
-//! `order_done` detail names the step (`step=N`).
+//! `order_done` names the step in `step`; the detail is only for people.
 //!
 //! Example: `{"type":"conn_moved","conn_id":7,"nic":"rail1"}`.
 //!
@@ -52,8 +53,8 @@ mod wire;
 pub use client::{ClientOptions, ContractClient, Delivery, OrderStream};
 pub use error::ContractError;
 pub use messages::{
-    check_name, socket_path, truncate, AgentMessage, ConnUp, Hello, JobMessage, Order, OrderKind,
-    AGENT_MESSAGE_TYPES, DEFAULT_SOCKET, JOB_MESSAGE_TYPES, MAX_CONNS_PER_CLIENT, MAX_DETAIL_LEN,
-    MAX_LINE, MAX_MIGRATE_CONNS, MAX_NAME_LEN, SOCKET_ENV,
+    check_name, socket_path, truncate, AgentMessage, ConnUp, Hello, JobMessage, Order, OrderAnswer,
+    OrderKind, AGENT_MESSAGE_TYPES, DEFAULT_SOCKET, JOB_MESSAGE_TYPES, MAX_CONNS_PER_CLIENT,
+    MAX_DETAIL_LEN, MAX_LINE, MAX_MIGRATE_CONNS, MAX_NAME_LEN, SOCKET_ENV,
 };
 pub use wire::{decode_agent, decode_job, encode, write_message, LineReader};

@@ -146,11 +146,18 @@ mod tests {
                 nic: "rail1".into(),
             },
             JobMessage::ConnClosed { conn_id: 7 },
-            JobMessage::OrderDone {
+            JobMessage::OrderDone(OrderAnswer {
                 order_id: 9,
                 ok: false,
                 detail: "d".into(),
-            },
+                step: None,
+            }),
+            JobMessage::OrderDone(OrderAnswer {
+                order_id: 10,
+                ok: true,
+                detail: String::new(),
+                step: Some(40),
+            }),
         ];
         for m in msgs {
             let line = encode(&m).unwrap();
@@ -247,12 +254,21 @@ mod tests {
             pid: 0,
         });
         assert!(m.validate().is_err());
-        let m = JobMessage::OrderDone {
+        let m = JobMessage::OrderDone(OrderAnswer {
             order_id: 1,
             ok: true,
             detail: "x".repeat(MAX_DETAIL_LEN + 1),
-        };
+            step: None,
+        });
         assert!(m.validate().is_err());
+        // A failure that names a checkpoint step contradicts itself.
+        let m = JobMessage::OrderDone(OrderAnswer {
+            order_id: 1,
+            ok: false,
+            detail: String::new(),
+            step: Some(3),
+        });
+        assert!(m.validate().unwrap_err().to_string().contains("step 3"));
     }
 
     #[tokio::test]
@@ -281,11 +297,12 @@ mod tests {
         assert_eq!(r.next_line().await.unwrap().unwrap().len(), MAX_LINE);
         assert!(r.next_line().await.unwrap().is_none(), "clean end");
         // Encoding refuses what the other side would refuse.
-        let m = JobMessage::OrderDone {
+        let m = JobMessage::OrderDone(OrderAnswer {
             order_id: 1,
             ok: true,
             detail: "z".repeat(MAX_LINE),
-        };
+            step: None,
+        });
         assert!(matches!(encode(&m), Err(ContractError::LineTooLong { .. })));
         assert_eq!(truncate("aé", 2), "a");
     }

@@ -17,9 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use proto::v1::{
-    agent_order, AgentOrder, CheckpointJob, NicFailback, NicFailover, RankPeer, StartRank, StopJob,
-};
+use proto::agent::Order;
+use proto::v1::{AgentOrder, RankPeer, StartRank};
 use tokio::sync::mpsc;
 use tonic::Status;
 
@@ -56,18 +55,17 @@ pub struct OrderHub {
     queries: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<proto::v1::LogTailResult>>>,
 }
 
-/// The wire form of an intent's action if it is an order: (host, order).
-/// Job orders read the job (command, peers' addresses) from the state;
-/// `None` for a job that is gone (the reconciler cancels its intents).
-pub fn order_of(st: &ClusterState, id: u64, action: &Action) -> Option<(String, AgentOrder)> {
-    let kind = match action {
-        Action::Failover { nic, to, .. } => agent_order::Kind::Failover(NicFailover {
+/// The order an intent's action asks of its host, if it is an order:
+/// (host, order), in the border's type. Job orders read the job (command,
+/// peers' addresses) from the state; `None` for a job that is gone (the
+/// reconciler cancels its intents).
+pub fn order_of(st: &ClusterState, action: &Action) -> Option<(String, Order)> {
+    let order = match action {
+        Action::Failover { nic, to, .. } => Order::Failover {
             nic: nic.clone(),
             to: to.clone(),
-        }),
-        Action::Failback { nic, .. } => {
-            agent_order::Kind::Failback(NicFailback { nic: nic.clone() })
-        }
+        },
+        Action::Failback { nic, .. } => Order::Failback { nic: nic.clone() },
         Action::StartRank {
             job,
             incarnation,
@@ -83,7 +81,7 @@ pub fn order_of(st: &ClusterState, id: u64, action: &Action) -> Option<(String, 
                     addrs: rail_addrs(st, h),
                 })
                 .collect();
-            agent_order::Kind::StartRank(StartRank {
+            Order::StartRank(StartRank {
                 job: job.clone(),
                 incarnation: *incarnation,
                 rank: *rank,
@@ -98,30 +96,26 @@ pub fn order_of(st: &ClusterState, id: u64, action: &Action) -> Option<(String, 
         }
         Action::StopJob {
             job, incarnation, ..
-        } => agent_order::Kind::StopJob(StopJob {
+        } => Order::StopJob {
             job: job.clone(),
             incarnation: *incarnation,
-        }),
+        },
         Action::CheckpointJob {
             job,
             incarnation,
             halt,
             ..
-        } => agent_order::Kind::CheckpointJob(CheckpointJob {
+        } => Order::CheckpointJob {
             job: job.clone(),
             incarnation: *incarnation,
             halt: *halt,
-        }),
+        },
         Action::PlaybookStep { op, .. } => match op {
-            crate::model::runs::StepOp::Failover { nic, to } => {
-                agent_order::Kind::Failover(NicFailover {
-                    nic: nic.clone(),
-                    to: to.clone(),
-                })
-            }
-            crate::model::runs::StepOp::Failback { nic } => {
-                agent_order::Kind::Failback(NicFailback { nic: nic.clone() })
-            }
+            crate::model::runs::StepOp::Failover { nic, to } => Order::Failover {
+                nic: nic.clone(),
+                to: to.clone(),
+            },
+            crate::model::runs::StepOp::Failback { nic } => Order::Failback { nic: nic.clone() },
             _ => return None,
         },
         Action::ShapeNic { host, nic, version } => {
@@ -129,20 +123,12 @@ pub fn order_of(st: &ClusterState, id: u64, action: &Action) -> Option<(String, 
             if want.version != *version {
                 return None;
             }
-            agent_order::Kind::ShapeNic(shape_order(nic, want))
+            Order::ShapeNic(shape_order(nic, want))
         }
-        Action::ClearShape { nic, .. } => {
-            agent_order::Kind::ClearShape(proto::v1::ClearShape { nic: nic.clone() })
-        }
+        Action::ClearShape { nic, .. } => Order::ClearShape { nic: nic.clone() },
         Action::CompleteDrain { .. } => return None,
     };
-    Some((
-        action.host().to_owned(),
-        AgentOrder {
-            order_id: id,
-            kind: Some(kind),
-        },
-    ))
+    Some((action.host().to_owned(), order))
 }
 
 /// The wire form of a desired NIC shape.
@@ -200,7 +186,7 @@ pub fn rail_addrs(st: &ClusterState, host: &str) -> Vec<String> {
 /// Every open order in the state: (host, order), oldest first.
 pub fn open_orders(st: &ClusterState) -> Vec<(String, AgentOrder)> {
     st.open_intents()
-        .filter_map(|i| order_of(st, i.id, &i.action))
+        .filter_map(|i| order_of(st, &i.action).map(|(host, o)| (host, o.to_wire(i.id))))
         .collect()
 }
 
@@ -247,14 +233,12 @@ impl OrderHub {
             }
             q.insert(id, tx);
         }
-        let order = AgentOrder {
-            order_id: id,
-            kind: Some(agent_order::Kind::TailLog(proto::v1::TailLog {
-                job: job.to_owned(),
-                rank,
-                max_bytes,
-            })),
-        };
+        let order = Order::TailLog {
+            job: job.to_owned(),
+            rank,
+            max_bytes,
+        }
+        .to_wire(id);
         let sent = {
             let mut streams = self.lock();
             streams
@@ -367,16 +351,16 @@ mod tests {
     use super::*;
 
     fn failover(id: u64, host: &str) -> (String, AgentOrder) {
-        order_of(
+        let (host, order) = order_of(
             &ClusterState::default(),
-            id,
             &Action::Failover {
                 host: host.into(),
                 nic: "rail0".into(),
                 to: "rail1".into(),
             },
         )
-        .unwrap()
+        .unwrap();
+        (host, order.to_wire(id))
     }
 
     #[tokio::test]
@@ -402,7 +386,6 @@ mod tests {
         // Closed intents are not sent; drains are not orders.
         assert!(order_of(
             &ClusterState::default(),
-            1,
             &Action::CompleteDrain { host: "h0".into() }
         )
         .is_none());

@@ -1,8 +1,10 @@
 //! Hosts and their NICs: liveness, drain, cordon, clock state, and the
-//! pure checks for NIC failover and failback.
+//! pure checks for NIC failover and failback; a NIC takes its agent's
+//! reports and returns what the other areas must do ([`NicTransition`]).
 
 use crate::model::incidents::IncidentKind;
 use crate::model::result::{not_found, CmdError};
+use proto::agent::{NicHealth, NicReport};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -181,6 +183,73 @@ pub struct Nic {
     pub link_up: Option<bool>,
     /// How many link up/down changes were committed.
     pub link_transitions: u64,
+}
+
+impl From<NicHealth> for NicState {
+    fn from(h: NicHealth) -> NicState {
+        match h {
+            NicHealth::Up => NicState::Up,
+            NicHealth::Down => NicState::Down,
+            NicHealth::Flapping => NicState::Flapping,
+            NicHealth::Recovering => NicState::Recovering,
+        }
+    }
+}
+
+/// What one report did to a NIC, for the other areas to act on: the
+/// transition to log, the NIC's incidents to close and the kind to open.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct NicTransition {
+    pub from: NicState,
+    pub to: NicState,
+    /// The link itself went up or down.
+    pub link_changed: bool,
+    /// Incidents the recovery closes (taken off the NIC).
+    pub close: BTreeMap<IncidentKind, u64>,
+    /// An incident kind to open (the NIC has none of it open).
+    pub open: Option<IncidentKind>,
+}
+
+impl Nic {
+    /// Takes an agent's report into this NIC alone; what the other areas
+    /// must do about it comes back as a [`NicTransition`]. A recovery to
+    /// `Up` takes the NIC's open incidents (to close); a change to `Down`
+    /// or `Flapping` asks for an incident of that kind unless one is open.
+    pub(crate) fn apply_report(&mut self, at_ms: u64, r: &NicReport) -> NicTransition {
+        let from = self.state;
+        let to = NicState::from(r.health);
+        let link_changed = self.link_up != Some(r.link_up);
+        if link_changed {
+            self.link_up = Some(r.link_up);
+            self.link_transitions += 1;
+        }
+        self.state = to;
+        self.carrier_changes = r.carrier_changes;
+        self.flaps = r.flaps;
+        self.damping_penalty = r.penalty;
+        let changed = from != to;
+        if changed {
+            self.last_change_ms = at_ms;
+        }
+        let close = if changed && to == NicState::Up {
+            std::mem::take(&mut self.open_incidents)
+        } else {
+            BTreeMap::new()
+        };
+        let open = match to {
+            NicState::Down => Some(IncidentKind::NicDown),
+            NicState::Flapping => Some(IncidentKind::NicFlapping),
+            _ => None,
+        }
+        .filter(|k| changed && !self.open_incidents.contains_key(k));
+        NicTransition {
+            from,
+            to,
+            link_changed,
+            close,
+            open,
+        }
+    }
 }
 
 /// The NIC a failover of `host`/`nic` moves to: `to`, else the NIC's

@@ -43,7 +43,7 @@ mod validate;
 
 pub use admin::{AdminAction, AdminOp, AdminRecord};
 pub use command::{Command, NodeId, Proposal, RequestId, Session, TypeConfig};
-pub use events::{AgentEvent, AgentEventKind, ClusterEvent, Event};
+pub use events::{AgentEvent, ClusterEvent, Event};
 pub(crate) use hosts::{check_failback, failover_target};
 pub use hosts::{
     ClockChange, ClockState, Drain, DrainPhase, Host, HostClockRecord, HostStatus, Liveness, Nic,

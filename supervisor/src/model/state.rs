@@ -19,10 +19,12 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::collections::VecDeque;
 
-/// The format of the model's snapshot bytes (the first byte of every
-/// snapshot's data; raft-store adds its own store version around it). Bump
-/// it whenever a type inside `ClusterState` changes its bincode layout.
-pub const MODEL_FORMAT_VERSION: u8 = 1;
+/// The format of the model's bincode: the first byte of every snapshot's
+/// data and the model byte of every stored log entry (raft-store adds its
+/// own store version around both). Bump it whenever a type inside
+/// `ClusterState` or a `Command` changes its bincode layout.
+/// 2: agent events carry `proto::agent::Report`.
+pub const MODEL_FORMAT_VERSION: u8 = 2;
 
 /// The whole replicated model.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -80,6 +82,8 @@ pub struct ClusterState {
 }
 
 impl raft_store::StateModel<TypeConfig> for ClusterState {
+    const FORMAT_VERSION: u8 = MODEL_FORMAT_VERSION;
+
     fn apply(&mut self, log_id: &LogId<NodeId>, data: &Proposal) -> Vec<CmdResult> {
         self.apply_proposal(log_id, data)
     }

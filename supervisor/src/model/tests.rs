@@ -2,7 +2,7 @@
 
 use crate::model::admin::AdminOp;
 use crate::model::command::{Command, NodeId, Proposal, RequestId, TypeConfig};
-use crate::model::events::{AgentEvent, AgentEventKind};
+use crate::model::events::AgentEvent;
 use crate::model::hosts::{ClockChange, ClockState, HostStatus, Liveness, NicSpec, NicState};
 use crate::model::intents::{Action, IntentStatus, Outcome};
 use crate::model::jobs::types::{JobCommand, JobOp, JobSpec};
@@ -13,6 +13,9 @@ use crate::model::result::{not_found, CmdError, CmdOk, CmdResult};
 use crate::model::runs::types::{RunCommand, StepOp};
 use crate::model::state::ClusterState;
 use openraft::LogId;
+use proto::agent::{
+    NicHealth, NicReport, QpReport, RankCheckpointReport, RankExitReport, ReflexReport, Report,
+};
 use std::collections::BTreeMap;
 
 use openraft::CommittedLeaderId;
@@ -277,17 +280,17 @@ fn agent_events_apply_exactly_once_in_order() {
     register(&mut st, "h0");
     let ev = |seq, state| AgentEvent {
         seq,
-        at_unix_ns: 0,
-        kind: AgentEventKind::NicState {
+        report: Report::Nic(NicReport {
             nic: "rail0".into(),
-            state,
+            health: state,
             carrier_changes: seq,
             flaps: 0,
-            damping_penalty: 0.0,
+            penalty: 0.0,
             coalesced: 0,
-            link_up: state == NicState::Up,
+            link_up: state == NicHealth::Up,
             probes_lost: false,
-        },
+            at_unix_ns: 0,
+        }),
     };
     let cmd = |events| Command::AgentEvents {
         host: "h0".into(),
@@ -297,7 +300,7 @@ fn agent_events_apply_exactly_once_in_order() {
         &lid(2),
         &Proposal {
             at_ms: 2,
-            cmds: vec![cmd(vec![ev(1, NicState::Up), ev(2, NicState::Down)])],
+            cmds: vec![cmd(vec![ev(1, NicHealth::Up), ev(2, NicHealth::Down)])],
         },
     );
     assert_eq!(r[0], Ok(CmdOk::Acked { through: 2 }));
@@ -321,9 +324,9 @@ fn agent_events_apply_exactly_once_in_order() {
         &Proposal {
             at_ms: 3,
             cmds: vec![cmd(vec![
-                ev(1, NicState::Up),
-                ev(2, NicState::Down),
-                ev(3, NicState::Up),
+                ev(1, NicHealth::Up),
+                ev(2, NicHealth::Down),
+                ev(3, NicHealth::Up),
             ])],
         },
     );
@@ -335,7 +338,7 @@ fn agent_events_apply_exactly_once_in_order() {
         &lid(4),
         &Proposal {
             at_ms: 4,
-            cmds: vec![cmd(vec![ev(5, NicState::Down)])],
+            cmds: vec![cmd(vec![ev(5, NicHealth::Down)])],
         },
     );
     assert!(matches!(
@@ -384,17 +387,17 @@ fn every_command_roundtrips_through_bincode() {
             host: "h".into(),
             events: vec![AgentEvent {
                 seq: 1,
-                at_unix_ns: 2,
-                kind: AgentEventKind::NicState {
+                report: Report::Nic(NicReport {
                     nic: "n".into(),
-                    state: NicState::Flapping,
+                    health: NicHealth::Flapping,
                     carrier_changes: 3,
                     flaps: 4,
-                    damping_penalty: 1.5,
+                    penalty: 1.5,
                     coalesced: 2,
                     link_up: false,
                     probes_lost: false,
-                },
+                    at_unix_ns: 2,
+                }),
             }],
         },
         Command::OpenIntent {
@@ -469,8 +472,7 @@ fn every_command_roundtrips_through_bincode() {
             events: vec![
                 AgentEvent {
                     seq: 2,
-                    at_unix_ns: 3,
-                    kind: AgentEventKind::QpPlacement {
+                    report: Report::Qp(QpReport {
                         job: "j".into(),
                         rank: 1,
                         conn_id: u64::MAX,
@@ -480,44 +482,44 @@ fn every_command_roundtrips_through_bincode() {
                         rail: 3,
                         moved: true,
                         closed: false,
-                    },
+                        at_unix_ns: 3,
+                    }),
                 },
                 AgentEvent {
                     seq: 3,
-                    at_unix_ns: 4,
-                    kind: AgentEventKind::QpReset,
+                    report: Report::QpReset { at_unix_ns: 4 },
                 },
                 AgentEvent {
                     seq: 4,
-                    at_unix_ns: 5,
-                    kind: AgentEventKind::ReflexDone {
+                    report: Report::Reflex(ReflexReport {
                         nic: "n".into(),
                         conns: 7,
                         ok: true,
                         detail: "d".into(),
-                    },
+                        at_unix_ns: 5,
+                    }),
                 },
                 AgentEvent {
                     seq: 5,
-                    at_unix_ns: 6,
-                    kind: AgentEventKind::RankExited {
+                    report: Report::RankExited(RankExitReport {
                         job: "j".into(),
                         incarnation: 2,
                         rank: 1,
                         exit_code: -1,
                         signal: 9,
                         detail: "d".into(),
-                    },
+                        at_unix_ns: 6,
+                    }),
                 },
                 AgentEvent {
                     seq: 6,
-                    at_unix_ns: 7,
-                    kind: AgentEventKind::RankCheckpoint {
+                    report: Report::RankCheckpoint(RankCheckpointReport {
                         job: "j".into(),
                         incarnation: 2,
                         rank: 1,
                         step: 40,
-                    },
+                        at_unix_ns: 7,
+                    }),
                 },
             ],
         },
@@ -712,8 +714,8 @@ fn every_command_roundtrips_through_bincode() {
     assert_eq!(back, st);
 }
 
-fn qp_kind(job: &str, conn_id: u64, nic: &str, closed: bool) -> AgentEventKind {
-    AgentEventKind::QpPlacement {
+fn qp_kind(job: &str, conn_id: u64, nic: &str, closed: bool) -> Report {
+    Report::Qp(QpReport {
         job: job.into(),
         rank: 0,
         conn_id,
@@ -723,21 +725,18 @@ fn qp_kind(job: &str, conn_id: u64, nic: &str, closed: bool) -> AgentEventKind {
         rail: 0,
         moved: nic != "rail0",
         closed,
-    }
+        at_unix_ns: 0,
+    })
 }
 
-fn qp_event(st: &mut ClusterState, index: u64, seq: u64, kind: AgentEventKind) -> CmdResult {
+fn qp_event(st: &mut ClusterState, index: u64, seq: u64, kind: Report) -> CmdResult {
     one(
         st,
         index,
         index,
         Command::AgentEvents {
             host: "h0".into(),
-            events: vec![AgentEvent {
-                seq,
-                at_unix_ns: 0,
-                kind,
-            }],
+            events: vec![AgentEvent { seq, report: kind }],
         },
     )
 }
@@ -773,7 +772,7 @@ fn qp_placements_are_recorded_moved_closed_and_reset() {
     assert!(matches!(r, Err(CmdError::InvalidArgument(_))), "{r:?}");
     assert_eq!(st.hosts["h0"].last_event_seq, 6);
     // An agent restart forgets the host's placements.
-    qp_event(&mut st, 10, 7, AgentEventKind::QpReset).unwrap();
+    qp_event(&mut st, 10, 7, Report::QpReset { at_unix_ns: 0 }).unwrap();
     assert!(!st.qps.contains_key("h0"));
     assert!(st.events.iter().any(|e| matches!(
         e.event,
@@ -790,8 +789,7 @@ fn qp_placements_are_bounded_per_host() {
     let events: Vec<AgentEvent> = (1..=MAX_QPS_PER_HOST as u64 + 2)
         .map(|i| AgentEvent {
             seq: i,
-            at_unix_ns: 0,
-            kind: qp_kind("j", i, "rail0", false),
+            report: qp_kind("j", i, "rail0", false),
         })
         .collect();
     let r = one(
@@ -994,17 +992,17 @@ fn bad_failover_and_failback_requests_change_nothing() {
             host: "h0".into(),
             events: vec![AgentEvent {
                 seq: 1,
-                at_unix_ns: 0,
-                kind: AgentEventKind::NicState {
+                report: Report::Nic(NicReport {
                     nic: "rail1".into(),
-                    state: NicState::Down,
+                    health: NicHealth::Down,
                     carrier_changes: 1,
                     flaps: 0,
-                    damping_penalty: 0.0,
+                    penalty: 0.0,
                     coalesced: 0,
                     link_up: false,
                     probes_lost: false,
-                },
+                    at_unix_ns: 0,
+                }),
             }],
         },
     )

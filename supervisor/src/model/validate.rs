@@ -3,12 +3,12 @@
 
 use crate::model::admin::AdminOp;
 use crate::model::command::Command;
-use crate::model::events::AgentEventKind;
 use crate::model::hosts::{check_failback, failover_target};
 use crate::model::intents::Action;
 use crate::model::limits::{MAX_CLOCK_CHANGES, MAX_NAME_LEN, MAX_NICS, MAX_REASON_LEN};
 use crate::model::result::{check_labels, check_name, not_found, CmdError};
 use crate::model::state::ClusterState;
+use proto::agent::Report;
 
 impl ClusterState {
     /// Checks a command against the current state without changing anything.
@@ -125,41 +125,36 @@ impl ClusterState {
                     .get(host)
                     .ok_or_else(|| not_found("host", host))?;
                 for e in events {
-                    match &e.kind {
-                        AgentEventKind::NicState { nic, .. } => {
-                            if !h.nics.contains_key(nic) {
-                                return Err(not_found("NIC", &format!("{host}/{nic}")));
+                    match &e.report {
+                        Report::Nic(r) => {
+                            if !h.nics.contains_key(&r.nic) {
+                                return Err(not_found("NIC", &format!("{host}/{}", r.nic)));
                             }
                         }
-                        AgentEventKind::QpPlacement {
-                            job,
-                            nic,
-                            peer_host,
-                            ..
-                        } => {
-                            check_name("job name", job)?;
-                            check_name("NIC name", nic)?;
-                            check_name("peer host", peer_host)?;
+                        Report::Qp(q) => {
+                            check_name("job name", &q.job)?;
+                            check_name("NIC name", &q.nic)?;
+                            check_name("peer host", &q.peer_host)?;
                         }
-                        AgentEventKind::QpReset => {}
-                        AgentEventKind::ReflexDone { nic, detail, .. } => {
-                            check_name("NIC name", nic)?;
-                            if detail.len() > MAX_REASON_LEN {
+                        Report::QpReset { .. } => {}
+                        Report::Reflex(r) => {
+                            check_name("NIC name", &r.nic)?;
+                            if r.detail.len() > MAX_REASON_LEN {
                                 return Err(CmdError::InvalidArgument(format!(
                                     "reflex detail is longer than {MAX_REASON_LEN} bytes"
                                 )));
                             }
                         }
-                        AgentEventKind::RankExited { job, detail, .. } => {
-                            check_name("job name", job)?;
-                            if detail.len() > MAX_REASON_LEN {
+                        Report::RankExited(r) => {
+                            check_name("job name", &r.job)?;
+                            if r.detail.len() > MAX_REASON_LEN {
                                 return Err(CmdError::InvalidArgument(format!(
                                     "exit detail is longer than {MAX_REASON_LEN} bytes"
                                 )));
                             }
                         }
-                        AgentEventKind::RankCheckpoint { job, .. } => {
-                            check_name("job name", job)?;
+                        Report::RankCheckpoint(r) => {
+                            check_name("job name", &r.job)?;
                         }
                     }
                 }

@@ -26,16 +26,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use futures::{FutureExt, Stream, StreamExt};
+use proto::agent::Report;
 use proto::v1::agent_server::Agent;
 use proto::v1::{
-    agent_event, AgentEvent as PbEvent, AgentOrder, EventAck, HeartbeatReply, HeartbeatRequest,
-    OrderResult, OrderResultReply, OrdersRequest, RegisterHost, RegisterReply,
+    AgentEvent as PbEvent, AgentOrder, EventAck, HeartbeatReply, HeartbeatRequest, OrderResult,
+    OrderResultReply, OrdersRequest, RegisterHost, RegisterReply,
 };
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::api::{ApiError, ErrorKind};
 use crate::leader::services::Leader;
-use crate::model::{AgentEvent, AgentEventKind, ClusterState, CmdOk, Command, NicSpec, NicState};
+use crate::model::{AgentEvent, ClusterState, CmdOk, Command, NicSpec};
 use crate::node::Supervisor;
 
 /// Most events folded into one command from one stream.
@@ -69,18 +70,8 @@ impl AgentService {
     }
 }
 
-fn nic_state(v: i32) -> Result<NicState, ApiError> {
-    use proto::v1::NicState as P;
-    match P::try_from(v) {
-        Ok(P::Up) => Ok(NicState::Up),
-        Ok(P::Down) => Ok(NicState::Down),
-        Ok(P::Flapping) => Ok(NicState::Flapping),
-        Ok(P::Recovering) => Ok(NicState::Recovering),
-        Ok(P::Unspecified) | Err(_) => Err(ApiError::invalid(format!("invalid NIC state {v}"))),
-    }
-}
-
-/// Converts a wire event, checking what the protobuf types cannot.
+/// Converts a wire event (the border type checks what protobuf cannot;
+/// this checks that it is about `host` and numbered).
 fn convert(e: &PbEvent, host: &str) -> Result<AgentEvent, ApiError> {
     if e.host != host {
         return Err(ApiError::invalid(format!(
@@ -91,63 +82,8 @@ fn convert(e: &PbEvent, host: &str) -> Result<AgentEvent, ApiError> {
     if e.seq == 0 {
         return Err(ApiError::invalid("event sequence numbers start at 1"));
     }
-    let kind = match &e.kind {
-        None => return Err(ApiError::invalid(format!("event {} has no kind", e.seq))),
-        Some(agent_event::Kind::NicState(n)) => {
-            if !n.damping_penalty.is_finite() || n.damping_penalty < 0.0 {
-                return Err(ApiError::invalid(
-                    "damping penalty must be a finite number >= 0",
-                ));
-            }
-            AgentEventKind::NicState {
-                nic: n.nic.clone(),
-                state: nic_state(n.state)?,
-                carrier_changes: n.carrier_changes,
-                flaps: n.flaps,
-                damping_penalty: n.damping_penalty,
-                coalesced: n.coalesced,
-                link_up: n.link_up,
-                probes_lost: n.probes_lost,
-            }
-        }
-        Some(agent_event::Kind::Qp(q)) => AgentEventKind::QpPlacement {
-            job: q.job.clone(),
-            rank: q.rank,
-            conn_id: q.conn_id,
-            nic: q.nic.clone(),
-            peer_host: q.peer_host.clone(),
-            peer_rank: q.peer_rank,
-            rail: q.rail,
-            moved: q.moved,
-            closed: q.closed,
-        },
-        Some(agent_event::Kind::QpReset(_)) => AgentEventKind::QpReset,
-        Some(agent_event::Kind::Reflex(r)) => AgentEventKind::ReflexDone {
-            nic: r.nic.clone(),
-            conns: r.conns,
-            ok: r.ok,
-            detail: r.detail.clone(),
-        },
-        Some(agent_event::Kind::RankExited(r)) => AgentEventKind::RankExited {
-            job: r.job.clone(),
-            incarnation: r.incarnation,
-            rank: r.rank,
-            exit_code: r.exit_code,
-            signal: r.signal,
-            detail: r.detail.clone(),
-        },
-        Some(agent_event::Kind::RankCheckpoint(c)) => AgentEventKind::RankCheckpoint {
-            job: c.job.clone(),
-            incarnation: c.incarnation,
-            rank: c.rank,
-            step: c.step,
-        },
-    };
-    Ok(AgentEvent {
-        seq: e.seq,
-        at_unix_ns: e.at_unix_ns,
-        kind,
-    })
+    let report = Report::from_wire(e).map_err(|err| ApiError::invalid(err.to_string()))?;
+    Ok(AgentEvent { seq: e.seq, report })
 }
 
 /// `host`'s probe plan: its id, the plan version, and its neighbours in the

@@ -7,7 +7,7 @@
 //! learns the OR of the flags at that same step, and each writes its file
 //! after it. A rank whose own order arrives after a checkpoint that another
 //! rank's order triggered answers it with that checkpoint's step (it is
-//! "claimed"), so all ranks answer one order with the same `step=N`.
+//! "claimed"), so all ranks answer one order with the same step.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -70,6 +70,8 @@ pub struct OrderState {
 pub enum Decision {
     /// Answer at once.
     Answer { ok: bool, detail: String },
+    /// Answer at once: the checkpoint at this step is the order's.
+    Checkpointed(u64),
     /// Queued for the training loop.
     Queued,
 }
@@ -88,7 +90,7 @@ impl OrderState {
             return answer(false, "no checkpoint directory configured".into());
         }
         if let Some(n) = self.halted_at {
-            return answer(true, format!("step={n}"));
+            return Decision::Checkpointed(n);
         }
         if self.finished {
             return answer(
@@ -110,7 +112,7 @@ impl OrderState {
             .position(|u| (u.halt || !p.halt) && p.step.is_none_or(|n| n == u.step))
         {
             let u = self.unclaimed.remove(i).expect("index from position");
-            return answer(true, format!("step={}", u.step));
+            return Decision::Checkpointed(u.step);
         }
         if self.pending.len() >= MAX_PENDING {
             return answer(false, "too many checkpoint orders waiting".into());
@@ -261,6 +263,12 @@ pub async fn serve(
                         let d = lock(&orders).checkpoint_order(p, cfg.steps, cfg.checkpoint_dir.is_some(), Instant::now());
                         match d {
                             Decision::Answer { ok, detail } => (ok, detail),
+                            Decision::Checkpointed(n) => {
+                                if let Err(e) = client.checkpoint_done(o.order_id, n).await {
+                                    tracing::warn!(order_id = o.order_id, error = %e, "order answer not delivered");
+                                }
+                                continue;
+                            }
                             Decision::Queued => continue,
                         }
                     }
@@ -383,10 +391,7 @@ mod tests {
         // Our copy of the order arrives: answered with 7, once.
         assert_eq!(
             s.checkpoint_order(p(5, None, false), 100, true, now),
-            Decision::Answer {
-                ok: true,
-                detail: "step=7".into()
-            }
+            Decision::Checkpointed(7)
         );
         assert_eq!(
             s.checkpoint_order(p(6, None, false), 100, true, now),
@@ -418,10 +423,7 @@ mod tests {
         };
         assert_eq!(
             s.checkpoint_order(p(1, None, true), 100, true, now),
-            Decision::Answer {
-                ok: true,
-                detail: "step=12".into()
-            }
+            Decision::Checkpointed(12)
         );
         let mut s = OrderState::default();
         assert!(matches!(

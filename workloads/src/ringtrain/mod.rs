@@ -321,22 +321,18 @@ pub async fn run(cfg: Config) -> Result<(), Failure> {
                 (done, orphaned)
             };
             if let Some(c) = &client {
-                let answers = done
-                    .iter()
-                    .map(|p| (p.order_id, true, format!("step={n}")))
-                    .chain(orphaned.iter().map(|p| {
-                        let want = p
-                            .step
-                            .map_or("the next step".into(), |s| format!("step {s}"));
-                        (
-                            p.order_id,
-                            false,
-                            format!("halted at step={n} before {want}"),
-                        )
-                    }));
-                for (id, ok, detail) in answers {
-                    if let Err(e) = c.order_done(id, ok, &detail).await {
-                        tracing::warn!(order_id = id, error = %e, "order answer not delivered");
+                for p in &done {
+                    if let Err(e) = c.checkpoint_done(p.order_id, n).await {
+                        tracing::warn!(order_id = p.order_id, error = %e, "order answer not delivered");
+                    }
+                }
+                for p in &orphaned {
+                    let want = p
+                        .step
+                        .map_or("the next step".into(), |s| format!("step {s}"));
+                    let detail = format!("halted at step {n} before {want}");
+                    if let Err(e) = c.order_done(p.order_id, false, &detail).await {
+                        tracing::warn!(order_id = p.order_id, error = %e, "order answer not delivered");
                     }
                 }
             }

@@ -1,26 +1,14 @@
 //! Agent events applied exactly once, in sequence: NIC states, connection
 //! placements, reflex outcomes, rank exits and checkpoints.
 
-use crate::model::events::Event;
-use crate::model::events::{AgentEvent, AgentEventKind};
-use crate::model::hosts::NicState;
-use crate::model::incidents::IncidentKind;
+use crate::model::events::{AgentEvent, Event};
+#[cfg(doc)]
+use crate::model::hosts::Nic;
 use crate::model::limits::MAX_QPS_PER_HOST;
 use crate::model::qps::{Qp, QpKey};
 use crate::model::result::{CmdError, CmdOk, CmdResult};
 use crate::model::state::ClusterState;
-use std::collections::BTreeMap;
-
-/// One NIC report as applied.
-pub(in crate::model) struct NicReport {
-    observed_unix_ns: u64,
-    state: NicState,
-    link_up: bool,
-    carrier_changes: u64,
-    flaps: u32,
-    penalty: f64,
-    probes_lost: bool,
-}
+use proto::agent::{NicReport, Report};
 
 impl ClusterState {
     pub(in crate::model) fn apply_agent_events(
@@ -42,67 +30,23 @@ impl ClusterState {
                     acked: through,
                 });
             }
-            match &e.kind {
-                AgentEventKind::NicState {
-                    nic,
-                    state,
-                    carrier_changes,
-                    flaps,
-                    damping_penalty,
-                    coalesced,
-                    link_up,
-                    probes_lost,
-                } => {
-                    if *coalesced > 0 {
-                        self.log_event(
-                            at_ms,
-                            Some(host),
-                            Event::NicCoalesced {
-                                nic: nic.clone(),
-                                transitions: *coalesced,
-                            },
-                        );
-                    }
-                    self.apply_nic_state(
-                        at_ms,
-                        host,
-                        nic,
-                        NicReport {
-                            observed_unix_ns: e.at_unix_ns,
-                            state: *state,
-                            link_up: *link_up,
-                            carrier_changes: *carrier_changes,
-                            flaps: *flaps,
-                            penalty: *damping_penalty,
-                            probes_lost: *probes_lost,
-                        },
-                    )
-                }
-                AgentEventKind::QpPlacement {
-                    job,
-                    rank,
-                    conn_id,
-                    nic,
-                    peer_host,
-                    peer_rank,
-                    rail,
-                    moved,
-                    closed,
-                } => {
+            match &e.report {
+                Report::Nic(r) => self.apply_nic_report(at_ms, host, r),
+                Report::Qp(q) => {
                     let qp = Qp {
-                        job: job.clone(),
-                        rank: *rank,
-                        conn_id: *conn_id,
-                        nic: nic.clone(),
-                        peer_host: peer_host.clone(),
-                        peer_rank: *peer_rank,
-                        rail: *rail,
-                        moved: *moved,
+                        job: q.job.clone(),
+                        rank: q.rank,
+                        conn_id: q.conn_id,
+                        nic: q.nic.clone(),
+                        peer_host: q.peer_host.clone(),
+                        peer_rank: q.peer_rank,
+                        rail: q.rail,
+                        moved: q.moved,
                         since_ms: at_ms,
                     };
-                    self.apply_qp(at_ms, host, qp, *closed)
+                    self.apply_qp(at_ms, host, qp, q.closed)
                 }
-                AgentEventKind::QpReset => {
+                Report::QpReset { .. } => {
                     let n = self.qps.remove(host).map_or(0, |t| t.len());
                     if n > 0 {
                         self.log_event(
@@ -114,49 +58,34 @@ impl ClusterState {
                         );
                     }
                 }
-                AgentEventKind::ReflexDone {
-                    nic,
-                    conns,
-                    ok,
-                    detail,
-                } => {
+                Report::Reflex(r) => {
                     self.log_observed(
                         at_ms,
                         Some(host),
                         Event::Reflex {
-                            nic: nic.clone(),
-                            conns: *conns,
-                            ok: *ok,
-                            detail: detail.clone(),
+                            nic: r.nic.clone(),
+                            conns: r.conns,
+                            ok: r.ok,
+                            detail: r.detail.clone(),
                         },
-                        Some(e.at_unix_ns),
+                        Some(r.at_unix_ns),
                     );
                 }
-                AgentEventKind::RankExited {
-                    job,
-                    incarnation,
-                    rank,
-                    exit_code,
-                    signal,
-                    detail,
-                } => self.apply_rank_exited(
+                Report::RankExited(r) => self.apply_rank_exited(
                     at_ms,
                     host,
-                    job,
-                    *incarnation,
-                    *rank,
+                    &r.job,
+                    r.incarnation,
+                    r.rank,
                     crate::model::jobs::Exit {
-                        code: *exit_code,
-                        signal: *signal,
-                        detail: detail.clone(),
+                        code: r.exit_code,
+                        signal: r.signal,
+                        detail: r.detail.clone(),
                     },
                 ),
-                AgentEventKind::RankCheckpoint {
-                    job,
-                    incarnation,
-                    rank,
-                    step,
-                } => self.apply_rank_checkpoint(at_ms, host, job, *incarnation, *rank, *step),
+                Report::RankCheckpoint(c) => {
+                    self.apply_rank_checkpoint(at_ms, host, &c.job, c.incarnation, c.rank, c.step)
+                }
             }
             through = e.seq;
             self.hosts.get_mut(host).expect("validated").last_event_seq = through;
@@ -200,83 +129,58 @@ impl ClusterState {
         table.insert(key, qp);
     }
 
-    pub(in crate::model) fn apply_nic_state(
-        &mut self,
-        at_ms: u64,
-        host: &str,
-        nic_name: &str,
-        r: NicReport,
-    ) {
+    /// Applies a NIC report to its NIC ([`Nic::apply_report`]) and then
+    /// the effects it returns: log lines, incidents closed and opened.
+    fn apply_nic_report(&mut self, at_ms: u64, host: &str, r: &NicReport) {
         let nic = self
             .hosts
             .get_mut(host)
-            .and_then(|h| h.nics.get_mut(nic_name))
+            .and_then(|h| h.nics.get_mut(&r.nic))
             .expect("validated");
-        let prev = nic.state;
-        let state = r.state;
-        let link_changed = nic.link_up != Some(r.link_up);
-        if link_changed {
-            nic.link_up = Some(r.link_up);
-            nic.link_transitions += 1;
+        let t = nic.apply_report(at_ms, r);
+        if r.coalesced > 0 {
+            self.log_event(
+                at_ms,
+                Some(host),
+                Event::NicCoalesced {
+                    nic: r.nic.clone(),
+                    transitions: r.coalesced,
+                },
+            );
         }
-        nic.state = state;
-        nic.carrier_changes = r.carrier_changes;
-        nic.flaps = r.flaps;
-        nic.damping_penalty = r.penalty;
-        let changed = prev != state;
-        if changed {
-            nic.last_change_ms = at_ms;
-        }
-        let kind = match state {
-            NicState::Down => Some(IncidentKind::NicDown),
-            NicState::Flapping => Some(IncidentKind::NicFlapping),
-            _ => None,
-        };
-        // Recovery closes the NIC's open incidents.
-        let to_close = if changed && state == NicState::Up {
-            std::mem::take(&mut nic.open_incidents)
-        } else {
-            BTreeMap::new()
-        };
-        let open_new = kind.filter(|k| changed && !nic.open_incidents.contains_key(k));
-        if link_changed {
+        if t.link_changed {
             self.log_observed(
                 at_ms,
                 Some(host),
                 Event::NicLink {
-                    nic: nic_name.to_owned(),
+                    nic: r.nic.clone(),
                     up: r.link_up,
                     probes_lost: r.probes_lost,
-                    from: prev,
-                    to: state,
+                    from: t.from,
+                    to: t.to,
                 },
-                Some(r.observed_unix_ns),
+                Some(r.at_unix_ns),
             );
-        } else if changed {
+        } else if t.from != t.to {
             self.log_event(
                 at_ms,
                 Some(host),
                 Event::NicState {
-                    nic: nic_name.to_owned(),
-                    from: prev,
-                    to: state,
+                    nic: r.nic.clone(),
+                    from: t.from,
+                    to: t.to,
                 },
             );
         }
-        for id in to_close.into_values() {
+        for id in t.close.into_values() {
             self.close_incident(at_ms, id, "nic_recovered");
         }
-        if let Some(kind) = open_new {
-            let id = self.open_incident(
-                at_ms,
-                kind,
-                host,
-                Some(nic_name),
-                format!("{prev:?} -> {state:?}"),
-            );
+        if let Some(kind) = t.open {
+            let detail = format!("{:?} -> {:?}", t.from, t.to);
+            let id = self.open_incident(at_ms, kind, host, Some(&r.nic), detail);
             self.hosts
                 .get_mut(host)
-                .and_then(|h| h.nics.get_mut(nic_name))
+                .and_then(|h| h.nics.get_mut(&r.nic))
                 .expect("validated")
                 .open_incidents
                 .insert(kind, id);

@@ -65,8 +65,9 @@ fn job_names_limits() {
     assert!(s.validate().is_err());
 }
 
-use crate::model::{AdminOp, AgentEvent, AgentEventKind, Command, Outcome, Proposal};
+use crate::model::{AdminOp, AgentEvent, Command, Outcome, Proposal};
 use openraft::{CommittedLeaderId, LogId};
+use proto::agent::{RankCheckpointReport, RankExitReport, Report};
 
 struct World {
     st: ClusterState,
@@ -118,13 +119,12 @@ impl World {
         })
     }
 
-    fn event(&mut self, host: &str, kind: AgentEventKind) {
+    fn event(&mut self, host: &str, kind: Report) {
         let seq = self.seq.entry(host.into()).or_default();
         *seq += 1;
         let e = AgentEvent {
             seq: *seq,
-            at_unix_ns: 0,
-            kind,
+            report: kind,
         };
         self.ok(Command::AgentEvents {
             host: host.into(),
@@ -194,24 +194,26 @@ fn obey(a: &Action) -> Option<OrderOutcome> {
     })
 }
 
-fn exited(job: &str, incarnation: u64, rank: u32, code: i32) -> AgentEventKind {
-    AgentEventKind::RankExited {
+fn exited(job: &str, incarnation: u64, rank: u32, code: i32) -> Report {
+    Report::RankExited(RankExitReport {
         job: job.into(),
         incarnation,
         rank,
         exit_code: code,
         signal: 0,
         detail: String::new(),
-    }
+        at_unix_ns: 0,
+    })
 }
 
-fn ckpt(incarnation: u64, rank: u32, step: u64) -> AgentEventKind {
-    AgentEventKind::RankCheckpoint {
+fn ckpt(incarnation: u64, rank: u32, step: u64) -> Report {
+    Report::RankCheckpoint(RankCheckpointReport {
         job: "j".into(),
         incarnation,
         rank,
         step,
-    }
+        at_unix_ns: 0,
+    })
 }
 
 #[test]

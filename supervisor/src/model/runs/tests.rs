@@ -14,10 +14,9 @@ use proto::agent::OrderOutcome;
 use std::collections::BTreeMap;
 
 use crate::model::jobs::{JobOp, JobSpec};
-use crate::model::{
-    AdminOp, AgentEvent, AgentEventKind, Command, IntentStatus, NicState, Proposal,
-};
+use crate::model::{AdminOp, AgentEvent, Command, IntentStatus, Proposal};
 use openraft::{CommittedLeaderId, LogId};
+use proto::agent::{NicHealth, NicReport, Report};
 use proto::v1::agent_order;
 
 /// The replicated state plus a simulated leader loop and agents that
@@ -89,22 +88,22 @@ impl World {
         })
     }
 
-    fn nic(&mut self, host: &str, nic: &str, state: NicState) {
+    fn nic(&mut self, host: &str, nic: &str, state: NicHealth) {
         let seq = self.seq.entry(host.into()).or_default();
         *seq += 1;
         let e = AgentEvent {
             seq: *seq,
-            at_unix_ns: 0,
-            kind: AgentEventKind::NicState {
+            report: Report::Nic(NicReport {
                 nic: nic.into(),
-                state,
+                health: state,
                 carrier_changes: 0,
                 flaps: 0,
-                damping_penalty: 0.0,
+                penalty: 0.0,
                 coalesced: 0,
-                link_up: state == NicState::Up,
+                link_up: state == NicHealth::Up,
                 probes_lost: false,
-            },
+                at_unix_ns: 0,
+            }),
         };
         self.ok(Command::AgentEvents {
             host: host.into(),
@@ -199,8 +198,8 @@ fn obey(a: &Action) -> Option<OrderOutcome> {
 /// h0's rail0 goes down while its backup rail1 is up.
 fn nic_down_world() -> World {
     let mut w = World::new(&["h0", "h1"], true);
-    w.nic("h0", "rail1", NicState::Up);
-    w.nic("h0", "rail0", NicState::Down);
+    w.nic("h0", "rail1", NicHealth::Up);
+    w.nic("h0", "rail0", NicHealth::Down);
     assert_eq!(w.st.incidents.len(), 1);
     w
 }
@@ -358,8 +357,8 @@ fn a_new_leader_resumes_the_open_step_with_the_same_order_id() {
 #[test]
 fn a_failing_step_is_retried_then_escalated() {
     let mut w = World::new(&["h0", "h1"], true);
-    w.nic("h0", "rail1", NicState::Up);
-    w.nic("h0", "rail0", NicState::Flapping);
+    w.nic("h0", "rail1", NicHealth::Up);
+    w.nic("h0", "rail0", NicHealth::Flapping);
     w.settle(|a| match a {
         Action::PlaybookStep { .. } => Some(crate::model::testkit::answer(
             false,
@@ -406,8 +405,8 @@ fn a_failing_step_is_retried_then_escalated() {
 #[test]
 fn a_wait_until_step_fails_at_its_timeout() {
     let mut w = World::new(&["h0", "h1"], true);
-    w.nic("h0", "rail1", NicState::Up);
-    w.nic("h0", "rail0", NicState::Flapping);
+    w.nic("h0", "rail1", NicHealth::Up);
+    w.nic("h0", "rail0", NicHealth::Flapping);
     w.settle(obey);
     let run = w.run(1);
     assert_eq!(run.step_id(), "wait-reusable");
@@ -439,11 +438,11 @@ fn a_wait_until_step_fails_at_its_timeout() {
 #[test]
 fn a_waiting_run_outlives_its_cleared_incident_and_fails_back() {
     let mut w = World::new(&["h0", "h1"], true);
-    w.nic("h0", "rail1", NicState::Up);
-    w.nic("h0", "rail0", NicState::Flapping);
+    w.nic("h0", "rail1", NicHealth::Up);
+    w.nic("h0", "rail0", NicHealth::Flapping);
     w.settle(obey);
     assert!(matches!(w.run(1).state, RunState::Waiting { .. }));
-    w.nic("h0", "rail0", NicState::Up);
+    w.nic("h0", "rail0", NicHealth::Up);
     assert!(w.st.incidents[&1].closed_ms.is_some());
     w.settle(obey);
     let run = w.run(1);
@@ -468,7 +467,7 @@ fn a_drain_beyond_the_limits_fails_the_step() {
                 deadline_ms: None,
             });
         }
-        w.nic("h0", "rail0", NicState::Down);
+        w.nic("h0", "rail0", NicHealth::Down);
         w.settle(obey);
         w
     };
@@ -508,7 +507,7 @@ fn an_incident_cleared_mid_run_cancels_the_run_and_its_order() {
     w.settle(|_| None);
     let intent = w.run(1).step_intent.unwrap();
     assert_eq!(crate::leader::orders::open_orders(&w.st).len(), 1);
-    w.nic("h0", "rail0", NicState::Up);
+    w.nic("h0", "rail0", NicHealth::Up);
     let run = w.run(1);
     assert!(
         matches!(run.state, RunState::Cancelled { .. }),
@@ -593,7 +592,7 @@ fn webhook_notifications_wait_for_the_leaders_post() {
             text: pb.into(),
         }],
     });
-    w.nic("h0", "rail0", NicState::Down);
+    w.nic("h0", "rail0", NicHealth::Down);
     w.settle(obey);
     // Logged at once; the intent waits for the POST.
     assert_eq!(w.events_with("notify: h0 rail0 down"), 1);
@@ -645,8 +644,8 @@ fn webhook_notifications_wait_for_the_leaders_post() {
         .any(|l| l.line.contains("done (intent") && l.line.contains("answered 204")));
     assert!(crate::leader::webhooks::open_webhooks(&w.st).is_empty());
     // Unanswered past the step's timeout (both attempts): the run fails.
-    w.nic("h0", "rail0", NicState::Up);
-    w.nic("h0", "rail0", NicState::Down);
+    w.nic("h0", "rail0", NicHealth::Up);
+    w.nic("h0", "rail0", NicHealth::Down);
     w.settle(obey);
     w.advance(11_000);
     w.settle(obey);
@@ -722,7 +721,7 @@ fn host_down_goes_through_the_host_down_playbook_when_one_is_stored() {
 fn checkpoint_steps_wait_for_a_new_complete_checkpoint() {
     // rail1 never reported: nic-down checkpoints the host's jobs.
     let mut w = job_world(true);
-    w.nic("h0", "rail0", NicState::Down);
+    w.nic("h0", "rail0", NicHealth::Down);
     // Checkpoint orders go unanswered: the step waits.
     w.settle(|a| match a {
         Action::CheckpointJob { .. } => None,

@@ -1,7 +1,8 @@
 //! The agent↔supervisor border in plain Rust types: what an agent reports
-//! about a NIC ([`NicReport`]), what the leader orders it to do ([`Order`]),
-//! and how an order ended ([`OrderOutcome`]), with the conversions to and
-//! from the protobuf messages in [`crate::v1`].
+//! ([`Report`]: a NIC's state, a connection's placement, a reflex, a rank's
+//! exit or checkpoint), what the leader orders it to do ([`Order`]), and how
+//! an order ended ([`OrderOutcome`]), with the conversions to and from the
+//! protobuf messages in [`crate::v1`].
 //!
 //! Both sides parse a wire message into one of these types at the border
 //! and nothing past it parses strings for meaning: a checkpoint's step is a
@@ -10,8 +11,9 @@
 //!
 //! The types derive serde and are bincode-safe (externally tagged enums,
 //! no `#[serde(default)]`): the agent keeps them in its sled database (the
-//! outbox holds [`NicReport`]s, the order log [`Order`]s and
-//! [`OrderOutcome`]s).
+//! outbox holds [`Report`]s, the order log [`Order`]s and
+//! [`OrderOutcome`]s) and the supervisor's Raft log carries [`Report`]s.
+//! Their variant and field order is their on-disk layout: append only.
 //!
 //! Conversions from the wire validate and never panic: an order without a
 //! kind, an unknown NIC state, or a failed result that claims a checkpoint
@@ -21,12 +23,16 @@ use serde::{Deserialize, Serialize};
 
 use crate::v1;
 
+mod report;
+
+pub use report::{QpReport, RankCheckpointReport, RankExitReport, ReflexReport, Report};
+
 /// A `TailLog` query's order id has this bit set: a query, not an intent
 /// (the agent answers it with `Agent.LogTail` and remembers nothing).
 pub const QUERY_BIT: u64 = 1 << 63;
 
 /// A wire message that does not make a valid border value.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum BorderError {
     /// An `AgentOrder` without a kind (or of a kind this side does not
     /// know: protobuf drops unknown oneof members).
@@ -42,6 +48,21 @@ pub enum BorderError {
         nic: String,
         /// The raw enum value received.
         state: i32,
+    },
+    /// An `AgentEvent` without a kind (or of a kind this side does not
+    /// know).
+    #[error("event {seq} has no kind this side knows")]
+    NoEventKind {
+        /// The event's sequence number.
+        seq: u64,
+    },
+    /// A NIC report whose damping penalty is negative, NaN or infinite.
+    #[error("NIC {nic}: damping penalty {penalty} is not a finite number >= 0")]
+    BadPenalty {
+        /// The NIC the report is about.
+        nic: String,
+        /// The penalty received.
+        penalty: f64,
     },
     /// An `OrderResult` that failed (`ok` false) yet carries a checkpoint
     /// step.
@@ -135,6 +156,12 @@ impl NicReport {
             nic: m.nic.clone(),
             state: m.state,
         })?;
+        if !m.damping_penalty.is_finite() || m.damping_penalty < 0.0 {
+            return Err(BorderError::BadPenalty {
+                nic: m.nic.clone(),
+                penalty: m.damping_penalty,
+            });
+        }
         Ok(NicReport {
             nic: m.nic.clone(),
             health,
@@ -359,9 +386,7 @@ impl OrderOutcome {
         }
     }
 
-    /// The wire form for order `order_id` of `host`. A checkpoint's detail
-    /// is sent as the agent wrote it (it names the step, for supervisors
-    /// that predate `checkpoint_step`).
+    /// The wire form for order `order_id` of `host`.
     pub fn to_wire(&self, host: &str, order_id: u64) -> v1::OrderResult {
         v1::OrderResult {
             host: host.to_owned(),
@@ -376,8 +401,8 @@ impl OrderOutcome {
 impl TryFrom<&v1::OrderResult> for OrderOutcome {
     type Error = BorderError;
 
-    /// A result from an agent that predates `checkpoint_step` reads as
-    /// [`OrderOutcome::Done`]; see [`detail_step`] for its detail.
+    /// A success without `checkpoint_step` is [`OrderOutcome::Done`]:
+    /// nothing reads a step out of the detail.
     fn try_from(r: &v1::OrderResult) -> Result<OrderOutcome, BorderError> {
         Ok(match (r.ok, r.checkpoint_step) {
             (true, None) => OrderOutcome::Done {
@@ -400,16 +425,6 @@ impl TryFrom<&v1::OrderResult> for OrderOutcome {
     }
 }
 
-/// The step a checkpoint answer's detail names: the first `step=N` among
-/// words separated by whitespace, `,` or `;` (what the job contract's ranks
-/// answer, and what agents that predate `checkpoint_step` sent as the
-/// whole result).
-pub fn detail_step(detail: &str) -> Option<u64> {
-    detail
-        .split(|c: char| c.is_whitespace() || c == ',' || c == ';')
-        .find_map(|w| w.strip_prefix("step=")?.parse().ok())
-}
-
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
@@ -417,5 +432,4 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 #[cfg(test)]
-#[path = "agent_tests.rs"]
 mod tests;
