@@ -5,7 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{BorderError, NicReport};
+use super::error::BorderError;
+use super::nic::NicReport;
 use crate::v1::{self, agent_event::Kind};
 
 /// Where a job's connection runs (or that it closed).

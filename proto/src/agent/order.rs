@@ -1,0 +1,267 @@
+//! What the leader orders an agent to do ([`Order`]) and how an order
+//! ended ([`OrderOutcome`]).
+
+use serde::{Deserialize, Serialize};
+
+use crate::v1;
+
+use super::error::BorderError;
+
+/// A `TailLog` query's order id has this bit set: a query, not an intent
+/// (the agent answers it with `Agent.LogTail` and remembers nothing).
+pub const QUERY_BIT: u64 = 1 << 63;
+
+/// What the leader orders an agent to do (one `AgentOrder`'s kind). Two
+/// orders are the same order exactly when they are equal: an agent that
+/// gets an id again compares the orders, not descriptions.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Order {
+    /// Move the connections on `nic` to `to`.
+    Failover {
+        /// The NIC to leave.
+        nic: String,
+        /// The NIC to move to.
+        to: String,
+    },
+    /// Move connections back to `nic`.
+    Failback {
+        /// The NIC to return to.
+        nic: String,
+    },
+    /// Launch one rank of a job.
+    StartRank(v1::StartRank),
+    /// Stop the job's ranks of incarnation <= `incarnation`.
+    StopJob {
+        /// The job.
+        job: String,
+        /// The highest incarnation stopped.
+        incarnation: u64,
+    },
+    /// Checkpoint the job's ranks of `incarnation` (and halt them).
+    CheckpointJob {
+        /// The job.
+        job: String,
+        /// The incarnation ordered.
+        incarnation: u64,
+        /// Compute nothing after the checkpoint until stopped.
+        halt: bool,
+    },
+    /// Replace the shaping on a NIC.
+    ShapeNic(v1::ShapeNic),
+    /// Remove the shaping on `nic`.
+    ClearShape {
+        /// The NIC.
+        nic: String,
+    },
+    /// A query (its id has [`QUERY_BIT`]): the end of a rank's log.
+    TailLog {
+        /// The job.
+        job: String,
+        /// The rank.
+        rank: u32,
+        /// Most bytes to return.
+        max_bytes: u32,
+    },
+}
+
+impl Order {
+    /// A query answered with `Agent.LogTail`, never logged or deduplicated.
+    pub fn is_query(&self) -> bool {
+        matches!(self, Order::TailLog { .. })
+    }
+
+    /// A stable one-line description for logs and the execution journal.
+    pub fn describe(&self) -> String {
+        match self {
+            Order::Failover { nic, to } => format!("failover {nic} -> {to}"),
+            Order::Failback { nic } => format!("failback -> {nic}"),
+            Order::StartRank(s) => format!(
+                "start job {} incarnation {} rank {}",
+                s.job, s.incarnation, s.rank
+            ),
+            Order::StopJob { job, incarnation } => {
+                format!("stop job {job} through incarnation {incarnation}")
+            }
+            Order::CheckpointJob {
+                job,
+                incarnation,
+                halt,
+            } => format!(
+                "checkpoint job {job} incarnation {incarnation}{}",
+                if *halt { " and halt" } else { "" }
+            ),
+            Order::ShapeNic(s) => format!(
+                "shape {}: {} classes, {} paced jobs, #{:016x}",
+                s.nic,
+                s.classes.len(),
+                s.pace.len(),
+                fnv1a(format!("{s:?}").as_bytes())
+            ),
+            Order::ClearShape { nic } => format!("clear shaping on {nic}"),
+            Order::TailLog {
+                job,
+                rank,
+                max_bytes,
+            } => format!("tail log of job {job} rank {rank} ({max_bytes} bytes)"),
+        }
+    }
+
+    /// The wire form with its id.
+    pub fn to_wire(&self, order_id: u64) -> v1::AgentOrder {
+        use v1::agent_order::Kind;
+        let kind = match self.clone() {
+            Order::Failover { nic, to } => Kind::Failover(v1::NicFailover { nic, to }),
+            Order::Failback { nic } => Kind::Failback(v1::NicFailback { nic }),
+            Order::StartRank(s) => Kind::StartRank(s),
+            Order::StopJob { job, incarnation } => Kind::StopJob(v1::StopJob { job, incarnation }),
+            Order::CheckpointJob {
+                job,
+                incarnation,
+                halt,
+            } => Kind::CheckpointJob(v1::CheckpointJob {
+                job,
+                incarnation,
+                halt,
+            }),
+            Order::ShapeNic(s) => Kind::ShapeNic(s),
+            Order::ClearShape { nic } => Kind::ClearShape(v1::ClearShape { nic }),
+            Order::TailLog {
+                job,
+                rank,
+                max_bytes,
+            } => Kind::TailLog(v1::TailLog {
+                job,
+                rank,
+                max_bytes,
+            }),
+        };
+        v1::AgentOrder {
+            order_id,
+            kind: Some(kind),
+        }
+    }
+}
+
+impl TryFrom<&v1::AgentOrder> for Order {
+    type Error = BorderError;
+
+    fn try_from(o: &v1::AgentOrder) -> Result<Order, BorderError> {
+        use v1::agent_order::Kind;
+        let kind = o.kind.as_ref().ok_or(BorderError::NoOrderKind {
+            order_id: o.order_id,
+        })?;
+        Ok(match kind {
+            Kind::Failover(f) => Order::Failover {
+                nic: f.nic.clone(),
+                to: f.to.clone(),
+            },
+            Kind::Failback(f) => Order::Failback { nic: f.nic.clone() },
+            Kind::StartRank(s) => Order::StartRank(s.clone()),
+            Kind::StopJob(s) => Order::StopJob {
+                job: s.job.clone(),
+                incarnation: s.incarnation,
+            },
+            Kind::CheckpointJob(c) => Order::CheckpointJob {
+                job: c.job.clone(),
+                incarnation: c.incarnation,
+                halt: c.halt,
+            },
+            Kind::ShapeNic(s) => Order::ShapeNic(s.clone()),
+            Kind::ClearShape(c) => Order::ClearShape { nic: c.nic.clone() },
+            Kind::TailLog(t) => Order::TailLog {
+                job: t.job.clone(),
+                rank: t.rank,
+                max_bytes: t.max_bytes,
+            },
+        })
+    }
+}
+
+/// How an order ended, as the agent answers it (`OrderResult`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OrderOutcome {
+    /// Carried out.
+    Done {
+        /// What was done, for people and logs.
+        detail: String,
+    },
+    /// A checkpoint order: every rank checkpointed at `step`.
+    Checkpointed {
+        /// The step of the checkpoint.
+        step: u64,
+        /// The ranks' answer, for people and logs.
+        detail: String,
+    },
+    /// Not carried out (or only in part).
+    Failed {
+        /// Why.
+        error: String,
+    },
+}
+
+impl OrderOutcome {
+    /// Whether the order succeeded.
+    pub fn ok(&self) -> bool {
+        !matches!(self, OrderOutcome::Failed { .. })
+    }
+
+    /// The text for people and logs (the detail, or the error).
+    pub fn detail(&self) -> &str {
+        match self {
+            OrderOutcome::Done { detail } | OrderOutcome::Checkpointed { detail, .. } => detail,
+            OrderOutcome::Failed { error } => error,
+        }
+    }
+
+    /// The checkpoint step, for [`OrderOutcome::Checkpointed`].
+    pub fn step(&self) -> Option<u64> {
+        match self {
+            OrderOutcome::Checkpointed { step, .. } => Some(*step),
+            _ => None,
+        }
+    }
+
+    /// The wire form for order `order_id` of `host`.
+    pub fn to_wire(&self, host: &str, order_id: u64) -> v1::OrderResult {
+        v1::OrderResult {
+            host: host.to_owned(),
+            order_id,
+            ok: self.ok(),
+            detail: self.detail().to_owned(),
+            checkpoint_step: self.step(),
+        }
+    }
+}
+
+impl TryFrom<&v1::OrderResult> for OrderOutcome {
+    type Error = BorderError;
+
+    /// A success without `checkpoint_step` is [`OrderOutcome::Done`]:
+    /// nothing reads a step out of the detail.
+    fn try_from(r: &v1::OrderResult) -> Result<OrderOutcome, BorderError> {
+        Ok(match (r.ok, r.checkpoint_step) {
+            (true, None) => OrderOutcome::Done {
+                detail: r.detail.clone(),
+            },
+            (true, Some(step)) => OrderOutcome::Checkpointed {
+                step,
+                detail: r.detail.clone(),
+            },
+            (false, None) => OrderOutcome::Failed {
+                error: r.detail.clone(),
+            },
+            (false, Some(step)) => {
+                return Err(BorderError::StepOnFailure {
+                    order_id: r.order_id,
+                    step,
+                })
+            }
+        })
+    }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
