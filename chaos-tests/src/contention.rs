@@ -182,11 +182,7 @@ fn incidents_opened(c: &NetCluster) -> anyhow::Result<usize> {
         .as_array()
         .into_iter()
         .flatten()
-        .filter(|e| {
-            e["what"]
-                .as_str()
-                .is_some_and(|w| w.contains("opened: link_contention"))
-        })
+        .filter(|e| e["event"]["IncidentOpened"]["kind"] == "link_contention")
         .count())
 }
 

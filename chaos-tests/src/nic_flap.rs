@@ -74,14 +74,11 @@ fn committed_since(
     let v = c.cli_json(&["events", "--since", &since.to_string(), "--limit", "5000"])?;
     let mut out: BTreeMap<(String, String), Vec<bool>> = BTreeMap::new();
     for e in v["events"].as_array().cloned().unwrap_or_default() {
-        let what = e["what"].as_str().unwrap_or_default();
-        let Some(rest) = what.strip_prefix("NIC ") else {
+        // The typed event (`Event::NicLink`), not its rendered line.
+        let link = &e["event"]["NicLink"];
+        let (Some(nic), Some(up)) = (link["nic"].as_str(), link["up"].as_bool()) else {
             continue;
         };
-        let Some((nic, tail)) = rest.split_once(": link ") else {
-            continue;
-        };
-        let up = tail.starts_with("up");
         let host = e["host"].as_str().unwrap_or_default().to_string();
         out.entry((host, nic.to_string())).or_default().push(up);
     }
@@ -224,15 +221,14 @@ pub async fn run(cfg: NicFlapRun) -> anyhow::Result<NicFlapReport> {
         .cloned()
         .unwrap_or_default()
         .iter()
-        .filter(|e| {
-            e["what"]
-                .as_str()
-                .is_some_and(|w| w.contains("-> Flapping"))
-        })
         .filter_map(|e| {
-            let w = e["what"].as_str()?;
-            let nic = w.strip_prefix("NIC ")?.split(':').next()?.to_string();
-            Some((e["host"].as_str()?.to_string(), nic))
+            // A NIC transition (with or without a link change) to Flapping.
+            let t = ["NicLink", "NicState"]
+                .iter()
+                .map(|k| &e["event"][*k])
+                .find(|t| t.is_object())?;
+            (t["to"] == "flapping")
+                .then(|| Some((e["host"].as_str()?.to_string(), t["nic"].as_str()?.to_string())))?
         })
         .collect();
     let all_up_after_quiet = if cfg.wait_quiet {
