@@ -168,8 +168,9 @@ pub fn init_ca(dir: &Path, validity_days: u32) -> Result<Issued, PkiError> {
     })
 }
 
-/// Loads the CA of `ca_dir` for signing, checking its key matches it.
-fn load_ca(ca_dir: &Path) -> Result<Issuer<'static, KeyPair>, PkiError> {
+/// Loads the CA of `ca_dir` for signing, checking its key matches it;
+/// also returns when the CA expires.
+fn load_ca(ca_dir: &Path) -> Result<(Issuer<'static, KeyPair>, SystemTime), PkiError> {
     let cert_path = ca_dir.join(CA_CERT_FILE);
     let key_path = ca_dir.join(CA_KEY_FILE);
     if !cert_path.exists() || !key_path.exists() {
@@ -202,7 +203,8 @@ fn load_ca(ca_dir: &Path) -> Result<Issuer<'static, KeyPair>, PkiError> {
             what: format!("key does not match {}", cert_path.display()),
         });
     }
-    Ok(Issuer::from_ca_cert_der(&ca_der, key)?)
+    let not_after = unix_to_system(ca.validity().not_after.timestamp());
+    Ok((Issuer::from_ca_cert_der(&ca_der, key)?, not_after))
 }
 
 /// One subject alternative name: an IP address or a DNS name.
@@ -263,7 +265,13 @@ pub fn issue_with_validity(
     let cert_path = out_dir.join(format!("{stem}.pem"));
     let key_path = out_dir.join(format!("{stem}.key"));
     refuse_existing(&[&cert_path, &key_path])?;
-    let issuer = load_ca(ca_dir)?;
+    let (issuer, ca_not_after) = load_ca(ca_dir)?;
+    if validity.not_after > ca_not_after {
+        return Err(PkiError::InvalidValidity(format!(
+            "the certificate would outlive the CA, which expires at {}",
+            humantime::format_rfc3339_seconds(ca_not_after)
+        )));
+    }
 
     let mut params = base_params(&validity)?;
     params.distinguished_name = identity.distinguished_name();

@@ -144,6 +144,18 @@ fn issue_refuses_and_writes_nothing_on_error() {
 }
 
 #[test]
+fn a_certificate_may_not_outlive_its_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca");
+    pki::init_ca(&ca, 10).unwrap();
+    let out = dir.path().join("out");
+    let err = pki::issue(&ca, &Identity::supervisor(1), &[], 11, &out).unwrap_err();
+    assert!(err.to_string().contains("outlive the CA"), "{err}");
+    assert_eq!(entries(&out), 0);
+    pki::issue(&ca, &Identity::supervisor(1), &[], 9, &out).unwrap();
+}
+
+#[test]
 fn a_mismatched_ca_key_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let a = dir.path().join("a");

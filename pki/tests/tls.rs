@@ -443,3 +443,63 @@ async fn a_ca_signed_certificate_without_identity_is_refused() {
     let err = call(c.addr, tls).await.unwrap_err();
     assert!(err.contains("AccessDenied"), "{err}");
 }
+
+#[test]
+fn load_refuses_unusable_server_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+    pki::init_ca(&a, 365).unwrap();
+    pki::init_ca(&b, 365).unwrap();
+    let s1 = pki::issue(
+        &a,
+        &Identity::supervisor(1),
+        &[],
+        DAYS,
+        &dir.path().join("s1"),
+    )
+    .unwrap();
+    let s2 = pki::issue(
+        &a,
+        &Identity::supervisor(2),
+        &[],
+        DAYS,
+        &dir.path().join("s2"),
+    )
+    .unwrap();
+    let agent = pki::issue(
+        &a,
+        &Identity::agent("h1").unwrap(),
+        &[],
+        DAYS,
+        &dir.path().join("h1"),
+    )
+    .unwrap();
+    let load = |ca: &Path, cert: &Path, key: &Path| {
+        ServerTls::load(
+            ServerTlsFiles {
+                ca: ca.join(pki::CA_CERT_FILE),
+                cert: cert.into(),
+                key: key.into(),
+            },
+            Revocations::new(),
+        )
+    };
+    assert!(load(&a, &s1.cert_path, &s1.key_path).is_ok());
+    // Signed by another CA than the one trusted.
+    assert!(matches!(
+        load(&b, &s1.cert_path, &s1.key_path),
+        Err(pki::PkiError::ServerCert { .. })
+    ));
+    // Not a supervisor.
+    assert!(matches!(
+        load(&a, &agent.cert_path, &agent.key_path),
+        Err(pki::PkiError::ServerCert { .. })
+    ));
+    // Another certificate's key.
+    assert!(load(&a, &s1.cert_path, &s2.key_path).is_err());
+    // Missing files.
+    assert!(matches!(
+        load(&a, &dir.path().join("none.pem"), &s1.key_path),
+        Err(pki::PkiError::Io { .. })
+    ));
+}
