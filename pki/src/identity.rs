@@ -77,10 +77,10 @@ impl FromStr for Role {
     }
 }
 
-/// Who holds a certificate. Built only through the checking constructors
-/// or [`Identity::from_cert_der`], so a name in it always obeys the naming
-/// rules; a server takes it from the verified peer certificate, never from
-/// a request field.
+/// Who holds a certificate. A server takes it from the verified peer
+/// certificate ([`Identity::from_cert_der`], strict), never from a request
+/// field. Build one to issue with the checking constructors; `issue`
+/// checks it again ([`Identity::check`]) in case it was built by hand.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Identity {
@@ -149,6 +149,16 @@ impl Identity {
         let user = user.into();
         check_name("user name", &user)?;
         Ok(Identity::Admin { user, role })
+    }
+
+    /// Checks the name against the naming rules (what the constructors
+    /// do), for an identity built from its public variants.
+    pub fn check(&self) -> Result<(), PkiError> {
+        match self {
+            Identity::Supervisor { .. } => Ok(()),
+            Identity::Agent { host } => check_name("host name", host),
+            Identity::Admin { user, .. } => check_name("user name", user),
+        }
     }
 
     /// The admin's role, or `None` for a supervisor or an agent.

@@ -248,6 +248,7 @@ pub fn issue_with_validity(
     validity: Validity,
     out_dir: &Path,
 ) -> Result<Issued, PkiError> {
+    identity.check()?;
     let mut names: Vec<String> = Vec::new();
     if identity.is_server() {
         names.push(SERVER_NAME.into());

@@ -116,6 +116,14 @@ fn issue_refuses_and_writes_nothing_on_error() {
         ));
     }
     assert_eq!(entries(&out), 0);
+    // A hostile name built by hand, past the checking constructors.
+    let hostile = Identity::Agent {
+        host: "h1\nCN=evil".into(),
+    };
+    assert!(matches!(
+        pki::issue(&ca, &hostile, &[], 30, &out),
+        Err(PkiError::InvalidName { .. })
+    ));
     // Bad validity.
     assert!(pki::issue(&ca, &admin, &[], 0, &out).is_err());
     assert!(pki::issue(&ca, &admin, &[], pki::MAX_VALIDITY_DAYS + 1, &out).is_err());
