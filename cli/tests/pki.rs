@@ -90,12 +90,18 @@ fn init_issue_show() {
     assert!(field(&shown, "issuer:").contains("railguard cluster CA"));
     assert!(field(&shown, "expires:").contains("days)"));
 
-    ok(&[
+    // The default validity (365 days) would outlive this 100-day CA.
+    let err = refused(&[
         "pki", "issue", "agent", "--host", "gpu-1", "--ca-dir", ca_s, "--out", out_s,
     ]);
+    assert!(err.contains("outlive the CA"), "{err}");
     ok(&[
-        "pki", "issue", "admin", "--user", "alice", "--role", "operator", "--ca-dir", ca_s,
-        "--out", out_s,
+        "pki", "issue", "agent", "--host", "gpu-1", "--days", "50", "--ca-dir", ca_s, "--out",
+        out_s,
+    ]);
+    ok(&[
+        "pki", "issue", "admin", "--user", "alice", "--role", "operator", "--days", "50",
+        "--ca-dir", ca_s, "--out", out_s,
     ]);
     let json = ok(&[
         "-o",
