@@ -7,8 +7,10 @@
 //! (events, incidents, intents, history), `clock` (clock, paths), `links`
 //! (links, shapes) — each with its clap subcommands and its printers;
 //! `render` dispatches a reply to its printer; `output` holds the shared
-//! helpers.
+//! helpers. `certs` (`railguard pki …`) works offline: the cluster CA and
+//! certificates for mutual TLS.
 
+mod certs;
 mod clock;
 mod events;
 mod jobs;
@@ -31,6 +33,7 @@ use supervisor::model::jobs::JobOp;
 use supervisor::model::playbook_store::PlanIncident;
 use supervisor::model::AdminOp;
 
+use crate::certs::PkiCmd;
 use crate::jobs::JobCmd;
 use crate::links::ShapeCmd;
 use crate::members::ClusterCmd;
@@ -158,6 +161,10 @@ enum Cmd {
     /// HTB shapes put on host NICs by reshaping playbooks.
     #[command(subcommand)]
     Shape(ShapeCmd),
+    /// Cluster CA and certificates for mutual TLS: init, issue, show
+    /// (offline; no supervisor is contacted).
+    #[command(subcommand)]
+    Pki(PkiCmd),
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -174,6 +181,11 @@ async fn main() {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    // Offline commands first, so no supervisor address is even parsed.
+    let cmd = match cli.cmd {
+        Cmd::Pki(cmd) => return certs::run(cmd, cli.output == Output::Json),
+        cmd => cmd,
+    };
     let actor = cli
         .actor
         .clone()
@@ -181,7 +193,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .unwrap_or_else(|| "unknown".into());
     let client = AdminClient::new(&cli.supervisor, &actor, cli.timeout)?;
     let json = cli.output == Output::Json;
-    let request = match cli.cmd {
+    let request = match cmd {
         Cmd::Status => AdminRequest::Status,
         Cmd::Cluster(c) => match c {
             ClusterCmd::Init => AdminRequest::ClusterInit,
@@ -370,6 +382,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Shape(ShapeCmd::Clear { host }) => AdminRequest::Write {
             op: AdminOp::ShapeClear { host },
         },
+        Cmd::Pki(cmd) => return certs::run(cmd, json),
     };
     let reply = client.call(request, cli.stale).await?;
     render::show(&reply, json)

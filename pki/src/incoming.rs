@@ -1,0 +1,317 @@
+//! The accept side of a railguard gRPC port: [`incoming`] turns a TCP
+//! listener into a stream of verified mutual-TLS connections for tonic's
+//! `serve_with_incoming`, each carrying the peer's [`PeerInfo`] (its
+//! identity and serial from the verified certificate) into every request's
+//! extensions; [`require`] and [`require_role`] read it back in handlers.
+//!
+//! Handshakes run in their own tasks, at most
+//! [`IncomingLimits::max_pending_handshakes`] at once (beyond that the
+//! listener is not polled and the kernel backlog holds new connections)
+//! and each within [`IncomingLimits::handshake_timeout`]. A failed or slow
+//! handshake is logged and dropped; it never ends the stream.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use futures::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinSet;
+use tokio::time::Sleep;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+use tonic::transport::server::Connected;
+
+use crate::identity::{Identity, Role};
+use crate::issue::describe;
+use crate::serial::Serial;
+use crate::server::ServerTls;
+
+/// Who is at the other end of a connection, from its verified certificate.
+/// Every request on the connection carries it as an extension.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerInfo {
+    /// The identity the peer's certificate names.
+    pub identity: Identity,
+    /// The peer certificate's serial.
+    pub serial: Serial,
+    /// When the peer certificate expires.
+    pub not_after: SystemTime,
+    /// The peer's socket address.
+    pub remote_addr: SocketAddr,
+}
+
+/// Bounds on the accept side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IncomingLimits {
+    /// How long a TLS handshake may take before the connection is dropped.
+    pub handshake_timeout: Duration,
+    /// How many handshakes may be in progress at once.
+    pub max_pending_handshakes: usize,
+    /// How long to pause accepting after `accept` fails (e.g. out of file
+    /// descriptors), so a persistent failure does not spin.
+    pub accept_error_pause: Duration,
+}
+
+impl Default for IncomingLimits {
+    fn default() -> Self {
+        IncomingLimits {
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            max_pending_handshakes: 64,
+            accept_error_pause: Duration::from_millis(100),
+        }
+    }
+}
+
+/// The default handshake timeout, for servers and clients.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A verified mutual-TLS connection; tonic reads [`PeerInfo`] from it
+/// through [`Connected`].
+pub struct PeerStream {
+    inner: TlsStream<TcpStream>,
+    info: PeerInfo,
+}
+
+impl PeerStream {
+    /// The peer of this connection.
+    pub fn peer(&self) -> &PeerInfo {
+        &self.info
+    }
+}
+
+impl std::fmt::Debug for PeerStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerStream")
+            .field("peer", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connected for PeerStream {
+    type ConnectInfo = PeerInfo;
+
+    fn connect_info(&self) -> PeerInfo {
+        self.info.clone()
+    }
+}
+
+impl AsyncRead for PeerStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for PeerStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// The stream returned by [`incoming`]. Never yields an error and ends
+/// only when dropped; dropping it aborts handshakes in progress and closes
+/// the listener.
+pub struct Incoming {
+    listener: TcpListener,
+    tls: ServerTls,
+    limits: IncomingLimits,
+    pending: JoinSet<Option<PeerStream>>,
+    pause: Option<Pin<Box<Sleep>>>,
+}
+
+/// Serves mutual TLS on `listener` with `tls`'s current configuration
+/// (read per handshake, so a reload applies to the next one) and default
+/// [`IncomingLimits`]. Must be called within a tokio runtime. Use with
+/// `tonic::transport::Server::builder().add_service(..)
+/// .serve_with_incoming(pki::incoming(listener, tls))`.
+pub fn incoming(listener: TcpListener, tls: ServerTls) -> Incoming {
+    incoming_with_limits(listener, tls, IncomingLimits::default())
+}
+
+/// [`incoming`] with explicit limits (a `max_pending_handshakes` of 0 is
+/// taken as 1).
+pub fn incoming_with_limits(
+    listener: TcpListener,
+    tls: ServerTls,
+    limits: IncomingLimits,
+) -> Incoming {
+    Incoming {
+        listener,
+        tls,
+        limits: IncomingLimits {
+            max_pending_handshakes: limits.max_pending_handshakes.max(1),
+            ..limits
+        },
+        pending: JoinSet::new(),
+        pause: None,
+    }
+}
+
+impl Incoming {
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+}
+
+/// Runs one handshake; `None` (logged) if it fails, times out or the
+/// certificate names no identity.
+async fn handshake(
+    tcp: TcpStream,
+    remote_addr: SocketAddr,
+    acceptor: TlsAcceptor,
+    timeout: Duration,
+) -> Option<PeerStream> {
+    let _ = tcp.set_nodelay(true);
+    let stream = match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::warn!(peer = %remote_addr, error = %e, "TLS handshake refused");
+            return None;
+        }
+        Err(_) => {
+            tracing::warn!(peer = %remote_addr, timeout_ms = timeout.as_millis() as u64, "TLS handshake timed out");
+            return None;
+        }
+    };
+    let leaf = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first());
+    let Some(leaf) = leaf else {
+        tracing::warn!(peer = %remote_addr, "TLS peer sent no certificate");
+        return None;
+    };
+    let info = match describe(leaf) {
+        Ok(info) => info,
+        Err(e) => {
+            tracing::warn!(peer = %remote_addr, error = %e, "TLS peer certificate unreadable");
+            return None;
+        }
+    };
+    let Some(identity) = info.identity else {
+        tracing::warn!(peer = %remote_addr, "TLS peer presented a CA certificate");
+        return None;
+    };
+    tracing::debug!(peer = %remote_addr, %identity, serial = %info.serial, "TLS peer accepted");
+    Some(PeerStream {
+        inner: stream,
+        info: PeerInfo {
+            identity,
+            serial: info.serial,
+            not_after: info.not_after,
+            remote_addr,
+        },
+    })
+}
+
+impl Stream for Incoming {
+    type Item = io::Result<PeerStream>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(pause) = this.pause.as_mut() {
+                if pause.as_mut().poll(cx).is_ready() {
+                    this.pause = None;
+                }
+            }
+            while this.pause.is_none() && this.pending.len() < this.limits.max_pending_handshakes {
+                match this.listener.poll_accept(cx) {
+                    Poll::Ready(Ok((tcp, addr))) => {
+                        let acceptor = TlsAcceptor::from(this.tls.config());
+                        this.pending.spawn(handshake(
+                            tcp,
+                            addr,
+                            acceptor,
+                            this.limits.handshake_timeout,
+                        ));
+                    }
+                    Poll::Ready(Err(e)) => {
+                        tracing::warn!(error = %e, pause_ms = this.limits.accept_error_pause.as_millis() as u64, "accept failed; pausing");
+                        let mut pause =
+                            Box::pin(tokio::time::sleep(this.limits.accept_error_pause));
+                        // Registers the waker; a zero pause is over at once.
+                        if pause.as_mut().poll(cx).is_pending() {
+                            this.pause = Some(pause);
+                        }
+                    }
+                    Poll::Pending => break,
+                }
+            }
+            match this.pending.poll_join_next(cx) {
+                Poll::Ready(Some(Ok(Some(stream)))) => return Poll::Ready(Some(Ok(stream))),
+                Poll::Ready(Some(Ok(None))) => continue,
+                Poll::Ready(Some(Err(e))) => {
+                    tracing::warn!(error = %e, "TLS handshake task failed");
+                    continue;
+                }
+                Poll::Ready(None) | Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+/// The peer of a request served through [`incoming`], or
+/// `Unauthenticated` if there is none (the server is not behind
+/// [`incoming`]).
+#[allow(clippy::result_large_err)]
+pub fn require<T>(request: &tonic::Request<T>) -> Result<&PeerInfo, tonic::Status> {
+    request
+        .extensions()
+        .get::<PeerInfo>()
+        .ok_or_else(|| tonic::Status::unauthenticated("no verified client certificate"))
+}
+
+/// The admin user of a request and its role, if the peer is an admin with
+/// at least `min`: `Unauthenticated` without a peer, `PermissionDenied` for
+/// a supervisor, an agent, or an admin below `min`.
+#[allow(clippy::result_large_err)]
+pub fn require_role<T>(
+    request: &tonic::Request<T>,
+    min: Role,
+) -> Result<(&str, Role), tonic::Status> {
+    let peer = require(request)?;
+    match &peer.identity {
+        Identity::Admin { user, role } if *role >= min => Ok((user.as_str(), *role)),
+        Identity::Admin { user, role } => Err(tonic::Status::permission_denied(format!(
+            "{user} is {role}; this needs {min}"
+        ))),
+        other => Err(tonic::Status::permission_denied(format!(
+            "{other} is not an admin"
+        ))),
+    }
+}

@@ -1,0 +1,71 @@
+//! railguard's cluster PKI: who holds a certificate ([`Identity`]), making
+//! certificates (a cluster CA and certificates signed by it, with rcgen),
+//! and mutual TLS 1.3 for the tonic servers and clients (rustls with the
+//! ring provider; no OpenSSL).
+//!
+//! # Identity encoding
+//! A railguard certificate names its holder in its subject, and only
+//! there: `O=railguard`, `OU=<kind>`, `CN=<name>`, each exactly once, no
+//! other attribute.
+//!
+//! | holder     | `OU`                                           | `CN`                          |
+//! |------------|------------------------------------------------|-------------------------------|
+//! | supervisor | `supervisor`                                   | Raft member id, decimal u64   |
+//! | agent      | `agent`                                        | host name                     |
+//! | admin      | `admin-viewer`, `admin-operator`, `admin-admin` | user name                     |
+//!
+//! Host and user names follow the model's naming rules (1 to 253 bytes, no
+//! whitespace or control characters); member ids are canonical decimal (no
+//! sign, no leading zero). Parsing is strict: anything else, or a CA
+//! certificate, is `PkiError::BadIdentity`. Supervisor certificates also
+//! carry the DNS name [`SERVER_NAME`] (`supervisor.railguard`), which every
+//! client verifies, plus any DNS names and IPs given at issue; they may
+//! serve and be clients (Raft peers), agents' and admins' only be clients.
+//! Every certificate has a random 128-bit serial ([`Serial`], lowercase
+//! hex), the key of revocation.
+//!
+//! # Trust
+//! A server accepts a connection only after TLS 1.3 with a client
+//! certificate that chains to the cluster CA, is within its validity
+//! period, is not in [`Revocations`] and names an identity; session
+//! resumption is off, so every connection is verified in full. The
+//! identity a handler sees ([`PeerInfo`], via [`require`]) comes from that
+//! certificate only.
+//!
+//! # Layout
+//! - `identity`: [`Identity`], [`Role`], the encoding and its parser.
+//! - `serial`: [`Serial`]. `revocations`: [`Revocations`].
+//! - `issue`: [`init_ca`], [`issue()`], [`show`] and their file formats.
+//! - `files`: PEM reading, exclusive 0600 writing.
+//! - `verifier`: the client-certificate verifier (WebPKI + revocations).
+//! - `server`: [`ServerTls`] (load, `reload`), [`reload_on_sighup`].
+//! - `incoming`: [`incoming`] (the accept stream for tonic), [`PeerInfo`],
+//!   [`require`], [`require_role`].
+//! - `client`: [`client_tls`], [`https_endpoint`].
+//! - `error`: [`PkiError`].
+
+mod client;
+mod error;
+mod files;
+mod identity;
+mod incoming;
+mod issue;
+mod revocations;
+mod serial;
+mod server;
+mod verifier;
+
+pub use client::{client_tls, https_endpoint};
+pub use error::PkiError;
+pub use identity::{check_name, Identity, Role, MAX_NAME_LEN, ORGANIZATION};
+pub use incoming::{
+    incoming, incoming_with_limits, require, require_role, Incoming, IncomingLimits, PeerInfo,
+    PeerStream, HANDSHAKE_TIMEOUT,
+};
+pub use issue::{
+    describe, init_ca, issue, issue_with_validity, serial_of, show, CertInfo, Issued, Validity,
+    BACKDATE, CA_CERT_FILE, CA_COMMON_NAME, CA_KEY_FILE, MAX_VALIDITY_DAYS, SERVER_NAME,
+};
+pub use revocations::Revocations;
+pub use serial::Serial;
+pub use server::{reload_on_sighup, ServerTls, ServerTlsFiles};
