@@ -8,72 +8,15 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::Sup;
+use common::agentsim::{nic_event as ev, testbed_nics as nics};
+use common::{agent, events, register, Sup};
 use proto::v1::admin_client::AdminClient as AdminGrpc;
 use proto::v1::agent_client::AgentClient;
 use proto::v1::raft_peer_client::RaftPeerClient;
-use proto::v1::{agent_event, AgentEvent, Blob, Nic, NicStateChange, RegisterHost};
+use proto::v1::{AgentEvent, Blob, RegisterHost};
 use supervisor::api::{AdminReply, AdminRequest, ErrorKind};
 use supervisor::model::events::Event;
 use supervisor::model::{AdminAction, AdminOp, NicState};
-
-async fn agent(addr: &str) -> AgentClient<tonic::transport::Channel> {
-    AgentClient::new(supervisor::network::channel(addr).unwrap())
-}
-
-fn nics() -> Vec<Nic> {
-    vec![
-        Nic {
-            name: "rail0".into(),
-            rail: Some(0),
-            backup: "rail1".into(),
-            rdma_device: String::new(),
-            ..Default::default()
-        },
-        Nic {
-            name: "rail1".into(),
-            rail: Some(1),
-            backup: "rail0".into(),
-            rdma_device: String::new(),
-            ..Default::default()
-        },
-    ]
-}
-
-async fn register(addr: &str, host: &str) {
-    agent(addr)
-        .await
-        .register(RegisterHost {
-            host: host.into(),
-            nics: nics(),
-            labels: Default::default(),
-            agent_version: "test".into(),
-        })
-        .await
-        .expect("register");
-}
-
-fn ev(host: &str, seq: u64, nic: &str, up: bool) -> AgentEvent {
-    AgentEvent {
-        host: host.into(),
-        seq,
-        at_unix_ns: 0,
-        kind: Some(agent_event::Kind::NicState(NicStateChange {
-            nic: nic.into(),
-            state: if up {
-                proto::v1::NicState::Up as i32
-            } else {
-                proto::v1::NicState::Down as i32
-            },
-            carrier_changes: seq,
-            flaps: 0,
-            damping_penalty: 0.0,
-            coalesced: 0,
-            link_up: up,
-            ..Default::default()
-        })),
-    }
-}
 
 /// Sends `events` on a fresh stream, closes it, and returns every ack.
 async fn send_events(addr: &str, events: Vec<AgentEvent>) -> Vec<proto::v1::EventAck> {
@@ -404,19 +347,7 @@ async fn events_apply_exactly_once_in_order_across_reconnects() {
         "seq 5 is odd: down"
     );
     // Exactly once: 5 transitions applied, each logged once.
-    let AdminReply::Events { events } = c
-        .call(
-            AdminRequest::Events {
-                since: 0,
-                limit: 1000,
-            },
-            false,
-        )
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
+    let events = events(&c).await;
     let transitions = events
         .iter()
         .filter(|e| {
