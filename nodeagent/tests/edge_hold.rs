@@ -12,7 +12,7 @@ use nodeagent::agent::NicConfig;
 use nodeagent::control::{bind, Control};
 use nodeagent::hold::{HoldLoop, HoldSpec, JobHold, HOLD_RATE_BYTES_PER_S};
 use nodeagent::probe::queueing::{OutgoingSample, QueueingBoard};
-use rdma::contract::{ClientOptions, ConnUp, ContractClient, Hello, OrderKind};
+use rdma::contract::{ClientOptions, ConnUp, ContractClient, OrderKind};
 use tokio::sync::{mpsc, watch};
 
 const H1: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
@@ -84,13 +84,10 @@ async fn held_while_queueing_to_the_peer_is_high_released_with_hysteresis_and_on
     let sock = dir.path().join("agent.sock");
     let control = Control::new(vec![nic("rail0", 0), nic("rail1", 1)]);
     tokio::spawn(control.clone().serve(bind(&sock).unwrap()));
-    let (job, mut orders) = ContractClient::connect_with(
+    let (job, mut orders) = ContractClient::connect_rank(
         &sock,
-        Hello {
-            job: "train".into(),
-            rank: 0,
-            pid: std::process::id(),
-        },
+        "train",
+        0,
         ClientOptions {
             backoff_max: Duration::from_millis(100),
             ..Default::default()
