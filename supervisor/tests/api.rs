@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::agentsim::{nic_event as ev, testbed_nics as nics};
-use common::{agent, events, register, Sup};
+use common::{agent, events, Sup};
 use proto::v1::admin_client::AdminClient as AdminGrpc;
 use proto::v1::agent_client::AgentClient;
 use proto::v1::raft_peer_client::RaftPeerClient;
@@ -54,14 +54,19 @@ async fn observe(sup: &Sup) -> String {
     serde_json::to_string(&(hosts, events, history)).unwrap()
 }
 
+/// Asserts that what an admin can observe is still `before` (`why` says
+/// why it must be).
+async fn unchanged(sup: &Sup, before: &str, why: &str) {
+    assert_eq!(observe(sup).await, before, "{why}");
+}
+
 fn write(op: AdminOp) -> AdminRequest {
     AdminRequest::Write { op }
 }
 
 #[tokio::test]
 async fn unknown_names_are_not_found_and_change_nothing() {
-    let sup = Sup::start(&[]).await;
-    register(&sup.addr, "h0").await;
+    let sup = Sup::with_h0(&[]).await;
     let before = observe(&sup).await;
     let c = sup.client();
     for op in [
@@ -98,17 +103,12 @@ async fn unknown_names_are_not_found_and_change_nothing() {
     assert_eq!(acks.len(), 1);
     assert_eq!(acks[0].acked_through, 0);
     assert!(acks[0].error.contains("h0/eth9"), "{:?}", acks[0]);
-    assert_eq!(
-        observe(&sup).await,
-        before,
-        "refused commands must not change state"
-    );
+    unchanged(&sup, &before, "refused commands must not change state").await;
 }
 
 #[tokio::test]
 async fn drain_needs_a_reason_and_uncordon_respects_drain() {
-    let sup = Sup::start(&[]).await;
-    register(&sup.addr, "h0").await;
+    let sup = Sup::with_h0(&[]).await;
     let before = observe(&sup).await;
     let c = sup.client();
     let e = c
@@ -130,7 +130,7 @@ async fn drain_needs_a_reason_and_uncordon_respects_drain() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--reason"));
     let out = sup.cli(&["node", "drain", "h0", "--reason", ""]);
     assert_eq!(out.status.code(), Some(2));
-    assert_eq!(observe(&sup).await, before);
+    unchanged(&sup, &before, "a refused drain changes nothing").await;
 
     let out = sup.cli(&[
         "node",
@@ -174,8 +174,7 @@ async fn drain_needs_a_reason_and_uncordon_respects_drain() {
 
 #[tokio::test]
 async fn malformed_and_oversized_messages_are_refused() {
-    let sup = Sup::start(&[]).await;
-    register(&sup.addr, "h0").await;
+    let sup = Sup::with_h0(&[]).await;
     let before = observe(&sup).await;
     let ch = supervisor::network::channel(&sup.addr).unwrap();
 
@@ -285,11 +284,7 @@ async fn malformed_and_oversized_messages_are_refused() {
         tonic::Code::InvalidArgument
     );
 
-    assert_eq!(
-        observe(&sup).await,
-        before,
-        "refused messages must not change state"
-    );
+    unchanged(&sup, &before, "refused messages must not change state").await;
     // And the supervisor still works.
     sup.client()
         .call(write(AdminOp::Cordon { host: "h0".into() }), false)
@@ -299,8 +294,7 @@ async fn malformed_and_oversized_messages_are_refused() {
 
 #[tokio::test]
 async fn events_apply_exactly_once_in_order_across_reconnects() {
-    let sup = Sup::start(&[]).await;
-    register(&sup.addr, "h0").await;
+    let sup = Sup::with_h0(&[]).await;
     let acks = send_events(
         &sup.addr,
         (1..=3).map(|s| ev("h0", s, "rail0", s % 2 == 0)).collect(),
@@ -320,18 +314,7 @@ async fn events_apply_exactly_once_in_order_across_reconnects() {
     .await;
     assert_eq!(acks.last().unwrap().acked_through, 5);
     // Re-registration reports where to resume.
-    let r = agent(&sup.addr)
-        .await
-        .register(RegisterHost {
-            host: "h0".into(),
-            nics: nics(),
-            labels: Default::default(),
-            agent_version: "test".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.last_applied_seq, 5);
+    assert_eq!(common::register(&sup.addr, "h0").await, 5);
     let c = sup.client();
     let AdminReply::Host { host, .. } = c
         .call(AdminRequest::NodeShow { host: "h0".into() }, false)
@@ -410,8 +393,7 @@ async fn second_process_on_a_data_dir_gets_a_clear_error() {
 
 #[tokio::test]
 async fn cli_reports_errors_with_exit_codes() {
-    let sup = Sup::start(&[]).await;
-    register(&sup.addr, "h0").await;
+    let sup = Sup::with_h0(&[]).await;
     let out = sup.cli(&["node", "show", "nope"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -439,8 +421,7 @@ async fn cli_reports_errors_with_exit_codes() {
 
 #[tokio::test]
 async fn follow_streams_new_events() {
-    let sup = Sup::start(&[]).await;
-    register(&sup.addr, "h0").await;
+    let sup = Sup::with_h0(&[]).await;
     let c = sup.client();
     let follower = tokio::spawn({
         let c = c.clone();
@@ -476,8 +457,7 @@ async fn follow_streams_new_events() {
 
 #[tokio::test]
 async fn log_compaction_and_restart_keep_every_write() {
-    let mut sup = Sup::start(&["--snapshot-every", "20"]).await;
-    register(&sup.addr, "h0").await;
+    let mut sup = Sup::with_h0(&["--snapshot-every", "20"]).await;
     let c = sup.client();
     for i in 0..120u32 {
         let set = BTreeMap::from([(format!("k{}", i % 7), i.to_string())]);
@@ -503,11 +483,7 @@ async fn log_compaction_and_restart_keep_every_write() {
     let before = observe(&sup).await;
     sup.kill(); // SIGKILL
     sup.spawn().await;
-    assert_eq!(
-        observe(&sup).await,
-        before,
-        "state after restart equals state before"
-    );
+    unchanged(&sup, &before, "state after restart equals state before").await;
 }
 
 /// A write sent again with the same request id (what a client does when it
@@ -515,8 +491,7 @@ async fn log_compaction_and_restart_keep_every_write() {
 /// result, even after the state has moved on.
 #[tokio::test]
 async fn retried_write_with_the_same_request_id_applies_once() {
-    let sup = Sup::start(&[]).await;
-    register(&sup.addr, "h0").await;
+    let sup = Sup::with_h0(&[]).await;
     let mut grpc = AdminGrpc::connect(format!("http://{}", sup.addr))
         .await
         .unwrap();
@@ -548,7 +523,7 @@ async fn retried_write_with_the_same_request_id_applies_once() {
     let before = observe(&sup).await;
     // The retry of serial 1 must not drain the host again.
     grpc.call(send(drain, 1)).await.unwrap();
-    assert_eq!(observe(&sup).await, before, "a retry must change nothing");
+    unchanged(&sup, &before, "a retry must change nothing").await;
     let c = sup.client();
     let Ok(AdminReply::Host { host, .. }) = c
         .call(AdminRequest::NodeShow { host: "h0".into() }, false)

@@ -42,8 +42,7 @@ fn placement(seq: u64, conn_id: u64, nic: &str, closed: bool) -> AgentEvent {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_are_validated_committed_streamed_and_closed_by_the_agent() {
-    let sup = Sup::start(&[]).await;
-    register(&sup.addr, "h0").await;
+    let sup = Sup::with_h0(&[]).await;
     register(&sup.addr, "h1").await;
 
     // Bad orders: a clear error, exit 2, nothing written.

@@ -73,6 +73,13 @@ impl Sup {
         s
     }
 
+    /// [`Sup::start`], then registers host `h0` (see [`register`]).
+    pub async fn with_h0(extra: &[&str]) -> Sup {
+        let s = Sup::start(extra).await;
+        register(&s.addr, "h0").await;
+        s
+    }
+
     /// A new cluster's leader installs the shipped playbooks once, as its
     /// first own write; tests that compare state before and after wait for
     /// it so that write is not mistaken for theirs.
@@ -182,8 +189,9 @@ pub async fn agent(addr: &str) -> AgentClient<tonic::transport::Channel> {
 }
 
 /// Registers `host` with the testbed's two rails (each the other's
-/// backup), as agent version `test`.
-pub async fn register(addr: &str, host: &str) {
+/// backup), as agent version `test`; returns the last applied event
+/// sequence the supervisor answered (where the agent resumes).
+pub async fn register(addr: &str, host: &str) -> u64 {
     agent(addr)
         .await
         .register(RegisterHost {
@@ -193,7 +201,9 @@ pub async fn register(addr: &str, host: &str) {
             agent_version: "test".into(),
         })
         .await
-        .expect("register");
+        .expect("register")
+        .into_inner()
+        .last_applied_seq
 }
 
 /// The first 1000 committed events, read from the leader.

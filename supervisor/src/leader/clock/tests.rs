@@ -323,18 +323,14 @@ fn unknown_peers_rails_and_nics_are_ignored_and_evidence_needs_received_probes()
 #[test]
 fn both_ends_report_one_edge_the_smaller_id_preferred_while_fresh() {
     let (st, svc, t, offsets) = three_hosts();
-    svc.ingest(
-        &st,
-        &summary("h1", vec![peer_clock(&offsets, 1, 0, 90.0)], vec![]),
-        t,
-    )
-    .unwrap();
-    svc.ingest(
-        &st,
-        &summary("h0", vec![peer_clock(&offsets, 0, 1, 80.0)], vec![]),
-        t + Duration::from_millis(500),
-    )
-    .unwrap();
+    // `me` reports its clock against `peer` with bound `err`, received at `at`.
+    let report = |me: usize, peer: usize, err: f64, at: Instant| {
+        let clocks = vec![peer_clock(&offsets, me, peer, err)];
+        svc.ingest(&st, &summary(&format!("h{me}"), clocks, vec![]), at)
+            .unwrap();
+    };
+    report(1, 0, 90.0, t);
+    report(0, 1, 80.0, t + Duration::from_millis(500));
     let store = svc.lock();
     let edges = select_edges(&st, &store.clocks, t + Duration::from_secs(1));
     assert_eq!(edges.len(), 1);
@@ -343,12 +339,7 @@ fn both_ends_report_one_edge_the_smaller_id_preferred_while_fresh() {
     let edges = select_edges(&st, &store.clocks, t + Duration::from_millis(3_600));
     assert_eq!(edges.len(), 0, "both stale");
     drop(store);
-    svc.ingest(
-        &st,
-        &summary("h1", vec![peer_clock(&offsets, 1, 0, 90.0)], vec![]),
-        t + Duration::from_secs(4),
-    )
-    .unwrap();
+    report(1, 0, 90.0, t + Duration::from_secs(4));
     let store = svc.lock();
     let edges = select_edges(&st, &store.clocks, t + Duration::from_millis(4_100));
     assert_eq!((edges[0].from_id, edges[0].to_id), (1, 0));
