@@ -100,16 +100,8 @@ impl BulkFlow {
         port: u16,
         max: Duration,
     ) -> Result<BulkFlow, BulkError> {
-        if from == to || from >= tb.hosts.len() || to >= tb.hosts.len() || rail > 1 {
-            return Err(BulkError::BadRequest(format!(
-                "host {from} → host {to} on rail {rail} (the testbed has {} hosts, rails 0 and 1)",
-                tb.hosts.len()
-            )));
-        }
-        if max.is_zero() || max > MAX_FLOW {
-            return Err(BulkError::BadRequest(format!(
-                "duration {max:?} is not in (0, {MAX_FLOW:?}]"
-            )));
+        if let Some(why) = route_error(tb, from, to, rail).or(duration_error(max, MAX_FLOW)) {
+            return Err(BulkError::BadRequest(why));
         }
         let addr = SocketAddr::from((rail_addr(to, rail), port));
         let listener = tb
@@ -194,16 +186,11 @@ impl BulkFlow {
             None => (0, Duration::ZERO),
         };
         let secs = span.as_secs_f64();
-        let mbps = if secs > 0.0 {
-            bytes_received as f64 * 8.0 / secs / 1e6
-        } else {
-            0.0
-        };
         let report = BulkReport {
             bytes_sent: self.sent.load(Ordering::Relaxed),
             bytes_received,
             secs,
-            mbps,
+            mbps: mbps(bytes_received, secs),
         };
         tracing::info!(
             from = self.from,
@@ -222,6 +209,31 @@ impl BulkFlow {
 impl Drop for BulkFlow {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Why a load from host `from` to host `to` on `rail` is not possible in
+/// `tb` (the same host, no such host or rail), if it is not.
+pub(crate) fn route_error(tb: &Testbed, from: usize, to: usize, rail: usize) -> Option<String> {
+    let hosts = tb.hosts.len();
+    (from == to || from >= hosts || to >= hosts || rail > 1).then(|| {
+        format!(
+            "host {from} → host {to} on rail {rail} (the testbed has {hosts} hosts, rails 0 and 1)"
+        )
+    })
+}
+
+/// Why a load may not run for `max` (not in (0, `limit`]), if it may not.
+pub(crate) fn duration_error(max: Duration, limit: Duration) -> Option<String> {
+    (max.is_zero() || max > limit).then(|| format!("duration {max:?} is not in (0, {limit:?}]"))
+}
+
+/// `bytes` over `secs` in Mbit/s (0 for no time).
+pub(crate) fn mbps(bytes: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        bytes as f64 * 8.0 / secs / 1e6
+    } else {
+        0.0
     }
 }
 

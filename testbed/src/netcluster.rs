@@ -281,6 +281,14 @@ impl NetCluster {
         Ok(serde_json::from_str(&self.cli(&a)?)?)
     }
 
+    /// How many NICs the cluster has committed as Up (0 when the CLI
+    /// fails).
+    pub fn nics_up(&self) -> usize {
+        self.cli_json(&["nic", "list", "--state", "up"])
+            .map(|v| v["nics"].as_array().map_or(0, |a| a.len()))
+            .unwrap_or(0)
+    }
+
     /// The committed state of `host`/`nic` (e.g. "up", "down").
     pub fn nic_state(&self, host: &str, nic: &str) -> anyhow::Result<String> {
         let v = self.cli_json(&["node", "show", host])?;
