@@ -182,9 +182,7 @@ pub async fn nic_flap() -> anyhow::Result<NicFlapDemoReport> {
     .await?;
     t.say("supervisors started inside their namespaces and the cluster initialised; agents started on h0..h3");
     c.wait_until("every NIC up", Duration::from_secs(20), |c| {
-        c.cli_json(&["nic", "list", "--state", "up"])
-            .map(|v| v["nics"].as_array().map_or(0, |a| a.len()) == 8)
-            .unwrap_or(false)
+        c.nics_up() == 8
     })
     .await?;
     t.say("all 8 data NICs reported Up by their agents");

@@ -81,9 +81,7 @@ pub async fn run(flaps: usize, host_losses: usize, seed: u64) -> anyhow::Result<
     })
     .await?;
     c.wait_until("every NIC up", Duration::from_secs(20), |c| {
-        c.cli_json(&["nic", "list", "--state", "up"])
-            .map(|v| v["nics"].as_array().map_or(0, |a| a.len()) == hosts * 2)
-            .unwrap_or(false)
+        c.nics_up() == hosts * 2
     })
     .await?;
     // Follow committed events from now on.

@@ -97,12 +97,6 @@ fn last_event_seq(c: &NetCluster) -> anyhow::Result<u64> {
         .unwrap_or(0))
 }
 
-fn all_up(c: &NetCluster, n: usize) -> bool {
-    c.cli_json(&["nic", "list", "--state", "up"])
-        .map(|v| v["nics"].as_array().map_or(0, |a| a.len()) == n)
-        .unwrap_or(false)
-}
-
 pub async fn run(cfg: NicFlapRun) -> anyhow::Result<NicFlapReport> {
     let hosts = cfg.hosts.max(2);
     eprintln!("[nic-flap] building testbed: 3 supervisors, {hosts} hosts");
@@ -112,8 +106,10 @@ pub async fn run(cfg: NicFlapRun) -> anyhow::Result<NicFlapReport> {
     })
     .await?;
     let nics = hosts * 2;
-    c.wait_until("every NIC up", Duration::from_secs(20), |c| all_up(c, nics))
-        .await?;
+    c.wait_until("every NIC up", Duration::from_secs(20), |c| {
+        c.nics_up() == nics
+    })
+    .await?;
     let since = last_event_seq(&c)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
     let mut injected: BTreeMap<(String, String), u64> = BTreeMap::new();
@@ -238,9 +234,11 @@ pub async fn run(cfg: NicFlapRun) -> anyhow::Result<NicFlapReport> {
     let all_up_after_quiet = if cfg.wait_quiet {
         eprintln!("[nic-flap] quiet: waiting for damping to release every NIC");
         Some(
-            c.wait_until("all NICs up", Duration::from_secs(75), |c| all_up(c, nics))
-                .await
-                .is_ok(),
+            c.wait_until("all NICs up", Duration::from_secs(75), |c| {
+                c.nics_up() == nics
+            })
+            .await
+            .is_ok(),
         )
     } else {
         None
