@@ -60,6 +60,44 @@ async fn unchanged(sup: &Sup, before: &str, why: &str) {
     assert_eq!(observe(sup).await, before, "{why}");
 }
 
+/// Asserts that `s` refuses a message for its size.
+fn assert_too_large(s: &tonic::Status) {
+    assert!(
+        matches!(
+            s.code(),
+            tonic::Code::ResourceExhausted | tonic::Code::OutOfRange
+        ),
+        "{s:?}"
+    );
+}
+
+/// A registration of `host` with `nics`, no labels and no agent version.
+fn registration(host: &str, nics: Vec<proto::v1::Nic>) -> RegisterHost {
+    RegisterHost {
+        host: host.into(),
+        nics,
+        labels: Default::default(),
+        agent_version: String::new(),
+    }
+}
+
+/// Host h0 as the leader shows it.
+async fn show_h0(c: &supervisor::client::AdminClient) -> supervisor::model::Host {
+    let AdminReply::Host { host, .. } = c
+        .call(AdminRequest::NodeShow { host: "h0".into() }, false)
+        .await
+        .unwrap()
+    else {
+        panic!("not a host reply")
+    };
+    host
+}
+
+/// A raw message body.
+fn blob(body: impl Into<Vec<u8>>) -> Blob {
+    Blob { body: body.into() }
+}
+
 fn write(op: AdminOp) -> AdminRequest {
     AdminRequest::Write { op }
 }
@@ -179,47 +217,21 @@ async fn malformed_and_oversized_messages_are_refused() {
     let ch = supervisor::network::channel(&sup.addr).unwrap();
 
     let mut admin = AdminGrpc::new(ch.clone()).max_encoding_message_size(64 << 20);
-    let s = admin
-        .call(Blob {
-            body: b"{not json".to_vec(),
-        })
-        .await
-        .unwrap_err();
+    let s = admin.call(blob(b"{not json".to_vec())).await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
     assert!(
         s.message().contains("malformed admin call"),
         "{}",
         s.message()
     );
-    let s = admin
-        .call(Blob {
-            body: vec![b'x'; 5 << 20],
-        })
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            s.code(),
-            tonic::Code::ResourceExhausted | tonic::Code::OutOfRange
-        ),
-        "{s:?}"
-    );
+    let s = admin.call(blob(vec![b'x'; 5 << 20])).await.unwrap_err();
+    assert_too_large(&s);
 
     let mut peer = RaftPeerClient::new(ch.clone());
-    let s = peer
-        .append_entries(Blob {
-            body: vec![0xff; 16],
-        })
-        .await
-        .unwrap_err();
+    let s = peer.append_entries(blob(vec![0xff; 16])).await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
     assert!(s.message().contains("malformed peer message"));
-    let s = peer
-        .forward(Blob {
-            body: b"[]".to_vec(),
-        })
-        .await
-        .unwrap_err();
+    let s = peer.forward(blob(b"[]".to_vec())).await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
 
     let mut ag = AgentClient::new(ch.clone()).max_encoding_message_size(64 << 20);
@@ -228,40 +240,19 @@ async fn malformed_and_oversized_messages_are_refused() {
         .collect();
     let s = ag
         .register(RegisterHost {
-            host: "h1".into(),
-            nics: nics(),
             labels: huge,
-            agent_version: String::new(),
+            ..registration("h1", nics())
         })
         .await
         .unwrap_err();
-    assert!(
-        matches!(
-            s.code(),
-            tonic::Code::ResourceExhausted | tonic::Code::OutOfRange
-        ),
-        "{s:?}"
-    );
+    assert_too_large(&s);
     let s = ag
-        .register(RegisterHost {
-            host: "bad name".into(),
-            nics: nics(),
-            labels: Default::default(),
-            agent_version: String::new(),
-        })
+        .register(registration("bad name", nics()))
         .await
         .unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
     let dup = vec![nics()[0].clone(), nics()[0].clone()];
-    let s = ag
-        .register(RegisterHost {
-            host: "h2".into(),
-            nics: dup,
-            labels: Default::default(),
-            agent_version: String::new(),
-        })
-        .await
-        .unwrap_err();
+    let s = ag.register(registration("h2", dup)).await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
     // An event without a kind, or with sequence 0, ends the stream with an error.
     let mut no_kind = ev("h0", 1, "rail0", true);
@@ -316,13 +307,7 @@ async fn events_apply_exactly_once_in_order_across_reconnects() {
     // Re-registration reports where to resume.
     assert_eq!(common::register(&sup.addr, "h0").await, 5);
     let c = sup.client();
-    let AdminReply::Host { host, .. } = c
-        .call(AdminRequest::NodeShow { host: "h0".into() }, false)
-        .await
-        .unwrap()
-    else {
-        panic!("host reply")
-    };
+    let host = show_h0(&c).await;
     assert_eq!(host.last_event_seq, 5);
     assert_eq!(
         host.nics["rail0"].state,
@@ -507,9 +492,7 @@ async fn retried_write_with_the_same_request_id_applies_once() {
             }),
             request: write(op),
         };
-        Blob {
-            body: serde_json::to_vec(&call).unwrap(),
-        }
+        blob(serde_json::to_vec(&call).unwrap())
     };
     let drain = AdminOp::Drain {
         host: "h0".into(),
@@ -525,11 +508,6 @@ async fn retried_write_with_the_same_request_id_applies_once() {
     grpc.call(send(drain, 1)).await.unwrap();
     unchanged(&sup, &before, "a retry must change nothing").await;
     let c = sup.client();
-    let Ok(AdminReply::Host { host, .. }) = c
-        .call(AdminRequest::NodeShow { host: "h0".into() }, false)
-        .await
-    else {
-        panic!("node show failed");
-    };
+    let host = show_h0(&c).await;
     assert!(host.drain.is_none() && !host.cordoned, "{host:?}");
 }
