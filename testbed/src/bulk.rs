@@ -80,7 +80,7 @@ pub struct BulkFlow {
     from: usize,
     to: usize,
     rail: usize,
-    stop: Arc<AtomicBool>,
+    stop: StopFlag,
     sent: Arc<AtomicU64>,
     received: Arc<AtomicU64>,
     sender: Option<JoinHandle<()>>,
@@ -123,18 +123,18 @@ impl BulkFlow {
                 error,
             })?;
         let deadline = Instant::now() + max;
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = StopFlag::default();
         let sent = Arc::new(AtomicU64::new(0));
         let received = Arc::new(AtomicU64::new(0));
         let receiver = {
-            let (stop, received) = (stop.clone(), received.clone());
+            let (stop, received) = (stop.handle(), received.clone());
             std::thread::Builder::new()
                 .name(format!("bulk-rx-h{to}"))
                 .spawn(move || receive(listener, deadline, &stop, &received))
                 .map_err(|_| BulkError::Panicked("receiver spawn"))?
         };
         let sender = {
-            let (stop, sent) = (stop.clone(), sent.clone());
+            let (stop, sent) = (stop.handle(), sent.clone());
             std::thread::Builder::new()
                 .name(format!("bulk-tx-h{from}"))
                 .spawn(move || send(stream, deadline, &stop, &sent))
@@ -165,7 +165,7 @@ impl BulkFlow {
     /// and reports. Blocks for at most about `DRAIN_MAX` plus the poll
     /// interval (call it from a blocking context).
     pub fn stop(mut self) -> Result<BulkReport, BulkError> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.raise();
         self.join()
     }
 
@@ -180,7 +180,7 @@ impl BulkFlow {
             s.join().map_err(|_| BulkError::Panicked("sender"))?;
         }
         // The sender has stopped: the receiver drains, bounded.
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.raise();
         let (bytes_received, span) = match self.receiver.take() {
             Some(r) => r.join().map_err(|_| BulkError::Panicked("receiver"))??,
             None => (0, Duration::ZERO),
@@ -206,9 +206,26 @@ impl BulkFlow {
     }
 }
 
-impl Drop for BulkFlow {
+/// A load's stop flag, shared with its threads and raised when the load
+/// is dropped (its threads then end on their own, within their bounds).
+#[derive(Debug, Default)]
+pub(crate) struct StopFlag(Arc<AtomicBool>);
+
+impl StopFlag {
+    /// Tells the threads to stop.
+    pub(crate) fn raise(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// The flag for a thread to watch.
+    pub(crate) fn handle(&self) -> Arc<AtomicBool> {
+        self.0.clone()
+    }
+}
+
+impl Drop for StopFlag {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.raise();
     }
 }
 

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
-use crate::bulk::{duration_error, mbps, route_error, timed_out};
+use crate::bulk::{duration_error, mbps, route_error, timed_out, StopFlag};
 use crate::{rail_addr, Node, Testbed};
 
 /// UDP payload of every datagram (with headers, a 1442-byte frame).
@@ -97,7 +97,7 @@ pub struct BurstReport {
 /// A running load. Dropping it stops it (without waiting).
 pub struct BurstLoad {
     spec: BurstSpec,
-    stop: Arc<AtomicBool>,
+    stop: StopFlag,
     received: Arc<AtomicU64>,
     sender: Option<JoinHandle<(u64, Duration)>>,
     receiver: Option<JoinHandle<()>>,
@@ -134,24 +134,24 @@ impl BurstLoad {
         };
         let rx = open(spec.to, dst)?;
         let tx = open(spec.from, src)?;
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = StopFlag::default();
         let received = Arc::new(AtomicU64::new(0));
         let deadline = Instant::now() + spec.max;
         let receiver = {
-            let (stop, received) = (stop.clone(), received.clone());
+            let (stop, received) = (stop.handle(), received.clone());
             std::thread::Builder::new()
                 .name(format!("burst-rx-h{}", spec.to))
                 .spawn(move || receive(rx, deadline + DRAIN, &stop, &received))
                 .map_err(|e| BurstError::Spawn("receiver", e))?
         };
         let sender = {
-            let (stop_tx, s) = (stop.clone(), spec.clone());
+            let (stop_tx, s) = (stop.handle(), spec.clone());
             std::thread::Builder::new()
                 .name(format!("burst-tx-h{}", spec.from))
                 .spawn(move || send(tx, dst, &s, deadline, &stop_tx))
                 .map_err(|e| {
                     // The receiver would otherwise run to its hard deadline.
-                    stop.store(true, Ordering::Relaxed);
+                    stop.raise();
                     BurstError::Spawn("sender", e)
                 })?
         };
@@ -174,7 +174,7 @@ impl BurstLoad {
 
     /// Stops the sender, lets the receiver drain and reports.
     pub fn stop(mut self) -> Result<BurstReport, BurstError> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.raise();
         let (sent, ran) = self
             .sender
             .take()
@@ -204,12 +204,6 @@ impl BurstLoad {
             "burst load stopped"
         );
         Ok(report)
-    }
-}
-
-impl Drop for BurstLoad {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
     }
 }
 
