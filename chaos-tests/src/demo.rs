@@ -187,11 +187,7 @@ pub async fn nic_flap() -> anyhow::Result<NicFlapDemoReport> {
     .await?;
     t.say("all 8 data NICs reported Up by their agents");
     show("status", &c.cli(&["status"])?);
-    let since = c.cli_json(&["events", "--limit", "5000"])?["events"]
-        .as_array()
-        .and_then(|a| a.last())
-        .and_then(|e| e["seq"].as_u64())
-        .unwrap_or(0);
+    let since = c.last_event_seq()?;
     let events_after = |c: &NetCluster, since: u64| -> Vec<ClusterEvent> {
         c.cli_json(&["events", "--since", &since.to_string(), "--limit", "5000"])
             .ok()

@@ -148,15 +148,11 @@ async fn failover_orders_reach_the_job_once_across_leader_loss() {
     if !require_root("qp_orders::failover_orders").unwrap() {
         return;
     }
-    let mut c = NetCluster::start(TestbedSpec {
+    let spec = TestbedSpec {
         supervisors: 3,
         hosts: 1,
-    })
-    .await
-    .unwrap();
-    c.wait_until("both NICs of h0 up", WAIT, |c| c.nics_up() == 2)
-        .await
-        .unwrap();
+    };
+    let mut c = NetCluster::start_all_up(spec, WAIT).await.unwrap();
 
     // The job registers three connections on rail0 and one on rail1.
     let mut job = FakeJob::start(&c.control_socket(0)).await;
