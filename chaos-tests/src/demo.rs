@@ -182,18 +182,12 @@ pub async fn nic_flap() -> anyhow::Result<NicFlapDemoReport> {
     .await?;
     t.say("supervisors started inside their namespaces and the cluster initialised; agents started on h0..h3");
     c.wait_until("every NIC up", Duration::from_secs(20), |c| {
-        c.cli_json(&["nic", "list", "--state", "up"])
-            .map(|v| v["nics"].as_array().map_or(0, |a| a.len()) == 8)
-            .unwrap_or(false)
+        c.nics_up() == 8
     })
     .await?;
     t.say("all 8 data NICs reported Up by their agents");
     show("status", &c.cli(&["status"])?);
-    let since = c.cli_json(&["events", "--limit", "5000"])?["events"]
-        .as_array()
-        .and_then(|a| a.last())
-        .and_then(|e| e["seq"].as_u64())
-        .unwrap_or(0);
+    let since = c.last_event_seq()?;
     let events_after = |c: &NetCluster, since: u64| -> Vec<ClusterEvent> {
         c.cli_json(&["events", "--since", &since.to_string(), "--limit", "5000"])
             .ok()

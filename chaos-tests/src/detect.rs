@@ -75,23 +75,13 @@ async fn wait_event(
 pub async fn run(flaps: usize, host_losses: usize, seed: u64) -> anyhow::Result<DetectReport> {
     let hosts = 4;
     eprintln!("[detect] building testbed: 3 supervisors, {hosts} hosts");
-    let mut c = NetCluster::start(TestbedSpec {
+    let spec = TestbedSpec {
         supervisors: 3,
         hosts,
-    })
-    .await?;
-    c.wait_until("every NIC up", Duration::from_secs(20), |c| {
-        c.cli_json(&["nic", "list", "--state", "up"])
-            .map(|v| v["nics"].as_array().map_or(0, |a| a.len()) == hosts * 2)
-            .unwrap_or(false)
-    })
-    .await?;
+    };
+    let mut c = NetCluster::start_all_up(spec, Duration::from_secs(20)).await?;
     // Follow committed events from now on.
-    let since = c.cli_json(&["events", "--limit", "5000"])?["events"]
-        .as_array()
-        .and_then(|a| a.last())
-        .and_then(|e| e["seq"].as_u64())
-        .unwrap_or(0);
+    let since = c.last_event_seq()?;
     let mut cmd = c.tb.command(
         Node::Supervisor(0),
         bin_path("railguard")?.to_str().unwrap_or_default(),

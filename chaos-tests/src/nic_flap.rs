@@ -85,33 +85,16 @@ fn committed_since(
     Ok(out)
 }
 
-fn last_event_seq(c: &NetCluster) -> anyhow::Result<u64> {
-    let v = c.cli_json(&["events", "--since", "0", "--limit", "5000"])?;
-    Ok(v["events"]
-        .as_array()
-        .and_then(|a| a.last())
-        .and_then(|e| e["seq"].as_u64())
-        .unwrap_or(0))
-}
-
-fn all_up(c: &NetCluster, n: usize) -> bool {
-    c.cli_json(&["nic", "list", "--state", "up"])
-        .map(|v| v["nics"].as_array().map_or(0, |a| a.len()) == n)
-        .unwrap_or(false)
-}
-
 pub async fn run(cfg: NicFlapRun) -> anyhow::Result<NicFlapReport> {
     let hosts = cfg.hosts.max(2);
     eprintln!("[nic-flap] building testbed: 3 supervisors, {hosts} hosts");
-    let mut c = NetCluster::start(TestbedSpec {
+    let spec = TestbedSpec {
         supervisors: 3,
         hosts,
-    })
-    .await?;
+    };
+    let mut c = NetCluster::start_all_up(spec, Duration::from_secs(20)).await?;
     let nics = hosts * 2;
-    c.wait_until("every NIC up", Duration::from_secs(20), |c| all_up(c, nics))
-        .await?;
-    let since = last_event_seq(&c)?;
+    let since = c.last_event_seq()?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
     let mut injected: BTreeMap<(String, String), u64> = BTreeMap::new();
     let mut stormed = std::collections::BTreeSet::new();
@@ -234,9 +217,11 @@ pub async fn run(cfg: NicFlapRun) -> anyhow::Result<NicFlapReport> {
     let all_up_after_quiet = if cfg.wait_quiet {
         eprintln!("[nic-flap] quiet: waiting for damping to release every NIC");
         Some(
-            c.wait_until("all NICs up", Duration::from_secs(75), |c| all_up(c, nics))
-                .await
-                .is_ok(),
+            c.wait_until("all NICs up", Duration::from_secs(75), |c| {
+                c.nics_up() == nics
+            })
+            .await
+            .is_ok(),
         )
     } else {
         None

@@ -13,19 +13,11 @@ async fn nic_flaps_reach_the_cluster_through_agents_and_failures() {
     if !require_root("agent_netns::nic_flaps").unwrap() {
         return;
     }
-    let mut c = NetCluster::start(TestbedSpec {
+    let spec = TestbedSpec {
         supervisors: 3,
         hosts: 2,
-    })
-    .await
-    .unwrap();
-    c.wait_until("all NICs up", WAIT, |c| {
-        c.cli_json(&["nic", "list", "--state", "up"])
-            .map(|v| v["nics"].as_array().map_or(0, |a| a.len()) == 4)
-            .unwrap_or(false)
-    })
-    .await
-    .unwrap();
+    };
+    let mut c = NetCluster::start_all_up(spec, WAIT).await.unwrap();
 
     // Fabric-side cable flap (carrier loss) on h1/rail0: Down, incident, Up.
     c.tb.set_fabric_link(1, 0, false).await.unwrap();

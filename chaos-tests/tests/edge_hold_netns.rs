@@ -25,8 +25,9 @@ use nodeagent::probe::queueing::QueueingBoard;
 use nodeagent::probe::{MeshNic, ProbeOptions, ProbeRunner, Summary};
 use nodeagent::shaping::{ShapeOrder, Shaper};
 use proto::v1::{ClearShape, FlowMatch, PaceJob, ShapeClass, ShapeNic};
-use rdma::contract::{ClientOptions, ConnUp, ContractClient, Hello, OrderKind};
+use rdma::contract::ConnUp;
 use testbed::bulk::BulkFlow;
+use testbed::jobsim::pacing_rank;
 use testbed::{
     host_name, rail_addr, require_root, LeafSplit, Node, Testbed, TestbedOptions, TestbedSpec,
 };
@@ -240,20 +241,7 @@ async fn a_shape_order_with_edge_hold_holds_the_connection_to_the_loaded_peer() 
     shaper.attach_queueing(meshes[0].runner.queueing());
 
     // Job a, rank 0 on h0: connection 1 to h2 (across the uplink), 2 to h1.
-    let (job, mut orders) = ContractClient::connect_with(
-        &sock,
-        Hello {
-            job: "a".into(),
-            rank: 0,
-            pid: std::process::id(),
-        },
-        ClientOptions {
-            backoff_max: Duration::from_millis(100),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let (job, mut paces) = pacing_rank(&sock, "a").await.unwrap();
     for (id, peer) in [(1, "h2"), (2, "h1")] {
         job.conn_up(ConnUp {
             job: "a".into(),
@@ -267,20 +255,6 @@ async fn a_shape_order_with_edge_hold_holds_the_connection_to_the_loaded_peer() 
         .await
         .unwrap();
     }
-    let (pace_tx, mut paces) = mpsc::unbounded_channel();
-    let j = job.clone();
-    tokio::spawn(async move {
-        while let Some(o) = orders.next().await {
-            if let OrderKind::Pace {
-                conn_id,
-                bytes_per_s,
-            } = o.kind
-            {
-                let _ = pace_tx.send((conn_id, bytes_per_s));
-            }
-            j.order_done(o.order_id, true, "ok").await.unwrap();
-        }
-    });
     // Lines and baselines settle.
     tokio::time::sleep(Duration::from_secs(5)).await;
 

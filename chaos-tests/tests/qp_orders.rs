@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rdma::contract::{ClientOptions, ConnUp, ContractClient, Hello, Order, OrderKind};
+use rdma::contract::{ClientOptions, ConnUp, ContractClient, Order, OrderKind};
 use testbed::netcluster::NetCluster;
 use testbed::{require_root, Node, TestbedSpec};
 use tokio::sync::{mpsc, watch};
@@ -24,13 +24,10 @@ struct FakeJob {
 
 impl FakeJob {
     async fn start(socket: &std::path::Path) -> FakeJob {
-        let (client, mut orders) = ContractClient::connect_with(
+        let (client, mut orders) = ContractClient::connect_rank(
             socket,
-            Hello {
-                job: "train".into(),
-                rank: 0,
-                pid: std::process::id(),
-            },
+            "train",
+            0,
             ClientOptions {
                 connect_within: WAIT,
                 ..Default::default()
@@ -151,19 +148,11 @@ async fn failover_orders_reach_the_job_once_across_leader_loss() {
     if !require_root("qp_orders::failover_orders").unwrap() {
         return;
     }
-    let mut c = NetCluster::start(TestbedSpec {
+    let spec = TestbedSpec {
         supervisors: 3,
         hosts: 1,
-    })
-    .await
-    .unwrap();
-    c.wait_until("both NICs of h0 up", WAIT, |c| {
-        c.cli_json(&["nic", "list", "--state", "up"])
-            .map(|v| v["nics"].as_array().map_or(0, |a| a.len()) == 2)
-            .unwrap_or(false)
-    })
-    .await
-    .unwrap();
+    };
+    let mut c = NetCluster::start_all_up(spec, WAIT).await.unwrap();
 
     // The job registers three connections on rail0 and one on rail1.
     let mut job = FakeJob::start(&c.control_socket(0)).await;

@@ -67,20 +67,7 @@ async fn no_rail_past_the_stall_timeout_fails_loudly() {
         return;
     }
     let mut tb = two_hosts().await;
-    let a = HostTraffic::start(
-        tb.ns(Node::Host(0)),
-        0,
-        1,
-        spec(Duration::from_secs(1), false),
-    )
-    .unwrap();
-    let b = HostTraffic::start(
-        tb.ns(Node::Host(1)),
-        1,
-        0,
-        spec(Duration::from_secs(1), false),
-    )
-    .unwrap();
+    let (a, b) = HostTraffic::start_pair(&tb, spec(Duration::from_secs(1), false)).unwrap();
     assert!(qp::wait_established(&a, &b, Duration::from_secs(10)).await);
     // Both rails of h1 down for longer than the stall timeout.
     tb.set_host_nic(1, 0, false).await.unwrap();
@@ -116,20 +103,7 @@ async fn a_stall_shorter_than_the_timeout_resumes_and_failback_returns_to_the_pr
         return;
     }
     let mut tb = two_hosts().await;
-    let a = HostTraffic::start(
-        tb.ns(Node::Host(0)),
-        0,
-        1,
-        spec(Duration::from_secs(20), true),
-    )
-    .unwrap();
-    let b = HostTraffic::start(
-        tb.ns(Node::Host(1)),
-        1,
-        0,
-        spec(Duration::from_secs(20), true),
-    )
-    .unwrap();
+    let (a, b) = HostTraffic::start_pair(&tb, spec(Duration::from_secs(20), true)).unwrap();
     assert!(qp::wait_established(&a, &b, Duration::from_secs(10)).await);
     let on = |h: &HostTraffic, rail| h.conn_stats().iter().all(|s| s.rail == Some(rail));
     // Under load a first dial of the primary can miss its connect timeout,

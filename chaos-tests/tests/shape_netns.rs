@@ -44,6 +44,17 @@ async fn rail0(tb: &Testbed) -> (rtnetlink::Handle, u32) {
     (h, link.header.index)
 }
 
+/// The two-host testbed with h0's rail0 (a netlink handle in h0 and the
+/// NIC's ifindex); `None` when not root (`require_root` says why).
+async fn rail0_bed(test: &str) -> Option<(Testbed, rtnetlink::Handle, u32)> {
+    if !require_root(test).unwrap() {
+        return None;
+    }
+    let tb = two_hosts().await;
+    let (h, ifindex) = rail0(&tb).await;
+    Some((tb, h, ifindex))
+}
+
 fn shape(minor: u16, rate: u64, ceil: u64, dst: Ipv4Addr, port: Option<L4Port>) -> Shape {
     Shape {
         class_minor: minor,
@@ -94,6 +105,20 @@ fn expected(shapes: &[Shape], default_bps: u64) -> Vec<ClassRow> {
     v
 }
 
+/// Applies `shapes` to the NIC, lists what the kernel holds and
+/// [`check`]s it against them; returns the listing.
+async fn apply_checked(
+    h: &rtnetlink::Handle,
+    ifindex: u32,
+    shapes: &[Shape],
+    default_bps: u64,
+) -> Installed {
+    shape::apply(h, ifindex, shapes, default_bps).await.unwrap();
+    let i = shape::list(h, ifindex).await.unwrap();
+    check(&i, shapes, default_bps);
+    i
+}
+
 fn check(i: &Installed, shapes: &[Shape], default_bps: u64) {
     let q = i.qdisc.as_ref().expect("root htb qdisc 1:");
     assert_eq!(q.default_minor, DEFAULT_MINOR);
@@ -119,11 +144,9 @@ fn check(i: &Installed, shapes: &[Shape], default_bps: u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn htb_shapes_round_trip_through_the_kernel() {
-    if !require_root("shape_netns::round_trip").unwrap() {
+    let Some((_tb, h, ifindex)) = rail0_bed("shape_netns::round_trip").await else {
         return;
-    }
-    let tb = two_hosts().await;
-    let (h, ifindex) = rail0(&tb).await;
+    };
     let h1 = rail_addr(1, 0);
 
     // Nothing to clear on a fresh NIC.
@@ -156,21 +179,13 @@ async fn htb_shapes_round_trip_through_the_kernel() {
             None,
         ),
     ];
-    shape::apply(&h, ifindex, &first, default_bps)
-        .await
-        .unwrap();
-    let a = shape::list(&h, ifindex).await.unwrap();
-    check(&a, &first, default_bps);
+    let a = apply_checked(&h, ifindex, &first, default_bps).await;
     assert_eq!(a.filters.len(), 4);
     assert_eq!(a.class(0x20).unwrap().rate_bps, 40_000_000_000);
     assert_eq!(a.class(0x20).unwrap().ceil_bps, 80_000_000_000);
 
     // Idempotent: the same dump, filter handles included.
-    shape::apply(&h, ifindex, &first, default_bps)
-        .await
-        .unwrap();
-    let b = shape::list(&h, ifindex).await.unwrap();
-    check(&b, &first, default_bps);
+    let b = apply_checked(&h, ifindex, &first, default_bps).await;
     let handles = |i: &Installed| i.filters.iter().map(|f| f.handle).collect::<Vec<_>>();
     assert_eq!(handles(&a), handles(&b));
     let params = |i: &Installed| {
@@ -217,17 +232,11 @@ async fn htb_shapes_round_trip_through_the_kernel() {
         ),
         shape(0x10, 100_000_000, 300_000_000, h1, Some(L4Port::Tcp(7000))),
     ];
-    shape::apply(&h, ifindex, &second, 500_000_000)
-        .await
-        .unwrap();
-    let c = shape::list(&h, ifindex).await.unwrap();
-    check(&c, &second, 500_000_000);
+    let c = apply_checked(&h, ifindex, &second, 500_000_000).await;
     assert!(c.class(0x20).is_none() && c.class(0x30).is_none());
 
     // An empty set keeps only the root and default classes, no filter.
-    shape::apply(&h, ifindex, &[], 500_000_000).await.unwrap();
-    let d = shape::list(&h, ifindex).await.unwrap();
-    check(&d, &[], 500_000_000);
+    apply_checked(&h, ifindex, &[], 500_000_000).await;
 
     // Clear: nothing stays behind.
     shape::apply(&h, ifindex, &first, default_bps)
@@ -237,6 +246,14 @@ async fn htb_shapes_round_trip_through_the_kernel() {
     let e = shape::list(&h, ifindex).await.unwrap();
     assert!(e.is_empty(), "{e:#?}");
     assert!(!shape::clear(&h, ifindex).await.unwrap());
+}
+
+/// A socket timeout (`WouldBlock` or `TimedOut`, by platform), not a failure.
+fn timed_out(e: &std::io::Error) -> bool {
+    matches!(
+        e.kind(),
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+    )
 }
 
 /// Bytes the receiver got in `window` after `skip`, while the sender in h0
@@ -260,12 +277,7 @@ fn tcp_throughput(tb: &Testbed, port: u16, skip: Duration, window: Duration) -> 
             let n = match s.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => n as u64,
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::WouldBlock
-                        || e.kind() == std::io::ErrorKind::TimedOut =>
-                {
-                    continue
-                }
+                Err(e) if timed_out(&e) => continue,
                 Err(_) => break,
             };
             let t0 = *start.get_or_insert_with(Instant::now);
@@ -291,9 +303,7 @@ fn tcp_throughput(tb: &Testbed, port: u16, skip: Duration, window: Duration) -> 
     while Instant::now() < until {
         match out.write(&chunk) {
             Ok(_) => {}
-            Err(e)
-                if e.kind() == std::io::ErrorKind::WouldBlock
-                    || e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(e) if timed_out(&e) => {}
             Err(_) => break,
         }
     }
@@ -303,11 +313,9 @@ fn tcp_throughput(tb: &Testbed, port: u16, skip: Duration, window: Duration) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shape_limits_a_tcp_flow() {
-    if !require_root("shape_netns::limits_a_flow").unwrap() {
+    let Some((tb, h, ifindex)) = rail0_bed("shape_netns::limits_a_flow").await else {
         return;
-    }
-    let tb = two_hosts().await;
-    let (h, ifindex) = rail0(&tb).await;
+    };
     let rate_bps = 50_000_000;
     let shaped_port = 5301;
     shape::apply(
@@ -406,11 +414,9 @@ fn send_from_listener(tb: &Testbed, port: u16, bytes: usize) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_port_match_takes_the_listeners_traffic_first_match_wins() {
-    if !require_root("shape_netns::src_port").unwrap() {
+    let Some((tb, h, ifindex)) = rail0_bed("shape_netns::src_port").await else {
         return;
-    }
-    let tb = two_hosts().await;
-    let (h, ifindex) = rail0(&tb).await;
+    };
     let h1 = rail_addr(1, 0);
     let port = 5401;
     let job = Shape {
@@ -442,14 +448,7 @@ async fn a_source_port_match_takes_the_listeners_traffic_first_match_wins() {
     // The job's class first: the listener's data (source port 5401) is
     // the job's, not the catch-all's.
     let set = [job.clone(), catch_all.clone()];
-    shape::apply(&h, ifindex, &set, 10_000_000_000)
-        .await
-        .unwrap();
-    check(
-        &shape::list(&h, ifindex).await.unwrap(),
-        &set,
-        10_000_000_000,
-    );
+    apply_checked(&h, ifindex, &set, 10_000_000_000).await;
     let s0 = shape::class_stats(&h, ifindex).await.unwrap();
     let got = tokio::task::block_in_place(|| send_from_listener(tb_ref, port, bytes));
     assert_eq!(got, bytes);
@@ -475,14 +474,7 @@ async fn a_source_port_match_takes_the_listeners_traffic_first_match_wins() {
 
     // The catch-all first: it now takes the same traffic.
     let set = [catch_all, job];
-    shape::apply(&h, ifindex, &set, 10_000_000_000)
-        .await
-        .unwrap();
-    check(
-        &shape::list(&h, ifindex).await.unwrap(),
-        &set,
-        10_000_000_000,
-    );
+    apply_checked(&h, ifindex, &set, 10_000_000_000).await;
     let got = tokio::task::block_in_place(|| send_from_listener(tb_ref, port, bytes));
     assert_eq!(got, bytes);
     let s2 = shape::class_stats(&h, ifindex).await.unwrap();
@@ -515,11 +507,9 @@ fn order(nic: &str, classes: Vec<ShapeClass>, pace: Vec<PaceJob>) -> ShapeOrder 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shape_orders_apply_verify_count_and_clear() {
-    if !require_root("shape_netns::orders").unwrap() {
+    let Some((tb, h, ifindex)) = rail0_bed("shape_netns::orders").await else {
         return;
-    }
-    let tb = two_hosts().await;
-    let (h, ifindex) = rail0(&tb).await;
+    };
     let h1 = rail_addr(1, 0);
     let nics = vec![nodeagent::agent::NicConfig {
         name: "rail0".into(),

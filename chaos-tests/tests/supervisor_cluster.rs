@@ -6,10 +6,64 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use chaos_tests::admin_history::{run, HistoryRun};
-use supervisor::api::{AdminReply, AdminRequest, ErrorKind};
+use supervisor::api::{AdminReply, AdminRequest, ErrorKind, MemberView};
+use supervisor::client::AdminClient;
 use supervisor::model::AdminOp;
 use testbed::agentsim::register_host;
 use testbed::cluster::SupervisorCluster;
+
+/// Commits `op`; panics when it is refused.
+async fn write(client: &AdminClient, op: AdminOp) {
+    client
+        .call(AdminRequest::Write { op }, false)
+        .await
+        .unwrap();
+}
+
+/// `bad` is refused with `kind`; then `good` is done.
+async fn refused_then_done(
+    client: &AdminClient,
+    bad: AdminRequest,
+    kind: ErrorKind,
+    good: AdminRequest,
+) {
+    let e = client.call(bad, false).await.unwrap_err();
+    assert_eq!(e.kind, kind, "{e}");
+    client.call(good, false).await.unwrap();
+}
+
+/// The cluster's members, as the leader reports them.
+async fn cluster_members(client: &AdminClient) -> Vec<MemberView> {
+    let AdminReply::Members { members } = client
+        .call(AdminRequest::ClusterMembers, false)
+        .await
+        .unwrap()
+    else {
+        panic!("not a members reply")
+    };
+    members
+}
+
+/// Asks `client` `req` as a stale (local) read every `every` until `done`
+/// holds for the answer; panics with `what` after 20 s.
+async fn read_until(
+    client: &AdminClient,
+    req: AdminRequest,
+    every: Duration,
+    what: &str,
+    done: impl Fn(&AdminReply) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(r) = client.call(req.clone(), true).await {
+            if done(&r) {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(every).await;
+    }
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_kill_short() {
@@ -55,66 +109,42 @@ async fn membership_add_promote_transfer_remove() {
     let new_addr = c.nodes[(new_id - 1) as usize].addr.clone();
     let client = c.client("test", 0, Duration::from_secs(15)).unwrap();
 
-    let e = client
-        .call(
-            AdminRequest::AddMember {
-                id: 9,
-                addr: "nowhere".into(),
-            },
-            false,
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
-    client
-        .call(
-            AdminRequest::AddMember {
-                id: new_id,
-                addr: new_addr,
-            },
-            false,
-        )
-        .await
-        .unwrap();
-    let AdminReply::Members { members } = client
-        .call(AdminRequest::ClusterMembers, false)
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
+    refused_then_done(
+        &client,
+        AdminRequest::AddMember {
+            id: 9,
+            addr: "nowhere".into(),
+        },
+        ErrorKind::InvalidArgument,
+        AdminRequest::AddMember {
+            id: new_id,
+            addr: new_addr,
+        },
+    )
+    .await;
+    let members = cluster_members(&client).await;
     assert_eq!(members.iter().filter(|m| m.voter).count(), 4, "{members:?}");
 
-    let e = client
-        .call(AdminRequest::TransferLeader { id: 99 }, false)
-        .await
-        .unwrap_err();
-    assert_eq!(e.kind, ErrorKind::NotFound);
-    client
-        .call(AdminRequest::TransferLeader { id: new_id }, false)
-        .await
-        .unwrap();
+    refused_then_done(
+        &client,
+        AdminRequest::TransferLeader { id: 99 },
+        ErrorKind::NotFound,
+        AdminRequest::TransferLeader { id: new_id },
+    )
+    .await;
     assert_eq!(
         c.wait_leader(Duration::from_secs(10)).await.unwrap(),
         new_id
     );
 
-    let e = client
-        .call(AdminRequest::RemoveMember { id: 99 }, false)
-        .await
-        .unwrap_err();
-    assert_eq!(e.kind, ErrorKind::NotFound);
-    client
-        .call(AdminRequest::RemoveMember { id: first_leader }, false)
-        .await
-        .unwrap();
-    let AdminReply::Members { members } = client
-        .call(AdminRequest::ClusterMembers, false)
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
+    refused_then_done(
+        &client,
+        AdminRequest::RemoveMember { id: 99 },
+        ErrorKind::NotFound,
+        AdminRequest::RemoveMember { id: first_leader },
+    )
+    .await;
+    let members = cluster_members(&client).await;
     assert_eq!(members.len(), 3, "{members:?}");
     assert!(members.iter().all(|m| m.id != first_leader));
     c.kill(first_leader);
@@ -122,15 +152,7 @@ async fn membership_add_promote_transfer_remove() {
     // The reshaped cluster still commits writes.
     register_host(&c.live_addrs(), "h0").await.unwrap();
     let live_client = c.live_client("test", Duration::from_secs(5)).unwrap();
-    live_client
-        .call(
-            AdminRequest::Write {
-                op: AdminOp::Cordon { host: "h0".into() },
-            },
-            false,
-        )
-        .await
-        .unwrap();
+    write(&live_client, AdminOp::Cordon { host: "h0".into() }).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,35 +167,23 @@ async fn lagging_follower_catches_up_from_a_snapshot() {
         .unwrap();
     for i in 0..300u32 {
         let set = BTreeMap::from([("n".to_string(), i.to_string())]);
-        client
-            .call(
-                AdminRequest::Write {
-                    op: AdminOp::SetLabels {
-                        host: "h0".into(),
-                        set,
-                        remove: vec![],
-                    },
-                },
-                false,
-            )
-            .await
-            .unwrap();
+        let op = AdminOp::SetLabels {
+            host: "h0".into(),
+            set,
+            remove: vec![],
+        };
+        write(&client, op).await;
     }
     c.restart(follower).unwrap();
     let fc = c.client_for(follower, Duration::from_secs(2)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(AdminReply::Host { host, .. }) = fc
-            .call(AdminRequest::NodeShow { host: "h0".into() }, true)
-            .await
-        {
-            if host.labels.get("n").map(String::as_str) == Some("299") {
-                break;
-            }
-        }
-        assert!(Instant::now() < deadline, "follower did not catch up");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    read_until(
+        &fc,
+        AdminRequest::NodeShow { host: "h0".into() },
+        Duration::from_millis(100),
+        "follower did not catch up",
+        |r| matches!(r, AdminReply::Host { host, .. } if host.labels.get("n").map(String::as_str) == Some("299")),
+    )
+    .await;
     let AdminReply::Status(s) = fc.call(AdminRequest::Status, true).await.unwrap() else {
         panic!()
     };
@@ -206,9 +216,7 @@ async fn restored_stale_leader_answers_nothing_from_its_state() {
         reason: "test".into(),
         deadline_ms: None,
     };
-    all.call(AdminRequest::Write { op: drain }, false)
-        .await
-        .unwrap();
+    write(&all, drain).await;
     // The drain's commit index reaches the old leader's disk with the next
     // append's flush (a restart re-applies what its disk says is committed).
     let label = AdminOp::SetLabels {
@@ -216,9 +224,7 @@ async fn restored_stale_leader_answers_nothing_from_its_state() {
         set: BTreeMap::from([("k".to_string(), "v".to_string())]),
         remove: vec![],
     };
-    all.call(AdminRequest::Write { op: label }, false)
-        .await
-        .unwrap();
+    write(&all, label).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
 
     // The old leader dies; the other two elect a leader and undrain h0.
@@ -226,15 +232,7 @@ async fn restored_stale_leader_answers_nothing_from_its_state() {
     let new = c.wait_leader(Duration::from_secs(20)).await.unwrap();
     assert_ne!(new, old);
     let live_client = c.live_client("test", Duration::from_secs(5)).unwrap();
-    live_client
-        .call(
-            AdminRequest::Write {
-                op: AdminOp::Undrain { host: "h0".into() },
-            },
-            false,
-        )
-        .await
-        .unwrap();
+    write(&live_client, AdminOp::Undrain { host: "h0".into() }).await;
 
     // Both die; the old leader comes back alone, believing it still leads.
     for id in 1..=3 {
@@ -242,19 +240,14 @@ async fn restored_stale_leader_answers_nothing_from_its_state() {
     }
     c.restart(old).unwrap();
     let stale = c.client_for(old, Duration::from_secs(1)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(AdminReply::Status(s)) = stale.call(AdminRequest::Status, true).await {
-            if s.leader == Some(old) {
-                break;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the old leader never restored itself"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    read_until(
+        &stale,
+        AdminRequest::Status,
+        Duration::from_millis(50),
+        "the old leader never restored itself",
+        |r| matches!(r, AdminReply::Status(s) if s.leader == Some(old)),
+    )
+    .await;
 
     // Its own state still says "draining", so an uncordon would be refused.
     let AdminReply::Host { host, .. } = stale

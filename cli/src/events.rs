@@ -7,7 +7,7 @@ use supervisor::model::{
     Action, AdminRecord, ClusterEvent, Incident, Intent, IntentStatus, Outcome,
 };
 
-use crate::output::fmt_ms;
+use crate::output::{fmt_ms, table};
 
 pub async fn follow(client: &AdminClient, since: u64, json: bool) -> anyhow::Result<()> {
     client
@@ -48,13 +48,11 @@ pub fn print_incidents(incidents: &[Incident]) {
         println!("no incidents");
         return;
     }
-    println!(
-        "{:>5}  {:<14} {:<10} {:<8} {:<26} {:<26} DETAIL",
-        "ID", "KIND", "HOST", "NIC", "OPENED", "CLOSED"
-    );
-    for i in incidents {
-        println!(
-            "{:>5}  {:<14} {:<10} {:<8} {:<26} {:<26} {}",
+    table!(
+        incidents,
+        "{:>5}  {:<14} {:<10} {:<8} {:<26} {:<26} {}",
+        ["ID", "KIND", "HOST", "NIC", "OPENED", "CLOSED", "DETAIL"],
+        |i| [
             i.id,
             i.kind,
             i.host,
@@ -62,8 +60,8 @@ pub fn print_incidents(incidents: &[Incident]) {
             fmt_ms(i.opened_ms),
             i.closed_ms.map(fmt_ms).unwrap_or_else(|| "open".into()),
             i.detail
-        );
-    }
+        ],
+    );
 }
 
 /// `railguard history`.
@@ -151,29 +149,32 @@ pub fn intent_line(i: &Intent) -> String {
     )
 }
 
+/// What an intent's table row says last: why it failed or was cancelled,
+/// else its detail.
+fn intent_detail(i: &Intent) -> &str {
+    match &i.status {
+        IntentStatus::Closed(Outcome::Failed { error }) => error.as_str(),
+        IntentStatus::Closed(Outcome::Cancelled { why }) => why.as_str(),
+        _ => i.detail.as_str(),
+    }
+}
+
 pub fn print_intents(intents: &[Intent]) {
     if intents.is_empty() {
         println!("no intents");
         return;
     }
-    println!(
-        "{:>5}  {:<36} {:<9} {:<26} {:<26} DETAIL",
-        "ID", "ACTION", "STATUS", "OPENED", "CLOSED"
-    );
-    for i in intents {
-        let detail = match &i.status {
-            IntentStatus::Closed(Outcome::Failed { error }) => error.as_str(),
-            IntentStatus::Closed(Outcome::Cancelled { why }) => why.as_str(),
-            _ => i.detail.as_str(),
-        };
-        println!(
-            "{:>5}  {:<36} {:<9} {:<26} {:<26} {}",
+    table!(
+        intents,
+        "{:>5}  {:<36} {:<9} {:<26} {:<26} {}",
+        ["ID", "ACTION", "STATUS", "OPENED", "CLOSED", "DETAIL"],
+        |i| [
             i.id,
             describe_action(&i.action),
             intent_status(i),
             fmt_ms(i.opened_ms),
             i.closed_ms.map(fmt_ms).unwrap_or_else(|| "-".into()),
-            detail
-        );
-    }
+            intent_detail(i)
+        ],
+    );
 }

@@ -11,7 +11,7 @@ use supervisor::client::AdminClient;
 use supervisor::model::jobs::{Job, JobOp, JobState};
 use supervisor::model::AdminOp;
 
-use crate::output::{fmt_ms, pairs, parse_duration, print_json};
+use crate::output::{fmt_ms, pairs, parse_duration, print_json, table};
 
 /// `railguard job …`.
 #[derive(Subcommand, Debug)]
@@ -181,18 +181,19 @@ pub fn print_jobs(jobs: &[Job]) {
         println!("no jobs");
         return;
     }
-    println!(
-        "{:<20} {:<13} {:>5} {:>5} {:>8} {:>10}  HOSTS",
-        "JOB", "STATE", "RANKS", "INC", "RESTARTS", "CHECKPOINT"
-    );
-    for j in jobs {
-        let hosts = if j.placement.is_empty() {
-            "-".to_string()
-        } else {
-            j.placement.join(",")
-        };
-        println!(
-            "{:<20} {:<13} {:>5} {:>5} {:>8} {:>10}  {}",
+    table!(
+        jobs,
+        "{:<20} {:<13} {:>5} {:>5} {:>8} {:>10}  {}",
+        [
+            "JOB",
+            "STATE",
+            "RANKS",
+            "INC",
+            "RESTARTS",
+            "CHECKPOINT",
+            "HOSTS"
+        ],
+        |j| [
             j.name,
             format!("{:?}", j.state).to_lowercase(),
             j.spec.ranks,
@@ -201,9 +202,13 @@ pub fn print_jobs(jobs: &[Job]) {
             j.latest_checkpoint
                 .map(|s| s.to_string())
                 .unwrap_or_else(|| "-".into()),
-            hosts
-        );
-    }
+            if j.placement.is_empty() {
+                "-".to_string()
+            } else {
+                j.placement.join(",")
+            }
+        ],
+    );
 }
 
 pub fn print_job(j: &Job) {

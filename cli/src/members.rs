@@ -4,7 +4,7 @@
 use clap::Subcommand;
 use supervisor::api::{MemberView, StatusView};
 
-use crate::output::pairs;
+use crate::output::{pairs, table};
 
 /// `railguard cluster …`.
 #[derive(Subcommand, Debug)]
@@ -75,13 +75,11 @@ pub fn print_status(s: &StatusView) {
 
 /// `railguard cluster members`.
 pub fn print_members(members: &[MemberView]) {
-    println!(
-        "{:>4}  {:<22} {:<8} {:<7} MATCHED",
-        "ID", "ADDRESS", "ROLE", "LEADER"
-    );
-    for m in members {
-        println!(
-            "{:>4}  {:<22} {:<8} {:<7} {}",
+    table!(
+        members,
+        "{:>4}  {:<22} {:<8} {:<7} {}",
+        ["ID", "ADDRESS", "ROLE", "LEADER", "MATCHED"],
+        |m| [
             m.id,
             m.addr,
             if m.voter { "voter" } else { "learner" },
@@ -89,6 +87,6 @@ pub fn print_members(members: &[MemberView]) {
             m.matched
                 .map(|x| x.to_string())
                 .unwrap_or_else(|| "-".into())
-        );
-    }
+        ],
+    );
 }

@@ -10,7 +10,7 @@ use supervisor::client::AdminClient;
 use supervisor::model::{AdminOp, IntentStatus, Nic, NicState, Outcome};
 
 use crate::events::intent_line;
-use crate::output::{fmt_ms, parse_duration, print_json};
+use crate::output::{fmt_ms, parse_duration, print_json, table};
 
 /// `railguard nic …`.
 #[derive(Subcommand, Debug)]
@@ -204,15 +204,12 @@ pub fn print_qps(qps: &[QpView], truncated: bool) {
         println!("no connections");
         return;
     }
-    println!(
-        "{:<14} {:<16} {:>5} {:>20} {:<8} {:>4} {:<20} MOVED",
-        "HOST", "JOB", "RANK", "CONN", "NIC", "RAIL", "PEER"
-    );
-    for v in qps {
-        let q = &v.qp;
-        println!(
-            "{:<14} {:<16} {:>5} {:>20} {:<8} {:>4} {:<20} {}",
-            v.host,
+    table!(
+        qps,
+        "{:<14} {:<16} {:>5} {:>20} {:<8} {:>4} {:<20} {}",
+        ["HOST", "JOB", "RANK", "CONN", "NIC", "RAIL", "PEER", "MOVED"],
+        |QpView { host, qp: q }| [
+            host,
             q.job,
             q.rank,
             q.conn_id,
@@ -220,8 +217,8 @@ pub fn print_qps(qps: &[QpView], truncated: bool) {
             q.rail,
             format!("{}/{}", q.peer_host, q.peer_rank),
             if q.moved { "yes" } else { "no" }
-        );
-    }
+        ],
+    );
     if truncated {
         println!("(more connections match; narrow with --host or --job)");
     }

@@ -6,7 +6,7 @@ use clap::Subcommand;
 use supervisor::model::Host;
 
 use crate::nics::nic_row;
-use crate::output::{fmt_ms, pairs, parse_duration};
+use crate::output::{fmt_ms, pairs, parse_duration, table};
 
 /// `railguard node …`.
 #[derive(Subcommand, Debug)]
@@ -47,21 +47,19 @@ pub fn print_hosts(hosts: &[Host]) {
         println!("no hosts registered");
         return;
     }
-    println!(
-        "{:<14} {:<10} {:<9} {:<9} {:>5}  LABELS",
-        "HOST", "STATUS", "LIVENESS", "CLOCK", "NICS"
-    );
-    for h in hosts {
-        println!(
-            "{:<14} {:<10} {:<9} {:<9} {:>5}  {}",
+    table!(
+        hosts,
+        "{:<14} {:<10} {:<9} {:<9} {:>5}  {}",
+        ["HOST", "STATUS", "LIVENESS", "CLOCK", "NICS", "LABELS"],
+        |h| [
             h.name,
             h.status().to_string(),
             format!("{:?}", h.liveness),
             format!("{:?}", h.clock.state),
             h.nics.len(),
             pairs(&h.labels, ",", "")
-        );
-    }
+        ],
+    );
 }
 
 /// `railguard node show`: one host with its NICs and jobs.

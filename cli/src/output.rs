@@ -15,6 +15,20 @@ pub enum Output {
     Json,
 }
 
+/// Prints a table: a header line, then one line per row (`|row| [cells]`),
+/// both laid out by the one format string so that the header and the rows
+/// cannot drift apart. The format must not use a precision (`{:>6.1}`):
+/// it would cut the header's names.
+macro_rules! table {
+    ($rows:expr, $fmt:literal, [$($head:expr),+ $(,)?], |$row:pat_param| [$($cell:expr),+ $(,)?] $(,)?) => {{
+        println!($fmt, $($head),+);
+        for $row in $rows {
+            println!($fmt, $($cell),+);
+        }
+    }};
+}
+pub(crate) use table;
+
 pub fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(v)?);
     Ok(())

@@ -7,7 +7,7 @@ use supervisor::api::PlaybookView;
 use supervisor::model::playbook_store::{PlaybookFile, StoredPlaybook};
 use supervisor::model::runs::{RunState, RunView};
 
-use crate::output::fmt_ms;
+use crate::output::{fmt_ms, table};
 
 /// `railguard playbook …`.
 #[derive(Subcommand, Debug)]
@@ -61,13 +61,18 @@ pub fn print_playbooks(list: &[PlaybookView], version: u64) {
         println!("no playbooks (apply some: railguard playbook apply playbooks/library/*.toml)");
         return;
     }
-    println!(
-        "{:<24} {:>7} {:>8} {:>5}  {:<28} ESCALATES TO",
-        "PLAYBOOK", "VERSION", "PRIORITY", "STEPS", "INCIDENTS"
-    );
-    for p in list {
-        println!(
-            "{:<24} {:>7} {:>8} {:>5}  {:<28} {}",
+    table!(
+        list,
+        "{:<24} {:>7} {:>8} {:>5}  {:<28} {}",
+        [
+            "PLAYBOOK",
+            "VERSION",
+            "PRIORITY",
+            "STEPS",
+            "INCIDENTS",
+            "ESCALATES TO"
+        ],
+        |p| [
             p.name,
             p.version,
             p.priority,
@@ -78,8 +83,8 @@ pub fn print_playbooks(list: &[PlaybookView], version: u64) {
                 p.incidents.join(",")
             },
             p.on_failure.as_deref().unwrap_or("-")
-        );
-    }
+        ],
+    );
     println!("(playbook set version {version})");
 }
 
@@ -142,32 +147,34 @@ pub fn run_state(s: &RunState) -> String {
     }
 }
 
+/// A run's current step: `id (step/attempt)`, both counted from 1.
+fn run_step(r: &RunView) -> String {
+    if r.step_id.is_empty() {
+        "-".to_string()
+    } else {
+        format!("{} ({}/{})", r.step_id, r.step + 1, r.attempt + 1)
+    }
+}
+
 pub fn print_runs(runs: &[RunView], truncated: bool) {
     if runs.is_empty() {
         println!("no playbook runs");
         return;
     }
-    println!(
-        "{:>5} {:>8}  {:<14} {:<10} {:<20} {:<18} STATE",
-        "RUN", "INCIDENT", "KIND", "HOST", "PLAYBOOK", "STEP"
-    );
-    for r in runs {
-        let step = if r.step_id.is_empty() {
-            "-".to_string()
-        } else {
-            format!("{} ({}/{})", r.step_id, r.step + 1, r.attempt + 1)
-        };
-        println!(
-            "{:>5} {:>8}  {:<14} {:<10} {:<20} {:<18} {}",
+    table!(
+        runs,
+        "{:>5} {:>8}  {:<14} {:<10} {:<20} {:<18} {}",
+        ["RUN", "INCIDENT", "KIND", "HOST", "PLAYBOOK", "STEP", "STATE"],
+        |r| [
             r.id,
             r.incident,
             r.incident_kind,
             r.host,
             format!("{} v{}", r.playbook, r.playbook_version),
-            step,
+            run_step(r),
             run_state(&r.state)
-        );
-    }
+        ],
+    );
     if truncated {
         println!("(older runs left out)");
     }

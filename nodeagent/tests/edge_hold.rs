@@ -3,6 +3,11 @@
 //! for rail0. Checks targets (NIC, job, peer destination), hysteresis,
 //! stale samples, the release pace and the release on stop.
 
+/// The testbed's job stand-in, compiled from source: testbed depends on
+/// nodeagent, so nodeagent cannot take it as a dev-dependency.
+#[path = "../../testbed/src/jobsim.rs"]
+mod jobsim;
+
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -12,7 +17,7 @@ use nodeagent::agent::NicConfig;
 use nodeagent::control::{bind, Control};
 use nodeagent::hold::{HoldLoop, HoldSpec, JobHold, HOLD_RATE_BYTES_PER_S};
 use nodeagent::probe::queueing::{OutgoingSample, QueueingBoard};
-use rdma::contract::{ClientOptions, ConnUp, ContractClient, Hello, OrderKind};
+use rdma::contract::ConnUp;
 use tokio::sync::{mpsc, watch};
 
 const H1: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
@@ -84,39 +89,12 @@ async fn held_while_queueing_to_the_peer_is_high_released_with_hysteresis_and_on
     let sock = dir.path().join("agent.sock");
     let control = Control::new(vec![nic("rail0", 0), nic("rail1", 1)]);
     tokio::spawn(control.clone().serve(bind(&sock).unwrap()));
-    let (job, mut orders) = ContractClient::connect_with(
-        &sock,
-        Hello {
-            job: "train".into(),
-            rank: 0,
-            pid: std::process::id(),
-        },
-        ClientOptions {
-            backoff_max: Duration::from_millis(100),
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
+    let (job, mut paces) = jobsim::pacing_rank(&sock, "train").await.unwrap();
     // 1: rail0 → h1 (a target); 2: rail0 → h2 (not a class destination);
     // 3: rail1 → h1 (another NIC).
     job.conn_up(up(1, "rail0", 0, "h1")).await.unwrap();
     job.conn_up(up(2, "rail0", 0, "h2")).await.unwrap();
     job.conn_up(up(3, "rail1", 1, "h1")).await.unwrap();
-    let (pace_tx, mut paces) = mpsc::unbounded_channel();
-    let j = job.clone();
-    tokio::spawn(async move {
-        while let Some(o) = orders.next().await {
-            if let OrderKind::Pace {
-                conn_id,
-                bytes_per_s,
-            } = o.kind
-            {
-                let _ = pace_tx.send((conn_id, bytes_per_s));
-            }
-            j.order_done(o.order_id, true, "ok").await.unwrap();
-        }
-    });
     let deadline = Instant::now() + Duration::from_secs(2);
     while control.conns().len() < 3 {
         assert!(Instant::now() < deadline, "connections registered");

@@ -130,46 +130,98 @@ async fn next<T>(rx: &mut mpsc::UnboundedReceiver<T>, what: &str) -> T {
         .expect("channel open")
 }
 
+/// A real agent connected to a [`Fake`] leader, and the fake's channels.
+struct Rig {
+    /// Holds the agent's data dir and control socket.
+    dir: tempfile::TempDir,
+    /// Orders sent here reach the agent's order stream.
+    orders: broadcast::Sender<AgentOrder>,
+    done: mpsc::UnboundedReceiver<OrderResult>,
+    tails: mpsc::UnboundedReceiver<LogTailResult>,
+    events: mpsc::UnboundedReceiver<AgentEvent>,
+    /// Asks the agent to shut down.
+    stop_tx: tokio::sync::oneshot::Sender<()>,
+    agent: tokio::task::JoinHandle<Result<(), nodeagent::agent::AgentError>>,
+}
+
+impl Rig {
+    /// Starts the fake leader and an agent (host `h0`, no NICs), and waits
+    /// until the agent subscribed to orders.
+    async fn start() -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let (orders, _) = broadcast::channel(16);
+        let (done_tx, done) = mpsc::unbounded_channel();
+        let (tails_tx, tails) = mpsc::unbounded_channel();
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let fake = Fake {
+            orders: orders.clone(),
+            done: done_tx,
+            tails: tails_tx,
+            events: events_tx,
+        };
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(AgentServer::new(fake))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let cfg = nodeagent::agent::AgentConfig {
+            host: "h0".into(),
+            supervisors: vec![addr.to_string()],
+            nics: vec![],
+            data_dir: dir.path().join("data"),
+            damping: Default::default(),
+            control_socket: dir.path().join("agent.sock"),
+            probe: None,
+            test_order_delay: Duration::ZERO,
+        };
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let agent = tokio::spawn(nodeagent::agent::run(cfg, async {
+            let _ = stop_rx.await;
+        }));
+        // The agent subscribes to orders once it is up.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while orders.receiver_count() == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "no order stream");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Rig {
+            dir,
+            orders,
+            done,
+            tails,
+            events,
+            stop_tx,
+            agent,
+        }
+    }
+}
+
+/// Shuts the agent down and waits (at most 20 s) for it to return cleanly.
+async fn stop(
+    stop_tx: tokio::sync::oneshot::Sender<()>,
+    agent: tokio::task::JoinHandle<Result<(), nodeagent::agent::AgentError>>,
+) {
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(20), agent)
+        .await
+        .expect("agent stops")
+        .unwrap()
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_starts_ranks_reports_their_exits_and_answers_log_tails() {
-    let dir = tempfile::tempdir().unwrap();
-    let (orders, _) = broadcast::channel(16);
-    let (done_tx, mut done) = mpsc::unbounded_channel();
-    let (tails_tx, mut tails) = mpsc::unbounded_channel();
-    let (events_tx, mut events) = mpsc::unbounded_channel();
-    let fake = Fake {
-        orders: orders.clone(),
-        done: done_tx,
-        tails: tails_tx,
-        events: events_tx,
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(AgentServer::new(fake))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    let cfg = nodeagent::agent::AgentConfig {
-        host: "h0".into(),
-        supervisors: vec![addr.to_string()],
-        nics: vec![],
-        data_dir: dir.path().join("data"),
-        damping: Default::default(),
-        control_socket: dir.path().join("agent.sock"),
-        probe: None,
-        test_order_delay: Duration::ZERO,
-    };
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let agent = tokio::spawn(nodeagent::agent::run(cfg, async {
-        let _ = stop_rx.await;
-    }));
-    // The agent subscribes to orders once it is up.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while orders.receiver_count() == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "no order stream");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let Rig {
+        dir,
+        orders,
+        mut done,
+        mut tails,
+        mut events,
+        stop_tx,
+        agent,
+    } = Rig::start().await;
 
     orders
         .send(start(1, 1, "echo hello-from-rank; exit 4"))
@@ -226,12 +278,7 @@ async fn the_agent_starts_ranks_reports_their_exits_and_answers_log_tails() {
     assert!(done.try_recv().is_err(), "one answer per order");
 
     // Shutdown stops the running rank before the agent returns.
-    stop_tx.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(20), agent)
-        .await
-        .expect("agent stops")
-        .unwrap()
-        .unwrap();
+    stop(stop_tx, agent).await;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     assert!(
         !stat.contains("(sleep)"),
@@ -250,43 +297,14 @@ async fn the_agent_starts_ranks_reports_their_exits_and_answers_log_tails() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shaping_orders_take_the_order_path_and_refuse_unknown_nics() {
     use proto::v1::{ClearShape, ShapeClass, ShapeNic};
-    let dir = tempfile::tempdir().unwrap();
-    let (orders, _) = broadcast::channel(16);
-    let (done_tx, mut done) = mpsc::unbounded_channel();
-    let (tails_tx, _tails) = mpsc::unbounded_channel();
-    let (events_tx, _events) = mpsc::unbounded_channel();
-    let fake = Fake {
-        orders: orders.clone(),
-        done: done_tx,
-        tails: tails_tx,
-        events: events_tx,
-    };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(AgentServer::new(fake))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    let cfg = nodeagent::agent::AgentConfig {
-        host: "h0".into(),
-        supervisors: vec![addr.to_string()],
-        nics: vec![],
-        data_dir: dir.path().join("data"),
-        damping: Default::default(),
-        control_socket: dir.path().join("agent.sock"),
-        probe: None,
-        test_order_delay: Duration::ZERO,
-    };
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let agent = tokio::spawn(nodeagent::agent::run(cfg, async {
-        let _ = stop_rx.await;
-    }));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while orders.receiver_count() == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "no order stream");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let Rig {
+        dir,
+        orders,
+        mut done,
+        stop_tx,
+        agent,
+        ..
+    } = Rig::start().await;
 
     let shape = AgentOrder {
         order_id: 11,
@@ -336,12 +354,7 @@ async fn shaping_orders_take_the_order_path_and_refuse_unknown_nics() {
     assert_eq!((d.order_id, d.ok), (12, false), "{d:?}");
     assert!(d.detail.contains("not a data NIC"), "{d:?}");
 
-    stop_tx.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(20), agent)
-        .await
-        .expect("agent stops")
-        .unwrap()
-        .unwrap();
+    stop(stop_tx, agent).await;
     let journal: Vec<(u64, String)> = nodeagent::journal::read_journal(&dir.path().join("data"))
         .unwrap()
         .into_iter()

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use playbooks::{
     check_files, load_files, matching, plan, toml_files, Action, ClusterView, HostStatus, HostView,
-    IncidentView, JobView, Jump, MigrateTarget, NicHealth, NicView, Playbook,
+    IncidentView, JobView, Jump, MigrateTarget, NicHealth, NicView, Plan, Playbook,
 };
 
 fn library() -> Vec<Playbook> {
@@ -67,6 +67,22 @@ fn incident(kind: &str) -> IncidentView {
     }
 }
 
+/// An incident of `kind` on host h1 as a whole (no NIC).
+fn host_incident(kind: &str) -> IncidentView {
+    IncidentView {
+        nic: None,
+        ..incident(kind)
+    }
+}
+
+/// The plan of the shipped playbook matching `inc` (there must be one)
+/// against `view`.
+fn planned(inc: &IncidentView, view: &ClusterView) -> Plan {
+    let set = library();
+    let pb = matching(&set, inc).expect("a shipped playbook matches");
+    plan(pb, inc, view)
+}
+
 #[test]
 fn library_is_a_valid_set() {
     let set = library();
@@ -87,9 +103,7 @@ fn library_is_a_valid_set() {
 
 #[test]
 fn nic_down_migrates_to_a_healthy_backup() {
-    let set = library();
-    let pb = matching(&set, &incident("nic_down")).unwrap();
-    let p = plan(pb, &incident("nic_down"), &cluster(NicHealth::Up));
+    let p = planned(&incident("nic_down"), &cluster(NicHealth::Up));
     assert!(p.starts);
     let ids: Vec<&str> = p.steps.iter().map(|s| s.id.as_str()).collect();
     assert_eq!(ids, ["migrate", "announce"]);
@@ -107,9 +121,7 @@ fn nic_down_migrates_to_a_healthy_backup() {
 
 #[test]
 fn nic_down_without_backup_checkpoints_and_drains() {
-    let set = library();
-    let pb = matching(&set, &incident("nic_down")).unwrap();
-    let p = plan(pb, &incident("nic_down"), &cluster(NicHealth::Flapping));
+    let p = planned(&incident("nic_down"), &cluster(NicHealth::Flapping));
     let ids: Vec<(&str, bool)> = p.steps.iter().map(|s| (s.id.as_str(), s.runs)).collect();
     assert_eq!(
         ids,
@@ -129,7 +141,7 @@ fn nic_down_without_backup_checkpoints_and_drains() {
     // A second host already drained: the limits refuse another.
     let mut view = cluster(NicHealth::Down);
     view.hosts.get_mut("h2").unwrap().status = HostStatus::Drained;
-    let p = plan(pb, &incident("nic_down"), &view);
+    let p = planned(&incident("nic_down"), &view);
     let drain = p.steps.iter().find(|s| s.id == "drain").unwrap();
     assert!(
         drain.blocked.as_deref().unwrap().contains("limits allow 1"),
@@ -139,9 +151,7 @@ fn nic_down_without_backup_checkpoints_and_drains() {
 
 #[test]
 fn nic_flapping_waits_for_the_damper_then_fails_back() {
-    let set = library();
     let inc = incident("nic_flapping");
-    let pb = matching(&set, &inc).unwrap();
     let mut view = cluster(NicHealth::Up);
     view.hosts
         .get_mut("h1")
@@ -150,7 +160,7 @@ fn nic_flapping_waits_for_the_damper_then_fails_back() {
         .get_mut("eth1")
         .unwrap()
         .health = NicHealth::Recovering;
-    let p = plan(pb, &inc, &view);
+    let p = planned(&inc, &view);
     let ids: Vec<(&str, bool)> = p.steps.iter().map(|s| (s.id.as_str(), s.runs)).collect();
     assert_eq!(
         ids,
@@ -165,11 +175,7 @@ fn nic_flapping_waits_for_the_damper_then_fails_back() {
 
 #[test]
 fn host_down_restarts_its_jobs() {
-    let set = library();
-    let mut inc = incident("host_down");
-    inc.nic = None;
-    let pb = matching(&set, &inc).unwrap();
-    let p = plan(pb, &inc, &cluster(NicHealth::Up));
+    let p = planned(&host_incident("host_down"), &cluster(NicHealth::Up));
     assert_eq!(p.steps[0].action, Action::RestartJob);
     assert_eq!(p.steps[0].target, "restart train (from host h1)");
     assert_eq!(
@@ -180,11 +186,7 @@ fn host_down_restarts_its_jobs() {
 
 #[test]
 fn clock_unsynced_excludes_then_includes() {
-    let set = library();
-    let mut inc = incident("clock_unsynced");
-    inc.nic = None;
-    let pb = matching(&set, &inc).unwrap();
-    let p = plan(pb, &inc, &cluster(NicHealth::Up));
+    let p = planned(&host_incident("clock_unsynced"), &cluster(NicHealth::Up));
     let actions: Vec<&str> = p.steps.iter().map(|s| s.action.name()).collect();
     assert_eq!(
         actions,

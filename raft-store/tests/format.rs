@@ -7,30 +7,18 @@ mod common;
 
 use std::path::Path;
 
-use common::{log_id, put, KvModel, TestConfig, KV_FORMAT};
-use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
-use openraft::{RaftLogReader, RaftSnapshotBuilder, Vote};
+use common::{fill, log_id, put, KvModel, TestConfig, KV_FORMAT};
+use openraft::storage::{RaftLogStorage, RaftStateMachine};
+use openraft::{RaftLogReader, Vote};
 use raft_store::{StoreError, FORMAT_VERSION};
 
-/// A store in `dir` with entries 1..=10, a vote, a committed id, a purge
-/// through 2 and a snapshot through 6, closed again.
-fn populate(dir: &Path) {
+/// A store in a new temporary directory with entries 1..=10, a vote, a
+/// committed id, a purge through 2 and a snapshot through 6, closed again.
+fn populated() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let (mut log, mut sm) = raft_store::open::<TestConfig, KvModel>(dir).unwrap();
-        log.blocking_append((1..=10).map(|i| put(1, i)))
-            .await
-            .unwrap();
-        log.save_vote(&Vote::new_committed(1, 1)).await.unwrap();
-        log.save_committed(Some(log_id(1, 10))).await.unwrap();
-        sm.apply((1..=6).map(|i| put(1, i))).await.unwrap();
-        sm.get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .unwrap();
-        log.purge(log_id(1, 2)).await.unwrap();
-    });
+    rt.block_on(fill(dir.path(), 2));
+    dir
 }
 
 /// Rewrites one stored value (the store must be closed).
@@ -68,8 +56,7 @@ fn read_log_err(dir: &Path) -> String {
 
 #[test]
 fn every_stored_value_starts_with_the_format_version() {
-    let dir = tempfile::tempdir().unwrap();
-    populate(dir.path());
+    let dir = populated();
     let db = sled::open(dir.path()).unwrap();
     let meta = db.open_tree("meta").unwrap();
     assert_eq!(
@@ -90,8 +77,7 @@ fn every_stored_value_starts_with_the_format_version() {
 
 #[test]
 fn current_version_reads_back() {
-    let dir = tempfile::tempdir().unwrap();
-    populate(dir.path());
+    let dir = populated();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let (mut log, mut sm) = raft_store::open::<TestConfig, KvModel>(dir.path()).unwrap();
@@ -117,8 +103,7 @@ fn current_version_reads_back() {
 
 #[test]
 fn log_entry_of_another_version_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    populate(dir.path());
+    let dir = populated();
     tamper(dir.path(), "log", &5u64.to_be_bytes(), with_version(9));
     let e = read_log_err(dir.path());
     assert!(
@@ -133,8 +118,7 @@ fn log_entry_of_another_version_is_refused() {
 
 #[test]
 fn log_entry_of_another_model_format_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    populate(dir.path());
+    let dir = populated();
     tamper(dir.path(), "log", &5u64.to_be_bytes(), |mut b| {
         assert_eq!(b[1], KV_FORMAT, "the entry's second byte is the model's");
         b[1] = KV_FORMAT + 1;
@@ -152,8 +136,7 @@ fn log_entry_of_another_model_format_is_refused() {
 
 #[test]
 fn last_log_entry_of_another_version_is_refused_by_the_log_state() {
-    let dir = tempfile::tempdir().unwrap();
-    populate(dir.path());
+    let dir = populated();
     tamper(dir.path(), "log", &10u64.to_be_bytes(), with_version(0));
     let rt = tokio::runtime::Runtime::new().unwrap();
     let e = rt.block_on(async {
@@ -168,8 +151,7 @@ fn last_log_entry_of_another_version_is_refused_by_the_log_state() {
 
 #[test]
 fn vote_of_another_version_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    populate(dir.path());
+    let dir = populated();
     tamper(dir.path(), "meta", b"vote", with_version(9));
     let rt = tokio::runtime::Runtime::new().unwrap();
     let e = rt.block_on(async {
@@ -185,8 +167,7 @@ fn vote_of_another_version_is_refused() {
 #[test]
 fn snapshot_of_another_version_is_refused() {
     for key in ["meta", "data"] {
-        let dir = tempfile::tempdir().unwrap();
-        populate(dir.path());
+        let dir = populated();
         tamper(dir.path(), "snapshot", key.as_bytes(), with_version(3));
         match open_err(dir.path()) {
             StoreError::UnsupportedVersion {
@@ -208,8 +189,7 @@ fn snapshot_of_another_version_is_refused() {
 #[test]
 fn truncated_or_garbled_values_are_refused() {
     // A log entry cut in half.
-    let dir = tempfile::tempdir().unwrap();
-    populate(dir.path());
+    let dir = populated();
     tamper(dir.path(), "log", &4u64.to_be_bytes(), |b| {
         b[..b.len() / 2].to_vec()
     });
@@ -217,8 +197,7 @@ fn truncated_or_garbled_values_are_refused() {
     assert!(e.contains("stored log entry at log/4 is corrupt"), "{e}");
 
     // A log entry with bytes after its end.
-    let dir = tempfile::tempdir().unwrap();
-    populate(dir.path());
+    let dir = populated();
     tamper(dir.path(), "log", &4u64.to_be_bytes(), |mut b| {
         b.extend_from_slice(&[0xde, 0xad]);
         b
@@ -228,8 +207,7 @@ fn truncated_or_garbled_values_are_refused() {
 
     // A vote of the right version whose body is garbage, and an empty one.
     for garbage in [vec![FORMAT_VERSION, 0xff, 0xff, 0xff], Vec::new()] {
-        let dir = tempfile::tempdir().unwrap();
-        populate(dir.path());
+        let dir = populated();
         tamper(dir.path(), "meta", b"vote", |_| garbage);
         let rt = tokio::runtime::Runtime::new().unwrap();
         let e = rt.block_on(async {
@@ -240,8 +218,7 @@ fn truncated_or_garbled_values_are_refused() {
     }
 
     // Snapshot meta with a length prefix claiming far more than is there.
-    let dir = tempfile::tempdir().unwrap();
-    populate(dir.path());
+    let dir = populated();
     tamper(dir.path(), "snapshot", b"meta", |b| {
         let mut g = vec![FORMAT_VERSION];
         g.extend_from_slice(&[0xff; 16]);
@@ -281,8 +258,7 @@ fn data_directory_without_format_marker_is_refused() {
 
 #[test]
 fn store_marker_of_another_version_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    populate(dir.path());
+    let dir = populated();
     tamper(dir.path(), "meta", b"format", |_| vec![7]);
     let e = open_err(dir.path());
     assert!(

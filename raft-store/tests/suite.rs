@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{log_id, put, KvModel, TestConfig};
+use common::{fill, log_id, KvModel, TestConfig};
 use openraft::testing::{StoreBuilder, Suite};
 use openraft::StorageError;
 use raft_store::{SledLogStore, SledStateMachine};
@@ -45,27 +45,12 @@ fn openraft_storage_suite_all_cases() {
 /// the store is closed and reopened on the same directory.
 #[test]
 fn reopen_restores_log_vote_purge_and_snapshot() {
-    use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
-    use openraft::{RaftLogReader, RaftSnapshotBuilder, Vote};
+    use openraft::storage::{RaftLogStorage, RaftStateMachine};
+    use openraft::{RaftLogReader, Vote};
     let dir = tempfile::tempdir().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let (mut log, mut sm) = raft_store::open::<TestConfig, KvModel>(dir.path()).unwrap();
-        log.blocking_append((1..=10).map(|i| put(1, i)))
-            .await
-            .unwrap();
-        log.save_vote(&Vote::new_committed(1, 1)).await.unwrap();
-        log.save_committed(Some(log_id(1, 10))).await.unwrap();
-        sm.apply((1..=6).map(|i| put(1, i))).await.unwrap();
-        let snap = sm
-            .get_snapshot_builder()
-            .await
-            .build_snapshot()
-            .await
-            .unwrap();
-        assert_eq!(snap.meta.last_log_id, Some(log_id(1, 6)));
-        log.purge(log_id(1, 3)).await.unwrap();
-    });
+    let snapshot_through = rt.block_on(fill(dir.path(), 3));
+    assert_eq!(snapshot_through, Some(log_id(1, 6)));
     rt.block_on(async {
         let (mut log, mut sm) = raft_store::open::<TestConfig, KvModel>(dir.path()).unwrap();
         let st = log.get_log_state().await.unwrap();

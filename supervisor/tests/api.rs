@@ -8,72 +8,15 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::Sup;
+use common::agentsim::{nic_event as ev, testbed_nics as nics};
+use common::{agent, events, Sup};
 use proto::v1::admin_client::AdminClient as AdminGrpc;
 use proto::v1::agent_client::AgentClient;
 use proto::v1::raft_peer_client::RaftPeerClient;
-use proto::v1::{agent_event, AgentEvent, Blob, Nic, NicStateChange, RegisterHost};
+use proto::v1::{AgentEvent, Blob, RegisterHost};
 use supervisor::api::{AdminReply, AdminRequest, ErrorKind};
 use supervisor::model::events::Event;
 use supervisor::model::{AdminAction, AdminOp, NicState};
-
-async fn agent(addr: &str) -> AgentClient<tonic::transport::Channel> {
-    AgentClient::new(supervisor::network::channel(addr).unwrap())
-}
-
-fn nics() -> Vec<Nic> {
-    vec![
-        Nic {
-            name: "rail0".into(),
-            rail: Some(0),
-            backup: "rail1".into(),
-            rdma_device: String::new(),
-            ..Default::default()
-        },
-        Nic {
-            name: "rail1".into(),
-            rail: Some(1),
-            backup: "rail0".into(),
-            rdma_device: String::new(),
-            ..Default::default()
-        },
-    ]
-}
-
-async fn register(addr: &str, host: &str) {
-    agent(addr)
-        .await
-        .register(RegisterHost {
-            host: host.into(),
-            nics: nics(),
-            labels: Default::default(),
-            agent_version: "test".into(),
-        })
-        .await
-        .expect("register");
-}
-
-fn ev(host: &str, seq: u64, nic: &str, up: bool) -> AgentEvent {
-    AgentEvent {
-        host: host.into(),
-        seq,
-        at_unix_ns: 0,
-        kind: Some(agent_event::Kind::NicState(NicStateChange {
-            nic: nic.into(),
-            state: if up {
-                proto::v1::NicState::Up as i32
-            } else {
-                proto::v1::NicState::Down as i32
-            },
-            carrier_changes: seq,
-            flaps: 0,
-            damping_penalty: 0.0,
-            coalesced: 0,
-            link_up: up,
-            ..Default::default()
-        })),
-    }
-}
 
 /// Sends `events` on a fresh stream, closes it, and returns every ack.
 async fn send_events(addr: &str, events: Vec<AgentEvent>) -> Vec<proto::v1::EventAck> {
@@ -111,14 +54,57 @@ async fn observe(sup: &Sup) -> String {
     serde_json::to_string(&(hosts, events, history)).unwrap()
 }
 
+/// Asserts that what an admin can observe is still `before` (`why` says
+/// why it must be).
+async fn unchanged(sup: &Sup, before: &str, why: &str) {
+    assert_eq!(observe(sup).await, before, "{why}");
+}
+
+/// Asserts that `s` refuses a message for its size.
+fn assert_too_large(s: &tonic::Status) {
+    assert!(
+        matches!(
+            s.code(),
+            tonic::Code::ResourceExhausted | tonic::Code::OutOfRange
+        ),
+        "{s:?}"
+    );
+}
+
+/// A registration of `host` with `nics`, no labels and no agent version.
+fn registration(host: &str, nics: Vec<proto::v1::Nic>) -> RegisterHost {
+    RegisterHost {
+        host: host.into(),
+        nics,
+        labels: Default::default(),
+        agent_version: String::new(),
+    }
+}
+
+/// Host h0 as the leader shows it.
+async fn show_h0(c: &supervisor::client::AdminClient) -> supervisor::model::Host {
+    let AdminReply::Host { host, .. } = c
+        .call(AdminRequest::NodeShow { host: "h0".into() }, false)
+        .await
+        .unwrap()
+    else {
+        panic!("not a host reply")
+    };
+    host
+}
+
+/// A raw message body.
+fn blob(body: impl Into<Vec<u8>>) -> Blob {
+    Blob { body: body.into() }
+}
+
 fn write(op: AdminOp) -> AdminRequest {
     AdminRequest::Write { op }
 }
 
 #[tokio::test]
 async fn unknown_names_are_not_found_and_change_nothing() {
-    let sup = Sup::start(&[]).await;
-    register(&sup.addr, "h0").await;
+    let sup = Sup::with_h0(&[]).await;
     let before = observe(&sup).await;
     let c = sup.client();
     for op in [
@@ -155,17 +141,12 @@ async fn unknown_names_are_not_found_and_change_nothing() {
     assert_eq!(acks.len(), 1);
     assert_eq!(acks[0].acked_through, 0);
     assert!(acks[0].error.contains("h0/eth9"), "{:?}", acks[0]);
-    assert_eq!(
-        observe(&sup).await,
-        before,
-        "refused commands must not change state"
-    );
+    unchanged(&sup, &before, "refused commands must not change state").await;
 }
 
 #[tokio::test]
 async fn drain_needs_a_reason_and_uncordon_respects_drain() {
-    let sup = Sup::start(&[]).await;
-    register(&sup.addr, "h0").await;
+    let sup = Sup::with_h0(&[]).await;
     let before = observe(&sup).await;
     let c = sup.client();
     let e = c
@@ -187,7 +168,7 @@ async fn drain_needs_a_reason_and_uncordon_respects_drain() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--reason"));
     let out = sup.cli(&["node", "drain", "h0", "--reason", ""]);
     assert_eq!(out.status.code(), Some(2));
-    assert_eq!(observe(&sup).await, before);
+    unchanged(&sup, &before, "a refused drain changes nothing").await;
 
     let out = sup.cli(&[
         "node",
@@ -231,53 +212,26 @@ async fn drain_needs_a_reason_and_uncordon_respects_drain() {
 
 #[tokio::test]
 async fn malformed_and_oversized_messages_are_refused() {
-    let sup = Sup::start(&[]).await;
-    register(&sup.addr, "h0").await;
+    let sup = Sup::with_h0(&[]).await;
     let before = observe(&sup).await;
     let ch = supervisor::network::channel(&sup.addr).unwrap();
 
     let mut admin = AdminGrpc::new(ch.clone()).max_encoding_message_size(64 << 20);
-    let s = admin
-        .call(Blob {
-            body: b"{not json".to_vec(),
-        })
-        .await
-        .unwrap_err();
+    let s = admin.call(blob(b"{not json".to_vec())).await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
     assert!(
         s.message().contains("malformed admin call"),
         "{}",
         s.message()
     );
-    let s = admin
-        .call(Blob {
-            body: vec![b'x'; 5 << 20],
-        })
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(
-            s.code(),
-            tonic::Code::ResourceExhausted | tonic::Code::OutOfRange
-        ),
-        "{s:?}"
-    );
+    let s = admin.call(blob(vec![b'x'; 5 << 20])).await.unwrap_err();
+    assert_too_large(&s);
 
     let mut peer = RaftPeerClient::new(ch.clone());
-    let s = peer
-        .append_entries(Blob {
-            body: vec![0xff; 16],
-        })
-        .await
-        .unwrap_err();
+    let s = peer.append_entries(blob(vec![0xff; 16])).await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
     assert!(s.message().contains("malformed peer message"));
-    let s = peer
-        .forward(Blob {
-            body: b"[]".to_vec(),
-        })
-        .await
-        .unwrap_err();
+    let s = peer.forward(blob(b"[]".to_vec())).await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
 
     let mut ag = AgentClient::new(ch.clone()).max_encoding_message_size(64 << 20);
@@ -286,40 +240,19 @@ async fn malformed_and_oversized_messages_are_refused() {
         .collect();
     let s = ag
         .register(RegisterHost {
-            host: "h1".into(),
-            nics: nics(),
             labels: huge,
-            agent_version: String::new(),
+            ..registration("h1", nics())
         })
         .await
         .unwrap_err();
-    assert!(
-        matches!(
-            s.code(),
-            tonic::Code::ResourceExhausted | tonic::Code::OutOfRange
-        ),
-        "{s:?}"
-    );
+    assert_too_large(&s);
     let s = ag
-        .register(RegisterHost {
-            host: "bad name".into(),
-            nics: nics(),
-            labels: Default::default(),
-            agent_version: String::new(),
-        })
+        .register(registration("bad name", nics()))
         .await
         .unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
     let dup = vec![nics()[0].clone(), nics()[0].clone()];
-    let s = ag
-        .register(RegisterHost {
-            host: "h2".into(),
-            nics: dup,
-            labels: Default::default(),
-            agent_version: String::new(),
-        })
-        .await
-        .unwrap_err();
+    let s = ag.register(registration("h2", dup)).await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
     // An event without a kind, or with sequence 0, ends the stream with an error.
     let mut no_kind = ev("h0", 1, "rail0", true);
@@ -342,11 +275,7 @@ async fn malformed_and_oversized_messages_are_refused() {
         tonic::Code::InvalidArgument
     );
 
-    assert_eq!(
-        observe(&sup).await,
-        before,
-        "refused messages must not change state"
-    );
+    unchanged(&sup, &before, "refused messages must not change state").await;
     // And the supervisor still works.
     sup.client()
         .call(write(AdminOp::Cordon { host: "h0".into() }), false)
@@ -356,8 +285,7 @@ async fn malformed_and_oversized_messages_are_refused() {
 
 #[tokio::test]
 async fn events_apply_exactly_once_in_order_across_reconnects() {
-    let sup = Sup::start(&[]).await;
-    register(&sup.addr, "h0").await;
+    let sup = Sup::with_h0(&[]).await;
     let acks = send_events(
         &sup.addr,
         (1..=3).map(|s| ev("h0", s, "rail0", s % 2 == 0)).collect(),
@@ -377,26 +305,9 @@ async fn events_apply_exactly_once_in_order_across_reconnects() {
     .await;
     assert_eq!(acks.last().unwrap().acked_through, 5);
     // Re-registration reports where to resume.
-    let r = agent(&sup.addr)
-        .await
-        .register(RegisterHost {
-            host: "h0".into(),
-            nics: nics(),
-            labels: Default::default(),
-            agent_version: "test".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.last_applied_seq, 5);
+    assert_eq!(common::register(&sup.addr, "h0").await, 5);
     let c = sup.client();
-    let AdminReply::Host { host, .. } = c
-        .call(AdminRequest::NodeShow { host: "h0".into() }, false)
-        .await
-        .unwrap()
-    else {
-        panic!("host reply")
-    };
+    let host = show_h0(&c).await;
     assert_eq!(host.last_event_seq, 5);
     assert_eq!(
         host.nics["rail0"].state,
@@ -404,19 +315,7 @@ async fn events_apply_exactly_once_in_order_across_reconnects() {
         "seq 5 is odd: down"
     );
     // Exactly once: 5 transitions applied, each logged once.
-    let AdminReply::Events { events } = c
-        .call(
-            AdminRequest::Events {
-                since: 0,
-                limit: 1000,
-            },
-            false,
-        )
-        .await
-        .unwrap()
-    else {
-        panic!()
-    };
+    let events = events(&c).await;
     let transitions = events
         .iter()
         .filter(|e| {
@@ -479,8 +378,7 @@ async fn second_process_on_a_data_dir_gets_a_clear_error() {
 
 #[tokio::test]
 async fn cli_reports_errors_with_exit_codes() {
-    let sup = Sup::start(&[]).await;
-    register(&sup.addr, "h0").await;
+    let sup = Sup::with_h0(&[]).await;
     let out = sup.cli(&["node", "show", "nope"]);
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -508,8 +406,7 @@ async fn cli_reports_errors_with_exit_codes() {
 
 #[tokio::test]
 async fn follow_streams_new_events() {
-    let sup = Sup::start(&[]).await;
-    register(&sup.addr, "h0").await;
+    let sup = Sup::with_h0(&[]).await;
     let c = sup.client();
     let follower = tokio::spawn({
         let c = c.clone();
@@ -545,8 +442,7 @@ async fn follow_streams_new_events() {
 
 #[tokio::test]
 async fn log_compaction_and_restart_keep_every_write() {
-    let mut sup = Sup::start(&["--snapshot-every", "20"]).await;
-    register(&sup.addr, "h0").await;
+    let mut sup = Sup::with_h0(&["--snapshot-every", "20"]).await;
     let c = sup.client();
     for i in 0..120u32 {
         let set = BTreeMap::from([(format!("k{}", i % 7), i.to_string())]);
@@ -572,11 +468,7 @@ async fn log_compaction_and_restart_keep_every_write() {
     let before = observe(&sup).await;
     sup.kill(); // SIGKILL
     sup.spawn().await;
-    assert_eq!(
-        observe(&sup).await,
-        before,
-        "state after restart equals state before"
-    );
+    unchanged(&sup, &before, "state after restart equals state before").await;
 }
 
 /// A write sent again with the same request id (what a client does when it
@@ -584,8 +476,7 @@ async fn log_compaction_and_restart_keep_every_write() {
 /// result, even after the state has moved on.
 #[tokio::test]
 async fn retried_write_with_the_same_request_id_applies_once() {
-    let sup = Sup::start(&[]).await;
-    register(&sup.addr, "h0").await;
+    let sup = Sup::with_h0(&[]).await;
     let mut grpc = AdminGrpc::connect(format!("http://{}", sup.addr))
         .await
         .unwrap();
@@ -601,9 +492,7 @@ async fn retried_write_with_the_same_request_id_applies_once() {
             }),
             request: write(op),
         };
-        Blob {
-            body: serde_json::to_vec(&call).unwrap(),
-        }
+        blob(serde_json::to_vec(&call).unwrap())
     };
     let drain = AdminOp::Drain {
         host: "h0".into(),
@@ -617,13 +506,8 @@ async fn retried_write_with_the_same_request_id_applies_once() {
     let before = observe(&sup).await;
     // The retry of serial 1 must not drain the host again.
     grpc.call(send(drain, 1)).await.unwrap();
-    assert_eq!(observe(&sup).await, before, "a retry must change nothing");
+    unchanged(&sup, &before, "a retry must change nothing").await;
     let c = sup.client();
-    let Ok(AdminReply::Host { host, .. }) = c
-        .call(AdminRequest::NodeShow { host: "h0".into() }, false)
-        .await
-    else {
-        panic!("node show failed");
-    };
+    let host = show_h0(&c).await;
     assert!(host.drain.is_none() && !host.cordoned, "{host:?}");
 }

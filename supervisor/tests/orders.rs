@@ -9,36 +9,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::Sup;
-use proto::v1::agent_client::AgentClient;
-use proto::v1::{
-    agent_event, agent_order, AgentEvent, Nic, OrderResult, OrdersRequest, QpPlacement,
-    RegisterHost,
-};
-
-async fn agent(addr: &str) -> AgentClient<tonic::transport::Channel> {
-    AgentClient::new(supervisor::network::channel(addr).unwrap())
-}
-
-async fn register(addr: &str, host: &str) {
-    let nic = |name: &str, rail, backup: &str| Nic {
-        name: name.into(),
-        rail: Some(rail),
-        backup: backup.into(),
-        rdma_device: String::new(),
-        ..Default::default()
-    };
-    agent(addr)
-        .await
-        .register(RegisterHost {
-            host: host.into(),
-            nics: vec![nic("rail0", 0, "rail1"), nic("rail1", 1, "rail0")],
-            labels: Default::default(),
-            agent_version: "test".into(),
-        })
-        .await
-        .expect("register");
-}
+use common::{agent, register, Sup};
+use proto::v1::{agent_event, agent_order, AgentEvent, OrderResult, OrdersRequest, QpPlacement};
 
 fn json(out: &std::process::Output) -> serde_json::Value {
     assert!(
@@ -70,8 +42,7 @@ fn placement(seq: u64, conn_id: u64, nic: &str, closed: bool) -> AgentEvent {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orders_are_validated_committed_streamed_and_closed_by_the_agent() {
-    let sup = Sup::start(&[]).await;
-    register(&sup.addr, "h0").await;
+    let sup = Sup::with_h0(&[]).await;
     register(&sup.addr, "h1").await;
 
     // Bad orders: a clear error, exit 2, nothing written.

@@ -11,16 +11,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{cli, free_port, Sup, SUPERVISOR};
-use proto::v1::agent_client::AgentClient;
+use common::{agent, cli, free_port, Sup, SUPERVISOR};
 use proto::v1::{Nic, PathStats, PeerClock, ProbePlanRequest, ProbeSummary, RegisterHost};
 use supervisor::api::{AdminReply, AdminRequest};
 use supervisor::model::events::Event;
 use supervisor::model::ClockState;
-
-async fn agent(addr: &str) -> AgentClient<tonic::transport::Channel> {
-    AgentClient::new(supervisor::network::channel(addr).unwrap())
-}
 
 fn nic(name: &str, rail: Option<u32>, addr: &str) -> Nic {
     Nic {
@@ -303,20 +298,7 @@ async fn plans_summaries_clock_states_and_paths() {
     assert!(h2.contains("62/100") && h2.contains("0.93"), "{text}");
 
     // The state changes were committed with events.
-    let AdminReply::Events { events } = sup
-        .client()
-        .call(
-            AdminRequest::Events {
-                since: 0,
-                limit: 1000,
-            },
-            false,
-        )
-        .await
-        .unwrap()
-    else {
-        panic!("not events")
-    };
+    let events = common::events(&sup.client()).await;
     let synced = events
         .iter()
         .filter(|e| {

@@ -80,7 +80,7 @@ pub struct BulkFlow {
     from: usize,
     to: usize,
     rail: usize,
-    stop: Arc<AtomicBool>,
+    stop: StopFlag,
     sent: Arc<AtomicU64>,
     received: Arc<AtomicU64>,
     sender: Option<JoinHandle<()>>,
@@ -100,16 +100,8 @@ impl BulkFlow {
         port: u16,
         max: Duration,
     ) -> Result<BulkFlow, BulkError> {
-        if from == to || from >= tb.hosts.len() || to >= tb.hosts.len() || rail > 1 {
-            return Err(BulkError::BadRequest(format!(
-                "host {from} → host {to} on rail {rail} (the testbed has {} hosts, rails 0 and 1)",
-                tb.hosts.len()
-            )));
-        }
-        if max.is_zero() || max > MAX_FLOW {
-            return Err(BulkError::BadRequest(format!(
-                "duration {max:?} is not in (0, {MAX_FLOW:?}]"
-            )));
+        if let Some(why) = route_error(tb, from, to, rail).or(duration_error(max, MAX_FLOW)) {
+            return Err(BulkError::BadRequest(why));
         }
         let addr = SocketAddr::from((rail_addr(to, rail), port));
         let listener = tb
@@ -131,18 +123,18 @@ impl BulkFlow {
                 error,
             })?;
         let deadline = Instant::now() + max;
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = StopFlag::default();
         let sent = Arc::new(AtomicU64::new(0));
         let received = Arc::new(AtomicU64::new(0));
         let receiver = {
-            let (stop, received) = (stop.clone(), received.clone());
+            let (stop, received) = (stop.handle(), received.clone());
             std::thread::Builder::new()
                 .name(format!("bulk-rx-h{to}"))
                 .spawn(move || receive(listener, deadline, &stop, &received))
                 .map_err(|_| BulkError::Panicked("receiver spawn"))?
         };
         let sender = {
-            let (stop, sent) = (stop.clone(), sent.clone());
+            let (stop, sent) = (stop.handle(), sent.clone());
             std::thread::Builder::new()
                 .name(format!("bulk-tx-h{from}"))
                 .spawn(move || send(stream, deadline, &stop, &sent))
@@ -173,7 +165,7 @@ impl BulkFlow {
     /// and reports. Blocks for at most about `DRAIN_MAX` plus the poll
     /// interval (call it from a blocking context).
     pub fn stop(mut self) -> Result<BulkReport, BulkError> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.raise();
         self.join()
     }
 
@@ -188,22 +180,17 @@ impl BulkFlow {
             s.join().map_err(|_| BulkError::Panicked("sender"))?;
         }
         // The sender has stopped: the receiver drains, bounded.
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.raise();
         let (bytes_received, span) = match self.receiver.take() {
             Some(r) => r.join().map_err(|_| BulkError::Panicked("receiver"))??,
             None => (0, Duration::ZERO),
         };
         let secs = span.as_secs_f64();
-        let mbps = if secs > 0.0 {
-            bytes_received as f64 * 8.0 / secs / 1e6
-        } else {
-            0.0
-        };
         let report = BulkReport {
             bytes_sent: self.sent.load(Ordering::Relaxed),
             bytes_received,
             secs,
-            mbps,
+            mbps: mbps(bytes_received, secs),
         };
         tracing::info!(
             from = self.from,
@@ -219,9 +206,51 @@ impl BulkFlow {
     }
 }
 
-impl Drop for BulkFlow {
+/// A load's stop flag, shared with its threads and raised when the load
+/// is dropped (its threads then end on their own, within their bounds).
+#[derive(Debug, Default)]
+pub(crate) struct StopFlag(Arc<AtomicBool>);
+
+impl StopFlag {
+    /// Tells the threads to stop.
+    pub(crate) fn raise(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// The flag for a thread to watch.
+    pub(crate) fn handle(&self) -> Arc<AtomicBool> {
+        self.0.clone()
+    }
+}
+
+impl Drop for StopFlag {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.raise();
+    }
+}
+
+/// Why a load from host `from` to host `to` on `rail` is not possible in
+/// `tb` (the same host, no such host or rail), if it is not.
+pub(crate) fn route_error(tb: &Testbed, from: usize, to: usize, rail: usize) -> Option<String> {
+    let hosts = tb.hosts.len();
+    (from == to || from >= hosts || to >= hosts || rail > 1).then(|| {
+        format!(
+            "host {from} → host {to} on rail {rail} (the testbed has {hosts} hosts, rails 0 and 1)"
+        )
+    })
+}
+
+/// Why a load may not run for `max` (not in (0, `limit`]), if it may not.
+pub(crate) fn duration_error(max: Duration, limit: Duration) -> Option<String> {
+    (max.is_zero() || max > limit).then(|| format!("duration {max:?} is not in (0, {limit:?}]"))
+}
+
+/// `bytes` over `secs` in Mbit/s (0 for no time).
+pub(crate) fn mbps(bytes: u64, secs: f64) -> f64 {
+    if secs > 0.0 {
+        bytes as f64 * 8.0 / secs / 1e6
+    } else {
+        0.0
     }
 }
 

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 
-use crate::bulk::timed_out;
+use crate::bulk::{duration_error, mbps, route_error, timed_out, StopFlag};
 use crate::{rail_addr, Node, Testbed};
 
 /// UDP payload of every datagram (with headers, a 1442-byte frame).
@@ -97,7 +97,7 @@ pub struct BurstReport {
 /// A running load. Dropping it stops it (without waiting).
 pub struct BurstLoad {
     spec: BurstSpec,
-    stop: Arc<AtomicBool>,
+    stop: StopFlag,
     received: Arc<AtomicU64>,
     sender: Option<JoinHandle<(u64, Duration)>>,
     receiver: Option<JoinHandle<()>>,
@@ -106,12 +106,8 @@ pub struct BurstLoad {
 impl BurstLoad {
     /// Opens both sockets (each in its host's namespace) and starts.
     pub fn start(tb: &Testbed, spec: BurstSpec) -> Result<BurstLoad, BurstError> {
-        let hosts = tb.hosts.len();
-        if spec.from == spec.to || spec.from >= hosts || spec.to >= hosts || spec.rail > 1 {
-            return Err(BurstError::BadRequest(format!(
-                "host {} → host {} on rail {} (the testbed has {hosts} hosts, rails 0 and 1)",
-                spec.from, spec.to, spec.rail
-            )));
+        if let Some(why) = route_error(tb, spec.from, spec.to, spec.rail) {
+            return Err(BurstError::BadRequest(why));
         }
         if spec.rate_bps == 0 || !(1.0..=f64::from(MAX_BURST)).contains(&spec.mean_burst) {
             return Err(BurstError::BadRequest(format!(
@@ -119,11 +115,8 @@ impl BurstLoad {
                 spec.rate_bps, spec.mean_burst
             )));
         }
-        if spec.max.is_zero() || spec.max > MAX_LOAD {
-            return Err(BurstError::BadRequest(format!(
-                "duration {:?} is not in (0, {MAX_LOAD:?}]",
-                spec.max
-            )));
+        if let Some(why) = duration_error(spec.max, MAX_LOAD) {
+            return Err(BurstError::BadRequest(why));
         }
         let dst = SocketAddr::from((rail_addr(spec.to, spec.rail), spec.port));
         let src = SocketAddr::from((rail_addr(spec.from, spec.rail), 0));
@@ -141,24 +134,24 @@ impl BurstLoad {
         };
         let rx = open(spec.to, dst)?;
         let tx = open(spec.from, src)?;
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = StopFlag::default();
         let received = Arc::new(AtomicU64::new(0));
         let deadline = Instant::now() + spec.max;
         let receiver = {
-            let (stop, received) = (stop.clone(), received.clone());
+            let (stop, received) = (stop.handle(), received.clone());
             std::thread::Builder::new()
                 .name(format!("burst-rx-h{}", spec.to))
                 .spawn(move || receive(rx, deadline + DRAIN, &stop, &received))
                 .map_err(|e| BurstError::Spawn("receiver", e))?
         };
         let sender = {
-            let (stop_tx, s) = (stop.clone(), spec.clone());
+            let (stop_tx, s) = (stop.handle(), spec.clone());
             std::thread::Builder::new()
                 .name(format!("burst-tx-h{}", spec.from))
                 .spawn(move || send(tx, dst, &s, deadline, &stop_tx))
                 .map_err(|e| {
                     // The receiver would otherwise run to its hard deadline.
-                    stop.store(true, Ordering::Relaxed);
+                    stop.raise();
                     BurstError::Spawn("sender", e)
                 })?
         };
@@ -181,7 +174,7 @@ impl BurstLoad {
 
     /// Stops the sender, lets the receiver drain and reports.
     pub fn stop(mut self) -> Result<BurstReport, BurstError> {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.raise();
         let (sent, ran) = self
             .sender
             .take()
@@ -194,19 +187,12 @@ impl BurstLoad {
         }
         let received = self.received.load(Ordering::Relaxed);
         let secs = ran.as_secs_f64();
-        let mbps = |n: u64| {
-            if secs > 0.0 {
-                (n * FRAME as u64 * 8) as f64 / secs / 1e6
-            } else {
-                0.0
-            }
-        };
         let report = BurstReport {
             sent,
             received,
             secs,
-            offered_mbps: mbps(sent),
-            delivered_mbps: mbps(received),
+            offered_mbps: mbps(sent * FRAME as u64, secs),
+            delivered_mbps: mbps(received * FRAME as u64, secs),
         };
         tracing::info!(
             from = self.spec.from,
@@ -218,12 +204,6 @@ impl BurstLoad {
             "burst load stopped"
         );
         Ok(report)
-    }
-}
-
-impl Drop for BurstLoad {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
     }
 }
 

@@ -46,6 +46,7 @@ pub mod bulk;
 pub mod burst;
 pub mod cleanup;
 pub mod cluster;
+pub mod jobsim;
 pub mod leaf;
 pub mod netcluster;
 pub mod netns;

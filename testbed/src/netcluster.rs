@@ -57,6 +57,16 @@ impl NetCluster {
         Self::start_with(spec, Vec::new()).await
     }
 
+    /// [`Self::start`], then waits (at most `within`) until every data NIC
+    /// (two per host) is committed Up.
+    pub async fn start_all_up(spec: TestbedSpec, within: Duration) -> anyhow::Result<NetCluster> {
+        let c = Self::start(spec).await?;
+        let nics = spec.hosts * 2;
+        c.wait_until("every NIC up", within, |c| c.nics_up() == nics)
+            .await?;
+        Ok(c)
+    }
+
     /// Like [`Self::start`], with extra flags for host `h`'s agent in
     /// `agent_args[h]` (missing entries: none).
     pub async fn start_with(
@@ -279,6 +289,25 @@ impl NetCluster {
         let mut a = vec!["--output", "json"];
         a.extend_from_slice(args);
         Ok(serde_json::from_str(&self.cli(&a)?)?)
+    }
+
+    /// The sequence number of the newest committed event among the first
+    /// 5000 (0 for none): where to follow the event log from.
+    pub fn last_event_seq(&self) -> anyhow::Result<u64> {
+        let v = self.cli_json(&["events", "--since", "0", "--limit", "5000"])?;
+        Ok(v["events"]
+            .as_array()
+            .and_then(|a| a.last())
+            .and_then(|e| e["seq"].as_u64())
+            .unwrap_or(0))
+    }
+
+    /// How many NICs the cluster has committed as Up (0 when the CLI
+    /// fails).
+    pub fn nics_up(&self) -> usize {
+        self.cli_json(&["nic", "list", "--state", "up"])
+            .map(|v| v["nics"].as_array().map_or(0, |a| a.len()))
+            .unwrap_or(0)
     }
 
     /// The committed state of `host`/`nic` (e.g. "up", "down").

@@ -172,9 +172,7 @@ async fn supervisors_start_on_the_written_topology() {
         .await
         .unwrap();
     c.wait_until("all 8 NICs up", Duration::from_secs(20), |c| {
-        c.cli_json(&["nic", "list", "--state", "up"])
-            .map(|v| v["nics"].as_array().map_or(0, |a| a.len()) == 8)
-            .unwrap_or(false)
+        c.nics_up() == 8
     })
     .await
     .unwrap();

@@ -164,6 +164,28 @@ impl Ring {
     }
 
     /// Waits until every rank's stdout has a line starting with `prefix`.
+    /// Starts job `tag` fragile (1 s stall timeout, 1000 steps of
+    /// `step_delay_ms` ms) and waits until every rank logged step 10.
+    async fn fragile_at_step_10(&self, tag: &str, step_delay_ms: &str) -> Vec<Child> {
+        let job = self.spawn(
+            tag,
+            1,
+            &[
+                "--fragile",
+                "--stall-timeout",
+                "1s",
+                "--step-delay-ms",
+                step_delay_ms,
+                "--steps",
+                "1000",
+            ],
+            &[],
+        );
+        self.wait_line(tag, "step=10", Duration::from_secs(60))
+            .await;
+        job
+    }
+
     async fn wait_line(&self, tag: &str, prefix: &str, within: Duration) {
         let end = Instant::now() + within;
         loop {
@@ -264,6 +286,16 @@ struct FakeAgent {
 }
 
 impl FakeAgent {
+    /// One agent per rank of `ring`, on `agent-<rank>.sock` in its dir, and
+    /// the socket path template (`{rank}`) for `RAILGUARD_AGENT_SOCKET`.
+    fn start_per_rank(ring: &Ring) -> (Vec<FakeAgent>, String) {
+        let agents = (0..ring.world)
+            .map(|r| FakeAgent::start(ring.dir.join(format!("agent-{r}.sock"))))
+            .collect();
+        let sock = ring.dir.join("agent-{rank}.sock");
+        (agents, sock.to_string_lossy().into_owned())
+    }
+
     fn start(socket: PathBuf) -> Self {
         let listener = UnixListener::bind(&socket).expect("bind agent socket");
         let (got_tx, got) = mpsc::unbounded_channel();
@@ -361,14 +393,7 @@ async fn an_ordered_halting_checkpoint_is_agreed_halts_and_resumes_exactly() {
     );
     let reference = ring.digest("ref");
 
-    let mut agents: Vec<FakeAgent> = (0..3)
-        .map(|r| FakeAgent::start(ring.dir.join(format!("agent-{r}.sock"))))
-        .collect();
-    let sock = ring
-        .dir
-        .join("agent-{rank}.sock")
-        .to_string_lossy()
-        .into_owned();
+    let (mut agents, sock) = FakeAgent::start_per_rank(&ring);
     let mut job = ring.spawn(
         "job",
         2,
@@ -506,22 +531,7 @@ async fn an_ordered_halting_checkpoint_is_agreed_halts_and_resumes_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fragile_rank_exits_75_when_its_peer_dies() {
     let (_tmp, ring) = ring(43, 27430, 2);
-    let mut job = ring.spawn(
-        "f",
-        1,
-        &[
-            "--fragile",
-            "--stall-timeout",
-            "1s",
-            "--step-delay-ms",
-            "50",
-            "--steps",
-            "1000",
-        ],
-        &[],
-    );
-    ring.wait_line("f", "step=10", Duration::from_secs(60))
-        .await;
+    let mut job = ring.fragile_at_step_10("f", "50").await;
     job[1].kill().await.expect("kill rank 1");
     let t0 = Instant::now();
     let code = tokio::time::timeout(Duration::from_secs(20), job[0].wait())
@@ -672,22 +682,7 @@ async fn netns_fragile_ranks_exit_75_when_their_rail_is_cut() {
         return;
     }
     let (mut tb, _tmp, ring) = testbed_ring(2).await;
-    let mut job = ring.spawn(
-        "fragile",
-        1,
-        &[
-            "--fragile",
-            "--stall-timeout",
-            "1s",
-            "--step-delay-ms",
-            "40",
-            "--steps",
-            "1000",
-        ],
-        &[],
-    );
-    ring.wait_line("fragile", "step=10", Duration::from_secs(60))
-        .await;
+    let mut job = ring.fragile_at_step_10("fragile", "40").await;
     tb.set_cable(0, 0, Side::Host, false).await.expect("cut");
     let t0 = Instant::now();
     let codes = ring
@@ -708,14 +703,7 @@ async fn netns_migrate_and_pace_orders_are_carried_out_and_reported() {
     }
     let reference = loopback_reference(45, 27445, 2).await;
     let (_tb, _tmp, ring) = testbed_ring(2).await;
-    let mut agents: Vec<FakeAgent> = (0..2)
-        .map(|r| FakeAgent::start(ring.dir.join(format!("agent-{r}.sock"))))
-        .collect();
-    let sock = ring
-        .dir
-        .join("agent-{rank}.sock")
-        .to_string_lossy()
-        .into_owned();
+    let (mut agents, sock) = FakeAgent::start_per_rank(&ring);
     // Slow steps leave room for a repeated order (below) before the job
     // ends; a generous connect timeout keeps dials from failing under load.
     let mut job = ring.spawn(

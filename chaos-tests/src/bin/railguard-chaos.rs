@@ -12,7 +12,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use anyhow::bail;
+use anyhow::{bail, ensure};
 use clap::{ArgMatches, Args, Command, FromArgMatches};
 use serde::Serialize;
 use serde_json::Value;
@@ -244,12 +244,11 @@ struct ContentionArgs {
 
 impl ContentionArgs {
     fn opts(&self, quiet_secs: u64) -> anyhow::Result<chaos_tests::contention::ContentionOpts> {
-        if !(10..=3_600).contains(&self.deadline_secs) {
-            bail!("--deadline-secs takes 10..=3600");
-        }
-        if quiet_secs > 3_600 {
-            bail!("--quiet-secs takes 0..=3600");
-        }
+        ensure!(
+            (10..=3_600).contains(&self.deadline_secs),
+            "--deadline-secs takes 10..=3600"
+        );
+        ensure!(quiet_secs <= 3_600, "--quiet-secs takes 0..=3600");
         Ok(chaos_tests::contention::ContentionOpts {
             hosts_per_leaf: self.hosts_per_leaf,
             uplink_mbit: self.uplink_mbit,
@@ -289,15 +288,18 @@ impl TrainArgs {
         let hosts = self
             .hosts
             .unwrap_or(self.ranks as usize + usize::from(spare));
-        if !(1..=16).contains(&self.ranks) || hosts < self.ranks as usize || hosts > 32 {
-            bail!("--ranks takes 1..=16 and --hosts ranks..=32");
-        }
-        if !(1..=100_000).contains(&self.steps) || self.checkpoint_every > self.steps {
-            bail!("--steps takes 1..=100000 and --checkpoint-every at most --steps");
-        }
-        if !(1..=7).contains(&self.supervisors) || !(1..=7200).contains(&self.deadline_secs) {
-            bail!("--supervisors takes 1..=7 and --deadline-secs 1..=7200");
-        }
+        ensure!(
+            (1..=16).contains(&self.ranks) && (self.ranks as usize..=32).contains(&hosts),
+            "--ranks takes 1..=16 and --hosts ranks..=32"
+        );
+        ensure!(
+            (1..=100_000).contains(&self.steps) && self.checkpoint_every <= self.steps,
+            "--steps takes 1..=100000 and --checkpoint-every at most --steps"
+        );
+        ensure!(
+            (1..=7).contains(&self.supervisors) && (1..=7200).contains(&self.deadline_secs),
+            "--supervisors takes 1..=7 and --deadline-secs 1..=7200"
+        );
         Ok(chaos_tests::training::TrainOpts {
             hosts,
             supervisors: self.supervisors,
@@ -328,11 +330,11 @@ struct StormArgs {
 
 impl StormArgs {
     fn storm(&self) -> anyhow::Result<chaos_tests::training::Storm> {
-        if !(100..=600_000).contains(&self.flap_every_ms)
-            || !(10..=20_000).contains(&self.flap_down_ms)
-        {
-            bail!("--flap-every-ms takes 100..=600000 and --flap-down-ms 10..=20000");
-        }
+        ensure!(
+            (100..=600_000).contains(&self.flap_every_ms)
+                && (10..=20_000).contains(&self.flap_down_ms),
+            "--flap-every-ms takes 100..=600000 and --flap-down-ms 10..=20000"
+        );
         Ok(chaos_tests::training::Storm {
             every: Duration::from_millis(self.flap_every_ms),
             down: Duration::from_millis(self.flap_down_ms),
@@ -343,9 +345,14 @@ impl StormArgs {
 
 // ---- scenarios ----
 
+/// `leader-kill` (`History<false>`: the leader is killed every round) and
+/// `cluster-crash` (`History<true>`: every supervisor at once): one flag
+/// set, their defaults per scenario. The per-scenario defaults are strings
+/// (`default_value`): `default_value_t` renders its default once into a
+/// static that every instance of a generic struct would share.
 #[derive(Args, Debug)]
-struct LeaderKill {
-    #[arg(long, default_value_t = 20)]
+struct History<const WHOLE_CLUSTER: bool> {
+    #[arg(long, default_value = if WHOLE_CLUSTER { "3" } else { "20" })]
     rounds: usize,
     #[arg(long, default_value_t = 4)]
     hosts: usize,
@@ -354,46 +361,20 @@ struct LeaderKill {
     /// Load time before each kill, in ms.
     #[arg(long, default_value_t = 1500)]
     load_ms: u64,
-    #[arg(long, default_value_t = 7)]
+    #[arg(long, default_value = if WHOLE_CLUSTER { "11" } else { "7" })]
     seed: u64,
 }
 
-impl Runner for LeaderKill {
+type LeaderKill = History<false>;
+type ClusterCrash = History<true>;
+
+impl<const WHOLE_CLUSTER: bool> Runner for History<WHOLE_CLUSTER> {
     async fn run(self, _what: String) -> Outcome {
         let r = chaos_tests::admin_history::run(chaos_tests::admin_history::HistoryRun {
             rounds: self.rounds,
             hosts: self.hosts,
             clients: self.clients,
-            whole_cluster: false,
-            load_per_round: Duration::from_millis(self.load_ms),
-            seed: self.seed,
-        })
-        .await?;
-        report(r.ok, &r)
-    }
-}
-
-#[derive(Args, Debug)]
-struct ClusterCrash {
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
-    #[arg(long, default_value_t = 4)]
-    hosts: usize,
-    #[arg(long, default_value_t = 6)]
-    clients: usize,
-    #[arg(long, default_value_t = 1500)]
-    load_ms: u64,
-    #[arg(long, default_value_t = 11)]
-    seed: u64,
-}
-
-impl Runner for ClusterCrash {
-    async fn run(self, _what: String) -> Outcome {
-        let r = chaos_tests::admin_history::run(chaos_tests::admin_history::HistoryRun {
-            rounds: self.rounds,
-            hosts: self.hosts,
-            clients: self.clients,
-            whole_cluster: true,
+            whole_cluster: WHOLE_CLUSTER,
             load_per_round: Duration::from_millis(self.load_ms),
             seed: self.seed,
         })
@@ -417,9 +398,10 @@ struct NicFlap {
 
 impl Runner for NicFlap {
     async fn run(self, what: String) -> Outcome {
-        if !(2..=50).contains(&self.hosts) || !(1..=10_000).contains(&self.flaps) {
-            bail!("--hosts takes 2..=50 and --flaps 1..=10000");
-        }
+        ensure!(
+            (2..=50).contains(&self.hosts) && (1..=10_000).contains(&self.flaps),
+            "--hosts takes 2..=50 and --flaps 1..=10000"
+        );
         need_root(&what)?;
         let r = chaos_tests::nic_flap::run(chaos_tests::nic_flap::NicFlapRun {
             hosts: self.hosts,
@@ -451,12 +433,14 @@ struct QpMigrate {
 
 impl Runner for QpMigrate {
     async fn run(self, what: String) -> Outcome {
-        if !(1..=10_000).contains(&self.flaps) || !(1..=64).contains(&self.conns) {
-            bail!("--flaps takes 1..=10000 and --conns 1..=64");
-        }
-        if !(16..=(64 << 20)).contains(&self.max_message) || self.outage_ms > 25_000 {
-            bail!("--max-message takes 16..=67108864 and --outage-ms at most 25000 (under the 30 s stall timeout)");
-        }
+        ensure!(
+            (1..=10_000).contains(&self.flaps) && (1..=64).contains(&self.conns),
+            "--flaps takes 1..=10000 and --conns 1..=64"
+        );
+        ensure!(
+            (16..=(64 << 20)).contains(&self.max_message) && self.outage_ms <= 25_000,
+            "--max-message takes 16..=67108864 and --outage-ms at most 25000 (under the 30 s stall timeout)"
+        );
         need_root(&what)?;
         let r = chaos_tests::qp::qp_migrate(chaos_tests::qp::QpMigrateRun {
             flaps: self.flaps,
@@ -483,9 +467,10 @@ struct MgmtPartition {
 
 impl Runner for MgmtPartition {
     async fn run(self, what: String) -> Outcome {
-        if !(0.5..=120.0).contains(&self.cut_secs) {
-            bail!("--cut-secs takes 0.5..=120");
-        }
+        ensure!(
+            (0.5..=120.0).contains(&self.cut_secs),
+            "--cut-secs takes 0.5..=120"
+        );
         need_root(&what)?;
         let r = chaos_tests::probe_scenarios::mgmt_partition(
             chaos_tests::probe_scenarios::MgmtPartitionRun {
@@ -531,9 +516,10 @@ struct ProbeBlackhole {
 
 impl Runner for ProbeBlackhole {
     async fn run(self, what: String) -> Outcome {
-        if !(0.1..=60.0).contains(&self.hold_secs) {
-            bail!("--hold-secs takes 0.1..=60");
-        }
+        ensure!(
+            (0.1..=60.0).contains(&self.hold_secs),
+            "--hold-secs takes 0.1..=60"
+        );
         need_root(&what)?;
         let r = chaos_tests::probe_scenarios::probe_blackhole(
             chaos_tests::probe_scenarios::BlackholeRun {
@@ -548,59 +534,60 @@ impl Runner for ProbeBlackhole {
     }
 }
 
+/// `scenario train-nic-flap` (`Stormy<false>`: the job must ride out the
+/// storm) and `bench goodput` (`Stormy<true>`: with and without
+/// railguard's migration, side by side).
 #[derive(Args, Debug)]
-struct TrainNicFlap {
+struct Stormy<const GOODPUT: bool> {
     #[command(flatten)]
     train: TrainArgs,
     #[command(flatten)]
     storm: StormArgs,
 }
 
-impl Runner for TrainNicFlap {
+type TrainNicFlap = Stormy<false>;
+type Goodput = Stormy<true>;
+
+impl<const GOODPUT: bool> Runner for Stormy<GOODPUT> {
     async fn run(self, what: String) -> Outcome {
         let (o, st) = (self.train.opts(false)?, self.storm.storm()?);
         need_root(&what)?;
-        value_report(chaos_tests::training::train_nic_flap(&o, st).await?)
+        value_report(if GOODPUT {
+            chaos_tests::training::goodput(&o, st).await?
+        } else {
+            chaos_tests::training::train_nic_flap(&o, st).await?
+        })
     }
 }
 
+/// `host-loss` (`AtStep<false>`) and `drain` (`AtStep<true>`): a host
+/// running a rank is lost or drained mid-run.
 #[derive(Args, Debug)]
-struct HostLoss {
+struct AtStep<const DRAIN: bool> {
     #[command(flatten)]
     train: TrainArgs,
-    /// Lose the host once the job reached this step.
+    /// Lose (host-loss) or drain (drain) the host once the job reached
+    /// this step.
     #[arg(long, default_value_t = 120)]
     at_step: u64,
 }
 
-impl Runner for HostLoss {
+type HostLoss = AtStep<false>;
+type Drain = AtStep<true>;
+
+impl<const DRAIN: bool> Runner for AtStep<DRAIN> {
     async fn run(self, what: String) -> Outcome {
         let o = self.train.opts(true)?;
-        if self.at_step == 0 || self.at_step >= o.steps {
-            bail!("--at-step must be within 1..steps");
-        }
+        ensure!(
+            (1..o.steps).contains(&self.at_step),
+            "--at-step must be within 1..steps"
+        );
         need_root(&what)?;
-        value_report(chaos_tests::training::host_loss(&o, self.at_step).await?)
-    }
-}
-
-#[derive(Args, Debug)]
-struct Drain {
-    #[command(flatten)]
-    train: TrainArgs,
-    /// Drain once the job reached this step.
-    #[arg(long, default_value_t = 120)]
-    at_step: u64,
-}
-
-impl Runner for Drain {
-    async fn run(self, what: String) -> Outcome {
-        let o = self.train.opts(true)?;
-        if self.at_step == 0 || self.at_step >= o.steps {
-            bail!("--at-step must be within 1..steps");
-        }
-        need_root(&what)?;
-        value_report(chaos_tests::training::drain(&o, self.at_step).await?)
+        value_report(if DRAIN {
+            chaos_tests::training::drain(&o, self.at_step).await?
+        } else {
+            chaos_tests::training::host_loss(&o, self.at_step).await?
+        })
     }
 }
 
@@ -657,9 +644,10 @@ struct Failover {
 
 impl Runner for Failover {
     async fn run(self, what: String) -> Outcome {
-        if !(1..=10_000).contains(&self.flaps) || !(0.5..=120.0).contains(&self.seconds) {
-            bail!("--flaps takes 1..=10000 and --seconds 0.5..=120");
-        }
+        ensure!(
+            (1..=10_000).contains(&self.flaps) && (0.5..=120.0).contains(&self.seconds),
+            "--flaps takes 1..=10000 and --seconds 0.5..=120"
+        );
         need_root(&what)?;
         let r = chaos_tests::qp::failover(chaos_tests::qp::FailoverRun {
             flaps: self.flaps,
@@ -683,9 +671,10 @@ struct Detect {
 
 impl Runner for Detect {
     async fn run(self, what: String) -> Outcome {
-        if !(1..=100_000).contains(&self.flaps) || self.host_losses > 1000 {
-            bail!("--flaps takes 1..=100000 and --host-losses at most 1000");
-        }
+        ensure!(
+            (1..=100_000).contains(&self.flaps) && self.host_losses <= 1000,
+            "--flaps takes 1..=100000 and --host-losses at most 1000"
+        );
         need_root(&what)?;
         let r = chaos_tests::detect::run(self.flaps, self.host_losses, self.seed).await?;
         report(r.ok, &r)
@@ -744,15 +733,18 @@ struct ClockSync {
 
 impl Runner for ClockSync {
     async fn run(self, what: String) -> Outcome {
-        if !(1..=3600).contains(&self.seconds) || !(1..=5).contains(&self.supervisors) {
-            bail!("--seconds takes 1..=3600 and --supervisors 1..=5");
-        }
-        if self.uplink_load_mbit > 10_000 || self.cross_load_mbit > 10_000 {
-            bail!("--uplink-load-mbit and --cross-load-mbit take 0 (off) or 1..=10000");
-        }
-        if !(0.05..=1.2).contains(&self.cross_load_util) {
-            bail!("--cross-load-util takes 0.05..=1.2");
-        }
+        ensure!(
+            (1..=3600).contains(&self.seconds) && (1..=5).contains(&self.supervisors),
+            "--seconds takes 1..=3600 and --supervisors 1..=5"
+        );
+        ensure!(
+            self.uplink_load_mbit <= 10_000 && self.cross_load_mbit <= 10_000,
+            "--uplink-load-mbit and --cross-load-mbit take 0 (off) or 1..=10000"
+        );
+        ensure!(
+            (0.05..=1.2).contains(&self.cross_load_util),
+            "--cross-load-util takes 0.05..=1.2"
+        );
         need_root(&what)?;
         let r = chaos_tests::clock_sync::run(chaos_tests::clock_sync::ClockSyncRun {
             hosts: self.hosts,
@@ -769,22 +761,6 @@ impl Runner for ClockSync {
         })
         .await?;
         report(r.ok, &r)
-    }
-}
-
-#[derive(Args, Debug)]
-struct Goodput {
-    #[command(flatten)]
-    train: TrainArgs,
-    #[command(flatten)]
-    storm: StormArgs,
-}
-
-impl Runner for Goodput {
-    async fn run(self, what: String) -> Outcome {
-        let (o, st) = (self.train.opts(false)?, self.storm.storm()?);
-        need_root(&what)?;
-        value_report(chaos_tests::training::goodput(&o, st).await?)
     }
 }
 
@@ -818,15 +794,15 @@ struct RaftCommit {
 
 impl Runner for RaftCommit {
     async fn run(self, _what: String) -> Outcome {
-        if !(1..=50).contains(&self.trials) {
-            bail!("--trials takes 1..=50");
-        }
-        if self.clients.is_empty() || self.clients.iter().any(|c| *c == 0 || *c > 1024) {
-            bail!("--clients takes counts between 1 and 1024");
-        }
-        if !(0.5..=600.0).contains(&self.seconds) {
-            bail!("--seconds must be between 0.5 and 600");
-        }
+        ensure!((1..=50).contains(&self.trials), "--trials takes 1..=50");
+        ensure!(
+            !self.clients.is_empty() && self.clients.iter().all(|c| (1..=1024).contains(c)),
+            "--clients takes counts between 1 and 1024"
+        );
+        ensure!(
+            (0.5..=600.0).contains(&self.seconds),
+            "--seconds must be between 0.5 and 600"
+        );
         let r = chaos_tests::bench::raft_commit(&self.clients, self.seconds, self.trials).await?;
         report(r.ok, &r)
     }
@@ -1005,6 +981,22 @@ mod tests {
             .filter(|n| !named.contains(n))
             .collect();
         assert!(missing.is_empty(), "no doc shows scenarios {missing:?}");
+    }
+
+    /// Rows that share a generic flag struct keep their own defaults.
+    #[test]
+    fn rows_of_one_generic_struct_keep_their_own_defaults() {
+        for (name, rounds, seed) in [("leader-kill", 20usize, 7u64), ("cluster-crash", 3, 11)] {
+            let m = cli()
+                .try_get_matches_from(["railguard-chaos", "scenario", name])
+                .unwrap();
+            let (_, _, leaf) = chosen(&m).unwrap();
+            assert_eq!(
+                (leaf.get_one::<usize>("rounds"), leaf.get_one::<u64>("seed")),
+                (Some(&rounds), Some(&seed)),
+                "{name}"
+            );
+        }
     }
 
     /// Names are unique within a table, and every row builds a valid

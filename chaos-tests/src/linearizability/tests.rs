@@ -20,6 +20,22 @@ fn op(client: usize, input: HostOp, call: u64, ret: u64, out: HostResult) -> Op 
     }
 }
 
+/// Asserts that the checker finds history `h` linearizable (`what` names
+/// the case).
+fn assert_linearizable(h: &[Op], what: &str) {
+    assert_eq!(
+        check(&HostModel, h, BUDGET),
+        Verdict::Linearizable,
+        "{what}"
+    );
+}
+
+/// Asserts that the checker finds history `h` not linearizable.
+fn assert_rejected(h: &[Op]) {
+    let v = check(&HostModel, h, BUDGET);
+    assert!(matches!(v, Verdict::NotLinearizable { .. }), "{v:?}");
+}
+
 fn unknown(client: usize, input: HostOp, call: u64) -> Op {
     Operation {
         client,
@@ -65,7 +81,7 @@ fn sequential_history_is_linearizable() {
         op(0, HostOp::Undrain, 8, 9, HostResult::Ok),
         op(0, HostOp::Read, 10, 11, read(false, false)),
     ];
-    assert_eq!(check(&HostModel, &h, BUDGET), Verdict::Linearizable);
+    assert_linearizable(&h, "");
 }
 
 #[test]
@@ -75,10 +91,7 @@ fn stale_read_after_acknowledged_write_is_rejected() {
         op(0, HostOp::Cordon, 0, 10, HostResult::Ok),
         op(1, HostOp::Read, 20, 30, read(false, false)),
     ];
-    assert!(matches!(
-        check(&HostModel, &h, BUDGET),
-        Verdict::NotLinearizable { .. }
-    ));
+    assert_rejected(&h);
 }
 
 #[test]
@@ -88,11 +101,7 @@ fn concurrent_read_may_see_either_state() {
             op(0, HostOp::Cordon, 0, 10, HostResult::Ok),
             op(1, HostOp::Read, 5, 15, read(seen, false)),
         ];
-        assert_eq!(
-            check(&HostModel, &h, BUDGET),
-            Verdict::Linearizable,
-            "seen={seen}"
-        );
+        assert_linearizable(&h, &format!("seen={seen}"));
     }
 }
 
@@ -105,10 +114,7 @@ fn reads_must_not_go_back_in_time() {
         op(1, HostOp::Read, 10, 20, read(true, false)),
         op(2, HostOp::Read, 30, 40, read(false, false)),
     ];
-    assert!(matches!(
-        check(&HostModel, &h, BUDGET),
-        Verdict::NotLinearizable { .. }
-    ));
+    assert_rejected(&h);
 }
 
 #[test]
@@ -118,21 +124,14 @@ fn unknown_outcome_may_or_may_not_apply() {
             unknown(0, HostOp::Cordon, 0),
             op(1, HostOp::Read, 50, 60, read(seen, false)),
         ];
-        assert_eq!(
-            check(&HostModel, &h, BUDGET),
-            Verdict::Linearizable,
-            "seen={seen}"
-        );
+        assert_linearizable(&h, &format!("seen={seen}"));
     }
 }
 
 #[test]
 fn refused_uncordon_requires_a_drain() {
     let h = vec![op(0, HostOp::Uncordon, 0, 1, HostResult::Refused)];
-    assert!(matches!(
-        check(&HostModel, &h, BUDGET),
-        Verdict::NotLinearizable { .. }
-    ));
+    assert_rejected(&h);
 }
 
 #[test]
@@ -141,10 +140,7 @@ fn lost_label_write_is_rejected() {
         op(0, HostOp::SetLabel("c0".into(), 1), 0, 1, HostResult::Ok),
         op(1, HostOp::Read, 2, 3, read(false, false)),
     ];
-    assert!(matches!(
-        check(&HostModel, &h, BUDGET),
-        Verdict::NotLinearizable { .. }
-    ));
+    assert_rejected(&h);
 }
 
 #[test]
@@ -271,10 +267,7 @@ fn pending_ops_with_equal_inputs_are_one_class() {
     // One flip too many.
     h.push(op(20, HostOp::Read, 500, 501, read(false, false)));
     h.push(op(20, HostOp::Read, 510, 511, read(true, false)));
-    assert!(matches!(
-        check(&HostModel, &h, BUDGET),
-        Verdict::NotLinearizable { .. }
-    ));
+    assert_rejected(&h);
 }
 
 #[test]

@@ -153,9 +153,23 @@ pub struct FailoverReport {
     pub goal_met: bool,
 }
 
+/// `spec`'s traffic between hosts 0 and 1 of `tb`, both ways, once every
+/// connection has a path (at most 15 s).
+async fn start_pair(
+    tb: &testbed::Testbed,
+    spec: TrafficSpec,
+) -> anyhow::Result<(HostTraffic, HostTraffic)> {
+    let (a, b) = HostTraffic::start_pair(tb, spec)?;
+    anyhow::ensure!(
+        wait_established(&a, &b, Duration::from_secs(15)).await,
+        "connection did not come up"
+    );
+    Ok((a, b))
+}
+
 /// Runs the bench.
 pub async fn failover(cfg: FailoverRun) -> anyhow::Result<FailoverReport> {
-    use testbed::{Node, Side as CableSide, Testbed, TestbedSpec};
+    use testbed::{Side as CableSide, Testbed, TestbedSpec};
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
     eprintln!("[failover] building 2 hosts");
     let mut tb = Testbed::build(TestbedSpec {
@@ -193,12 +207,7 @@ pub async fn failover(cfg: FailoverRun) -> anyhow::Result<FailoverReport> {
         seed: cfg.seed,
         agent: None,
     };
-    let a = HostTraffic::start(tb.ns(Node::Host(0)), 0, 1, spec.clone())?;
-    let b = HostTraffic::start(tb.ns(Node::Host(1)), 1, 0, spec)?;
-    anyhow::ensure!(
-        wait_established(&a, &b, Duration::from_secs(15)).await,
-        "connection did not come up"
-    );
+    let (a, b) = start_pair(&tb, spec).await?;
     let mut resume_us = Vec::new();
     for i in 0..cfg.flaps {
         let before = a.conn_stats()[0].clone();
@@ -301,7 +310,7 @@ pub async fn failover(cfg: FailoverRun) -> anyhow::Result<FailoverReport> {
 }
 
 async fn dip(tb: &mut testbed::Testbed, seed: u64) -> anyhow::Result<(f64, u64)> {
-    use testbed::{Node, Side as CableSide};
+    use testbed::Side as CableSide;
     let spec = TrafficSpec {
         conns: 1,
         sizes: Sizes::Fixed(256 << 10),
@@ -313,12 +322,7 @@ async fn dip(tb: &mut testbed::Testbed, seed: u64) -> anyhow::Result<(f64, u64)>
         seed,
         agent: None,
     };
-    let a = HostTraffic::start(tb.ns(Node::Host(0)), 0, 1, spec.clone())?;
-    let b = HostTraffic::start(tb.ns(Node::Host(1)), 1, 0, spec)?;
-    anyhow::ensure!(
-        wait_established(&a, &b, Duration::from_secs(15)).await,
-        "connection did not come up"
-    );
+    let (a, b) = start_pair(tb, spec).await?;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let rail = a.conn_stats()[0].rail.unwrap_or(0);
     let flap_at = b.started.elapsed();

@@ -169,6 +169,18 @@ pub fn host_nics(h: usize) -> Vec<LocalNic> {
 }
 
 impl HostTraffic {
+    /// Starts both sides of `spec`'s traffic between hosts 0 (side A) and
+    /// 1 (side B) of `tb`.
+    pub fn start_pair(
+        tb: &testbed::Testbed,
+        spec: TrafficSpec,
+    ) -> anyhow::Result<(HostTraffic, HostTraffic)> {
+        use testbed::Node;
+        let a = HostTraffic::start(tb.ns(Node::Host(0)), 0, 1, spec.clone())?;
+        let b = HostTraffic::start(tb.ns(Node::Host(1)), 1, 0, spec)?;
+        Ok((a, b))
+    }
+
     /// Starts host `host` (0 = side A, 1 = side B) of the traffic with `peer`.
     pub fn start(ns: &Netns, host: usize, peer: usize, spec: TrafficSpec) -> anyhow::Result<Self> {
         let fd = ns.fd();
@@ -412,14 +424,12 @@ impl JobSide {
         ids: &[u64],
         controls: &[rdma::resilient::ConnControl],
     ) -> anyhow::Result<(rdma::contract::ContractClient, rdma::contract::OrderStream)> {
-        use rdma::contract::{ConnUp, ContractClient, Hello};
-        let (client, orders) = ContractClient::connect(
+        use rdma::contract::{ClientOptions, ConnUp, ContractClient};
+        let (client, orders) = ContractClient::connect_rank(
             &link.socket,
-            Hello {
-                job: link.job.clone(),
-                rank: self.host as u32,
-                pid: std::process::id(),
-            },
+            &link.job,
+            self.host as u32,
+            ClientOptions::default(),
         )
         .await?;
         for (id, ctl) in ids.iter().zip(controls) {

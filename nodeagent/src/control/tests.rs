@@ -63,13 +63,10 @@ async fn start() -> (Arc<Control>, tempfile::TempDir, std::path::PathBuf) {
 }
 
 async fn job(sock: &Path) -> (ContractClient, rdma::contract::OrderStream) {
-    ContractClient::connect_with(
+    ContractClient::connect_rank(
         sock,
-        Hello {
-            job: "train".into(),
-            rank: 0,
-            pid: std::process::id(),
-        },
+        "train",
+        0,
         ClientOptions {
             backoff_max: Duration::from_millis(100),
             ..Default::default()

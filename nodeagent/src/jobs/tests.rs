@@ -20,7 +20,7 @@ use crate::control::{Control, RankEvents};
 use crate::outbox::{Outbox, RankExitReport, Report};
 use proto::v1::RankPeer;
 use rdma::contract::OrderKind;
-use rdma::contract::{ClientOptions, ContractClient, Hello};
+use rdma::contract::{ClientOptions, ContractClient};
 use std::time::Instant;
 
 struct Rig {
@@ -489,17 +489,10 @@ async fn checkpoint_orders_reach_the_ranks_and_checkpoints_are_reported_once() {
         tokio::spawn(async move { l.checkpoint(&c, "j", 5, true).await })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let (client, mut orders) = ContractClient::connect_with(
-        &sock,
-        Hello {
-            job: "j".into(),
-            rank: 0,
-            pid: std::process::id(),
-        },
-        ClientOptions::default(),
-    )
-    .await
-    .unwrap();
+    let (client, mut orders) =
+        ContractClient::connect_rank(&sock, "j", 0, ClientOptions::default())
+            .await
+            .unwrap();
     let o = tokio::time::timeout(Duration::from_secs(5), orders.next())
         .await
         .unwrap()

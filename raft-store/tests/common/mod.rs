@@ -63,3 +63,27 @@ pub fn put(term: u64, index: u64) -> openraft::Entry<TestConfig> {
         }),
     }
 }
+
+/// Opens a store in `dir` and fills it: entries 1..=10 of term 1, a
+/// committed vote, committed id 10, entries 1..=6 applied and snapshotted,
+/// the log purged through `purge`; closes it again. Returns the snapshot's
+/// last log id.
+pub async fn fill(dir: &std::path::Path, purge: u64) -> Option<LogId<u64>> {
+    use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+    use openraft::{RaftSnapshotBuilder, Vote};
+    let (mut log, mut sm) = raft_store::open::<TestConfig, KvModel>(dir).unwrap();
+    log.blocking_append((1..=10).map(|i| put(1, i)))
+        .await
+        .unwrap();
+    log.save_vote(&Vote::new_committed(1, 1)).await.unwrap();
+    log.save_committed(Some(log_id(1, 10))).await.unwrap();
+    sm.apply((1..=6).map(|i| put(1, i))).await.unwrap();
+    let snap = sm
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    log.purge(log_id(1, purge)).await.unwrap();
+    snap.meta.last_log_id
+}

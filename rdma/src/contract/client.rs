@@ -124,6 +124,22 @@ impl ContractClient {
         Self::connect_with(path, hello, ClientOptions::default()).await
     }
 
+    /// Connects as rank `rank` of `job` running in this process (the
+    /// hello's pid is this process's), with `opts`.
+    pub async fn connect_rank(
+        path: impl AsRef<Path>,
+        job: &str,
+        rank: u32,
+        opts: ClientOptions,
+    ) -> Result<(ContractClient, OrderStream), ContractError> {
+        let hello = Hello {
+            job: job.into(),
+            rank,
+            pid: std::process::id(),
+        };
+        Self::connect_with(path, hello, opts).await
+    }
+
     /// [`Self::connect`] with explicit options.
     pub async fn connect_with(
         path: impl AsRef<Path>,
@@ -579,18 +595,7 @@ mod tests {
     use crate::contract::client::*;
     use crate::contract::messages::OrderKind;
     use crate::contract::wire::decode_job;
-
-    fn conn(id: u64, nic: &str) -> ConnUp {
-        ConnUp {
-            job: "j".into(),
-            rank: 0,
-            conn_id: id,
-            nic: nic.into(),
-            peer_host: "h1".into(),
-            peer_rank: 1,
-            rail: 0,
-        }
-    }
+    use crate::contract::wire::tests::conn;
 
     /// A scripted agent: answers every line `ok` (or `error` for conn ids
     /// in `refuse`), records what it got, and pushes what it is told to.

@@ -113,14 +113,16 @@ pub async fn write_message<W: AsyncWrite + Unpin, T: Serialize>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use tokio::io::AsyncWriteExt;
 
     use crate::contract::error::ContractError;
     use crate::contract::messages::*;
     use crate::contract::wire::*;
 
-    fn conn(id: u64, nic: &str) -> ConnUp {
+    /// Connection `id` of job `j` rank 0 on `nic`, to h1 rank 1 on rail 0
+    /// (also the client's tests' fixture).
+    pub(crate) fn conn(id: u64, nic: &str) -> ConnUp {
         ConnUp {
             job: "j".into(),
             rank: 0,

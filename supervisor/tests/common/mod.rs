@@ -7,9 +7,18 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use proto::v1::agent_client::AgentClient;
+use proto::v1::RegisterHost;
 use supervisor::api::{AdminReply, AdminRequest};
 use supervisor::client::AdminClient;
 use supervisor::model::events::Event;
+
+/// The testbed's agent stand-in (agent client, the testbed's two rails, NIC
+/// events), compiled into these tests from its source: testbed depends on
+/// supervisor, so supervisor cannot take it as a dev-dependency (cargo
+/// refuses the cycle).
+#[path = "../../../testbed/src/agentsim.rs"]
+pub mod agentsim;
 
 pub const SUPERVISOR: &str = env!("CARGO_BIN_EXE_railguard-supervisor");
 
@@ -61,6 +70,13 @@ impl Sup {
         };
         s.spawn().await;
         s.wait_shipped_playbooks().await;
+        s
+    }
+
+    /// [`Sup::start`], then registers host `h0` (see [`register`]).
+    pub async fn with_h0(extra: &[&str]) -> Sup {
+        let s = Sup::start(extra).await;
+        register(&s.addr, "h0").await;
         s
     }
 
@@ -165,4 +181,45 @@ pub fn cli(addr: &str, args: &[&str]) -> Output {
 
 pub fn exists(p: &Path) -> bool {
     p.exists()
+}
+
+/// The agent API of the supervisor at `addr` (the testbed's agent stand-in).
+pub async fn agent(addr: &str) -> AgentClient<tonic::transport::Channel> {
+    agentsim::agent_client(addr).unwrap()
+}
+
+/// Registers `host` with the testbed's two rails (each the other's
+/// backup), as agent version `test`; returns the last applied event
+/// sequence the supervisor answered (where the agent resumes).
+pub async fn register(addr: &str, host: &str) -> u64 {
+    agent(addr)
+        .await
+        .register(RegisterHost {
+            host: host.into(),
+            nics: agentsim::testbed_nics(),
+            labels: Default::default(),
+            agent_version: "test".into(),
+        })
+        .await
+        .expect("register")
+        .into_inner()
+        .last_applied_seq
+}
+
+/// The first 1000 committed events, read from the leader.
+pub async fn events(c: &AdminClient) -> Vec<supervisor::model::ClusterEvent> {
+    let AdminReply::Events { events } = c
+        .call(
+            AdminRequest::Events {
+                since: 0,
+                limit: 1000,
+            },
+            false,
+        )
+        .await
+        .unwrap()
+    else {
+        panic!("not events")
+    };
+    events
 }

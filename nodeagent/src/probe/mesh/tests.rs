@@ -290,6 +290,14 @@ fn estimates_offsets_and_one_way_delays_between_two_hosts() {
         .all(|p| p.expected == 0 && p.delays_ns.is_empty()));
 }
 
+/// rail1's liveness change, as `check_liveness` reports it.
+fn rail1(alive: bool) -> Vec<NicLiveness> {
+    vec![NicLiveness {
+        nic: "rail1".into(),
+        alive,
+    }]
+}
+
 #[test]
 fn a_nic_whose_probes_die_is_found_and_revived() {
     let mut sim = Sim::new(vec![0, 5_000, -7_000], 2);
@@ -307,13 +315,7 @@ fn a_nic_whose_probes_die_is_found_and_revived() {
     assert!(sim.meshes[0].check_liveness(now).is_empty(), "not yet");
     sim.run(t0, 200);
     let now = sim.now(t0);
-    assert_eq!(
-        sim.meshes[0].check_liveness(now),
-        vec![NicLiveness {
-            nic: "rail1".into(),
-            alive: false
-        }]
-    );
+    assert_eq!(sim.meshes[0].check_liveness(now), rail1(false));
     // The peers still hear each other on rail1: their NICs are fine.
     assert!(sim.meshes[1].check_liveness(now).is_empty());
     assert!(sim.meshes[2].check_liveness(now).is_empty());
@@ -321,27 +323,21 @@ fn a_nic_whose_probes_die_is_found_and_revived() {
     // 100 % loss shows on the path into the dead NIC while it is dead
     // (50 pairs/s on it: about 50 probes in the half second).
     let paths = sim.meshes[1].summarise(now);
-    let from0 = paths
-        .iter()
-        .find(|p| p.peer == "h0" && p.rail == 1)
-        .unwrap();
+    let on_rail1 = |peer: &str| {
+        paths
+            .iter()
+            .find(|p| p.peer == peer && p.rail == 1)
+            .unwrap()
+    };
+    let from0 = on_rail1("h0");
     assert_eq!(from0.received, 0, "{from0:?}");
     assert!((40..=60).contains(&from0.expected), "{from0:?}");
-    let from2 = paths
-        .iter()
-        .find(|p| p.peer == "h2" && p.rail == 1)
-        .unwrap();
+    let from2 = on_rail1("h2");
     assert_eq!(from2.received, from2.expected, "{from2:?}");
     sim.dead = None;
     sim.run(t0, 50);
     let now = sim.now(t0);
-    assert_eq!(
-        sim.meshes[0].check_liveness(now),
-        vec![NicLiveness {
-            nic: "rail1".into(),
-            alive: true
-        }]
-    );
+    assert_eq!(sim.meshes[0].check_liveness(now), rail1(true));
 }
 
 #[test]

@@ -80,6 +80,30 @@ fn report_all(svc: &ClockService, st: &ClusterState, offsets: &[f64], err: f64, 
     }
 }
 
+/// Three hosts (`state(3)`), a fresh service, now, and the true offsets
+/// h1 100 ns ahead of h0, h2 50 ns behind.
+fn three_hosts() -> (ClusterState, ClockService, Instant, [f64; 3]) {
+    let offsets = [0.0, 100.0, -50.0];
+    (state(3), ClockService::default(), Instant::now(), offsets)
+}
+
+/// `offsets.len()` hosts, each reporting a clock to every other with
+/// error bound `err` (see [`report_all`]), received now.
+fn reported(offsets: &[f64], err: f64) -> (ClusterState, ClockService, Instant) {
+    let st = state(offsets.len());
+    let svc = ClockService::default();
+    let now = Instant::now();
+    report_all(&svc, &st, offsets, err, now);
+    (st, svc, now)
+}
+
+/// Four hosts at known offsets, fully reported and solved once at `t0`.
+fn four_hosts_solved() -> (ClusterState, ClockService, Instant, Solved) {
+    let (st, svc, t0) = reported(&[0.0, 1_000.0, -2_500.0, 40_000.0], 200.0);
+    let first = svc.solve_input(&st, t0).unwrap().solve(svc.config(), t0, 0);
+    (st, svc, t0, first)
+}
+
 fn summary(host: &str, clocks: Vec<PeerClock>, paths: Vec<PathStats>) -> ProbeSummary {
     ProbeSummary {
         host: host.into(),
@@ -121,11 +145,20 @@ fn is_empty(svc: &ClockService) -> bool {
 
 #[test]
 fn malformed_summaries_are_refused_and_store_nothing() {
-    let st = state(3);
-    let svc = ClockService::default();
-    let now = Instant::now();
-    let offsets = [0.0, 100.0, -50.0];
+    let (st, svc, now, offsets) = three_hosts();
     let good = || peer_clock(&offsets, 0, 1, 100.0);
+    // h0's summary with one good clock changed by `f`, and no paths.
+    let bad_clock = |f: fn(&mut PeerClock)| {
+        let mut c = good();
+        f(&mut c);
+        summary("h0", vec![c], vec![])
+    };
+    // h0's summary with a good clock and one path to h1 changed by `f`.
+    let bad_path = |f: fn(&mut PathStats)| {
+        let mut p = path("h1", 5);
+        f(&mut p);
+        summary("h0", vec![good()], vec![p])
+    };
     let cases: Vec<(ProbeSummary, &str)> = vec![
         (
             summary("ghost", vec![good()], vec![]),
@@ -151,71 +184,17 @@ fn malformed_summaries_are_refused_and_store_nothing() {
             "must be finite",
         ),
         (
-            summary(
-                "h0",
-                vec![PeerClock {
-                    error_bound_ns: f64::INFINITY,
-                    ..good()
-                }],
-                vec![],
-            ),
+            bad_clock(|c| c.error_bound_ns = f64::INFINITY),
             "must be finite",
         ),
+        (bad_clock(|c| c.error_bound_ns = -1.0), "≥ 0"),
+        (bad_clock(|c| c.ntp_offset_ns = f64::NAN), "NTP offset"),
+        (bad_clock(|c| c.peer = "h0".into()), "against itself"),
         (
-            summary(
-                "h0",
-                vec![PeerClock {
-                    error_bound_ns: -1.0,
-                    ..good()
-                }],
-                vec![],
-            ),
-            "≥ 0",
-        ),
-        (
-            summary(
-                "h0",
-                vec![PeerClock {
-                    ntp_offset_ns: f64::NAN,
-                    ..good()
-                }],
-                vec![],
-            ),
-            "NTP offset",
-        ),
-        (
-            summary(
-                "h0",
-                vec![PeerClock {
-                    peer: "h0".into(),
-                    ..good()
-                }],
-                vec![],
-            ),
-            "against itself",
-        ),
-        (
-            summary(
-                "h0",
-                vec![good()],
-                vec![PathStats {
-                    line_offset_ns: f64::NEG_INFINITY,
-                    ..path("h1", 5)
-                }],
-            ),
+            bad_path(|p| p.line_offset_ns = f64::NEG_INFINITY),
             "line offset",
         ),
-        (
-            summary(
-                "h0",
-                vec![good()],
-                vec![PathStats {
-                    p50_ns: 1,
-                    ..path("h1", 5)
-                }],
-            ),
-            "min ≤ p50 ≤ p99",
-        ),
+        (bad_path(|p| p.p50_ns = 1), "min ≤ p50 ≤ p99"),
     ];
     for (i, (s, want)) in cases.into_iter().enumerate() {
         let e = svc.ingest(&st, &s, now).unwrap_err();
@@ -271,10 +250,7 @@ fn a_rail_that_stays_queued_weighs_little_next_to_a_quiet_one() {
 /// evidence of the host.
 #[test]
 fn a_negative_ntp_round_trip_is_a_measurement_not_malformed() {
-    let st = state(3);
-    let svc = ClockService::default();
-    let now = Instant::now();
-    let offsets = [0.0, 100.0, -50.0];
+    let (st, svc, now, offsets) = three_hosts();
     let s = summary(
         "h0",
         vec![
@@ -296,10 +272,7 @@ fn a_negative_ntp_round_trip_is_a_measurement_not_malformed() {
 
 #[test]
 fn unknown_peers_rails_and_nics_are_ignored_and_evidence_needs_received_probes() {
-    let st = state(3);
-    let svc = ClockService::default();
-    let now = Instant::now();
-    let offsets = [0.0, 100.0, -50.0];
+    let (st, svc, now, offsets) = three_hosts();
     let s = summary(
         "h0",
         vec![
@@ -349,22 +322,15 @@ fn unknown_peers_rails_and_nics_are_ignored_and_evidence_needs_received_probes()
 
 #[test]
 fn both_ends_report_one_edge_the_smaller_id_preferred_while_fresh() {
-    let st = state(3);
-    let svc = ClockService::default();
-    let t = Instant::now();
-    let offsets = [0.0, 100.0, -50.0];
-    svc.ingest(
-        &st,
-        &summary("h1", vec![peer_clock(&offsets, 1, 0, 90.0)], vec![]),
-        t,
-    )
-    .unwrap();
-    svc.ingest(
-        &st,
-        &summary("h0", vec![peer_clock(&offsets, 0, 1, 80.0)], vec![]),
-        t + Duration::from_millis(500),
-    )
-    .unwrap();
+    let (st, svc, t, offsets) = three_hosts();
+    // `me` reports its clock against `peer` with bound `err`, received at `at`.
+    let report = |me: usize, peer: usize, err: f64, at: Instant| {
+        let clocks = vec![peer_clock(&offsets, me, peer, err)];
+        svc.ingest(&st, &summary(&format!("h{me}"), clocks, vec![]), at)
+            .unwrap();
+    };
+    report(1, 0, 90.0, t);
+    report(0, 1, 80.0, t + Duration::from_millis(500));
     let store = svc.lock();
     let edges = select_edges(&st, &store.clocks, t + Duration::from_secs(1));
     assert_eq!(edges.len(), 1);
@@ -373,12 +339,7 @@ fn both_ends_report_one_edge_the_smaller_id_preferred_while_fresh() {
     let edges = select_edges(&st, &store.clocks, t + Duration::from_millis(3_600));
     assert_eq!(edges.len(), 0, "both stale");
     drop(store);
-    svc.ingest(
-        &st,
-        &summary("h1", vec![peer_clock(&offsets, 1, 0, 90.0)], vec![]),
-        t + Duration::from_secs(4),
-    )
-    .unwrap();
+    report(1, 0, 90.0, t + Duration::from_secs(4));
     let store = svc.lock();
     let edges = select_edges(&st, &store.clocks, t + Duration::from_millis(4_100));
     assert_eq!((edges[0].from_id, edges[0].to_id), (1, 0));
@@ -390,11 +351,8 @@ fn both_ends_report_one_edge_the_smaller_id_preferred_while_fresh() {
 /// the NTP composition sums its hops.
 #[test]
 fn a_consistent_mesh_solves_synced_with_an_ntp_baseline() {
-    let mut st = state(5);
-    let svc = ClockService::default();
-    let now = Instant::now();
     let offsets = [0.0, 1_000.0, -2_500.0, 40_000.0, 7.0];
-    report_all(&svc, &st, &offsets, 200.0, now);
+    let (mut st, svc, now) = reported(&offsets, 200.0);
     // The reference skips a Down host.
     st.hosts.get_mut("h0").unwrap().liveness = Liveness::Down;
     let input = svc.solve_input(&st, now).unwrap();
@@ -465,12 +423,7 @@ fn a_consistent_mesh_solves_synced_with_an_ntp_baseline() {
 
 #[test]
 fn a_host_that_drops_out_is_held_over_with_a_growing_bound_then_unsynced() {
-    let mut st = state(4);
-    let svc = ClockService::default();
-    let t0 = Instant::now();
-    let offsets = [0.0, 1_000.0, -2_500.0, 40_000.0];
-    report_all(&svc, &st, &offsets, 200.0, t0);
-    let first = svc.solve_input(&st, t0).unwrap().solve(svc.config(), t0, 0);
+    let (mut st, svc, t0, first) = four_hosts_solved();
     for c in clock_changes(&st, Some(&first), svc.config(), t0) {
         st.hosts.get_mut(&c.host).unwrap().clock.state = c.state;
     }
@@ -551,12 +504,7 @@ fn a_host_that_drops_out_is_held_over_with_a_growing_bound_then_unsynced() {
 
 #[test]
 fn ticks_without_a_solution_let_the_last_one_stand_in_aged_then_unsync() {
-    let mut st = state(4);
-    let svc = ClockService::default();
-    let t0 = Instant::now();
-    let offsets = [0.0, 1_000.0, -2_500.0, 40_000.0];
-    report_all(&svc, &st, &offsets, 200.0, t0);
-    let mut first = svc.solve_input(&st, t0).unwrap().solve(svc.config(), t0, 0);
+    let (mut st, svc, t0, mut first) = four_hosts_solved();
     // h2's drift is known to 50 ppm only: its bound grows fast.
     let sol = first.solution.as_mut().unwrap();
     sol.hosts
@@ -701,12 +649,8 @@ fn classification_has_hysteresis() {
 
 #[test]
 fn paths_are_network_corrected_aggregated_sorted_and_filtered() {
-    let st = state(3);
-    let svc = ClockService::default();
-    let now = Instant::now();
     // h1 is 1 µs ahead of h0, h2 3 µs behind. True OWD h1 → h0 = 10 µs.
-    let offsets = [0.0, 1_000.0, -3_000.0];
-    report_all(&svc, &st, &offsets, 50.0, now);
+    let (st, svc, now) = reported(&[0.0, 1_000.0, -3_000.0], 50.0);
     let solved = svc
         .solve_input(&st, now)
         .unwrap()
