@@ -242,7 +242,7 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
     cluster.init().await.context("initialise the cluster")?;
     let hosts: Vec<String> = (0..cfg.hosts).map(|i| format!("h{i}")).collect();
     for h in &hosts {
-        testbed::agentsim::register_host(&cluster.addrs(), h).await?;
+        testbed::agentsim::register_host(&cluster.addrs(), h, &cluster.agent_tls(h)?).await?;
     }
     eprintln!(
         "[{scenario}] registered {} hosts; {} clients start",

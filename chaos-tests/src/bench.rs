@@ -83,16 +83,18 @@ fn summarise(clients: usize, trials: Vec<(Vec<u64>, u64)>, secs: f64) -> Level {
 /// Opens one report stream per host (retrying a few times: 256 connects
 /// at once can overflow a listen backlog).
 async fn open_streams(
+    cluster: &SupervisorCluster,
     addr: &str,
     hosts: &[String],
 ) -> anyhow::Result<Vec<testbed::agentsim::EventStream>> {
     let mut tasks = Vec::new();
-    for _ in hosts {
+    for h in hosts {
         let addr = addr.to_string();
+        let tls = cluster.agent_tls(h)?;
         tasks.push(tokio::spawn(async move {
             let mut last = None;
             for attempt in 0..5u64 {
-                match open_stream(&addr).await {
+                match open_stream(&addr, &tls).await {
                     Ok(s) => return Ok(s),
                     Err(e) => last = Some(e),
                 }
@@ -234,13 +236,13 @@ pub async fn raft_commit(
     let hosts: Vec<String> = (0..max).map(|i| format!("bench{i}")).collect();
     eprintln!("[raft-commit] registering {max} hosts");
     for h in &hosts {
-        register_host(&cluster.addrs(), h).await?;
+        register_host(&cluster.addrs(), h, &cluster.agent_tls(h)?).await?;
     }
     let leader_addr = cluster.addrs()[(leader - 1) as usize].clone();
     let mut seqs = vec![0u64; max];
     let mut events = Vec::new();
     for &c in levels {
-        let mut streams = open_streams(&leader_addr, &hosts[..c]).await?;
+        let mut streams = open_streams(&cluster, &leader_addr, &hosts[..c]).await?;
         let mut runs = Vec::new();
         for _ in 0..trials {
             runs.push(event_level(&mut streams, &hosts[..c], &mut seqs[..c], secs).await?);

@@ -9,15 +9,14 @@
 //! - [`drain`] (`--drain`): a loopback cluster, a drain issued through a
 //!   follower, the leader SIGKILLed, the drain still there.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use serde::Serialize;
 use supervisor::api::{AdminReply, AdminRequest};
 use supervisor::model::{ClusterEvent, Event, HostStatus, IncidentKind};
 
-use testbed::cluster::{bin_path, SupervisorCluster};
+use testbed::cluster::SupervisorCluster;
 
 #[derive(Debug, Serialize)]
 pub struct DemoReport {
@@ -36,16 +35,8 @@ impl Timeline {
     }
 }
 
-fn cli(addrs: &[String], args: &[&str]) -> anyhow::Result<String> {
-    let bin = bin_path("railguard")?;
-    let out = Command::new(bin)
-        .arg("--supervisor")
-        .arg(addrs.join(","))
-        .arg("--as")
-        .arg("demo-admin")
-        .args(args)
-        .output()
-        .context("run railguard")?;
+fn cli(c: &SupervisorCluster, addrs: &[String], args: &[&str]) -> anyhow::Result<String> {
+    let out = c.cli_at(addrs, args)?;
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
@@ -69,11 +60,12 @@ pub async fn drain() -> anyhow::Result<DemoReport> {
     let leader = cluster.init().await?;
     t.say(&format!("cluster initialised; supervisor {leader} leads"));
     for i in 0..4 {
-        testbed::agentsim::register_host(&cluster.addrs(), &format!("h{i}")).await?;
+        let h = format!("h{i}");
+        testbed::agentsim::register_host(&cluster.addrs(), &h, &cluster.agent_tls(&h)?).await?;
     }
     t.say("4 hosts registered through the agent API (h0..h3, rails rail0/rail1)");
     let addrs = cluster.addrs();
-    show("status", &cli(&addrs, &["status"])?);
+    show("status", &cli(&cluster, &addrs, &["status"])?);
     // Send the drain to a follower on purpose: it forwards to the leader.
     let follower = cluster
         .nodes
@@ -88,6 +80,7 @@ pub async fn drain() -> anyhow::Result<DemoReport> {
     show(
         "node drain h1 --reason 'replace optics'",
         &cli(
+            &cluster,
             std::slice::from_ref(&follower),
             &[
                 "node",
@@ -118,7 +111,7 @@ pub async fn drain() -> anyhow::Result<DemoReport> {
     t.say(&format!(
         "h1 is Drained after {drained_ms} ms (no jobs on it; the reconciler's intent completed it)"
     ));
-    show("node list", &cli(&addrs, &["node", "list"])?);
+    show("node list", &cli(&cluster, &addrs, &["node", "list"])?);
     t.say(&format!("SIGKILL the leader (supervisor {leader})"));
     let t_kill = Instant::now();
     cluster.kill(leader);
@@ -128,7 +121,7 @@ pub async fn drain() -> anyhow::Result<DemoReport> {
         "supervisor {new_leader} leads after {failover_ms} ms"
     ));
     let live = cluster.live_addrs();
-    let show_h1 = cli(&live, &["node", "show", "h1"])?;
+    let show_h1 = cli(&cluster, &live, &["node", "show", "h1"])?;
     show("node show h1", &show_h1);
     let survived = show_h1.contains("Drained");
     cluster.restart(leader)?;
@@ -136,8 +129,11 @@ pub async fn drain() -> anyhow::Result<DemoReport> {
         "supervisor {leader} restarted on its data dir and rejoins"
     ));
     cluster.wait_leader(Duration::from_secs(10)).await?;
-    show("events", &cli(&addrs, &["events"])?);
-    show("node undrain h1", &cli(&addrs, &["node", "undrain", "h1"])?);
+    show("events", &cli(&cluster, &addrs, &["events"])?);
+    show(
+        "node undrain h1",
+        &cli(&cluster, &addrs, &["node", "undrain", "h1"])?,
+    );
     t.say("h1 back in service; tearing down (all supervisor processes killed, data removed)");
     drop(cluster);
     Ok(DemoReport {

@@ -96,6 +96,7 @@ pub async fn run(flaps: usize, host_losses: usize, seed: u64) -> anyhow::Result<
         "--since",
         &since.to_string(),
     ]);
+    cmd.envs(c.admin_files()?.cli_env());
     cmd.stdout(Stdio::piped()).stderr(Stdio::null());
     let mut child = tokio::process::Command::from(cmd)
         .kill_on_drop(true)

@@ -210,8 +210,12 @@ pub async fn run(cfg: NicFlapRun) -> anyhow::Result<NicFlapReport> {
                 .iter()
                 .map(|k| &e["event"][*k])
                 .find(|t| t.is_object())?;
-            (t["to"] == "flapping")
-                .then(|| Some((e["host"].as_str()?.to_string(), t["nic"].as_str()?.to_string())))?
+            (t["to"] == "flapping").then(|| {
+                Some((
+                    e["host"].as_str()?.to_string(),
+                    t["nic"].as_str()?.to_string(),
+                ))
+            })?
         })
         .collect();
     let all_up_after_quiet = if cfg.wait_quiet {

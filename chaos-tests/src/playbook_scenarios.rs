@@ -6,13 +6,13 @@
 //! source through `playbook show`) must be exactly what they were.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use serde::Serialize;
 
-use testbed::cluster::{bin_path, SupervisorCluster};
+use testbed::cluster::SupervisorCluster;
 
 /// One corpus file's outcome.
 #[derive(Debug, Clone, Serialize)]
@@ -44,15 +44,12 @@ pub fn playbooks_dir() -> anyhow::Result<PathBuf> {
     Ok(d)
 }
 
-fn cli(addrs: &[String], args: &[&str]) -> anyhow::Result<(i32, String, String)> {
-    let out = Command::new(bin_path("railguard")?)
-        .arg("--supervisor")
-        .arg(addrs.join(","))
-        .arg("--as")
-        .arg("chaos")
-        .args(args)
-        .output()
-        .context("run railguard")?;
+fn cli(
+    c: &SupervisorCluster,
+    addrs: &[String],
+    args: &[&str],
+) -> anyhow::Result<(i32, String, String)> {
+    let out = c.cli_at(addrs, args)?;
     Ok((
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -68,8 +65,8 @@ fn expectation(text: &str) -> Option<(String, String)> {
 }
 
 /// Everything stored: the list and every playbook's source.
-fn stored(addrs: &[String]) -> anyhow::Result<String> {
-    let (code, list, err) = cli(addrs, &["--output", "json", "playbook", "list"])?;
+fn stored(c: &SupervisorCluster, addrs: &[String]) -> anyhow::Result<String> {
+    let (code, list, err) = cli(c, addrs, &["--output", "json", "playbook", "list"])?;
     if code != 0 {
         bail!("playbook list failed: {err}");
     }
@@ -77,7 +74,7 @@ fn stored(addrs: &[String]) -> anyhow::Result<String> {
     let mut all = list.clone();
     for p in v["playbooks"].as_array().into_iter().flatten() {
         let name = p["name"].as_str().unwrap_or_default();
-        let (_, src, _) = cli(addrs, &["playbook", "show", name])?;
+        let (_, src, _) = cli(c, addrs, &["playbook", "show", name])?;
         all.push_str(&src);
     }
     Ok(all)
@@ -97,13 +94,13 @@ pub async fn bad_playbooks() -> anyhow::Result<BadPlaybooksReport> {
     let mut args = vec!["playbook".to_string(), "apply".to_string()];
     args.extend(library.iter().map(|p| p.display().to_string()));
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (code, _, err) = cli(&addrs, &argv)?;
+    let (code, _, err) = cli(&c, &addrs, &argv)?;
     if code != 0 {
         bail!("the shipped library was refused: {err}");
     }
-    let before = stored(&addrs)?;
+    let before = stored(&c, &addrs)?;
     let applied = serde_json::from_str::<serde_json::Value>(
-        &cli(&addrs, &["--output", "json", "playbook", "list"])?.1,
+        &cli(&c, &addrs, &["--output", "json", "playbook", "list"])?.1,
     )?["playbooks"]
         .as_array()
         .map_or(0, Vec::len);
@@ -117,7 +114,7 @@ pub async fn bad_playbooks() -> anyhow::Result<BadPlaybooksReport> {
         let path = f.display().to_string();
         // Through the supervisor, not only the CLI's local check: send the
         // file as a set with the whole library, which the server validates.
-        let (code, _, err) = cli(&addrs, &["playbook", "apply", &path])?;
+        let (code, _, err) = cli(&c, &addrs, &["playbook", "apply", &path])?;
         let located = err.contains(&format!("{path}:{at}:")) && err.contains(&frag);
         let refused = code == 2;
         if refused && located {
@@ -158,7 +155,7 @@ pub async fn bad_playbooks() -> anyhow::Result<BadPlaybooksReport> {
             }),
         }
     }
-    let after = stored(&addrs)?;
+    let after = stored(&c, &addrs)?;
     let unchanged = before == after;
     eprintln!(
         "bad-playbooks: {good} of {} refused by the CLI with the expected location and message; {server_refused} refused by the supervisor's API; stored playbooks {}",

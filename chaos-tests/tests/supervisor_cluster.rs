@@ -150,7 +150,9 @@ async fn membership_add_promote_transfer_remove() {
     c.kill(first_leader);
 
     // The reshaped cluster still commits writes.
-    register_host(&c.live_addrs(), "h0").await.unwrap();
+    register_host(&c.live_addrs(), "h0", &c.agent_tls("h0").unwrap())
+        .await
+        .unwrap();
     let live_client = c.live_client("test", Duration::from_secs(5)).unwrap();
     write(&live_client, AdminOp::Cordon { host: "h0".into() }).await;
 }
@@ -159,7 +161,9 @@ async fn membership_add_promote_transfer_remove() {
 async fn lagging_follower_catches_up_from_a_snapshot() {
     let mut c = SupervisorCluster::start_with(3, &["--snapshot-every", "50"]).unwrap();
     let leader = c.init().await.unwrap();
-    register_host(&c.addrs(), "h0").await.unwrap();
+    register_host(&c.addrs(), "h0", &c.agent_tls("h0").unwrap())
+        .await
+        .unwrap();
     let follower = (1..=3).find(|id| *id != leader).unwrap();
     c.kill(follower);
     let client = c
@@ -209,7 +213,9 @@ async fn demo_runs_end_to_end() {
 async fn restored_stale_leader_answers_nothing_from_its_state() {
     let mut c = SupervisorCluster::start(3).unwrap();
     let old = c.init().await.unwrap();
-    register_host(&c.addrs(), "h0").await.unwrap();
+    register_host(&c.addrs(), "h0", &c.agent_tls("h0").unwrap())
+        .await
+        .unwrap();
     let all = c.client("test", 0, Duration::from_secs(5)).unwrap();
     let drain = AdminOp::Drain {
         host: "h0".into(),

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use testbed::agentsim::{nic_event, open_stream, register_host};
-use testbed::cluster::{bin_path, SupervisorCluster};
+use testbed::cluster::SupervisorCluster;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 #[derive(Debug, Clone)]
@@ -80,13 +80,8 @@ async fn endpoint(
     (url, got, h)
 }
 
-fn cli(addrs: &[String], args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(bin_path("railguard").unwrap())
-        .arg("--supervisor")
-        .arg(addrs.join(","))
-        .args(args)
-        .output()
-        .unwrap();
+fn cli(c: &SupervisorCluster, addrs: &[String], args: &[&str]) -> (i32, String, String) {
+    let out = c.cli_at(addrs, args).unwrap();
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -94,8 +89,8 @@ fn cli(addrs: &[String], args: &[&str]) -> (i32, String, String) {
     )
 }
 
-fn runs(addrs: &[String]) -> Vec<serde_json::Value> {
-    let (_, out, _) = cli(addrs, &["--output", "json", "playbook", "runs"]);
+fn runs(c: &SupervisorCluster, addrs: &[String]) -> Vec<serde_json::Value> {
+    let (_, out, _) = cli(c, addrs, &["--output", "json", "playbook", "runs"]);
     serde_json::from_str::<serde_json::Value>(&out)
         .ok()
         .and_then(|v| v["runs"].as_array().cloned())
@@ -128,11 +123,14 @@ async fn a_webhook_step_posts_once_with_its_key_and_failures_are_retried() {
         ),
     )
     .unwrap();
-    let (code, _, err) = cli(&addrs, &["playbook", "apply", file.to_str().unwrap()]);
+    let (code, _, err) = cli(&c, &addrs, &["playbook", "apply", file.to_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
 
-    register_host(&addrs, "h0").await.unwrap();
-    let stream = open_stream(&addrs[leader as usize - 1]).await.unwrap();
+    let tls = c.agent_tls("h0").unwrap();
+    register_host(&addrs, "h0", &tls).await.unwrap();
+    let stream = open_stream(&addrs[leader as usize - 1], &tls)
+        .await
+        .unwrap();
     stream
         .tx
         .send(nic_event("h0", 1, "rail0", false))
@@ -143,7 +141,7 @@ async fn a_webhook_step_posts_once_with_its_key_and_failures_are_retried() {
     })
     .await;
     wait_for("the run to complete", Duration::from_secs(30), || {
-        runs(&addrs)
+        runs(&c, &addrs)
             .iter()
             .any(|r| r["playbook"] == "hook" && r["state"] == "completed")
     })
@@ -170,7 +168,7 @@ async fn a_webhook_step_posts_once_with_its_key_and_failures_are_retried() {
         .await
         .unwrap();
     wait_for("the second run to fail", Duration::from_secs(30), || {
-        runs(&addrs)
+        runs(&c, &addrs)
             .iter()
             .any(|r| r["playbook"] == "hook" && r["state"].get("failed").is_some())
     })

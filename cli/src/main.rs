@@ -64,10 +64,25 @@ struct Cli {
     /// instead of a linearizable read through the leader.
     #[arg(long, global = true)]
     stale: bool,
+    /// The cluster CA certificate (mutual TLS; `railguard pki init`).
+    #[arg(long, global = true, env = "RAILGUARD_CA", value_name = "FILE")]
+    ca: Option<std::path::PathBuf>,
+    /// Your admin certificate (`railguard pki issue admin`); the cluster
+    /// records its user and allows what its role allows.
+    #[arg(long, global = true, env = "RAILGUARD_CERT", value_name = "FILE")]
+    cert: Option<std::path::PathBuf>,
+    /// Your admin certificate's private key.
+    #[arg(long, global = true, env = "RAILGUARD_KEY", value_name = "FILE")]
+    key: Option<std::path::PathBuf>,
+    /// Speak plain text to a lab cluster started with --insecure (refused
+    /// with certificates).
+    #[arg(long, global = true, env = "RAILGUARD_INSECURE")]
+    insecure: bool,
     /// Time limit per call, e.g. 10s.
     #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
     timeout: Duration,
-    /// Name recorded with writes (default: $USER).
+    /// Name recorded with writes on an --insecure cluster (default: $USER);
+    /// with mutual TLS the certificate's user is recorded instead.
     #[arg(long = "as", global = true, env = "RAILGUARD_ACTOR")]
     actor: Option<String>,
     #[command(subcommand)]
@@ -191,7 +206,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         .clone()
         .or_else(|| std::env::var("USER").ok())
         .unwrap_or_else(|| "unknown".into());
-    let client = AdminClient::new(&cli.supervisor, &actor, cli.timeout)?;
+    let tls = pki::TlsArgs {
+        ca: cli.ca.clone(),
+        cert: cli.cert.clone(),
+        key: cli.key.clone(),
+        insecure: cli.insecure,
+    }
+    .resolve("railguard")
+    .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let tls = supervisor::client::ClientTls::from_mode(&tls)
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let client = AdminClient::new(&cli.supervisor, &actor, cli.timeout, &tls)?;
     let json = cli.output == Output::Json;
     let request = match cmd {
         Cmd::Status => AdminRequest::Status,

@@ -72,7 +72,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// The process exit code for a supervisor's refusal (see `railguard --help`).
 pub fn exit_code(e: &ApiError) -> i32 {
     match e.kind {
-        ErrorKind::InvalidArgument | ErrorKind::NotFound | ErrorKind::FailedPrecondition => 2,
+        ErrorKind::InvalidArgument
+        | ErrorKind::NotFound
+        | ErrorKind::FailedPrecondition
+        | ErrorKind::PermissionDenied => 2,
         ErrorKind::Unavailable => 3,
         ErrorKind::Unknown | ErrorKind::Internal => 4,
     }

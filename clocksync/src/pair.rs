@@ -572,7 +572,7 @@ impl PairEstimator {
                         .count();
                     let dense = near >= (trial.len() / 4).max(8);
                     let score = if dense { depth / scale } else { 0.0 };
-                    if best.as_ref().map_or(true, |b| score > b.0) {
+                    if best.as_ref().is_none_or(|b| score > b.0) {
                         best = Some((score, above, trial, t));
                     }
                 }
@@ -684,7 +684,7 @@ impl PairEstimator {
             // between the two probes.
             let moved = drift_ppb.map_or(0, |d| (d * (f.t - r.t) as f64 / 1e9).round() as i128);
             let rtt = i128::from(f.y) - i128::from(r.y) - moved;
-            if best.as_ref().map_or(true, |b| rtt < b.0) {
+            if best.as_ref().is_none_or(|b| rtt < b.0) {
                 best = Some((rtt, *f, r));
             }
         }

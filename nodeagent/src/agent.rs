@@ -45,7 +45,7 @@ use proto::v1::{
     OrdersRequest, RegisterHost,
 };
 use tokio::sync::{mpsc, Mutex, Notify};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 pub use crate::config::{AgentConfig, NicConfig};
 use crate::control::{Control, ControlError, SupervisorOrder};
@@ -96,8 +96,12 @@ pub enum AgentError {
     Netlink(std::io::Error),
 }
 
-fn client(addr: &str) -> Result<AgentClient<Channel>, AgentError> {
-    let ep = Endpoint::from_shared(format!("http://{addr}"))
+/// A client of the supervisor at `addr`, with this agent's certificate
+/// (or plain text on an `--insecure` cluster).
+fn client(cfg: &AgentConfig, addr: &str) -> Result<AgentClient<Channel>, AgentError> {
+    let ep = cfg
+        .tls
+        .endpoint(addr)
         .map_err(|_| AgentError::BadAddress(addr.into()))?
         .connect_timeout(Duration::from_millis(500))
         .tcp_nodelay(true);
@@ -393,7 +397,7 @@ async fn plan_loop(
     let mut rotate = 0usize;
     loop {
         let addr = hint.target(&cfg.supervisors, &mut rotate);
-        if let Ok(mut c) = client(&addr) {
+        if let Ok(mut c) = client(&cfg, &addr) {
             let req = proto::v1::ProbePlanRequest {
                 host: cfg.host.clone(),
             };
@@ -424,7 +428,9 @@ async fn summary_loop(
         let mut msg = s.to_wire(&cfg.host);
         msg.shaped = shaper.summary().await;
         let addr = hint.target(&cfg.supervisors, &mut rotate);
-        let Ok(mut c) = client(&addr) else { continue };
+        let Ok(mut c) = client(&cfg, &addr) else {
+            continue;
+        };
         match tokio::time::timeout(Duration::from_secs(1), c.send_probe_summary(msg)).await {
             Ok(Ok(_)) => {}
             Ok(Err(st)) => {
@@ -561,7 +567,7 @@ async fn orders_loop(
     let mut rotate = 0usize;
     loop {
         let addr = hint.target(&cfg.supervisors, &mut rotate);
-        if let Ok(mut c) = client(&addr) {
+        if let Ok(mut c) = client(&cfg, &addr) {
             let req = OrdersRequest {
                 host: cfg.host.clone(),
             };
@@ -755,7 +761,7 @@ where
     let mut rotate = 0usize;
     loop {
         let addr = hint.target(&cfg.supervisors, &mut rotate);
-        if let Ok(c) = client(&addr) {
+        if let Ok(c) = client(cfg, &addr) {
             match tokio::time::timeout(Duration::from_secs(1), call(c)).await {
                 Ok(Ok(_)) => {
                     tracing::info!(order_id = id, what, "delivered to the leader");
@@ -794,7 +800,9 @@ async fn heartbeat_loop(cfg: Arc<AgentConfig>, hint: Arc<LeaderHint>) {
     loop {
         tick.tick().await;
         let addr = hint.target(&cfg.supervisors, &mut rotate);
-        let Ok(mut c) = client(&addr) else { continue };
+        let Ok(mut c) = client(&cfg, &addr) else {
+            continue;
+        };
         let req = HeartbeatRequest {
             host: cfg.host.clone(),
             sent_unix_ms: crate::link::unix_ns() / 1_000_000,
@@ -874,7 +882,7 @@ async fn connect(cfg: &AgentConfig, hint: &LeaderHint, backoff: &mut Backoff) ->
             .get()
             .unwrap_or_else(|| cfg.supervisors[i % cfg.supervisors.len()].clone());
         i += 1;
-        if let Ok(mut c) = client(&addr) {
+        if let Ok(mut c) = client(cfg, &addr) {
             match tokio::time::timeout(Duration::from_secs(3), c.register(register_request(cfg)))
                 .await
             {
@@ -925,7 +933,7 @@ async fn stream_once(
     fresh: &Notify,
     acked: u64,
 ) -> Result<(), String> {
-    let mut c = client(addr).map_err(|e| e.to_string())?;
+    let mut c = client(cfg, addr).map_err(|e| e.to_string())?;
     let (tx, rx) = mpsc::channel::<AgentEvent>(256);
     let mut acks = c
         .report(tokio_stream::wrappers::ReceiverStream::new(rx))

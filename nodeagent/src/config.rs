@@ -36,6 +36,9 @@ pub struct AgentConfig {
     pub control_socket: PathBuf,
     /// The probe mesh (None: off).
     pub probe: Option<ProbeOptions>,
+    /// How the agent dials supervisors: its own certificate (the host's
+    /// agent certificate), or plain text on an `--insecure` cluster.
+    pub tls: pki::ClientTls,
     /// TEST ONLY: wait this long before executing each order (an action
     /// that takes a while, so chaos tests can crash the leader while an
     /// order is in flight). Zero on a real cluster.
@@ -68,6 +71,20 @@ struct FileConfig {
     damping: Option<DampingConfig>,
     control_socket: Option<PathBuf>,
     probe: Option<FileProbe>,
+    #[serde(default)]
+    tls: FileTls,
+}
+
+/// `[tls]`: `ca`, `cert`, `key` (the host's agent certificate), or
+/// `insecure = true`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileTls {
+    ca: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    #[serde(default)]
+    insecure: bool,
 }
 
 /// `[probe]`: the probe mesh.
@@ -105,6 +122,8 @@ pub struct Overrides {
     pub test_clock_anchor_ns: Option<i64>,
     /// Test only: delay before executing each order (ms).
     pub test_order_delay_ms: Option<u64>,
+    /// `--ca`, `--cert`, `--key`, `--insecure`.
+    pub tls: pki::TlsArgs,
 }
 
 /// A configuration problem.
@@ -302,6 +321,7 @@ pub fn load(
     damping
         .validate()
         .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    let tls = tls_of(&host, over.tls, fc.tls)?;
     let test_order_delay_ms = over.test_order_delay_ms.unwrap_or(0);
     if test_order_delay_ms > MAX_TEST_ORDER_DELAY_MS {
         return Err(ConfigError::Invalid(format!(
@@ -319,8 +339,39 @@ pub fn load(
         damping,
         control_socket,
         probe,
+        tls,
         test_order_delay: std::time::Duration::from_millis(test_order_delay_ms),
     })
+}
+
+/// The agent's TLS: flags over `[tls]`; with certificates, the certificate
+/// must be `host`'s agent certificate (the supervisor lets it speak only
+/// for the host it names).
+fn tls_of(host: &str, flags: pki::TlsArgs, file: FileTls) -> Result<pki::ClientTls, ConfigError> {
+    let bad = |e: pki::PkiError| ConfigError::Invalid(e.to_string());
+    let mode = flags
+        .or(pki::TlsArgs {
+            ca: file.ca,
+            cert: file.cert,
+            key: file.key,
+            insecure: file.insecure,
+        })
+        .resolve("the agent")
+        .map_err(bad)?;
+    if let pki::TlsMode::Mtls(f) = &mode {
+        let held = pki::show(&f.cert).map_err(bad)?.identity;
+        let want = pki::Identity::agent(host).map_err(bad)?;
+        if held.as_ref() != Some(&want) {
+            return Err(ConfigError::Invalid(format!(
+                "{} is not the agent certificate of host {host} (it names {}); issue one with `railguard pki issue agent --host {host}`",
+                f.cert.display(),
+                held.map_or("the CA".to_owned(), |h| h.to_string())
+            )));
+        }
+    } else {
+        tracing::warn!("--insecure: no TLS and no authentication towards the supervisors; use it only in a lab");
+    }
+    pki::ClientTls::from_mode(&mode).map_err(bad)
 }
 
 /// Longest test-only order delay (orders time out after 30 s).
@@ -418,8 +469,50 @@ mod tests {
         let base = Overrides {
             host: Some("h0".into()),
             supervisors: vec!["10.0.0.1:7400".into()],
+            tls: pki::TlsArgs {
+                insecure: true,
+                ..Default::default()
+            },
             ..Default::default()
         };
+        // Secure by default: no certificates and no --insecure is refused.
+        let e = load(
+            None,
+            Overrides {
+                tls: Default::default(),
+                ..base.clone()
+            },
+            &links(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("no certificates configured"), "{e}");
+        // An agent certificate of another host is refused at start.
+        let dir = tempfile::tempdir().unwrap();
+        let lab = pki::LabPki::open(dir.path()).unwrap();
+        let e = load(
+            None,
+            Overrides {
+                tls: lab.agent("h1").unwrap().into(),
+                ..base.clone()
+            },
+            &links(),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("not the agent certificate of host h0"),
+            "{e}"
+        );
+        let c = load(
+            None,
+            Overrides {
+                tls: lab.agent("h0").unwrap().into(),
+                ..base.clone()
+            },
+            &links(),
+        )
+        .unwrap();
+        assert!(matches!(c.tls, pki::ClientTls::Mtls(_)));
         let c = load(None, base.clone(), &links()).unwrap();
         assert_eq!(c.nics.len(), 2);
         assert_eq!(c.control_socket, PathBuf::from("/run/railguard/agent.sock"));

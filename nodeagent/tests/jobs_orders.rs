@@ -174,6 +174,8 @@ impl Rig {
             damping: Default::default(),
             control_socket: dir.path().join("agent.sock"),
             probe: None,
+            // The fake supervisor speaks plain text: this tests orders, not TLS.
+            tls: pki::ClientTls::Insecure,
             test_order_delay: Duration::ZERO,
         };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();

@@ -7,6 +7,8 @@ use std::path::Path;
 
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
+use crate::mode::TlsMode;
+
 use crate::error::PkiError;
 use crate::files::{read_cert, read_key, read_small};
 use crate::identity::Identity;
@@ -47,4 +49,36 @@ pub fn https_endpoint(addr: &str, tls: ClientTlsConfig) -> Result<Endpoint, PkiE
         .map_err(err)?
         .tls_config(tls)
         .map_err(err)
+}
+
+/// How this process dials supervisors: mutual TLS with its certificate,
+/// or plain text (`--insecure`, a lab).
+#[derive(Clone, Debug)]
+pub enum ClientTls {
+    /// TLS 1.3 presenting this process's certificate; the server must be a
+    /// supervisor of the cluster CA ([`client_tls`]).
+    Mtls(Box<ClientTlsConfig>),
+    /// Plain text, no authentication.
+    Insecure,
+}
+
+impl ClientTls {
+    /// The client side of a resolved TLS mode (reads and checks the files).
+    pub fn from_mode(mode: &TlsMode) -> Result<ClientTls, PkiError> {
+        Ok(match mode {
+            TlsMode::Mtls(f) => ClientTls::Mtls(Box::new(client_tls(&f.ca, &f.cert, &f.key)?)),
+            TlsMode::Insecure => ClientTls::Insecure,
+        })
+    }
+
+    /// An endpoint for `addr`: `https://` with the TLS settings, or
+    /// `http://` without (tonic only does TLS for `https`).
+    pub fn endpoint(&self, addr: &str) -> Result<Endpoint, tonic::transport::Error> {
+        match self {
+            ClientTls::Mtls(c) => {
+                Endpoint::from_shared(format!("https://{addr}"))?.tls_config((**c).clone())
+            }
+            ClientTls::Insecure => Endpoint::from_shared(format!("http://{addr}")),
+        }
+    }
 }

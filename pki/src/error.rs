@@ -6,6 +6,10 @@ use std::path::PathBuf;
 /// An error of the PKI crate.
 #[derive(Debug, thiserror::Error)]
 pub enum PkiError {
+    /// The TLS settings a program was given do not make one choice (none,
+    /// some of the three files, or files and `--insecure`).
+    #[error("{0}")]
+    TlsSettings(String),
     /// A file could not be read, created or written.
     #[error("{}: {source}", path.display())]
     Io {

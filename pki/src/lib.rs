@@ -42,6 +42,8 @@
 //! - `incoming`: [`incoming`] (the accept stream for tonic), [`PeerInfo`],
 //!   [`require`], [`require_role`].
 //! - `client`: [`client_tls`], [`https_endpoint`].
+//! - `lab`: [`LabPki`], a CA and certificates on demand (demo, tests).
+//! - `mode`: [`TlsArgs`] → [`TlsMode`]: the operator's files or `--insecure`.
 //! - `error`: [`PkiError`].
 
 mod client;
@@ -50,12 +52,14 @@ mod files;
 mod identity;
 mod incoming;
 mod issue;
+mod lab;
+mod mode;
 mod revocations;
 mod serial;
 mod server;
 mod verifier;
 
-pub use client::{client_tls, https_endpoint};
+pub use client::{client_tls, https_endpoint, ClientTls};
 pub use error::PkiError;
 pub use identity::{check_name, Identity, Role, MAX_NAME_LEN, ORGANIZATION};
 pub use incoming::{
@@ -66,6 +70,10 @@ pub use issue::{
     describe, init_ca, issue, issue_with_validity, serial_of, show, CertInfo, Issued, Validity,
     BACKDATE, CA_CERT_FILE, CA_COMMON_NAME, CA_KEY_FILE, MAX_VALIDITY_DAYS, SERVER_NAME,
 };
+pub use lab::LabPki;
+#[cfg(feature = "clap")]
+pub use mode::TlsFlags;
+pub use mode::{TlsArgs, TlsMode};
 pub use revocations::Revocations;
 pub use serial::Serial;
 pub use server::{reload_on_sighup, ServerTls, ServerTlsFiles};

@@ -569,6 +569,9 @@ pub enum ErrorKind {
     InvalidArgument,
     NotFound,
     FailedPrecondition,
+    /// The caller's certificate does not allow the call (or there is none);
+    /// nothing was written.
+    PermissionDenied,
     /// No leader is reachable right now; nothing was written.
     Unavailable,
     /// The write may or may not have been committed (e.g. leadership changed
@@ -630,6 +633,7 @@ impl From<ApiError> for tonic::Status {
             ErrorKind::InvalidArgument => tonic::Code::InvalidArgument,
             ErrorKind::NotFound => tonic::Code::NotFound,
             ErrorKind::FailedPrecondition => tonic::Code::FailedPrecondition,
+            ErrorKind::PermissionDenied => tonic::Code::PermissionDenied,
             ErrorKind::Unavailable => tonic::Code::Unavailable,
             ErrorKind::Unknown => tonic::Code::Unknown,
             ErrorKind::Internal => tonic::Code::Internal,
@@ -659,6 +663,7 @@ impl From<tonic::Status> for ApiError {
                 "InvalidArgument" => ErrorKind::InvalidArgument,
                 "NotFound" => ErrorKind::NotFound,
                 "FailedPrecondition" => ErrorKind::FailedPrecondition,
+                "PermissionDenied" => ErrorKind::PermissionDenied,
                 "Unavailable" => ErrorKind::Unavailable,
                 "Internal" => ErrorKind::Internal,
                 _ => ErrorKind::Unknown,
@@ -671,6 +676,9 @@ impl From<tonic::Status> for ApiError {
             tonic::Code::InvalidArgument
             | tonic::Code::OutOfRange
             | tonic::Code::ResourceExhausted => ErrorKind::InvalidArgument,
+            tonic::Code::PermissionDenied | tonic::Code::Unauthenticated => {
+                ErrorKind::PermissionDenied
+            }
             _ => ErrorKind::Unknown,
         };
         ApiError::new(kind, s.message().to_string())

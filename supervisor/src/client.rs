@@ -17,6 +17,7 @@ use tonic::transport::Channel;
 
 use crate::api::{AdminCall, AdminReply, AdminRequest, ApiError, ErrorKind};
 use crate::model::{ClusterEvent, RequestId};
+pub use crate::network::ClientTls;
 
 /// Default time limit of one call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -38,8 +39,15 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
 impl AdminClient {
-    /// `addrs` are `IP:port` of supervisors; `actor` is recorded with writes.
-    pub fn new(addrs: &[String], actor: &str, timeout: Duration) -> Result<Self, ApiError> {
+    /// `addrs` are `IP:port` of supervisors, dialled with `tls`; `actor`
+    /// is recorded with writes only on an `--insecure` cluster (with mTLS
+    /// the supervisor records the certificate's user).
+    pub fn new(
+        addrs: &[String],
+        actor: &str,
+        timeout: Duration,
+        tls: &ClientTls,
+    ) -> Result<Self, ApiError> {
         if addrs.is_empty() {
             return Err(ApiError::invalid("no supervisor address given"));
         }
@@ -50,7 +58,7 @@ impl AdminClient {
                     "supervisor address {a:?} is not IP:port"
                 )));
             }
-            let ch = crate::network::channel(a)
+            let ch = crate::network::channel(a, tls)
                 .map_err(|e| ApiError::invalid(format!("supervisor address {a:?}: {e}")))?;
             let g = Grpc::new(ch)
                 .max_decoding_message_size(proto::MAX_ADMIN_MESSAGE_BYTES)

@@ -54,6 +54,32 @@ pub struct FileConfig {
     /// The fabric topology file ([`crate::topology`]); without one,
     /// contended paths are reported but no link is localised.
     pub topology: Option<PathBuf>,
+    /// Mutual TLS: the cluster CA, this supervisor's certificate and key.
+    #[serde(default)]
+    pub tls: TlsFile,
+}
+
+/// The `[tls]` table: `ca`, `cert`, `key` (paths), or `insecure = true`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsFile {
+    pub ca: Option<PathBuf>,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// No TLS, no authentication (a lab only; warned at every start).
+    #[serde(default)]
+    pub insecure: bool,
+}
+
+impl From<TlsFile> for pki::TlsArgs {
+    fn from(t: TlsFile) -> pki::TlsArgs {
+        pki::TlsArgs {
+            ca: t.ca,
+            cert: t.cert,
+            key: t.key,
+            insecure: t.insecure,
+        }
+    }
 }
 
 /// The resolved, validated configuration.
@@ -71,6 +97,8 @@ pub struct SupervisorConfig {
     pub topology: Option<crate::topology::Topology>,
     /// Where it came from.
     pub topology_path: Option<PathBuf>,
+    /// Mutual TLS files, or insecure (chosen explicitly).
+    pub tls: pki::TlsMode,
 }
 
 /// A configuration problem, with what to do about it.
@@ -102,6 +130,8 @@ pub struct Overrides {
     pub join: bool,
     pub snapshot_every: Option<u64>,
     pub topology: Option<PathBuf>,
+    /// `--ca`, `--cert`, `--key`, `--insecure`.
+    pub tls: pki::TlsArgs,
 }
 
 fn parse_addr(what: &str, s: &str) -> Result<SocketAddr, ConfigError> {
@@ -202,6 +232,11 @@ impl SupervisorConfig {
                 "raft.snapshot_every must be positive".into(),
             ));
         }
+        let tls = over
+            .tls
+            .or(fc.tls.into())
+            .resolve("the supervisor")
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         let topology_path = over.topology.or(fc.topology);
         let topology = topology_path
             .as_deref()
@@ -217,6 +252,7 @@ impl SupervisorConfig {
             join,
             topology,
             topology_path,
+            tls,
         })
     }
 }
@@ -225,9 +261,43 @@ impl SupervisorConfig {
 mod tests {
     use super::*;
 
+    /// Flags of a lab run (`--insecure`).
+    fn lab() -> Overrides {
+        Overrides {
+            tls: pki::TlsArgs {
+                insecure: true,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn tls_is_required_unless_insecure_and_never_both() {
+        let e = SupervisorConfig::load(None, Overrides::default()).unwrap_err();
+        assert!(e.to_string().contains("no certificates configured"), "{e}");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("s.toml");
+        std::fs::write(
+            &f,
+            "[tls]\nca = \"ca.pem\"\ncert = \"s.pem\"\nkey = \"s.key\"\n",
+        )
+        .unwrap();
+        let c = SupervisorConfig::load(Some(&f), Overrides::default()).unwrap();
+        assert!(c.tls.is_mtls());
+        let e = SupervisorConfig::load(Some(&f), lab()).unwrap_err();
+        assert!(e.to_string().contains("--insecure is refused"), "{e}");
+        std::fs::write(&f, "[tls]\nca = \"ca.pem\"\n").unwrap();
+        let e = SupervisorConfig::load(Some(&f), Overrides::default()).unwrap_err();
+        assert!(e.to_string().contains("all three"), "{e}");
+        std::fs::write(&f, "[tls]\ninsecure = true\n").unwrap();
+        let c = SupervisorConfig::load(Some(&f), Overrides::default()).unwrap();
+        assert_eq!(c.tls, pki::TlsMode::Insecure);
+    }
+
     #[test]
     fn defaults_are_a_one_node_cluster() {
-        let c = SupervisorConfig::load(None, Overrides::default()).unwrap();
+        let c = SupervisorConfig::load(None, lab()).unwrap();
         assert_eq!(c.id, 1);
         assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
         assert_eq!(c.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
@@ -243,23 +313,23 @@ mod tests {
             Some(&f),
             Overrides {
                 peers: vec!["3=127.0.0.1:7403".into()],
-                ..Default::default()
+                ..lab()
             },
         )
         .unwrap();
         assert_eq!(c.id, 2);
         assert_eq!(c.peers.len(), 2, "self is dropped from peers");
         std::fs::write(&f, "id = 2\nlisten = \"nonsense\"\n").unwrap();
-        let e = SupervisorConfig::load(Some(&f), Overrides::default()).unwrap_err();
+        let e = SupervisorConfig::load(Some(&f), lab()).unwrap_err();
         assert!(e.to_string().contains("not an IP:port"), "{e}");
         std::fs::write(&f, "idd = 2\n").unwrap();
-        let e = SupervisorConfig::load(Some(&f), Overrides::default()).unwrap_err();
+        let e = SupervisorConfig::load(Some(&f), lab()).unwrap_err();
         assert!(e.to_string().contains("unknown field"), "{e}");
         let e = SupervisorConfig::load(
             None,
             Overrides {
                 peers: vec!["x".into()],
-                ..Default::default()
+                ..lab()
             },
         )
         .unwrap_err();
@@ -274,7 +344,7 @@ mod tests {
             None,
             Overrides {
                 topology: Some(topo.clone()),
-                ..Default::default()
+                ..lab()
             },
         )
         .unwrap_err();
@@ -284,7 +354,7 @@ mod tests {
             None,
             Overrides {
                 topology: Some(topo),
-                ..Default::default()
+                ..lab()
             },
         )
         .unwrap();

@@ -25,6 +25,10 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    /// The TLS files cannot be loaded, or the certificate is not this
+    /// supervisor's.
+    #[error("TLS: {0}")]
+    Tls(String),
     /// The gRPC server stopped with an error.
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
@@ -36,6 +40,28 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), DaemonError> {
     let _lock = datadir::lock(&config.data_dir)?;
+    let tls = match &config.tls {
+        pki::TlsMode::Mtls(files) => {
+            let tls = pki::ServerTls::load(files.clone(), pki::Revocations::new())
+                .map_err(|e| DaemonError::Tls(e.to_string()))?;
+            let me = pki::Identity::supervisor(config.id);
+            if tls.identity() != me {
+                return Err(DaemonError::Tls(format!(
+                    "{} is the certificate of {}, not of this supervisor ({me}); issue one with `railguard pki issue supervisor --member {}`",
+                    files.cert.display(),
+                    tls.identity(),
+                    config.id
+                )));
+            }
+            pki::reload_on_sighup(tls.clone()).map_err(|e| DaemonError::Tls(e.to_string()))?;
+            tracing::info!(serial = %tls.serial(), identity = %tls.identity(), "mutual TLS on");
+            Some(tls)
+        }
+        pki::TlsMode::Insecure => {
+            tracing::warn!("--insecure: no TLS and no authentication; anyone who reaches this port can run jobs as root on every host. Use it only in a lab.");
+            None
+        }
+    };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| DaemonError::Bind {
@@ -61,7 +87,7 @@ pub async fn run(
     }
     let leader = Leader::new(sup.clone());
     leader.spawn_loops();
-    crate::service::serve(leader, listener, shutdown).await?;
+    crate::service::serve(leader, listener, tls, shutdown).await?;
     let _ = sup.raft.shutdown().await;
     Ok(())
 }

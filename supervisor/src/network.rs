@@ -21,16 +21,19 @@ use proto::v1::raft_peer_client::RaftPeerClient;
 use proto::v1::Blob;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::model::{NodeId, TypeConfig};
 
 /// Connect timeout for peer channels.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 
+pub use pki::ClientTls;
+
 /// Builds a lazily connecting channel to `addr` (`IP:port`).
-pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+pub fn channel(addr: &str, tls: &ClientTls) -> Result<Channel, tonic::transport::Error> {
+    Ok(tls
+        .endpoint(addr)?
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(5))
@@ -39,8 +42,11 @@ pub fn channel(addr: &str) -> Result<Channel, tonic::transport::Error> {
 }
 
 /// A `RaftPeer` client with railguard's message limits.
-pub fn peer_client(addr: &str) -> Result<RaftPeerClient<Channel>, tonic::transport::Error> {
-    Ok(RaftPeerClient::new(channel(addr)?)
+pub fn peer_client(
+    addr: &str,
+    tls: &ClientTls,
+) -> Result<RaftPeerClient<Channel>, tonic::transport::Error> {
+    Ok(RaftPeerClient::new(channel(addr, tls)?)
         .max_decoding_message_size(proto::MAX_PEER_MESSAGE_BYTES)
         .max_encoding_message_size(proto::MAX_PEER_MESSAGE_BYTES))
 }
@@ -70,8 +76,11 @@ pub fn decode<T: DeserializeOwned>(b: &Blob) -> Result<T, bincode::Error> {
 }
 
 /// Creates [`PeerNetwork`]s for openraft.
-#[derive(Clone, Default)]
-pub struct PeerNetworkFactory;
+#[derive(Clone)]
+pub struct PeerNetworkFactory {
+    /// How to dial peers (this supervisor's certificate).
+    pub tls: ClientTls,
+}
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
     type Network = PeerNetwork;
@@ -79,7 +88,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
         PeerNetwork {
             target,
-            client: peer_client(&node.addr).map_err(|e| e.to_string()),
+            client: peer_client(&node.addr, &self.tls).map_err(|e| e.to_string()),
         }
     }
 }

@@ -57,6 +57,8 @@ pub struct Supervisor {
     pub raft: Raft<TypeConfig>,
     state: SharedApplied<TypeConfig, ClusterState>,
     proposals: mpsc::Sender<(Command, Reply)>,
+    /// How this node dials its peers (its own certificate).
+    pub client_tls: crate::network::ClientTls,
     /// Cached peer clients by address (forwarding, leadership transfer).
     peer_clients: std::sync::Mutex<std::collections::HashMap<String, RaftPeerClient<Channel>>>,
     /// The term in which this node last confirmed its leadership with a
@@ -73,6 +75,9 @@ pub enum StartError {
     /// openraft refused the configuration or failed to start.
     #[error("raft: {0}")]
     Raft(String),
+    /// This supervisor's TLS files cannot be used as a client.
+    #[error("TLS: {0}")]
+    Tls(#[from] pki::PkiError),
 }
 
 impl Supervisor {
@@ -92,13 +97,16 @@ impl Supervisor {
         }
         .validate()
         .map_err(|e| StartError::Raft(e.to_string()))?;
+        let client_tls = crate::network::ClientTls::from_mode(&config.tls)?;
         let (log, sm) =
             raft_store::open::<TypeConfig, ClusterState>(&config.data_dir.join("raft"))?;
         let state = sm.shared();
         let raft = Raft::new(
             config.id,
             Arc::new(raft_config),
-            PeerNetworkFactory,
+            PeerNetworkFactory {
+                tls: client_tls.clone(),
+            },
             log,
             sm,
         )
@@ -111,6 +119,7 @@ impl Supervisor {
             raft: raft.clone(),
             state,
             proposals: tx,
+            client_tls,
             peer_clients: Default::default(),
             confirmed_term: Arc::new(AtomicU64::new(0)),
         });
@@ -162,7 +171,7 @@ impl Supervisor {
         if let Some(c) = cache.get(addr) {
             return Ok(c.clone());
         }
-        let c = crate::network::peer_client(addr)
+        let c = crate::network::peer_client(addr, &self.client_tls)
             .map_err(|e| ApiError::internal(format!("bad peer address {addr}: {e}")))?;
         cache.insert(addr.to_owned(), c.clone());
         Ok(c)

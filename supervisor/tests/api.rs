@@ -20,7 +20,8 @@ use supervisor::model::{AdminAction, AdminOp, NicState};
 
 /// Sends `events` on a fresh stream, closes it, and returns every ack.
 async fn send_events(addr: &str, events: Vec<AgentEvent>) -> Vec<proto::v1::EventAck> {
-    let mut c = agent(addr).await;
+    let host = events.first().map_or("h0".to_owned(), |e| e.host.clone());
+    let mut c = agent(addr, &host).await;
     let stream = tokio_stream::iter(events);
     let mut acks = c.report(stream).await.expect("open stream").into_inner();
     let mut out = Vec::new();
@@ -214,7 +215,9 @@ async fn drain_needs_a_reason_and_uncordon_respects_drain() {
 async fn malformed_and_oversized_messages_are_refused() {
     let sup = Sup::with_h0(&[]).await;
     let before = observe(&sup).await;
-    let ch = supervisor::network::channel(&sup.addr).unwrap();
+    let as_ =
+        |id: &pki::Identity| supervisor::network::channel(&sup.addr, &common::tls_as(id)).unwrap();
+    let ch = as_(&common::admin_id());
 
     let mut admin = AdminGrpc::new(ch.clone()).max_encoding_message_size(64 << 20);
     let s = admin.call(blob(b"{not json".to_vec())).await.unwrap_err();
@@ -227,14 +230,15 @@ async fn malformed_and_oversized_messages_are_refused() {
     let s = admin.call(blob(vec![b'x'; 5 << 20])).await.unwrap_err();
     assert_too_large(&s);
 
-    let mut peer = RaftPeerClient::new(ch.clone());
+    let mut peer = RaftPeerClient::new(as_(&pki::Identity::supervisor(1)));
     let s = peer.append_entries(blob(vec![0xff; 16])).await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
     assert!(s.message().contains("malformed peer message"));
     let s = peer.forward(blob(b"[]".to_vec())).await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
 
-    let mut ag = AgentClient::new(ch.clone()).max_encoding_message_size(64 << 20);
+    let mut ag = AgentClient::new(common::agent_channel(&sup.addr, "h1"))
+        .max_encoding_message_size(64 << 20);
     let huge = BTreeMap::from([("k".to_string(), "v".repeat(300 << 10))])
         .into_iter()
         .collect();
@@ -246,18 +250,21 @@ async fn malformed_and_oversized_messages_are_refused() {
         .await
         .unwrap_err();
     assert_too_large(&s);
+    // A host name no certificate can hold: h1's certificate speaks only
+    // for h1.
     let s = ag
         .register(registration("bad name", nics()))
         .await
         .unwrap_err();
-    assert_eq!(s.code(), tonic::Code::InvalidArgument);
+    assert_eq!(s.code(), tonic::Code::PermissionDenied, "{s:?}");
     let dup = vec![nics()[0].clone(), nics()[0].clone()];
-    let s = ag.register(registration("h2", dup)).await.unwrap_err();
+    let mut ag2 = AgentClient::new(common::agent_channel(&sup.addr, "h2"));
+    let s = ag2.register(registration("h2", dup)).await.unwrap_err();
     assert_eq!(s.code(), tonic::Code::InvalidArgument);
     // An event without a kind, or with sequence 0, ends the stream with an error.
     let mut no_kind = ev("h0", 1, "rail0", true);
     no_kind.kind = None;
-    let mut c = agent(&sup.addr).await;
+    let mut c = agent(&sup.addr, "h0").await;
     let mut acks = c
         .report(tokio_stream::iter(vec![no_kind]))
         .await
@@ -352,6 +359,7 @@ async fn second_process_on_a_data_dir_gets_a_clear_error() {
             "--data-dir",
         ])
         .arg(sup.data_dir())
+        .args(common::sup_args(1))
         .env_remove("RUST_BACKTRACE")
         .output()
         .unwrap();
@@ -477,9 +485,9 @@ async fn log_compaction_and_restart_keep_every_write() {
 #[tokio::test]
 async fn retried_write_with_the_same_request_id_applies_once() {
     let sup = Sup::with_h0(&[]).await;
-    let mut grpc = AdminGrpc::connect(format!("http://{}", sup.addr))
-        .await
-        .unwrap();
+    let mut grpc = AdminGrpc::new(
+        supervisor::network::channel(&sup.addr, &common::tls_as(&common::admin_id())).unwrap(),
+    );
     let send = |op: AdminOp, serial: u64| {
         let call = supervisor::api::AdminCall {
             actor: "retry-test".into(),

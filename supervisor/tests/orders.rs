@@ -79,7 +79,7 @@ async fn orders_are_validated_committed_streamed_and_closed_by_the_agent() {
     assert_eq!(v["records"].as_array().unwrap().len(), 0, "{v}");
 
     // Placements arrive as agent events and show in `qp list`.
-    let mut c = agent(&sup.addr).await;
+    let mut c = agent(&sup.addr, "h0").await;
     let events = vec![
         placement(1, 1, "rail0", false),
         placement(2, 2, "rail0", false),
@@ -124,7 +124,7 @@ async fn orders_are_validated_committed_streamed_and_closed_by_the_agent() {
         .await
         .unwrap()
         .into_inner();
-    let mut other = agent(&sup.addr)
+    let mut other = agent(&sup.addr, "h1")
         .await
         .orders(OrdersRequest { host: "h1".into() })
         .await

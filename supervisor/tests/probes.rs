@@ -28,7 +28,7 @@ fn nic(name: &str, rail: Option<u32>, addr: &str) -> Nic {
 
 /// Host `i` with a management NIC and two data NICs (rails 0 and 1).
 async fn register(addr: &str, i: u32) -> Result<(), tonic::Status> {
-    agent(addr)
+    agent(addr, &format!("h{i}"))
         .await
         .register(RegisterHost {
             host: format!("h{i}"),
@@ -125,7 +125,7 @@ async fn plans_summaries_clock_states_and_paths() {
     }
 
     // A NIC address that is not an IP address: refused, nothing written.
-    let mut c = agent(&sup.addr).await;
+    let mut c = agent(&sup.addr, "h9").await;
     let e = c
         .register(RegisterHost {
             host: "h9".into(),
@@ -222,9 +222,12 @@ async fn plans_summaries_clock_states_and_paths() {
     let beats = {
         let addr = sup.addr.clone();
         tokio::spawn(async move {
-            let mut c = agent(&addr).await;
+            let mut cs = Vec::new();
+            for me in 0..3 {
+                cs.push(agent(&addr, &format!("h{me}")).await);
+            }
             loop {
-                for me in 0..3 {
+                for (me, c) in cs.iter_mut().enumerate() {
                     let _ = c
                         .heartbeat(proto::v1::HeartbeatRequest {
                             host: format!("h{me}"),
@@ -243,9 +246,12 @@ async fn plans_summaries_clock_states_and_paths() {
         let stop = stop.clone();
         let addr = sup.addr.clone();
         tokio::spawn(async move {
-            let mut c = agent(&addr).await;
+            let mut cs = Vec::new();
+            for me in 0..3 {
+                cs.push(agent(&addr, &format!("h{me}")).await);
+            }
             while !stop.load(Ordering::Relaxed) {
-                for me in 0..3 {
+                for (me, c) in cs.iter_mut().enumerate() {
                     c.send_probe_summary(summary(me)).await.expect("summary");
                 }
                 tokio::time::sleep(Duration::from_millis(300)).await;
@@ -413,6 +419,7 @@ impl Pair {
                         .arg("--data-dir")
                         .arg(dir.path().join(format!("s{}", i + 1)))
                         .args(["--peer", &format!("{}={}", other + 1, addrs[other])])
+                        .args(common::sup_args(i as u64 + 1))
                         .env_remove("RUST_BACKTRACE")
                         .stdout(Stdio::null())
                         .stderr(log)
@@ -447,8 +454,13 @@ impl Drop for Pair {
 async fn followers_forward_clock_reads_and_refuse_summaries() {
     let mut pair = Pair::start();
     let client = |a: &str| {
-        supervisor::client::AdminClient::new(&[a.to_string()], "test", Duration::from_secs(2))
-            .unwrap()
+        supervisor::client::AdminClient::new(
+            &[a.to_string()],
+            "test",
+            Duration::from_secs(2),
+            &common::tls_as(&common::admin_id()),
+        )
+        .unwrap()
     };
     // Initialise and find the leader.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -472,7 +484,7 @@ async fn followers_forward_clock_reads_and_refuse_summaries() {
     register(&leader_addr, 0).await.expect("register");
 
     // Any supervisor serves plans from its replicated state.
-    let mut f = agent(&follower_addr).await;
+    let mut f = agent(&follower_addr, "h0").await;
     let deadline = Instant::now() + Duration::from_secs(10);
     let plan = loop {
         match f

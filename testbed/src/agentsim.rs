@@ -10,9 +10,10 @@ use proto::v1::{agent_event, AgentEvent, EventAck, Nic, NicStateChange, Register
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
-/// A client for one supervisor's agent API.
-pub fn agent_client(addr: &str) -> anyhow::Result<AgentClient<Channel>> {
-    let ch = supervisor::network::channel(addr).context("agent channel")?;
+/// A client for one supervisor's agent API, dialled with `tls` (the
+/// agent certificate of the host it will speak for).
+pub fn agent_client(addr: &str, tls: &pki::ClientTls) -> anyhow::Result<AgentClient<Channel>> {
+    let ch = supervisor::network::channel(addr, tls).context("agent channel")?;
     Ok(AgentClient::new(ch))
 }
 
@@ -37,11 +38,15 @@ pub fn testbed_nics() -> Vec<Nic> {
 }
 
 /// Registers `host` with two rails through whichever address leads.
-pub async fn register_host(addrs: &[String], host: &str) -> anyhow::Result<u64> {
+pub async fn register_host(
+    addrs: &[String],
+    host: &str,
+    tls: &pki::ClientTls,
+) -> anyhow::Result<u64> {
     let mut last = None;
     for _ in 0..50 {
         for a in addrs {
-            let mut c = agent_client(a)?;
+            let mut c = agent_client(a, tls)?;
             let req = RegisterHost {
                 host: host.into(),
                 nics: testbed_nics(),
@@ -89,9 +94,9 @@ pub struct EventStream {
     pub acks: tonic::Streaming<EventAck>,
 }
 
-/// Opens a report stream to the supervisor at `addr`.
-pub async fn open_stream(addr: &str) -> anyhow::Result<EventStream> {
-    let mut c = agent_client(addr)?;
+/// Opens a report stream to the supervisor at `addr`, as `tls`'s agent.
+pub async fn open_stream(addr: &str, tls: &pki::ClientTls) -> anyhow::Result<EventStream> {
+    let mut c = agent_client(addr, tls)?;
     let (tx, rx) = mpsc::channel(1024);
     let acks = c
         .report(tokio_stream::wrappers::ReceiverStream::new(rx))

@@ -80,6 +80,8 @@ pub struct SupervisorCluster {
     /// Holds the run directory; removed on drop unless `RAILGUARD_KEEP` is set.
     dir: Option<tempfile::TempDir>,
     pub run_dir: PathBuf,
+    /// The cluster's lab CA (`None`: the cluster runs `--insecure`).
+    pub pki: Option<pki::LabPki>,
 }
 
 impl SupervisorCluster {
@@ -90,12 +92,25 @@ impl SupervisorCluster {
     }
 
     /// Like [`Self::start`], passing `extra_args` to every supervisor.
+    /// Every member, client and simulated agent uses mutual TLS with
+    /// certificates of a lab CA in the run directory.
     pub fn start_with(n: usize, extra_args: &[&str]) -> anyhow::Result<Self> {
+        Self::start_tls(n, extra_args, true)
+    }
+
+    /// Like [`Self::start_with`]; `mtls` false runs every member
+    /// `--insecure` (to measure what TLS costs).
+    pub fn start_tls(n: usize, extra_args: &[&str], mtls: bool) -> anyhow::Result<Self> {
         let bin = bin_path("railguard-supervisor")?;
         let dir = tempfile::Builder::new()
             .prefix("railguard-chaos-")
             .tempdir()?;
         let run_dir = dir.path().to_path_buf();
+        let pki = if mtls {
+            Some(pki::LabPki::open(&run_dir.join("pki"))?)
+        } else {
+            None
+        };
         let mut nodes = Vec::new();
         for id in 1..=n as u64 {
             let port = free_port()?;
@@ -114,6 +129,7 @@ impl SupervisorCluster {
             bin,
             dir: Some(dir),
             run_dir,
+            pki,
         };
         for id in 1..=n as u64 {
             c.restart(id)?;
@@ -145,7 +161,61 @@ impl SupervisorCluster {
 
     /// A client over the members running now.
     pub fn live_client(&self, actor: &str, timeout: Duration) -> anyhow::Result<AdminClient> {
-        Ok(AdminClient::new(&self.live_addrs(), actor, timeout)?)
+        Ok(AdminClient::new(
+            &self.live_addrs(),
+            actor,
+            timeout,
+            &self.admin_tls()?,
+        )?)
+    }
+
+    /// How an admin with every role dials the cluster.
+    pub fn admin_tls(&self) -> anyhow::Result<pki::ClientTls> {
+        self.tls_as(&pki::Identity::admin("chaos", pki::Role::Admin)?)
+    }
+
+    /// How the agent of `host` dials the cluster.
+    pub fn agent_tls(&self, host: &str) -> anyhow::Result<pki::ClientTls> {
+        self.tls_as(&pki::Identity::agent(host)?)
+    }
+
+    /// How `id`'s certificate dials the cluster (plain text if insecure).
+    pub fn tls_as(&self, id: &pki::Identity) -> anyhow::Result<pki::ClientTls> {
+        Ok(match &self.pki {
+            Some(p) => pki::ClientTls::from_mode(&pki::TlsMode::Mtls(p.files(id)?))?,
+            None => pki::ClientTls::Insecure,
+        })
+    }
+
+    /// The `railguard` CLI's environment for an admin with every role.
+    pub fn cli_env(&self) -> anyhow::Result<Vec<(&'static str, std::ffi::OsString)>> {
+        Ok(match &self.pki {
+            Some(p) => p
+                .admin("chaos", pki::Role::Admin)?
+                .cli_env()
+                .into_iter()
+                .map(|(k, v)| (k, v.into_os_string()))
+                .collect(),
+            None => vec![("RAILGUARD_INSECURE", "true".into())],
+        })
+    }
+
+    /// Runs the `railguard` CLI against every member, as an admin with
+    /// every role.
+    pub fn cli(&self, args: &[&str]) -> anyhow::Result<std::process::Output> {
+        self.cli_at(&self.addrs(), args)
+    }
+
+    /// Like [`Self::cli`], trying only `addrs`.
+    pub fn cli_at(&self, addrs: &[String], args: &[&str]) -> anyhow::Result<std::process::Output> {
+        Command::new(bin_path("railguard")?)
+            .arg("--supervisor")
+            .arg(addrs.join(","))
+            .envs(self.cli_env()?)
+            .env_remove("RAILGUARD_SUPERVISORS")
+            .args(args)
+            .output()
+            .context("run railguard")
     }
 
     /// (Re)starts member `id` on its data directory and port.
@@ -180,6 +250,10 @@ impl SupervisorCluster {
                 cmd.arg("--peer").arg(p);
             }
         }
+        match &self.pki {
+            Some(p) => cmd.args(p.supervisor(id)?.args()),
+            None => cmd.arg("--insecure"),
+        };
         cmd.args(&self.extra_args);
         cmd.env(
             "RUST_LOG",
@@ -239,7 +313,12 @@ impl SupervisorCluster {
         let mut addrs = self.addrs();
         let len = addrs.len();
         addrs.rotate_left(rotate % len);
-        Ok(AdminClient::new(&addrs, actor, timeout)?)
+        Ok(AdminClient::new(
+            &addrs,
+            actor,
+            timeout,
+            &self.admin_tls()?,
+        )?)
     }
 
     /// A client for one member only.
@@ -248,6 +327,7 @@ impl SupervisorCluster {
             &[self.node(id).addr.clone()],
             "chaos",
             timeout,
+            &self.admin_tls()?,
         )?)
     }
 

@@ -49,6 +49,9 @@ pub struct NetCluster {
     /// Set when a bounded wait timed out: the run directory (named in the
     /// error) is kept when the cluster is dropped.
     keep_on_drop: std::sync::atomic::AtomicBool,
+    /// The cluster's CA: every supervisor, agent and CLI call uses mutual
+    /// TLS with its own certificate.
+    pub pki: pki::LabPki,
 }
 
 impl NetCluster {
@@ -109,7 +112,9 @@ impl NetCluster {
         } else {
             None
         };
+        let pki = pki::LabPki::open(&run_dir.path().join("pki"))?;
         let c = NetCluster {
+            pki,
             tb,
             run_dir,
             sup_bin: bin_path("railguard-supervisor")?,
@@ -178,6 +183,7 @@ impl NetCluster {
         if let Some(t) = &self.topology_file {
             cmd.arg("--topology").arg(t);
         }
+        cmd.args(self.pki.supervisor(i as u64 + 1)?.args());
         let log = self.log(&format!("s{i}.log"))?;
         cmd.stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -201,6 +207,7 @@ impl NetCluster {
         .arg(self.run_dir.path().join(format!("h{h}")))
         .arg("--control-socket")
         .arg(self.control_socket(h))
+        .args(self.pki.agent(&host_name(h))?.args())
         .args(self.agent_args.get(h).into_iter().flatten());
         let log = self.log(&format!("h{h}.log"))?;
         cmd.stdin(Stdio::null())
@@ -235,6 +242,12 @@ impl NetCluster {
         self.run_dir.path().join(format!("h{h}.sock"))
     }
 
+    /// The certificate the cluster's CLI calls present: an admin with
+    /// every role.
+    pub fn admin_files(&self) -> anyhow::Result<pki::ServerTlsFiles> {
+        Ok(self.pki.admin("chaos", pki::Role::Admin)?)
+    }
+
     /// Runs `railguard ARGS` inside the first running supervisor namespace;
     /// returns stdout, or the error line.
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
@@ -248,6 +261,7 @@ impl NetCluster {
             "--timeout",
             "3s",
         ])
+        .envs(self.admin_files()?.cli_env())
         .args(args);
         let out = cmd.output().context("run railguard")?;
         if !out.status.success() {

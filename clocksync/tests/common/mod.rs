@@ -197,9 +197,9 @@ pub fn pct(v: &[f64], p: f64) -> f64 {
 /// A random K-regular simple graph on `n` vertices (configuration model
 /// with restarts).
 pub fn random_regular(rng: &mut StdRng, n: usize, k: usize) -> Vec<(usize, usize)> {
-    assert!(n * k % 2 == 0 && k < n);
+    assert!((n * k).is_multiple_of(2) && k < n);
     'retry: loop {
-        let mut stubs: Vec<usize> = (0..n).flat_map(|v| std::iter::repeat(v).take(k)).collect();
+        let mut stubs: Vec<usize> = (0..n).flat_map(|v| std::iter::repeat_n(v, k)).collect();
         let mut edges = Vec::new();
         let mut seen = std::collections::HashSet::new();
         while !stubs.is_empty() {

@@ -87,6 +87,8 @@ struct Args {
     /// leader while an order is in flight). Range 0..=10000.
     #[arg(long)]
     test_order_delay_ms: Option<u64>,
+    #[command(flatten)]
+    tls: pki::TlsFlags,
 }
 
 async fn link_names() -> anyhow::Result<Vec<String>> {
@@ -121,6 +123,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             test_clock_drift_ppb: args.test_clock_drift_ppb,
             test_clock_anchor_ns: args.test_clock_anchor_ns,
             test_order_delay_ms: args.test_order_delay_ms,
+            tls: args.tls.into(),
         },
         &links,
     )

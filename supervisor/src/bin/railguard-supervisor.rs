@@ -45,6 +45,8 @@ struct Args {
     /// reported, but no bottleneck link is localised.
     #[arg(long, value_name = "FILE")]
     topology: Option<PathBuf>,
+    #[command(flatten)]
+    tls: pki::TlsFlags,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -96,6 +98,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             join: args.join,
             snapshot_every: args.snapshot_every,
             topology: args.topology,
+            tls: args.tls.into(),
         },
     )
     .context("invalid configuration")?;

@@ -59,6 +59,13 @@ pub enum AdminOp {
     ShapeClear {
         host: String,
     },
+    /// A call this actor's certificate does not allow: recorded in the
+    /// history (no other effect). `request` names what was asked, `needed`
+    /// the role it takes.
+    Refused {
+        request: String,
+        needed: String,
+    },
 }
 
 impl AdminOp {
@@ -82,6 +89,9 @@ impl AdminOp {
                 spec.command.join(" ")
             ),
             AdminOp::Job(op) => format!("job {op:?}"),
+            AdminOp::Refused { request, needed } => {
+                format!("refused: {request} (needs role {needed})")
+            }
             op => format!("{op:?}"),
         }
     }
@@ -97,9 +107,10 @@ impl AdminOp {
             | AdminOp::NicFailover { host, .. }
             | AdminOp::NicFailback { host, .. }
             | AdminOp::ShapeClear { host } => Some(host),
-            AdminOp::Job(_) | AdminOp::PlaybookApply { .. } | AdminOp::PlaybookDelete { .. } => {
-                None
-            }
+            AdminOp::Job(_)
+            | AdminOp::PlaybookApply { .. }
+            | AdminOp::PlaybookDelete { .. }
+            | AdminOp::Refused { .. } => None,
         }
     }
 }
@@ -129,6 +140,7 @@ pub enum AdminAction {
     PlaybookApply,
     PlaybookDelete,
     ShapeClear,
+    Refused,
 }
 
 impl AdminOp {
@@ -145,6 +157,7 @@ impl AdminOp {
             AdminOp::Job(_) => AdminAction::Job,
             AdminOp::PlaybookApply { .. } => AdminAction::PlaybookApply,
             AdminOp::PlaybookDelete { .. } => AdminAction::PlaybookDelete,
+            AdminOp::Refused { .. } => AdminAction::Refused,
             AdminOp::ShapeClear { .. } => AdminAction::ShapeClear,
         }
     }

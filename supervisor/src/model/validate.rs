@@ -78,6 +78,14 @@ impl ClusterState {
                             self.playbooks_after_apply(files).map(|_| ())
                         }
                         AdminOp::PlaybookDelete { name } => self.validate_playbook_delete(name),
+                        AdminOp::Refused { request, needed } => {
+                            if request.len() > MAX_REASON_LEN || needed.len() > MAX_REASON_LEN {
+                                return Err(CmdError::InvalidArgument(format!(
+                                    "a refusal's text is longer than {MAX_REASON_LEN} bytes"
+                                )));
+                            }
+                            Ok(())
+                        }
                         _ => unreachable!("only cluster-wide operations have no host"),
                     };
                 };

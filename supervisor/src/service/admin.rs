@@ -18,6 +18,7 @@ use crate::api::{AdminCall, AdminReply, AdminRequest, ApiError, ErrorKind, QpVie
 use crate::leader::services::Leader;
 use crate::model::{ClusterEvent, CmdOk, Command, IntentStatus};
 use crate::node::Supervisor;
+use crate::service::auth::{admin_identity, authorize};
 use crate::service::transfer::transfer_leader;
 
 /// The `Admin` gRPC service.
@@ -519,8 +520,14 @@ async fn forward(sup: &Arc<Supervisor>, mut call: AdminCall) -> Result<AdminRepl
 #[tonic::async_trait]
 impl Admin for AdminService {
     async fn call(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
-        let call: AdminCall = serde_json::from_slice(&req.get_ref().body)
+        let mut call: AdminCall = serde_json::from_slice(&req.get_ref().body)
             .map_err(|e| Status::from(ApiError::invalid(format!("malformed admin call: {e}"))))?;
+        let sup = &self.leader.node;
+        // The actor is the certificate's user, whatever the call says.
+        let (actor, role) = admin_identity(sup, &req, &call.actor)?;
+        call.actor = actor;
+        call.forwarded = false;
+        authorize(sup, &call.actor, role, &call.request).await?;
         tracing::debug!(actor = %call.actor, request = ?call.request, "admin call");
         let reply = handle(&self.leader, call).await.map_err(Status::from)?;
         let body = serde_json::to_vec(&reply).map_err(|e| Status::internal(e.to_string()))?;
@@ -533,6 +540,15 @@ impl Admin for AdminService {
         &self,
         req: Request<FollowRequest>,
     ) -> Result<Response<Self::FollowStream>, Status> {
+        let sup = &self.leader.node;
+        let (actor, role) = admin_identity(sup, &req, "")?;
+        authorize(
+            sup,
+            &actor,
+            role,
+            &AdminRequest::Events { since: 0, limit: 0 },
+        )
+        .await?;
         let mut since = req.get_ref().since;
         let sup = self.leader.node.clone();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Blob, Status>>(256);

@@ -38,6 +38,7 @@ use crate::api::{ApiError, ErrorKind};
 use crate::leader::services::Leader;
 use crate::model::{AgentEvent, ClusterState, CmdOk, Command, NicSpec};
 use crate::node::Supervisor;
+use crate::service::auth::{caller, require_agent, Caller};
 
 /// Most events folded into one command from one stream.
 pub const MAX_EVENTS_PER_COMMAND: usize = 512;
@@ -133,6 +134,7 @@ impl Agent for AgentService {
         &self,
         req: Request<RegisterHost>,
     ) -> Result<Response<RegisterReply>, Status> {
+        require_agent(&self.sup, &req, &req.get_ref().host)?;
         self.require_leader()?;
         let r = req.into_inner();
         let nics = r
@@ -167,6 +169,7 @@ impl Agent for AgentService {
         &self,
         req: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatReply>, Status> {
+        require_agent(&self.sup, &req, &req.get_ref().host)?;
         self.require_leader()?;
         let host = req.into_inner().host;
         if !self.sup.read(|st| st.hosts.contains_key(&host)) {
@@ -191,6 +194,7 @@ impl Agent for AgentService {
         &self,
         req: Request<OrdersRequest>,
     ) -> Result<Response<Self::OrdersStream>, Status> {
+        require_agent(&self.sup, &req, &req.get_ref().host)?;
         self.require_leader()?;
         let host = req.into_inner().host;
         if !self.sup.read(|st| st.hosts.contains_key(&host)) {
@@ -210,6 +214,7 @@ impl Agent for AgentService {
         &self,
         req: Request<OrderResult>,
     ) -> Result<Response<OrderResultReply>, Status> {
+        require_agent(&self.sup, &req, &req.get_ref().host)?;
         self.require_leader()?;
         let r = req.into_inner();
         let outcome = proto::agent::OrderOutcome::try_from(&r)
@@ -228,6 +233,7 @@ impl Agent for AgentService {
         &self,
         req: Request<proto::v1::LogTailResult>,
     ) -> Result<Response<OrderResultReply>, Status> {
+        require_agent(&self.sup, &req, &req.get_ref().host)?;
         self.require_leader()?;
         let r = req.into_inner();
         self.leader.orders.answer_query(r);
@@ -241,6 +247,19 @@ impl Agent for AgentService {
         req: Request<Streaming<PbEvent>>,
     ) -> Result<Response<Self::ReportStream>, Status> {
         self.require_leader()?;
+        // The host this stream may speak for: its certificate's (checked
+        // against the first event's host below), any on an insecure cluster.
+        let allowed = match caller(&self.sup, &req)? {
+            Caller::Insecure => None,
+            Caller::Peer(p) => match &p.identity {
+                pki::Identity::Agent { host } => Some(host.clone()),
+                other => {
+                    return Err(Status::permission_denied(format!(
+                        "{other} may not report agent events: it takes an agent certificate"
+                    )))
+                }
+            },
+        };
         let mut inbound = req.into_inner();
         let sup = self.sup.clone();
         let host_slot = Arc::new(std::sync::Mutex::new(String::new()));
@@ -302,6 +321,16 @@ impl Agent for AgentService {
                     }
                     Some(Ok(e)) => e,
                 };
+                if let Some(a) = allowed.as_deref().filter(|a| *a != first.host) {
+                    tracing::warn!(cert_host = a, host = %first.host, "refused events for another host");
+                    let _ = ack_tx
+                        .send(Err(Status::permission_denied(format!(
+                            "agent:{a} may not speak for host {}: it takes the agent certificate of {}",
+                            first.host, first.host
+                        ))))
+                        .await;
+                    return;
+                }
                 let h = host
                     .get_or_insert_with(|| {
                         *host_slot.lock().expect("host slot") = first.host.clone();
@@ -376,6 +405,7 @@ impl Agent for AgentService {
         &self,
         req: Request<proto::v1::ProbePlanRequest>,
     ) -> Result<Response<proto::v1::ProbePlan>, Status> {
+        require_agent(&self.sup, &req, &req.get_ref().host)?;
         let host = req.into_inner().host;
         let plan = self
             .sup
@@ -389,6 +419,7 @@ impl Agent for AgentService {
         &self,
         req: Request<proto::v1::ProbeSummary>,
     ) -> Result<Response<proto::v1::ProbeSummaryReply>, Status> {
+        require_agent(&self.sup, &req, &req.get_ref().host)?;
         self.require_leader()?;
         let s = req.into_inner();
         let now = Instant::now();

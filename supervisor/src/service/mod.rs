@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod agent;
+pub mod auth;
 pub mod peer;
 pub mod transfer;
 
@@ -15,28 +16,20 @@ use proto::v1::raft_peer_server::RaftPeerServer;
 use crate::leader::services::Leader;
 
 /// Serves `Admin`, `Agent` and `RaftPeer` on `listener` until `shutdown`
-/// resolves. Message sizes are bounded per service.
+/// resolves: with mutual TLS when `tls` is given (every connection
+/// presents a certificate of the cluster CA; handlers read the caller's
+/// identity from it, [`auth`]), plain text otherwise (`--insecure`).
+/// Message sizes are bounded per service.
 pub async fn serve(
     leader: Arc<Leader>,
     listener: tokio::net::TcpListener,
+    tls: Option<pki::ServerTls>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     let sup = leader.node.clone();
     let addr: Option<SocketAddr> = listener.local_addr().ok();
-    tracing::info!(addr = ?addr, id = sup.id, "serving gRPC");
-    // With our own listener tonic cannot set TCP_NODELAY; without it small
-    // replies wait for delayed ACKs (~40 ms stalls).
-    let incoming = tokio_stream::StreamExt::map(
-        tokio_stream::wrappers::TcpListenerStream::new(listener),
-        |conn| {
-            conn.inspect(|s| {
-                if let Err(e) = s.set_nodelay(true) {
-                    tracing::warn!(error = %e, "cannot set TCP_NODELAY");
-                }
-            })
-        },
-    );
-    tonic::transport::Server::builder()
+    tracing::info!(addr = ?addr, id = sup.id, mtls = tls.is_some(), "serving gRPC");
+    let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .concurrency_limit_per_connection(1024)
         .add_service(
@@ -54,7 +47,30 @@ pub async fn serve(
         .add_service(
             AgentServer::new(agent::AgentService { sup, leader })
                 .max_decoding_message_size(proto::MAX_AGENT_MESSAGE_BYTES),
-        )
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+        );
+    match tls {
+        // The accept stream sets TCP_NODELAY itself.
+        Some(tls) => {
+            router
+                .serve_with_incoming_shutdown(pki::incoming(listener, tls), shutdown)
+                .await
+        }
+        None => {
+            // With our own listener tonic cannot set TCP_NODELAY; without it small
+            // replies wait for delayed ACKs (~40 ms stalls).
+            let incoming = tokio_stream::StreamExt::map(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                |conn| {
+                    conn.inspect(|s| {
+                        if let Err(e) = s.set_nodelay(true) {
+                            tracing::warn!(error = %e, "cannot set TCP_NODELAY");
+                        }
+                    })
+                },
+            );
+            router
+                .serve_with_incoming_shutdown(incoming, shutdown)
+                .await
+        }
+    }
 }

@@ -14,6 +14,7 @@ use crate::api::AdminCall;
 use crate::leader::services::Leader;
 use crate::network::{decode, encode};
 use crate::node::Supervisor;
+use crate::service::auth::require_member;
 use crate::service::transfer::{Control, MAX_PAUSE_MS};
 
 /// The `RaftPeer` gRPC service.
@@ -51,21 +52,28 @@ fn reply<T: Serialize>(v: &T) -> Result<Response<Blob>, Status> {
 #[tonic::async_trait]
 impl RaftPeer for PeerService {
     async fn append_entries(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
+        require_member(&self.sup, &req, "send Raft AppendEntries")?;
         let rpc = decode(req.get_ref()).map_err(bad_request)?;
         reply(&self.sup.raft.append_entries(rpc).await)
     }
 
     async fn vote(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
+        require_member(&self.sup, &req, "send Raft Vote")?;
         let rpc = decode(req.get_ref()).map_err(bad_request)?;
         reply(&self.sup.raft.vote(rpc).await)
     }
 
     async fn install_snapshot(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
+        require_member(&self.sup, &req, "send Raft InstallSnapshot")?;
         let rpc = decode(req.get_ref()).map_err(bad_request)?;
         reply(&self.sup.raft.install_snapshot(rpc).await)
     }
 
+    /// A follower's admin call: the follower checked the caller's
+    /// certificate and role and set the actor from it; only members may
+    /// forward, so the actor is trusted as a member's word.
     async fn forward(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
+        require_member(&self.sup, &req, "forward admin calls")?;
         let mut call: AdminCall = serde_json::from_slice(&req.get_ref().body)
             .map_err(|e| Status::invalid_argument(format!("malformed forwarded call: {e}")))?;
         call.forwarded = true;
@@ -75,6 +83,7 @@ impl RaftPeer for PeerService {
     }
 
     async fn control(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
+        require_member(&self.sup, &req, "control elections")?;
         let c: Control = decode(req.get_ref()).map_err(bad_request)?;
         tracing::info!(control = ?c, "election control");
         match c {

@@ -1,5 +1,7 @@
 //! Shared fixtures: a real `railguard-supervisor` process (one-node cluster)
-//! on a free loopback port with its own data directory, killed on drop.
+//! on a free loopback port with its own data directory, killed on drop,
+//! speaking mutual TLS with certificates from one lab CA per test binary
+//! ([`lab`]): supervisors, agents and admins each present their own.
 
 #![allow(dead_code)]
 
@@ -7,10 +9,11 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use pki::{Identity, LabPki, Role, ServerTlsFiles};
 use proto::v1::agent_client::AgentClient;
 use proto::v1::RegisterHost;
 use supervisor::api::{AdminReply, AdminRequest};
-use supervisor::client::AdminClient;
+use supervisor::client::{AdminClient, ClientTls};
 use supervisor::model::events::Event;
 
 /// The testbed's agent stand-in (agent client, the testbed's two rails, NIC
@@ -40,6 +43,45 @@ pub fn cli_bin() -> std::path::PathBuf {
         p.display()
     );
     p
+}
+
+/// The lab CA of this test binary (in the target's tmp dir, reused).
+pub fn lab() -> &'static std::sync::Mutex<LabPki> {
+    static LAB: std::sync::OnceLock<std::sync::Mutex<LabPki>> = std::sync::OnceLock::new();
+    LAB.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("pki-{}", module_path!().replace("::", "-")));
+        std::sync::Mutex::new(LabPki::open(&dir).expect("lab CA"))
+    })
+}
+
+/// The files of `id`'s certificate.
+pub fn files(id: &Identity) -> ServerTlsFiles {
+    lab()
+        .lock()
+        .unwrap()
+        .files(id)
+        .expect("issue a lab certificate")
+}
+
+/// A client TLS setting presenting `id`'s certificate.
+pub fn tls_as(id: &Identity) -> ClientTls {
+    ClientTls::from_mode(&pki::TlsMode::Mtls(files(id))).expect("client TLS")
+}
+
+/// The admin every test acts as unless it says otherwise.
+pub fn admin_id() -> Identity {
+    Identity::admin("test", Role::Admin).unwrap()
+}
+
+/// A channel to `addr` as the agent of `host`.
+pub fn agent_channel(addr: &str, host: &str) -> tonic::transport::Channel {
+    supervisor::network::channel(addr, &tls_as(&Identity::agent(host).unwrap())).unwrap()
+}
+
+/// `--ca/--cert/--key` of supervisor `id`.
+pub fn sup_args(id: u64) -> Vec<String> {
+    files(&Identity::supervisor(id)).args()
 }
 
 pub fn free_port() -> u16 {
@@ -111,6 +153,7 @@ impl Sup {
         let child = Command::new(SUPERVISOR)
             .args(["--listen", &self.addr, "--data-dir"])
             .arg(self.dir.path().join("data"))
+            .args(sup_args(1))
             .args(&self.extra)
             .env_remove("RUST_BACKTRACE")
             .stdout(Stdio::null())
@@ -139,10 +182,16 @@ impl Sup {
     }
 
     pub fn client(&self) -> AdminClient {
+        self.client_as(&admin_id())
+    }
+
+    /// An admin client presenting `id`'s certificate.
+    pub fn client_as(&self, id: &Identity) -> AdminClient {
         AdminClient::new(
             std::slice::from_ref(&self.addr),
             "test",
             Duration::from_secs(5),
+            &tls_as(id),
         )
         .unwrap()
     }
@@ -175,6 +224,7 @@ pub fn cli(addr: &str, args: &[&str]) -> Output {
         .args(["--supervisor", addr])
         .args(args)
         .env_remove("RAILGUARD_SUPERVISORS")
+        .envs(files(&admin_id()).cli_env())
         .output()
         .unwrap()
 }
@@ -183,16 +233,17 @@ pub fn exists(p: &Path) -> bool {
     p.exists()
 }
 
-/// The agent API of the supervisor at `addr` (the testbed's agent stand-in).
-pub async fn agent(addr: &str) -> AgentClient<tonic::transport::Channel> {
-    agentsim::agent_client(addr).unwrap()
+/// The agent API of the supervisor at `addr` (the testbed's agent
+/// stand-in), as the agent of `host` (its own certificate).
+pub async fn agent(addr: &str, host: &str) -> AgentClient<tonic::transport::Channel> {
+    agentsim::agent_client(addr, &tls_as(&Identity::agent(host).unwrap())).unwrap()
 }
 
 /// Registers `host` with the testbed's two rails (each the other's
 /// backup), as agent version `test`; returns the last applied event
 /// sequence the supervisor answered (where the agent resumes).
 pub async fn register(addr: &str, host: &str) -> u64 {
-    agent(addr)
+    agent(addr, host)
         .await
         .register(RegisterHost {
             host: host.into(),

@@ -113,6 +113,9 @@ impl ClusterState {
                             self.playbook_version += 1;
                             format!("playbook {name} deleted")
                         }
+                        AdminOp::Refused { request, needed } => {
+                            format!("refused {request}: needs role {needed}")
+                        }
                         _ => unreachable!("only cluster-wide operations have no host"),
                     };
                     self.record_admin(index, at_ms, actor, op);
@@ -202,7 +205,8 @@ impl ClusterState {
                     }
                     AdminOp::Job(_)
                     | AdminOp::PlaybookApply { .. }
-                    | AdminOp::PlaybookDelete { .. } => {
+                    | AdminOp::PlaybookDelete { .. }
+                    | AdminOp::Refused { .. } => {
                         unreachable!("cluster-wide operations have no host")
                     }
                     AdminOp::ShapeClear { .. } => unreachable!("applied above"),

@@ -1,0 +1,195 @@
+//! Who is calling and what they may do. With mutual TLS every identity
+//! comes from the caller's verified certificate ([`pki::PeerInfo`], put on
+//! the request by the accept stream), never from a request field:
+//! - Raft RPCs, forwarded admin calls and election control: a supervisor
+//!   certificate of a current member (voter or learner). A node that has
+//!   no membership yet (started with `--join`) accepts any supervisor of
+//!   the cluster CA, or it could never be added.
+//! - Agent RPCs: an agent certificate, speaking only for its own host.
+//! - Admin calls: an admin certificate whose role covers the request
+//!   ([`role_needed`]): `viewer` reads, `operator` runs the day-to-day
+//!   operations, `admin` changes membership, playbooks, revocations and
+//!   submits jobs.
+//!
+//! A refusal is `PermissionDenied` naming who, what and the role needed;
+//! for an admin the refusal is also recorded in the admin history (on the
+//! leader). On an `--insecure` cluster nothing is checked: the caller is
+//! unknown and every call is allowed, as the warning at start says.
+
+use std::sync::Arc;
+
+use pki::{Identity, PeerInfo, Role};
+use tonic::{Request, Status};
+
+use crate::api::{AdminRequest, ApiError, ErrorKind};
+use crate::model::{AdminOp, Command, JobOp};
+use crate::node::Supervisor;
+
+/// The caller of one request.
+pub enum Caller<'a> {
+    /// Verified by its certificate.
+    Peer(&'a PeerInfo),
+    /// The cluster runs without TLS: nobody is known.
+    Insecure,
+}
+
+/// The caller of `req` on `sup`: its certificate's identity with mTLS (a
+/// request without one is `Unauthenticated`, which the accept stream
+/// should make impossible), nobody on an insecure cluster.
+pub fn caller<'a, T>(sup: &Supervisor, req: &'a Request<T>) -> Result<Caller<'a>, Status> {
+    if sup.config.tls.is_mtls() {
+        pki::require(req).map(Caller::Peer)
+    } else {
+        Ok(Caller::Insecure)
+    }
+}
+
+/// A refusal: `PermissionDenied`, marked as the supervisor's own definite
+/// answer (clients do not retry it).
+fn refusal(message: String) -> Status {
+    Status::from(ApiError::new(ErrorKind::PermissionDenied, message))
+}
+
+fn denied(who: &Identity, what: &str, need: &str) -> Status {
+    refusal(format!("{who} may not {what}: it takes {need}"))
+}
+
+/// Raft traffic and peer control: only current members' certificates.
+pub fn require_member<T>(sup: &Supervisor, req: &Request<T>, what: &str) -> Result<(), Status> {
+    let peer = match caller(sup, req)? {
+        Caller::Insecure => return Ok(()),
+        Caller::Peer(p) => p,
+    };
+    let member = match peer.identity {
+        Identity::Supervisor { member } => member,
+        ref other => {
+            tracing::warn!(who = %other, what, "refused a peer RPC from a non-supervisor");
+            return Err(denied(other, what, "a supervisor certificate"));
+        }
+    };
+    let m = sup.raft.metrics().borrow().membership_config.clone();
+    let mut nodes = m.membership().nodes().map(|(id, _)| *id).peekable();
+    if nodes.peek().is_none() || m.membership().nodes().any(|(id, _)| *id == member) {
+        return Ok(());
+    }
+    tracing::warn!(
+        member,
+        what,
+        "refused a peer RPC from a supervisor that is not a member"
+    );
+    Err(denied(
+        &peer.identity,
+        what,
+        "a current member of this cluster",
+    ))
+}
+
+/// Agent RPCs: an agent certificate for `host` itself.
+pub fn require_agent<T>(sup: &Supervisor, req: &Request<T>, host: &str) -> Result<(), Status> {
+    let peer = match caller(sup, req)? {
+        Caller::Insecure => return Ok(()),
+        Caller::Peer(p) => p,
+    };
+    match &peer.identity {
+        Identity::Agent { host: h } if h == host => Ok(()),
+        other => {
+            tracing::warn!(who = %other, host, "refused an agent RPC for another host");
+            let what = format!("speak for host {host}");
+            Err(denied(
+                other,
+                &what,
+                &format!("the agent certificate of {host}"),
+            ))
+        }
+    }
+}
+
+/// The role an admin request takes.
+pub fn role_needed(r: &AdminRequest) -> Role {
+    match r {
+        AdminRequest::ClusterInit
+        | AdminRequest::AddMember { .. }
+        | AdminRequest::RemoveMember { .. }
+        | AdminRequest::TransferLeader { .. } => Role::Admin,
+        AdminRequest::Write { op } => match op {
+            AdminOp::Job(JobOp::Submit { .. })
+            | AdminOp::PlaybookApply { .. }
+            | AdminOp::PlaybookDelete { .. }
+            | AdminOp::Refused { .. } => Role::Admin,
+            AdminOp::Cordon { .. }
+            | AdminOp::Uncordon { .. }
+            | AdminOp::Drain { .. }
+            | AdminOp::Undrain { .. }
+            | AdminOp::SetLabels { .. }
+            | AdminOp::NicFailover { .. }
+            | AdminOp::NicFailback { .. }
+            | AdminOp::Job(_)
+            | AdminOp::ShapeClear { .. } => Role::Operator,
+        },
+        _ => Role::Viewer,
+    }
+}
+
+/// A one-line name of a request for refusals ("write Drain", "cluster
+/// AddMember").
+pub fn request_name(r: &AdminRequest) -> String {
+    match r {
+        AdminRequest::Write { op } => op.summary(),
+        other => {
+            let d = format!("{other:?}");
+            d.split([' ', '{', '('])
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        }
+    }
+}
+
+/// Who an admin call acts as: the certificate's user and role. With
+/// `--insecure`, the name the client gave and every role.
+pub fn admin_identity<T>(
+    sup: &Supervisor,
+    req: &Request<T>,
+    claimed: &str,
+) -> Result<(String, Role), Status> {
+    match caller(sup, req)? {
+        Caller::Insecure => Ok((claimed.to_owned(), Role::Admin)),
+        Caller::Peer(p) => match &p.identity {
+            Identity::Admin { user, role } => Ok((user.clone(), *role)),
+            other => Err(denied(other, "make admin calls", "an admin certificate")),
+        },
+    }
+}
+
+/// Checks `role` against what `request` takes; a refusal is recorded in the
+/// admin history when this node leads (best effort: the refusal is
+/// returned either way).
+pub async fn authorize(
+    sup: &Arc<Supervisor>,
+    actor: &str,
+    role: Role,
+    request: &AdminRequest,
+) -> Result<(), Status> {
+    let need = role_needed(request);
+    if role >= need {
+        return Ok(());
+    }
+    let what = request_name(request);
+    tracing::warn!(actor, role = %role, need = %need, request = %what, "admin call refused");
+    if sup.is_leader() {
+        let cmd = Command::Admin {
+            actor: actor.to_owned(),
+            op: AdminOp::Refused {
+                request: what.chars().take(200).collect(),
+                needed: need.to_string(),
+            },
+            request: None,
+        };
+        if let Err(e) = sup.propose(cmd).await {
+            tracing::warn!(error = %e, "could not record the refusal");
+        }
+    }
+    Err(refusal(format!(
+        "{actor} (role {role}) may not {what}: it takes role {need}"
+    )))
+}

@@ -1,0 +1,283 @@
+//! Mutual TLS and authorisation against a real supervisor process: every
+//! identity comes from the caller's certificate. Strangers (no certificate,
+//! another CA's, an expired one) never get past the handshake; an agent
+//! speaks only for its own host; Raft RPCs come only from members; an
+//! admin does only what its role allows, and a refusal is recorded in the
+//! admin history while the cluster's state stays as it was.
+
+mod common;
+
+use std::time::{Duration, SystemTime};
+
+use common::{agent, tls_as, Sup};
+use pki::{Identity, Role};
+use proto::v1::admin_client::AdminClient as AdminGrpc;
+use proto::v1::raft_peer_client::RaftPeerClient;
+use proto::v1::{Blob, HeartbeatRequest, OrderResult};
+use supervisor::api::{AdminReply, AdminRequest};
+use supervisor::client::{AdminClient, ClientTls};
+use supervisor::model::jobs::{JobOp, JobSpec};
+use supervisor::model::AdminOp;
+
+/// What a refusal must not change: each host's admin state (cordon,
+/// drain, labels, NIC states, applied events), jobs and members. (Liveness
+/// is left out: these hosts have no agent, so they go Down on their own.)
+async fn state(sup: &Sup) -> String {
+    let c = sup.client();
+    let AdminReply::Hosts { hosts } = c.call(AdminRequest::NodeList, false).await.unwrap() else {
+        panic!("not a host list")
+    };
+    let hosts: Vec<String> = hosts
+        .iter()
+        .map(|h| {
+            let nics: Vec<_> = h.nics.values().map(|n| (&n.name, n.state)).collect();
+            format!(
+                "{} {} {:?} {:?} {:?} {}",
+                h.name, h.cordoned, h.drain, h.labels, nics, h.last_event_seq
+            )
+        })
+        .collect();
+    let jobs = c.call(AdminRequest::JobList, false).await.unwrap();
+    let AdminReply::Members { members } =
+        c.call(AdminRequest::ClusterMembers, false).await.unwrap()
+    else {
+        panic!("not a member list")
+    };
+    let members: Vec<(u64, bool)> = members.iter().map(|m| (m.id, m.voter)).collect();
+    format!(
+        "{hosts:?}\n{}\n{members:?}",
+        serde_json::to_string(&jobs).unwrap()
+    )
+}
+
+/// The admin history, oldest first.
+async fn history(sup: &Sup) -> Vec<supervisor::model::AdminRecord> {
+    let AdminReply::History { records } = sup
+        .client()
+        .call(AdminRequest::AdminHistory { limit: 100 }, false)
+        .await
+        .unwrap()
+    else {
+        panic!("not a history reply")
+    };
+    records
+}
+
+fn client(sup: &Sup, tls: &ClientTls) -> AdminClient {
+    AdminClient::new(
+        std::slice::from_ref(&sup.addr),
+        "claimed-name",
+        Duration::from_secs(3),
+        tls,
+    )
+    .unwrap()
+}
+
+fn drain_h0() -> AdminRequest {
+    AdminRequest::Write {
+        op: AdminOp::Drain {
+            host: "h0".into(),
+            reason: "test".into(),
+            deadline_ms: None,
+        },
+    }
+}
+
+#[tokio::test]
+async fn strangers_never_get_past_the_handshake() {
+    let sup = Sup::with_h0(&[]).await;
+    let before = state(&sup).await;
+    // No TLS at all.
+    let e = client(&sup, &ClientTls::Insecure)
+        .call(drain_h0(), false)
+        .await
+        .unwrap_err();
+    assert!(e.is_definite() || !e.message.is_empty(), "{e:?}");
+    // A certificate of another CA.
+    let other = tempfile::tempdir().unwrap();
+    let lab = pki::LabPki::open(other.path()).unwrap();
+    let foreign = lab.admin("mallory", Role::Admin).unwrap();
+    let tls = ClientTls::from_mode(&pki::TlsMode::Mtls(foreign)).unwrap();
+    assert!(client(&sup, &tls).call(drain_h0(), false).await.is_err());
+    // An expired certificate of the right CA.
+    let dir = tempfile::tempdir().unwrap();
+    let ca_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("pki-security-common")
+        .join("ca");
+    let day = Duration::from_secs(86_400);
+    let issued = pki::issue_with_validity(
+        &ca_dir,
+        &Identity::admin("old", Role::Admin).unwrap(),
+        &[],
+        pki::Validity {
+            not_before: SystemTime::now() - 10 * day,
+            not_after: SystemTime::now() - day,
+        },
+        dir.path(),
+    )
+    .unwrap();
+    let expired = pki::ServerTlsFiles {
+        ca: ca_dir.join("ca.pem"),
+        cert: issued.cert_path,
+        key: issued.key_path,
+    };
+    let tls = ClientTls::from_mode(&pki::TlsMode::Mtls(expired)).unwrap();
+    assert!(client(&sup, &tls).call(drain_h0(), false).await.is_err());
+    assert_eq!(state(&sup).await, before, "strangers changed nothing");
+}
+
+#[tokio::test]
+async fn roles_limit_admins_and_refusals_are_recorded() {
+    let sup = Sup::with_h0(&[]).await;
+    let before = state(&sup).await;
+    let viewer = sup.client_as(&Identity::admin("vera", Role::Viewer).unwrap());
+    // A viewer reads...
+    viewer.call(AdminRequest::NodeList, false).await.unwrap();
+    // ...but may not drain.
+    let e = viewer.call(drain_h0(), false).await.unwrap_err();
+    assert!(e.message.contains("vera (role viewer)"), "{e:?}");
+    assert!(e.message.contains("takes role operator"), "{e:?}");
+    // An operator drains but may not submit a job.
+    let operator = sup.client_as(&Identity::admin("otto", Role::Operator).unwrap());
+    let spec: JobSpec = serde_json::from_value(serde_json::json!({
+        "name": "j", "ranks": 1, "command": ["true"], "checkpoint_dir": "/tmp/j"
+    }))
+    .unwrap();
+    let submit = AdminRequest::Write {
+        op: AdminOp::Job(JobOp::Submit { spec }),
+    };
+    let e = operator.call(submit, false).await.unwrap_err();
+    assert!(e.message.contains("takes role admin"), "{e:?}");
+    // Nor change membership.
+    let e = operator
+        .call(AdminRequest::RemoveMember { id: 1 }, false)
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("takes role admin"), "{e:?}");
+    assert_eq!(state(&sup).await, before, "refused calls changed nothing");
+    // The history names who was refused what (the certificate's user,
+    // never the name the client claimed).
+    let records = history(&sup).await;
+    let refused: Vec<(String, String)> = records
+        .iter()
+        .filter_map(|r| match &r.op {
+            AdminOp::Refused { needed, .. } => Some((r.actor.clone(), needed.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        refused,
+        vec![
+            ("vera".to_string(), "operator".to_string()),
+            ("otto".to_string(), "admin".to_string()),
+            ("otto".to_string(), "admin".to_string()),
+        ]
+    );
+    // The operator's drain goes through, recorded under its user.
+    operator.call(drain_h0(), false).await.unwrap();
+    let records = history(&sup).await;
+    let last = records.last().unwrap();
+    assert!(matches!(last.op, AdminOp::Drain { .. }));
+    assert_eq!(
+        last.actor, "otto",
+        "the certificate's user, not the claimed name"
+    );
+}
+
+#[tokio::test]
+async fn an_agent_speaks_only_for_its_own_host() {
+    let sup = Sup::with_h0(&[]).await;
+    common::register(&sup.addr, "h1").await;
+    let before = state(&sup).await;
+    let mut h1 = agent(&sup.addr, "h1").await;
+    let e = h1
+        .heartbeat(HeartbeatRequest {
+            host: "h0".into(),
+            sent_unix_ms: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert!(e.message().contains("agent:h1"), "{e:?}");
+    let e = h1
+        .order_done(OrderResult {
+            host: "h0".into(),
+            order_id: 1,
+            ok: true,
+            detail: String::new(),
+            checkpoint_step: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    // A forged link-down for h0 on h1's stream.
+    let mut acks = h1
+        .report(tokio_stream::iter(vec![common::agentsim::nic_event(
+            "h0", 1, "rail0", false,
+        )]))
+        .await
+        .unwrap()
+        .into_inner();
+    let e = acks.message().await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+    assert_eq!(state(&sup).await, before, "forged reports changed nothing");
+}
+
+#[tokio::test]
+async fn raft_rpcs_come_only_from_members() {
+    let sup = Sup::with_h0(&[]).await;
+    let before = state(&sup).await;
+    let raft_as = |id: &Identity| {
+        RaftPeerClient::new(supervisor::network::channel(&sup.addr, &tls_as(id)).unwrap())
+    };
+    let empty = || Blob { body: Vec::new() };
+    let pause =
+        supervisor::network::encode(&supervisor::service::transfer::Control::PauseElection {
+            ms: 5_000,
+        })
+        .unwrap();
+    for stranger in [
+        Identity::admin("root", Role::Admin).unwrap(),
+        Identity::agent("h0").unwrap(),
+        Identity::supervisor(9),
+    ] {
+        let mut c = raft_as(&stranger);
+        for s in [
+            c.append_entries(empty()).await.unwrap_err(),
+            c.vote(empty()).await.unwrap_err(),
+            c.install_snapshot(empty()).await.unwrap_err(),
+            c.control(pause.clone()).await.unwrap_err(),
+            c.forward(empty()).await.unwrap_err(),
+        ] {
+            assert_eq!(s.code(), tonic::Code::PermissionDenied, "{stranger}: {s:?}");
+        }
+    }
+    // An admin certificate on the admin port cannot reach Raft either.
+    let mut admin = AdminGrpc::new(
+        supervisor::network::channel(&sup.addr, &tls_as(&common::admin_id())).unwrap(),
+    );
+    admin
+        .call(Blob {
+            body: serde_json::to_vec(&supervisor::api::AdminCall {
+                actor: "x".into(),
+                stale: true,
+                forwarded: false,
+                request_id: None,
+                request: AdminRequest::Status,
+            })
+            .unwrap(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(state(&sup).await, before);
+    // Elections were not paused: the node still leads and commits.
+    sup.client()
+        .call(
+            AdminRequest::Write {
+                op: AdminOp::Cordon { host: "h0".into() },
+            },
+            false,
+        )
+        .await
+        .unwrap();
+}
