@@ -72,6 +72,8 @@ struct JobFile {
     checkpoint_every: u64,
     max_restarts: Option<u32>,
     backoff: Option<String>,
+    /// The user the ranks run as (default: each agent's default user).
+    user: Option<String>,
 }
 
 /// Reads and validates a job file.
@@ -98,6 +100,7 @@ pub fn read_job_file(path: &std::path::Path) -> anyhow::Result<supervisor::model
         checkpoint_every: f.checkpoint_every,
         max_restarts: f.max_restarts.unwrap_or(3),
         backoff_ms,
+        user: f.user,
     };
     spec.validate()
         .map_err(|e| ApiError::invalid(format!("{}: {e}", path.display())))?;
