@@ -83,7 +83,7 @@ async fn held_while_queueing_to_the_peer_is_high_released_with_hysteresis_and_on
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("agent.sock");
     let control = Control::new(vec![nic("rail0", 0), nic("rail1", 1)]);
-    tokio::spawn(control.clone().serve(bind(&sock).unwrap()));
+    tokio::spawn(control.clone().serve(bind(&sock, None).unwrap()));
     let (job, mut orders) = ContractClient::connect_with(
         &sock,
         Hello {
