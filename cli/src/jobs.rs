@@ -273,3 +273,25 @@ pub fn print_job_logs(host: &str, incarnation: u64, text: &str) {
         println!();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::read_job_file;
+
+    #[test]
+    fn a_job_file_may_name_the_user_its_ranks_run_as() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.toml");
+        let base = "name = \"j\"\nranks = 1\ncommand = [\"/bin/true\"]\ncheckpoint_dir = \"/c\"\n";
+        std::fs::write(&path, base).unwrap();
+        assert_eq!(read_job_file(&path).unwrap().user, None);
+        std::fs::write(&path, format!("{base}user = \"trainer\"\n")).unwrap();
+        assert_eq!(
+            read_job_file(&path).unwrap().user.as_deref(),
+            Some("trainer")
+        );
+        std::fs::write(&path, format!("{base}user = \"a b\"\n")).unwrap();
+        let e = read_job_file(&path).unwrap_err().to_string();
+        assert!(e.contains("user \"a b\""), "{e}");
+    }
+}
