@@ -349,10 +349,16 @@ pub fn load(
             ))
         })?),
         // A user created after the agent started counts at its restart.
-        None => lookup_user(&jobs.default_user)
-            .ok()
-            .flatten()
-            .map(|u| u.gid),
+        None => {
+            let gid = lookup_user(&jobs.default_user)
+                .ok()
+                .flatten()
+                .map(|u| u.gid);
+            if gid.is_none() {
+                tracing::warn!(user = %jobs.default_user, "the default job user does not exist: ranks are refused until it does (useradd --system), and the control socket's group is root's until the agent restarts");
+            }
+            gid
+        }
     };
     let test_order_delay_ms = over.test_order_delay_ms.unwrap_or(0);
     if test_order_delay_ms > MAX_TEST_ORDER_DELAY_MS {
