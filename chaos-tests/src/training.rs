@@ -84,10 +84,8 @@ impl Training {
             hosts: o.hosts,
         })
         .await?;
-        let t = Training {
-            c,
-            ringtrain: testbed::cluster::bin_path("ringtrain")?,
-        };
+        let ringtrain = testbed::job_user::job_binary(&c.run_dir, "ringtrain")?;
+        let t = Training { c, ringtrain };
         let n = o.hosts;
         t.c.wait_until("every host Ready", Duration::from_secs(30), |c| {
             c.cli_json(&["node", "list"]).is_ok_and(|v| {
@@ -102,10 +100,8 @@ impl Training {
 
     /// Wraps a running cluster (whose hosts are Ready).
     pub fn from_cluster(c: NetCluster) -> anyhow::Result<Training> {
-        Ok(Training {
-            c,
-            ringtrain: testbed::cluster::bin_path("ringtrain")?,
-        })
+        let ringtrain = testbed::job_user::job_binary(&c.run_dir, "ringtrain")?;
+        Ok(Training { c, ringtrain })
     }
 
     /// Keeps the run directory (logs, checkpoints) after the cluster is
@@ -141,8 +137,12 @@ impl Training {
         if o.fragile {
             argv.push("--fragile".into());
         }
+        // The agents create the job's directory (the job user's); only the
+        // parent is made here.
         let ckpt = self.checkpoint_dir(name);
-        std::fs::create_dir_all(&ckpt)?;
+        if let Some(parent) = ckpt.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
         #[derive(Serialize)]
         struct File<'a> {
             name: &'a str,

@@ -226,7 +226,7 @@ async fn a_shape_order_with_edge_hold_holds_the_connection_to_the_loaded_peer() 
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("h0.sock");
     let control = Control::new(nics.clone());
-    tokio::spawn(control.clone().serve(bind(&sock).unwrap()));
+    tokio::spawn(control.clone().serve(bind(&sock, None).unwrap()));
     let nl = tb.ns(Node::Host(0)).netlink().expect("netlink in h0");
     assert!(nl
         .link()

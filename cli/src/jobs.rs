@@ -72,6 +72,8 @@ struct JobFile {
     checkpoint_every: u64,
     max_restarts: Option<u32>,
     backoff: Option<String>,
+    /// The user the ranks run as (default: each agent's default user).
+    user: Option<String>,
 }
 
 /// Reads and validates a job file.
@@ -98,6 +100,7 @@ pub fn read_job_file(path: &std::path::Path) -> anyhow::Result<supervisor::model
         checkpoint_every: f.checkpoint_every,
         max_restarts: f.max_restarts.unwrap_or(3),
         backoff_ms,
+        user: f.user,
     };
     spec.validate()
         .map_err(|e| ApiError::invalid(format!("{}: {e}", path.display())))?;
@@ -273,5 +276,27 @@ pub fn print_job_logs(host: &str, incarnation: u64, text: &str) {
     print!("{text}");
     if !text.ends_with('\n') && !text.is_empty() {
         println!();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::read_job_file;
+
+    #[test]
+    fn a_job_file_may_name_the_user_its_ranks_run_as() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("job.toml");
+        let base = "name = \"j\"\nranks = 1\ncommand = [\"/bin/true\"]\ncheckpoint_dir = \"/c\"\n";
+        std::fs::write(&path, base).unwrap();
+        assert_eq!(read_job_file(&path).unwrap().user, None);
+        std::fs::write(&path, format!("{base}user = \"trainer\"\n")).unwrap();
+        assert_eq!(
+            read_job_file(&path).unwrap().user.as_deref(),
+            Some("trainer")
+        );
+        std::fs::write(&path, format!("{base}user = \"a b\"\n")).unwrap();
+        let e = read_job_file(&path).unwrap_err().to_string();
+        assert!(e.contains("user \"a b\""), "{e}");
     }
 }

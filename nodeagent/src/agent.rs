@@ -196,7 +196,7 @@ pub async fn run(
 
     // The job contract. Placements from an earlier run are unknown now:
     // reset them before any job registers again.
-    let listener = crate::control::bind(&cfg.control_socket)?;
+    let listener = crate::control::bind(&cfg.control_socket, cfg.control_socket_group)?;
     tracing::info!(socket = %cfg.control_socket.display(), "control socket ready");
     let _socket_file = RemoveOnDrop(cfg.control_socket.clone());
     outbox
@@ -213,7 +213,8 @@ pub async fn run(
             cfg.data_dir.clone(),
             cfg.control_socket.clone(),
             cfg.nics.clone(),
-        ),
+        )
+        .with_policy(cfg.jobs.clone()),
         outbox.clone(),
         fresh.clone(),
     )

@@ -1,6 +1,25 @@
 //! The agent's configuration: one loader for the TOML file and the flags
 //! (flags win), validated before anything starts; NICs are discovered from
 //! the host's `rail<N>` interfaces when none are configured.
+//!
+//! Who ranks run as and who may talk to the control socket (defaults
+//! shown; see [`crate::jobs`] and [`crate::control`]):
+//!
+//! ```toml
+//! [jobs]
+//! default_user = "railguard-job"   # a rank whose order names no user
+//! allowed_users = []               # users an order may name besides it
+//! allowed_commands = []            # absolute prefixes argv[0] must be under; [] = any
+//! allow_root = false               # may a rank run as uid 0
+//!
+//! [control]
+//! socket_group = "..."             # default: default_user's primary group
+//! ```
+//!
+//! The default user need not exist for the agent to start, but every rank
+//! it should run is refused until it does (`useradd --system
+//! railguard-job`), and the control socket's group is taken when the agent
+//! starts (root's group if neither `socket_group` nor the user exists).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -8,6 +27,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::damper::DampingConfig;
+use crate::jobs::lookup_group;
+use crate::jobs::lookup_user;
+use crate::jobs::JobsPolicy;
 use crate::probe::clock::TestClock;
 use crate::probe::mesh::{MeshConfig, MAX_PAIRS_PER_S};
 use crate::probe::sock::TsMode;
@@ -43,6 +65,12 @@ pub struct AgentConfig {
     /// that takes a while, so chaos tests can crash the leader while an
     /// order is in flight). Zero on a real cluster.
     pub test_order_delay: Duration,
+    /// `[jobs]`: who ranks run as and what they may run.
+    pub jobs: JobsPolicy,
+    /// The control socket's group (`[control] socket_group`, else the
+    /// default job user's primary group; None: root's group, when neither
+    /// exists).
+    pub control_socket_group: Option<u32>,
 }
 
 /// Default data directory for the outbox.
@@ -73,6 +101,8 @@ struct FileConfig {
     probe: Option<FileProbe>,
     #[serde(default)]
     tls: FileTls,
+    jobs: Option<JobsPolicy>,
+    control: Option<FileControl>,
 }
 
 /// `[tls]`: `ca`, `cert`, `key` (the host's agent certificate), or
@@ -85,6 +115,14 @@ struct FileTls {
     key: Option<PathBuf>,
     #[serde(default)]
     insecure: bool,
+}
+
+/// `[control]`: the control socket.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileControl {
+    /// The socket file's group (members may connect; mode 0660).
+    socket_group: Option<String>,
 }
 
 /// `[probe]`: the probe mesh.
@@ -322,6 +360,26 @@ pub fn load(
         .validate()
         .map_err(|e| ConfigError::Invalid(e.to_string()))?;
     let tls = tls_of(&host, over.tls, fc.tls)?;
+    let jobs = fc.jobs.unwrap_or_default();
+    jobs.validate().map_err(ConfigError::Invalid)?;
+    let control_socket_group = match fc.control.and_then(|c| c.socket_group) {
+        Some(g) => Some(lookup_group(&g).ok_or_else(|| {
+            ConfigError::Invalid(format!(
+                "[control] socket_group {g:?} does not exist on this host"
+            ))
+        })?),
+        // A user created after the agent started counts at its restart.
+        None => {
+            let gid = lookup_user(&jobs.default_user)
+                .ok()
+                .flatten()
+                .map(|u| u.gid);
+            if gid.is_none() {
+                tracing::warn!(user = %jobs.default_user, "the default job user does not exist: ranks are refused until it does (useradd --system), and the control socket's group is root's until the agent restarts");
+            }
+            gid
+        }
+    };
     let test_order_delay_ms = over.test_order_delay_ms.unwrap_or(0);
     if test_order_delay_ms > MAX_TEST_ORDER_DELAY_MS {
         return Err(ConfigError::Invalid(format!(
@@ -341,6 +399,8 @@ pub fn load(
         probe,
         tls,
         test_order_delay: std::time::Duration::from_millis(test_order_delay_ms),
+        jobs,
+        control_socket_group,
     })
 }
 
@@ -462,6 +522,42 @@ mod tests {
         assert_eq!(n[0].backup.as_deref(), Some("rail1"));
         assert_eq!(n[1].backup.as_deref(), Some("rail0"));
         assert_eq!(n[1].rail, Some(1));
+    }
+
+    #[test]
+    fn the_jobs_and_control_sections_are_read_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("agent.toml");
+        let base = || Overrides {
+            host: Some("h0".into()),
+            supervisors: vec!["10.0.0.1:7400".into()],
+            ..Default::default()
+        };
+        let load_text = |text: &str| {
+            std::fs::write(&file, text).unwrap();
+            load(Some(&file), base(), &links())
+        };
+        let c = load_text("").unwrap();
+        assert_eq!(c.jobs, JobsPolicy::default());
+        assert_eq!(c.jobs.default_user, "railguard-job");
+        assert!(!c.jobs.allow_root && c.jobs.allowed_commands.is_empty());
+        let c = load_text(
+            "[jobs]\ndefault_user = \"trainer\"\nallowed_users = [\"a\", \"b\"]\nallowed_commands = [\"/opt/jobs\"]\nallow_root = true\n[control]\nsocket_group = \"root\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.jobs.default_user, "trainer");
+        assert_eq!(c.jobs.allowed_users, ["a", "b"]);
+        assert_eq!(c.jobs.allowed_commands, [PathBuf::from("/opt/jobs")]);
+        assert!(c.jobs.allow_root);
+        assert_eq!(c.control_socket_group, Some(0));
+        let e = load_text("[jobs]\nallowed_commands = [\"opt/jobs\"]\n").unwrap_err();
+        assert!(e.to_string().contains("not an absolute path"), "{e}");
+        let e = load_text("[jobs]\ndefault_user = \"\"\n").unwrap_err();
+        assert!(e.to_string().contains("default_user"), "{e}");
+        let e = load_text("[control]\nsocket_group = \"rg-no-such-group\"\n").unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
+        let e = load_text("[jobs]\nrun_as = \"root\"\n").unwrap_err();
+        assert!(e.to_string().contains("unknown field"), "{e}");
     }
 
     #[test]

@@ -2,6 +2,18 @@
 //! ([`rdma::contract`]), the inventory of the jobs' connections, the reflex
 //! and the execution of the supervisor's orders.
 //!
+//! **Who may connect.** The socket file is mode 0660, group
+//! `[control] socket_group` (default: the default job user's primary
+//! group), so root and ranks running as the job user may connect. A
+//! connection's first line must be a `hello`, admitted only if the
+//! connecting process (`SO_PEERCRED`) may speak for the rank it names
+//! ([`RankEvents::admit`]: the launcher's rule, see [`crate::jobs`];
+//! without one, only root and the agent's own user); a refused hello gets
+//! an `error` line saying why and the connection closes, nothing changed.
+//! Every later message speaks for that hello's rank only: a connection it
+//! registers is of that job and rank, an `order_done` answers only an order
+//! sent to that job and rank, a `checkpointed` counts for that rank.
+//!
 //! **Inventory.** Every connection a job registers (`conn_up`) is kept by
 //! (job, rank, conn_id) with its current NIC and its *home* NIC (the NIC of
 //! its home rail, else the NIC it first registered on); it has *moved* when
@@ -33,8 +45,6 @@
 //! jobs [`RESYNC_GRACE`] to re-register when the agent has just started.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -49,6 +59,9 @@ use tokio::sync::{mpsc, oneshot, Notify};
 use crate::config::NicConfig;
 use crate::link::{unix_ns, LinkTransition, NicHealth};
 use crate::outbox::{QpReport, ReflexReport, Report};
+
+mod socket;
+pub use socket::{bind, ControlError};
 
 /// Job sockets served at once.
 pub const MAX_SESSIONS: usize = 256;
@@ -69,77 +82,6 @@ const MAX_REFLEX_BACKLOG: usize = 64;
 const MAX_GRAVEYARD: usize = 2 * MAX_CONNS;
 /// Longest detail sent to the supervisor (its limit).
 pub const MAX_DETAIL: usize = 1024;
-
-/// Control socket failures.
-#[derive(Debug, thiserror::Error)]
-pub enum ControlError {
-    /// Another process (an agent) answers on the socket path.
-    #[error("control socket {path}: another agent is listening on it")]
-    InUse { path: String },
-    /// The path exists and is something other than a socket.
-    #[error("control socket {path}: the path exists and is not a socket; remove it or pass another --control-socket")]
-    NotASocket { path: String },
-    /// The agent may not create the socket at the path.
-    #[error("control socket {path}: permission denied; run the agent as root or pass --control-socket PATH")]
-    Permission { path: String },
-    /// Any other failure binding or preparing the socket.
-    #[error("control socket {path}: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-}
-
-/// Binds the control socket: creates its directory, removes a socket file
-/// nobody listens on (left by a crashed agent), and refuses a path another
-/// agent is serving or that is not a socket. The socket is open to every
-/// local user (jobs run as their own users); restrict its directory to
-/// limit who may talk to the agent.
-pub fn bind(path: &Path) -> Result<UnixListener, ControlError> {
-    let shown = path.display().to_string();
-    let io = |source: std::io::Error| {
-        if source.kind() == std::io::ErrorKind::PermissionDenied {
-            ControlError::Permission {
-                path: shown.clone(),
-            }
-        } else {
-            ControlError::Io {
-                path: shown.clone(),
-                source,
-            }
-        }
-    };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if !m.file_type().is_socket() => {
-            return Err(ControlError::NotASocket { path: shown });
-        }
-        Ok(_) => match std::os::unix::net::UnixStream::connect(path) {
-            Ok(_) => return Err(ControlError::InUse { path: shown }),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                tracing::info!(socket = %shown, "removing a stale control socket");
-                std::fs::remove_file(path).map_err(io)?;
-            }
-            Err(e) => return Err(io(e)),
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io(e)),
-    }
-    let l = UnixListener::bind(path).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::AddrInUse {
-            ControlError::InUse {
-                path: shown.clone(),
-            }
-        } else {
-            io(e)
-        }
-    })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(io)?;
-    Ok(l)
-}
 
 /// Identifies a connection: job, rank, connection id.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -176,9 +118,22 @@ impl ConnRecord {
     }
 }
 
+/// The process at the other end of a job socket, as the kernel says
+/// (`SO_PEERCRED`, taken when it connected).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer {
+    pub pid: u32,
+    pub uid: u32,
+}
+
 /// Where the control socket hands what jobs say about their ranks (the
 /// job launcher, [`crate::jobs::Launcher`]).
 pub trait RankEvents: Send + Sync {
+    /// Whether `peer` may speak for the rank its `hello` names (Err: why
+    /// not, one line for the job). Called before the hello changes
+    /// anything, without the inventory locked.
+    fn admit(&self, hello: &Hello, peer: &Peer) -> Result<(), String>;
+
     /// `job`'s rank `rank` (process `pid`, as its hello said) has a durable
     /// checkpoint at `step`. Called with the inventory locked: must not
     /// block or call back into [`Control`].
@@ -442,7 +397,36 @@ impl Control {
         self.changed.notify_one();
     }
 
+    /// Whether `peer` may say `hello`: the rank events' rule (the
+    /// launcher's); without them (a control plane running no jobs) only
+    /// root and the agent's own user may.
+    fn admit(&self, hello: &Hello, peer: Option<Peer>) -> Result<(), String> {
+        let Some(peer) = peer else {
+            return Err("the agent cannot tell which process is connected (no SO_PEERCRED); closing the connection".into());
+        };
+        match &self.ranks {
+            Some(r) => r.admit(hello, &peer),
+            // SAFETY: geteuid cannot fail.
+            None if peer.uid == 0 || peer.uid == unsafe { libc::geteuid() } => Ok(()),
+            None => Err(format!(
+                "uid {} may not speak for job {} on this agent",
+                peer.uid, hello.job
+            )),
+        }
+    }
+
     async fn session(self: Arc<Self>, stream: UnixStream) {
+        let peer = match stream.peer_cred() {
+            Ok(c) => c
+                .pid()
+                .and_then(|p| u32::try_from(p).ok())
+                .filter(|p| *p > 0)
+                .map(|pid| Peer { pid, uid: c.uid() }),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read a job socket's peer credentials");
+                None
+            }
+        };
         let (rd, mut wr) = stream.into_split();
         let (tx, mut rx) = mpsc::channel::<AgentMessage>(SESSION_QUEUE);
         let writer = tokio::spawn(async move {
@@ -473,9 +457,21 @@ impl Control {
                     break;
                 }
             };
-            let (reply, then) = match msg.and_then(|m| m.validate().map(|()| m)) {
-                Err(e) => (Err(e.to_string()), Vec::new()),
-                Ok(m) => match self.handle(&mut sid, &tx, m) {
+            let msg = msg.and_then(|m| m.validate().map(|()| m));
+            // A hello is admitted (or refused) before it changes anything.
+            let refusal = match &msg {
+                Ok(JobMessage::Hello(h)) if sid.is_none() => {
+                    self.admit(h, peer).err().inspect(|e| {
+                        tracing::warn!(job = %h.job, rank = h.rank, claimed_pid = h.pid, peer = ?peer, error = %e, "hello refused; closing the job socket");
+                    })
+                }
+                _ => None,
+            };
+            let refused = refusal.is_some();
+            let (reply, then) = match (msg, refusal) {
+                (Err(e), _) => (Err(e.to_string()), Vec::new()),
+                (Ok(_), Some(e)) => (Err(e), Vec::new()),
+                (Ok(m), None) => match self.handle(&mut sid, &tx, m) {
                     Ok(then) => (Ok(()), then),
                     Err(e) => (Err(e), Vec::new()),
                 },
@@ -491,7 +487,7 @@ impl Control {
             for m in then {
                 closed |= tx.send(m).await.is_err();
             }
-            if closed {
+            if closed || refused {
                 break;
             }
         }
@@ -560,10 +556,10 @@ impl Control {
                 }
             }
             JobMessage::ConnUp(c) => {
-                if c.job != job {
+                if c.job != job || c.rank != rank {
                     return Err(format!(
-                        "connection of job {:?} on the connection of job {job:?}",
-                        c.job
+                        "connection of job {:?} rank {} on the connection of job {job:?} rank {rank}",
+                        c.job, c.rank
                     ));
                 }
                 self.check_nic(&c.nic)?;
@@ -648,8 +644,12 @@ impl Control {
             JobMessage::OrderDone(answer) => {
                 let order_id = answer.order_id;
                 match inv.pending.get(&order_id) {
-                    Some(p) if p.job == job => {}
-                    Some(_) => return Err(format!("order {order_id} is not for job {job:?}")),
+                    Some(p) if p.job == job && p.rank == rank => {}
+                    Some(_) => {
+                        return Err(format!(
+                            "order {order_id} is not for job {job:?} rank {rank}"
+                        ))
+                    }
                     None => {
                         return Err(format!(
                             "order {order_id} is not pending (answered already, timed out, or from before an agent restart)"

@@ -88,7 +88,7 @@ async fn held_while_queueing_to_the_peer_is_high_released_with_hysteresis_and_on
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("agent.sock");
     let control = Control::new(vec![nic("rail0", 0), nic("rail1", 1)]);
-    tokio::spawn(control.clone().serve(bind(&sock).unwrap()));
+    tokio::spawn(control.clone().serve(bind(&sock, None).unwrap()));
     let (job, mut paces) = jobsim::pacing_rank(&sock, "train").await.unwrap();
     // 1: rail0 → h1 (a target); 2: rail0 → h2 (not a class destination);
     // 3: rail1 → h1 (another NIC).

@@ -4,6 +4,9 @@
 //! its `Report` stream. Shaping orders take the same at-most-once path
 //! (the kernel side is in chaos-tests' `shape_netns`, which needs root).
 
+#[path = "support/job_user.rs"]
+mod job_user;
+
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -116,6 +119,7 @@ fn start(id: u64, incarnation: u64, script: &str) -> AgentOrder {
             argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
             env: Default::default(),
             checkpoint_dir: String::new(),
+            user: String::new(),
             checkpoint_every: 0,
             resume_step: 0,
             port: 7000,
@@ -177,6 +181,9 @@ impl Rig {
             // The fake supervisor speaks plain text: this tests orders, not TLS.
             tls: pki::ClientTls::Insecure,
             test_order_delay: Duration::ZERO,
+            // Ranks run as the default job user, the socket is its group's.
+            jobs: Default::default(),
+            control_socket_group: Some(job_user::ensure_job_user().1),
         };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let agent = tokio::spawn(nodeagent::agent::run(cfg, async {

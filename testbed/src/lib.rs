@@ -32,6 +32,8 @@
 //! - [`agentsim`]: a client of the agent API that stands in for agents on
 //!   loopback clusters.
 //! - [`netcluster`]: supervisors and agents running inside the testbed.
+//! - [`job_user`]: the `railguard-job` user agents run ranks as, made
+//!   when missing.
 //! - [`bulk`], [`burst`]: a TCP bulk flow and bursty UDP cross traffic
 //!   between testbed hosts (the loads of the contention runs and of
 //!   `bench clock-sync`).
@@ -46,6 +48,7 @@ pub mod bulk;
 pub mod burst;
 pub mod cleanup;
 pub mod cluster;
+pub mod job_user;
 pub mod jobsim;
 pub mod leaf;
 pub mod netcluster;

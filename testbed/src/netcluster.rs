@@ -7,6 +7,7 @@
 //! topology is written to `<run dir>/topology.toml` and every supervisor
 //! starts with `--topology` on it.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -99,9 +100,14 @@ impl NetCluster {
             },
         )
         .await?;
+        // Agents run ranks as the job user: it must exist before they start
+        // (the control socket takes its group then), and reach the run
+        // directory (sockets, checkpoints) through it.
+        crate::job_user::ensure_job_user()?;
         let run_dir = tempfile::Builder::new()
             .prefix("railguard-net-")
             .tempdir()?;
+        std::fs::set_permissions(run_dir.path(), std::fs::Permissions::from_mode(0o755))?;
         let topology_file = if split {
             let path = run_dir.path().join("topology.toml");
             let text = toml::to_string(&tb.topology()).context("serialise the topology")?;

@@ -17,7 +17,9 @@ use nodeagent::config::{load, Overrides};
 /// failover/failback orders (each order id at most once).
 ///
 /// It also runs the ranks of jobs the supervisor places on this host: each
-/// in its own process group with RAILGUARD_* variables, its output in
+/// as the job's user (default: the railguard-job user, which must exist;
+/// never root unless [jobs] allow_root), in its own process group with
+/// RAILGUARD_* variables, its output in
 /// <data-dir>/jobs/<job>/<incarnation>/rank-<r>.log (64 MiB at most);
 /// exits and checkpoints are reported. Ranks never outlive the agent: on
 /// SIGTERM or Ctrl-C it stops them (SIGTERM, SIGKILL after 5 s) before it
@@ -45,7 +47,9 @@ struct Args {
     data_dir: Option<PathBuf>,
     /// Unix socket jobs talk to (the job contract). Its directory is
     /// created; a stale socket is replaced, one another agent serves is not.
-    /// Default /run/railguard/agent.sock.
+    /// Mode 0660, group [control] socket_group (default: the job user's
+    /// group); a connection speaks only for the rank its process belongs
+    /// to. Default /run/railguard/agent.sock.
     #[arg(long)]
     control_socket: Option<PathBuf>,
     /// Turn the probe mesh off (no clock sync, one-way delays or probe

@@ -2,6 +2,8 @@
 
 use super::*;
 use rdma::contract::{ClientOptions, ContractClient, Delivery};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 
 fn nics() -> Vec<NicConfig> {
     vec![
@@ -56,7 +58,7 @@ fn transition(nic: &str, link_up: bool) -> LinkTransition {
 async fn start() -> (Arc<Control>, tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("run").join("agent.sock");
-    let l = bind(&sock).unwrap();
+    let l = bind(&sock, None).unwrap();
     let c = Control::new(nics());
     tokio::spawn(c.clone().serve(l));
     (c, dir, sock)
@@ -111,17 +113,19 @@ fn reports(c: &Control) -> Vec<QpReport> {
 #[tokio::test]
 async fn socket_binding_replaces_stale_files_and_refuses_a_live_agent() {
     let (_c, dir, sock) = start().await;
-    let e = bind(&sock).unwrap_err();
+    let e = bind(&sock, None).unwrap_err();
     assert!(matches!(e, ControlError::InUse { .. }), "{e}");
     assert!(e.to_string().contains("another agent"), "{e}");
     // A socket file nobody listens on is replaced.
     let stale = dir.path().join("stale.sock");
     drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
-    bind(&stale).expect("stale socket replaced");
+    bind(&stale, None).expect("stale socket replaced");
+    let mode = std::fs::metadata(&stale).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o660, "root and the socket's group only");
     // A regular file is left alone.
     let file = dir.path().join("file.sock");
     std::fs::write(&file, b"x").unwrap();
-    let e = bind(&file).unwrap_err();
+    let e = bind(&file, None).unwrap_err();
     assert!(matches!(e, ControlError::NotASocket { .. }), "{e}");
     assert_eq!(std::fs::read(&file).unwrap(), b"x");
 }
@@ -137,6 +141,14 @@ async fn registrations_are_validated_and_reported() {
     let mut other = up(4, "rail0", 0);
     other.job = "other".into();
     assert!(j.conn_up(other).await.is_err(), "another job's connection");
+    let mut other = up(5, "rail0", 0);
+    other.rank = 1;
+    let e = j.conn_up(other).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("rank 1 on the connection of job \"train\" rank 0"),
+        "{e}"
+    );
     let r = reports(&c);
     assert_eq!(r.len(), 2);
     assert!(!r[0].moved && r[1].moved, "conn 2 is off its home rail0");
@@ -286,4 +298,49 @@ async fn unanswered_orders_fail_and_a_reconnecting_job_gets_them_again() {
     assert!(detail.contains("no healthy NIC"), "{detail}");
     // Answering a finished order is refused.
     assert!(j.order_done(first.order_id, true, "").await.is_err());
+}
+
+#[tokio::test]
+async fn a_connection_answers_only_its_own_ranks_orders() {
+    let (c, _dir, sock) = start().await;
+    let (rank0, _orders0) = job(&sock).await;
+    let (rank1, mut orders1) = ContractClient::connect_with(
+        &sock,
+        Hello {
+            job: "train".into(),
+            rank: 1,
+            pid: std::process::id(),
+        },
+        ClientOptions::default(),
+    )
+    .await
+    .unwrap();
+    let asked = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let kind = OrderKind::Checkpoint {
+                step: None,
+                halt: false,
+            };
+            c.order_ranks("train", &[1], kind, Duration::from_secs(10))
+                .await
+        })
+    };
+    let o = tokio::time::timeout(Duration::from_secs(5), orders1.next())
+        .await
+        .unwrap()
+        .unwrap();
+    // Rank 0 cannot answer rank 1's order, nor report for it.
+    let e = rank0.checkpoint_done(o.order_id, 7).await.unwrap_err();
+    assert!(
+        e.to_string().contains(&format!(
+            "order {} is not for job \"train\" rank 0",
+            o.order_id
+        )),
+        "{e}"
+    );
+    assert!(!asked.is_finished(), "the order still waits for rank 1");
+    rank1.checkpoint_done(o.order_id, 8).await.unwrap();
+    let answers = asked.await.unwrap();
+    assert_eq!((answers[0].ok, answers[0].step), (true, Some(8)));
 }

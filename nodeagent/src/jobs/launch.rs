@@ -12,16 +12,17 @@ use std::time::Duration;
 
 use proto::agent::OrderOutcome;
 use proto::v1::StartRank;
-use rdma::contract::OrderKind;
+use rdma::contract::{Hello, OrderKind};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use super::fence::{Fence, FenceStore};
 use super::logs::{copy_log, prune_logs, read_tail};
 use super::model::*;
-use super::process::{kill_group, proc_stat, signal_name, wait_exited};
+use super::process::{in_rank, kill_group, proc_stat, signal_name, wait_exited};
 use super::records::{RankRecord, RankStore};
+use super::user::{become_user, chown_to, prepare_checkpoint_dir, JobUser};
 use crate::config::NicConfig;
-use crate::control::{Control, RankEvents, MAX_DETAIL};
+use crate::control::{Control, Peer, RankEvents, MAX_DETAIL};
 use crate::link::unix_ns;
 use crate::outbox::{Outbox, RankCheckpointReport, RankExitReport, Report};
 
@@ -206,6 +207,20 @@ impl Launcher {
         if let Err(e) = check_start(o) {
             return (false, e);
         }
+        // Who the rank runs as, and whether it may run this: refused
+        // before anything changes.
+        let user = match self
+            .cfg
+            .policy
+            .check_command(&o.argv[0])
+            .and_then(|()| self.cfg.policy.resolve(&o.user))
+        {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!(job = %o.job, incarnation = o.incarnation, rank = o.rank, user = %o.user, argv0 = %o.argv[0], error = %e, "rank refused");
+                return (false, e);
+            }
+        };
         let lock = self.job_lock(&o.job);
         let _job = lock.lock().await;
         let key = RankKey {
@@ -283,9 +298,9 @@ impl Launcher {
                 format!("the agent runs at most {MAX_RANKS} ranks at once"),
             );
         }
-        match self.spawn(&key, o).await {
+        match self.spawn(&key, o, &user).await {
             Ok(pid) => {
-                tracing::info!(job = %o.job, incarnation = o.incarnation, rank = o.rank, pid, argv0 = %o.argv[0], "rank started");
+                tracing::info!(job = %o.job, incarnation = o.incarnation, rank = o.rank, pid, argv0 = %o.argv[0], user = %user.name, uid = user.uid, "rank started");
                 (true, format!("pid={pid}"))
             }
             Err(e) => {
@@ -324,19 +339,29 @@ impl Launcher {
         }
     }
 
-    async fn spawn(self: &Arc<Self>, key: &RankKey, o: &StartRank) -> Result<u32, String> {
+    async fn spawn(
+        self: &Arc<Self>,
+        key: &RankKey,
+        o: &StartRank,
+        user: &JobUser,
+    ) -> Result<u32, String> {
         let dir = self
             .jobs_dir
             .join(job_dir_name(&key.job))
             .join(key.incarnation.to_string());
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        // The working directory and the log are the rank's user's (the
+        // agent writes the log; the rank may write beside it).
+        chown_to(&dir, user)?;
         let log_path = dir.join(format!("rank-{}.log", key.rank));
         let log = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log_path)
             .map_err(|e| format!("cannot open {}: {e}", log_path.display()))?;
+        chown_to(&log_path, user)?;
+        prepare_checkpoint_dir(user, &o.checkpoint_dir, &dir)?;
         let logged = log.metadata().map(|m| m.len()).unwrap_or(0);
         let (reader, writer) =
             std::io::pipe().map_err(|e| format!("cannot make the rank's output pipe: {e}"))?;
@@ -350,15 +375,48 @@ impl Launcher {
             .stdout(writer)
             .stderr(writer2)
             .process_group(0);
+        cmd.env("USER", &user.name)
+            .env("LOGNAME", &user.name)
+            .env("HOME", &user.home);
         for (k, v) in rank_env(&self.cfg, o) {
             cmd.env(k, v);
+        }
+        let who = user.clone();
+        // SAFETY: `become_user` makes only async-signal-safe system calls
+        // on values allocated before the fork. It runs after the working
+        // directory and process group are set, right before exec.
+        unsafe {
+            cmd.pre_exec(move || become_user(&who));
         }
         let spawned = cmd.spawn();
         // The command holds the pipe's write ends: without dropping it the
         // log would never see end-of-file.
         drop(cmd);
-        let mut child = spawned.map_err(|e| format!("cannot start {:?}: {e}", o.argv[0]))?;
+        let mut child = spawned.map_err(|e| {
+            let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                format!(
+                    " (the rank runs as user {}: it must be able to execute it)",
+                    user.name
+                )
+            } else {
+                String::new()
+            };
+            format!("cannot start {:?}: {e}{hint}", o.argv[0])
+        })?;
         let pid = child.id();
+        // Known before anything awaits: the rank may say hello on the
+        // control socket at once, and only known ranks are admitted.
+        let (exit_tx, exit_rx) = watch::channel(None);
+        self.lock().ranks.insert(
+            key.clone(),
+            Rank {
+                pid,
+                exit: exit_rx,
+                stop_reason: None,
+                escalated: false,
+                reaped: false,
+            },
+        );
         let start_time = proc_stat(pid).map_or(0, |s| s.start_time);
         let rec = RankRecord {
             job: key.job.clone(),
@@ -371,20 +429,10 @@ impl Launcher {
         if let Err(e) = stored {
             kill_group(pid, libc::SIGKILL);
             let _ = child.wait();
+            self.lock().ranks.remove(key);
             let _ = self.records.remove(key);
             return Err(format!("cannot record the rank (it was killed): {e}"));
         }
-        let (exit_tx, exit_rx) = watch::channel(None);
-        self.lock().ranks.insert(
-            key.clone(),
-            Rank {
-                pid,
-                exit: exit_rx,
-                stop_reason: None,
-                escalated: false,
-                reaped: false,
-            },
-        );
         let cap = self.cfg.log_cap;
         let name = format!("rank-log-{pid}");
         if let Err(e) = std::thread::Builder::new()
@@ -750,6 +798,64 @@ impl Launcher {
 }
 
 impl RankEvents for Launcher {
+    /// A job this agent runs ranks of speaks only through processes of
+    /// those ranks: the connecting process must belong to the running
+    /// rank the hello names (its process group, or a descendant of its
+    /// leader), and the pid the hello claims must be the connecting one or
+    /// in its process group. A job the agent runs no rank of (one started
+    /// by other means; its checkpoints count for incarnation 0) is admitted
+    /// only from root or a user of the `[jobs]` default and allowed users.
+    fn admit(&self, hello: &Hello, peer: &Peer) -> Result<(), String> {
+        let (job, rank) = (&hello.job, hello.rank);
+        let (mut ours, leader) = {
+            let st = self.lock();
+            let mut ours: Vec<u32> = Vec::new();
+            let mut leader = None;
+            for (k, r) in st
+                .ranks
+                .iter()
+                .filter(|(k, r)| k.job == *job && r.running())
+            {
+                ours.push(k.rank);
+                if k.rank == rank {
+                    leader = Some(r.pid);
+                }
+            }
+            (ours, leader)
+        };
+        if ours.is_empty() {
+            if peer.uid == 0 || self.cfg.policy.allowed_uids().contains(&peer.uid) {
+                return Ok(());
+            }
+            return Err(format!(
+                "job {job} runs no rank launched by this agent, and uid {} is neither root nor a job user of this host; only they may speak for such a job",
+                peer.uid
+            ));
+        }
+        let Some(leader) = leader else {
+            ours.sort_unstable();
+            ours.dedup();
+            return Err(format!(
+                "pid {} is not a rank of job {job}: rank {rank} does not run on this host (ranks {ours:?} do)",
+                peer.pid
+            ));
+        };
+        if !in_rank(peer.pid, leader) {
+            return Err(format!(
+                "pid {} is not a rank of job {job} (rank {rank} runs as process group {leader})",
+                peer.pid
+            ));
+        }
+        let same_group = |a: u32, b: u32| matches!((proc_stat(a), proc_stat(b)), (Some(x), Some(y)) if x.pgrp == y.pgrp);
+        if hello.pid != peer.pid && !same_group(hello.pid, peer.pid) {
+            return Err(format!(
+                "hello claims pid {} but the connection comes from pid {} (another process group)",
+                hello.pid, peer.pid
+            ));
+        }
+        Ok(())
+    }
+
     fn checkpointed(&self, job: &str, rank: u32, pid: u32, step: u64) {
         let mut st = self.lock();
         // The rank whose process group holds the sender; else the running

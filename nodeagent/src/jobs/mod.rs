@@ -23,6 +23,26 @@
 //! | `RAILGUARD_PORT` | the job's data port |
 //! | `RAILGUARD_CHECKPOINT_DIR`, `RAILGUARD_CHECKPOINT_EVERY`, `RAILGUARD_RESUME_STEP` | the order's |
 //!
+//! **Who it runs as** ([`JobsPolicy`], `[jobs]` in the agent's
+//! configuration). Never root by default: the rank runs as the order's
+//! `user`, or the policy's `default_user` (`railguard-job`) when it names
+//! none, with that user's groups (`setgroups` to its group list, `setgid`,
+//! `setuid` between fork and exec, after the working directory and process
+//! group are set) and `USER`, `LOGNAME`, `HOME` set to it (the order's
+//! `env` may override them). The start is refused — a failed order with
+//! one line saying why, nothing launched, created or recorded — when the
+//! user does not exist on this host ("user railguard-job does not exist on
+//! this host; create it (useradd --system railguard-job) or set [jobs]
+//! default_user"), is neither the default user nor in `allowed_users`, or
+//! is uid 0 without `allow_root = true`; and when `allowed_commands` is not
+//! empty and `argv[0]` is not an absolute path (without `..`) under one of
+//! its prefixes. The rank's incarnation directory and its log file are
+//! given to the user. Its `checkpoint_dir` (relative: under the working
+//! directory) is created if missing, and then it and the parents the agent
+//! created are given to the user; an existing one must already be a
+//! directory the user may write (mode bits), and the user must be able to
+//! search every directory above it — else the start fails saying so.
+//!
 //! The order is answered ok with detail `pid=N` once the process runs and
 //! its record is durable; a spawn failure answers ok=false with the OS
 //! error. Starting a (job, incarnation, rank) that runs already answers
@@ -63,6 +83,16 @@
 //! supervisors). For incarnation 0 with no rank launched here, the job's
 //! connected ranks are ordered (a job the agent did not launch).
 //!
+//! **Who may speak for a rank** ([`Launcher`] as the control socket's
+//! `RankEvents::admit`). A `hello` for a job with ranks running here is
+//! admitted only from a process of the rank it names — in the rank's
+//! process group, or descended from its leader (`SO_PEERCRED` pid) — and
+//! only if the pid it claims is that process or in its process group;
+//! else "pid P is not a rank of job J (rank R runs as process group G)"
+//! and the connection closes, nothing changed. A job with no rank running
+//! here (started by other means) is admitted only from root or from the
+//! default or an allowed job user's uid.
+//!
 //! **Checkpointed.** A rank's `checkpointed {step}` becomes a
 //! `RankCheckpoint` event (the incarnation of the rank the agent launched
 //! for that job and rank; 0 for a rank it did not launch). The contract
@@ -93,6 +123,8 @@
 //! - `records`: the durable rank records (`job_ranks`).
 //! - `process`: `/proc` reads, group signals, waiting for an exit.
 //! - `logs`: rank logs (capped copy, pruning, tails).
+//! - `user`: the `[jobs]` policy, user and group lookups, dropping to the
+//!   job user, the checkpoint directory.
 
 mod fence;
 mod launch;
@@ -100,6 +132,7 @@ mod logs;
 mod model;
 mod process;
 mod records;
+mod user;
 
 pub use launch::{rank_env, Launcher};
 pub use model::{
@@ -107,6 +140,9 @@ pub use model::{
     CHECKPOINT_TIMEOUT, KEEP_INCARNATION_LOGS, KILL_WAIT, LOG_CAP, MAX_FENCES, MAX_JOB_NAME,
     MAX_RANKS, MAX_TAIL, STOP_GRACE,
 };
+pub use user::{lookup_group, lookup_user, JobUser, JobsPolicy, DEFAULT_JOB_USER};
 
+#[cfg(test)]
+mod access_tests;
 #[cfg(test)]
 mod tests;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use proto::v1::StartRank;
 
+use super::user::JobsPolicy;
 use crate::config::NicConfig;
 use crate::outbox::OutboxError;
 use crate::store_format::FormatError;
@@ -81,6 +82,8 @@ pub struct JobsConfig {
     pub nics: Vec<NicConfig>,
     /// Most bytes kept per rank log ([`LOG_CAP`]).
     pub log_cap: u64,
+    /// Who ranks run as and what they may run (`[jobs]`).
+    pub policy: JobsPolicy,
 }
 
 impl JobsConfig {
@@ -90,7 +93,14 @@ impl JobsConfig {
             control_socket,
             nics,
             log_cap: LOG_CAP,
+            policy: JobsPolicy::default(),
         }
+    }
+
+    /// The same with the `[jobs]` policy `policy`.
+    pub fn with_policy(mut self, policy: JobsPolicy) -> Self {
+        self.policy = policy;
+        self
     }
 }
 

@@ -6,6 +6,8 @@
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ProcStat {
     pub(crate) state: char,
+    /// The parent process.
+    pub(crate) ppid: u32,
     /// The process group.
     pub(crate) pgrp: u32,
     pub(crate) start_time: u64,
@@ -19,10 +21,36 @@ pub(crate) fn proc_stat(pid: u32) -> Option<ProcStat> {
     let fields: Vec<&str> = rest.split_whitespace().collect();
     Some(ProcStat {
         state: fields.first()?.chars().next()?,
+        ppid: fields.get(1)?.parse().ok()?,
         pgrp: fields.get(2)?.parse().ok()?,
         // Field 22; `rest` starts at field 3.
         start_time: fields.get(19)?.parse().ok()?,
     })
+}
+
+/// Most parents walked up from a process to find a rank's leader.
+const MAX_TREE_DEPTH: usize = 64;
+
+/// Whether process `pid` belongs to the rank whose leader (and process
+/// group id) is `leader`: it is in that group, or descends from the leader.
+pub(crate) fn in_rank(pid: u32, leader: u32) -> bool {
+    let Some(st) = proc_stat(pid) else {
+        return false;
+    };
+    if pid == leader || st.pgrp == leader {
+        return true;
+    }
+    let mut p = st.ppid;
+    for _ in 0..MAX_TREE_DEPTH {
+        if p == leader {
+            return true;
+        }
+        match proc_stat(p) {
+            Some(s) if p > 1 => p = s.ppid,
+            _ => return false,
+        }
+    }
+    false
 }
 
 /// Sends `sig` to the process group `pgid` (never to groups 0 or 1, which

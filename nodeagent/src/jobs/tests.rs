@@ -1,6 +1,7 @@
 //! Unit tests of the job runner (real processes, a temporary database).
 
 use std::collections::BTreeMap;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,17 +20,19 @@ use crate::config::NicConfig;
 use crate::control::{Control, RankEvents};
 use crate::outbox::{Outbox, RankExitReport, Report};
 use proto::v1::RankPeer;
-use rdma::contract::OrderKind;
-use rdma::contract::{ClientOptions, ContractClient};
+use rdma::contract::{ClientOptions, ContractClient, Hello};
 use std::time::Instant;
 
-struct Rig {
-    dir: tempfile::TempDir,
-    outbox: Arc<tokio::sync::Mutex<Outbox>>,
-    launcher: Arc<Launcher>,
+#[path = "../../tests/support/job_user.rs"]
+pub(super) mod job_user;
+
+pub(super) struct Rig {
+    pub(super) dir: tempfile::TempDir,
+    pub(super) outbox: Arc<tokio::sync::Mutex<Outbox>>,
+    pub(super) launcher: Arc<Launcher>,
 }
 
-fn nics() -> Vec<NicConfig> {
+pub(super) fn nics() -> Vec<NicConfig> {
     // Out of rail order on purpose, plus a NIC on no rail.
     vec![
         NicConfig {
@@ -56,11 +59,11 @@ fn nics() -> Vec<NicConfig> {
     ]
 }
 
-fn jobs_cfg(dir: &Path) -> JobsConfig {
+pub(super) fn jobs_cfg(dir: &Path) -> JobsConfig {
     JobsConfig::new(dir.to_path_buf(), dir.join("agent.sock"), nics())
 }
 
-async fn rig_with(dir: tempfile::TempDir, cfg: JobsConfig) -> Rig {
+pub(super) async fn rig_with(dir: tempfile::TempDir, cfg: JobsConfig) -> Rig {
     let outbox = Outbox::open(&dir.path().join("outbox"), 1000).unwrap();
     let outbox = Arc::new(tokio::sync::Mutex::new(outbox));
     let launcher = Launcher::open(cfg, outbox.clone(), Arc::new(Notify::new()))
@@ -73,13 +76,22 @@ async fn rig_with(dir: tempfile::TempDir, cfg: JobsConfig) -> Rig {
     }
 }
 
-async fn rig() -> Rig {
+/// A temporary directory the job user can pass through (to the control
+/// socket in it), with the job user made if missing.
+pub(super) fn job_dir() -> tempfile::TempDir {
+    job_user::ensure_job_user();
     let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    dir
+}
+
+pub(super) async fn rig() -> Rig {
+    let dir = job_dir();
     let cfg = jobs_cfg(dir.path());
     rig_with(dir, cfg).await
 }
 
-fn order(job: &str, incarnation: u64, rank: u32, script: &str) -> StartRank {
+pub(super) fn order(job: &str, incarnation: u64, rank: u32, script: &str) -> StartRank {
     StartRank {
         job: job.into(),
         incarnation,
@@ -100,14 +112,16 @@ fn order(job: &str, incarnation: u64, rank: u32, script: &str) -> StartRank {
             ("RAILGUARD_RANK".to_string(), "overridden".to_string()),
         ]
         .into(),
-        checkpoint_dir: "/ckpt/train".into(),
+        // Relative: under the rank's working directory.
+        checkpoint_dir: "ckpt".into(),
         checkpoint_every: 50,
         resume_step: 100,
         port: 7000,
+        user: String::new(),
     }
 }
 
-fn key(job: &str, incarnation: u64, rank: u32) -> RankKey {
+pub(super) fn key(job: &str, incarnation: u64, rank: u32) -> RankKey {
     RankKey {
         job: job.into(),
         incarnation,
@@ -116,7 +130,7 @@ fn key(job: &str, incarnation: u64, rank: u32) -> RankKey {
 }
 
 impl Rig {
-    fn log_dir(&self, job: &str, inc: u64) -> PathBuf {
+    pub(super) fn log_dir(&self, job: &str, inc: u64) -> PathBuf {
         self.dir
             .path()
             .join("jobs")
@@ -124,7 +138,7 @@ impl Rig {
             .join(inc.to_string())
     }
 
-    async fn wait_exit(&self, k: &RankKey) -> RankExit {
+    pub(super) async fn wait_exit(&self, k: &RankKey) -> RankExit {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(x) = self.launcher.exit_of(k) {
@@ -135,7 +149,7 @@ impl Rig {
         }
     }
 
-    async fn reports(&self) -> Vec<Report> {
+    pub(super) async fn reports(&self) -> Vec<Report> {
         self.launcher.flush_events().await;
         self.outbox
             .lock()
@@ -147,7 +161,7 @@ impl Rig {
             .collect()
     }
 
-    async fn exits(&self) -> Vec<RankExitReport> {
+    pub(super) async fn exits(&self) -> Vec<RankExitReport> {
         self.reports()
             .await
             .into_iter()
@@ -158,7 +172,7 @@ impl Rig {
             .collect()
     }
 
-    async fn wait_log(&self, job: &str, inc: u64, rank: u32, needle: &str) -> String {
+    pub(super) async fn wait_log(&self, job: &str, inc: u64, rank: u32, needle: &str) -> String {
         let p = self.log_dir(job, inc).join(format!("rank-{rank}.log"));
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -172,7 +186,7 @@ impl Rig {
     }
 }
 
-fn pid_of(detail: &str) -> u32 {
+pub(super) fn pid_of(detail: &str) -> u32 {
     detail
         .strip_prefix("pid=")
         .and_then(|p| p.parse().ok())
@@ -211,7 +225,7 @@ async fn a_rank_gets_its_environment_and_its_output_and_exit_are_captured() {
         ),
         ("RAILGUARD_NICS", "rail0=10.10.0.1,rail1=10.11.0.1"),
         ("RAILGUARD_PORT", "7000"),
-        ("RAILGUARD_CHECKPOINT_DIR", "/ckpt/train"),
+        ("RAILGUARD_CHECKPOINT_DIR", "ckpt"),
         ("RAILGUARD_CHECKPOINT_EVERY", "50"),
         ("RAILGUARD_RESUME_STEP", "100"),
         ("EXTRA", "x y"),
@@ -429,7 +443,7 @@ async fn ranks_left_by_an_earlier_run_are_killed_and_reported() {
 
 #[tokio::test]
 async fn the_log_tail_is_the_end_of_the_newest_incarnations_log_and_logs_are_capped() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = job_dir();
     let mut cfg = jobs_cfg(dir.path());
     cfg.log_cap = 1000;
     let r = rig_with(dir, cfg).await;
@@ -463,14 +477,73 @@ async fn the_log_tail_is_the_end_of_the_newest_incarnations_log_and_logs_are_cap
     assert!(!log.contains("done"), "{log}");
 }
 
+/// Set in the environment of a rank that is this test binary run again
+/// (see [`rank_helper`]).
+const HELPER: &str = "RAILGUARD_TEST_RANK_HELPER";
+
+/// A rank that is this test binary running [`rank_helper`] only.
+pub(super) fn helper_order(job: &str, incarnation: u64, rank: u32) -> StartRank {
+    let mut o = order(job, incarnation, rank, "");
+    o.argv = vec![
+        std::env::current_exe().unwrap().display().to_string(),
+        "jobs::tests::rank_helper".into(),
+        "--exact".into(),
+        "--nocapture".into(),
+        "--test-threads=1".into(),
+    ];
+    o.env.insert(HELPER.into(), "1".into());
+    o
+}
+
+/// Not a test by itself: when the launcher runs this binary as a rank
+/// ([`helper_order`]), the rank's side of the contract. After 300 ms it
+/// says hello with its own pid, answers its first order (a checkpoint) at
+/// step 40 after reporting step 40 twice, reports 41, and waits to be
+/// stopped; what it saw goes to its log.
 #[tokio::test]
-async fn checkpoint_orders_reach_the_ranks_and_checkpoints_are_reported_once() {
-    let r = rig().await;
+async fn rank_helper() {
+    if std::env::var_os(HELPER).is_none() {
+        return;
+    }
+    let var = |k: &str| std::env::var(k).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (client, mut orders) = ContractClient::connect_with(
+        var("RAILGUARD_AGENT_SOCKET"),
+        Hello {
+            job: var("RAILGUARD_JOB"),
+            rank: var("RAILGUARD_RANK").parse().unwrap(),
+            pid: std::process::id(),
+        },
+        ClientOptions::default(),
+    )
+    .await
+    .unwrap();
+    println!("helper: connected");
+    let o = orders.next().await.unwrap();
+    println!("helper: order {:?}", o.kind);
+    client.checkpointed(40).await.unwrap();
+    client.checkpointed(40).await.unwrap();
+    client.checkpoint_done(o.order_id, 40).await.unwrap();
+    client.checkpointed(41).await.unwrap();
+    println!("helper: reported 41");
+    tokio::time::sleep(Duration::from_secs(100)).await;
+}
+
+/// Starts the control socket of `r`'s launcher (group: the job user's).
+pub(super) fn serve_control(r: &Rig) -> (Arc<Control>, PathBuf) {
     let sock = r.dir.path().join("agent.sock");
-    let listener = crate::control::bind(&sock).unwrap();
+    let (_, gid) = job_user::ensure_job_user();
+    let listener = crate::control::bind(&sock, Some(gid)).unwrap();
     let control =
         Control::with_rank_events(nics(), Some(r.launcher.clone() as Arc<dyn RankEvents>));
     tokio::spawn(control.clone().serve(listener));
+    (control, sock)
+}
+
+#[tokio::test]
+async fn checkpoint_orders_reach_the_ranks_and_checkpoints_are_reported_once() {
+    let r = rig().await;
+    let (control, _sock) = serve_control(&r);
     let (ok, d, step) = r.launcher.checkpoint(&control, "j", 5, true).await;
     assert_eq!(
         (ok, d.as_str(), step),
@@ -480,48 +553,43 @@ async fn checkpoint_orders_reach_the_ranks_and_checkpoints_are_reported_once() {
             None
         )
     );
-    let (ok, d) = r.launcher.start(&order("j", 5, 0, "exec sleep 100")).await;
+    // The rank (a real process running as the job user) connects after
+    // the order was sent: the order waits for its hello.
+    let (ok, d) = r.launcher.start(&helper_order("j", 5, 0)).await;
     assert!(ok, "{d}");
-    // The rank's contract side, played by the test: it connects after
-    // the order was sent (the order waits for its hello).
     let checkpoint = {
         let (l, c) = (r.launcher.clone(), control.clone());
         tokio::spawn(async move { l.checkpoint(&c, "j", 5, true).await })
     };
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let (client, mut orders) =
-        ContractClient::connect_rank(&sock, "j", 0, ClientOptions::default())
-            .await
-            .unwrap();
-    let o = tokio::time::timeout(Duration::from_secs(5), orders.next())
+    let (ok, d, step) = tokio::time::timeout(Duration::from_secs(20), checkpoint)
         .await
-        .unwrap()
+        .expect("the checkpoint was answered")
         .unwrap();
-    assert_eq!(
-        o.kind,
-        OrderKind::Checkpoint {
-            step: None,
-            halt: true
-        }
-    );
-    client.checkpointed(40).await.unwrap();
-    client.checkpointed(40).await.unwrap();
-    client.checkpoint_done(o.order_id, 40).await.unwrap();
-    let (ok, d, step) = checkpoint.await.unwrap();
     assert_eq!(
         (ok, d.as_str(), step),
         (true, "checkpoint at step 40", Some(40))
     );
-    client.checkpointed(41).await.unwrap();
-    let ckpts: Vec<(u64, u64)> = r
-        .reports()
-        .await
-        .into_iter()
-        .filter_map(|r| match r {
-            Report::RankCheckpoint(c) => Some((c.incarnation, c.step)),
-            _ => None,
-        })
-        .collect();
+    let log = r.wait_log("j", 5, 0, "helper: reported 41").await;
+    assert!(
+        log.contains("helper: order Checkpoint { step: None, halt: true }"),
+        "{log}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let ckpts = loop {
+        let ckpts: Vec<(u64, u64)> = r
+            .reports()
+            .await
+            .into_iter()
+            .filter_map(|r| match r {
+                Report::RankCheckpoint(c) => Some((c.incarnation, c.step)),
+                _ => None,
+            })
+            .collect();
+        if ckpts.contains(&(5, 41)) || Instant::now() > deadline {
+            break ckpts;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(ckpts, vec![(5, 40), (5, 41)], "repeats are not reported");
     r.launcher.shutdown().await;
 }

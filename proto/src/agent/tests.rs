@@ -29,6 +29,7 @@ fn orders() -> Vec<Order> {
             checkpoint_every: 10,
             resume_step: 5,
             port: 7000,
+            user: "trainer".into(),
         }),
         Order::StopJob {
             job: "train".into(),

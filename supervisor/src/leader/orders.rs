@@ -92,6 +92,7 @@ pub fn order_of(st: &ClusterState, action: &Action) -> Option<(String, Order)> {
                 checkpoint_every: j.spec.checkpoint_every,
                 resume_step: j.resume_step,
                 port: u32::from(j.port),
+                user: j.spec.user.clone().unwrap_or_default(),
             })
         }
         Action::StopJob {

@@ -23,7 +23,8 @@ use std::collections::VecDeque;
 /// data and the model byte of every stored log entry (raft-store adds its
 /// own store version around both). Bump it whenever a type inside
 /// `ClusterState` or a `Command` changes its bincode layout.
-/// 2: agent events carry `proto::agent::Report`.
+/// 2: agent events carry `proto::agent::Report`; `JobSpec.user`;
+/// `AdminOp::Refused`.
 pub const MODEL_FORMAT_VERSION: u8 = 2;
 
 /// The whole replicated model.

@@ -73,6 +73,7 @@ pub(crate) fn spec(name: &str, ranks: u32) -> JobSpec {
         checkpoint_every: 10,
         max_restarts: 2,
         backoff_ms: 100,
+        user: None,
     }
 }
 

@@ -537,6 +537,7 @@ fn every_command_roundtrips_through_bincode() {
                     checkpoint_every: 5,
                     max_restarts: 3,
                     backoff_ms: 1000,
+                    user: Some("trainer".into()),
                 },
             }),
             request: None,

@@ -41,5 +41,6 @@ pub use decide::{job_order_obsolete, wanted_job_actions, wanted_job_commands};
 pub use place::place;
 pub use types::{
     port_of, Exit, Job, JobCommand, JobOp, JobSpec, JobState, Rank, MAX_BACKOFF_MS,
-    MAX_CHECKPOINTS, MAX_COMMAND_BYTES, MAX_ENV, MAX_JOBS, MAX_RANKS, PORT_BASE, PORT_SPAN,
+    MAX_CHECKPOINTS, MAX_COMMAND_BYTES, MAX_ENV, MAX_JOBS, MAX_RANKS, MAX_USER_NAME, PORT_BASE,
+    PORT_SPAN,
 };

@@ -2,7 +2,9 @@
 
 use crate::model::hosts::Liveness;
 use crate::model::intents::{Action, IntentStatus};
-use crate::model::jobs::types::{port_of, Job, JobCommand, JobOp, JobState, PORT_BASE, PORT_SPAN};
+use crate::model::jobs::types::{
+    port_of, Job, JobCommand, JobOp, JobSpec, JobState, PORT_BASE, PORT_SPAN,
+};
 use crate::model::result::{CmdError, CmdResult};
 use crate::model::state::ClusterState;
 use crate::model::testkit::spec;
@@ -63,6 +65,31 @@ fn job_names_limits() {
     let mut s = spec("j", 2);
     s.hosts = vec!["a".into()];
     assert!(s.validate().is_err());
+}
+
+#[test]
+fn a_job_user_is_a_plain_user_name() {
+    let mut s = spec("j", 2);
+    for ok in ["railguard-job", "trainer", "_svc", "a.b", "u1"] {
+        s.user = Some(ok.into());
+        assert!(s.validate().is_ok(), "{ok}");
+    }
+    for bad in ["", "-x", ".x", "a b", "a/b", "1000", "ä", &"u".repeat(33)] {
+        s.user = Some(bad.into());
+        let e = s.validate().unwrap_err().to_string();
+        assert!(e.contains("user"), "{bad:?}: {e}");
+    }
+    // A job file may name it (TOML and JSON share the serde defaults).
+    let toml_spec: JobSpec = toml::from_str(
+        "name = \"j\"\nranks = 1\ncommand = [\"/bin/true\"]\ncheckpoint_dir = \"/c\"\nuser = \"trainer\"\n",
+    )
+    .unwrap();
+    assert_eq!(toml_spec.user.as_deref(), Some("trainer"));
+    let json_spec: JobSpec = serde_json::from_str(
+        r#"{"name":"j","ranks":1,"command":["/bin/true"],"checkpoint_dir":"/c"}"#,
+    )
+    .unwrap();
+    assert_eq!(json_spec.user, None);
 }
 
 use crate::model::{AdminOp, AgentEvent, Command, Outcome, Proposal};

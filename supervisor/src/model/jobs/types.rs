@@ -59,6 +59,35 @@ pub struct JobSpec {
     /// new complete checkpoint between them) up to [`MAX_BACKOFF_MS`].
     #[serde(default = "default_backoff_ms")]
     pub backoff_ms: u64,
+    /// The user the ranks run as on their hosts (None: each agent's
+    /// `[jobs] default_user`). Agents refuse a user that does not exist
+    /// there, that their `allowed_users` do not list, or root (unless they
+    /// allow it). Last, so older bincode layouts differ only at the end.
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// Longest job user name (useradd's limit).
+pub const MAX_USER_NAME: usize = 32;
+
+/// A user name a job may ask for: 1 to [`MAX_USER_NAME`] bytes of ASCII
+/// letters, digits, `_`, `.` and `-`, not starting with `-` or `.` and not
+/// all digits (a number would read as a uid).
+pub fn check_user_name(user: &str) -> Result<(), CmdError> {
+    let ok = !user.is_empty()
+        && user.len() <= MAX_USER_NAME
+        && user
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+        && !user.starts_with(['-', '.'])
+        && !user.bytes().all(|b| b.is_ascii_digit());
+    if ok {
+        Ok(())
+    } else {
+        Err(CmdError::InvalidArgument(format!(
+            "user {user:?} must be 1-{MAX_USER_NAME} bytes of letters, digits, _ . - (not first: - or .; not all digits)"
+        )))
+    }
 }
 
 fn default_max_restarts() -> u32 {
@@ -138,6 +167,9 @@ impl JobSpec {
         }
         if self.max_restarts > 1_000 {
             return bad("max_restarts must be at most 1000".into());
+        }
+        if let Some(u) = &self.user {
+            check_user_name(u)?;
         }
         if self.backoff_ms > MAX_BACKOFF_MS {
             return bad(format!(

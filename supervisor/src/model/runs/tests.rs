@@ -543,6 +543,7 @@ fn spec(ranks: u32) -> JobSpec {
         checkpoint_every: 10,
         max_restarts: 3,
         backoff_ms: 100,
+        user: None,
     }
 }
 
