@@ -34,6 +34,16 @@ pub enum PkiCmd {
         /// A PEM certificate file (the first certificate is shown).
         file: PathBuf,
     },
+    /// Revoke a certificate cluster-wide by its serial (needs a
+    /// supervisor and the admin role): every supervisor refuses it from
+    /// its next handshake and call on.
+    Revoke {
+        /// The serial `railguard pki show FILE` prints (lowercase hex).
+        serial: String,
+        /// Why (recorded in the history).
+        #[arg(long, default_value = "revoked")]
+        reason: String,
+    },
 }
 
 /// `railguard pki issue …`: who the certificate is for.
@@ -222,6 +232,9 @@ pub fn run(cmd: PkiCmd, json: bool) -> anyhow::Result<()> {
         PkiCmd::Show { file } => {
             let info = pki::show(&file)?;
             print_show(&file, &info, json)
+        }
+        PkiCmd::Revoke { .. } => {
+            anyhow::bail!("pki revoke needs a supervisor (it is not an offline command)")
         }
     }
 }

@@ -198,6 +198,7 @@ async fn main() {
 async fn run(cli: Cli) -> anyhow::Result<()> {
     // Offline commands first, so no supervisor address is even parsed.
     let cmd = match cli.cmd {
+        Cmd::Pki(PkiCmd::Revoke { .. }) => cli.cmd,
         Cmd::Pki(cmd) => return certs::run(cmd, cli.output == Output::Json),
         cmd => cmd,
     };
@@ -406,6 +407,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Shape(ShapeCmd::List { host }) => AdminRequest::ShapeList { host },
         Cmd::Shape(ShapeCmd::Clear { host }) => AdminRequest::Write {
             op: AdminOp::ShapeClear { host },
+        },
+        Cmd::Pki(PkiCmd::Revoke { serial, reason }) => AdminRequest::Write {
+            op: AdminOp::Revoke {
+                serial: serial.to_ascii_lowercase().replace(':', ""),
+                reason,
+            },
         },
         Cmd::Pki(cmd) => return certs::run(cmd, json),
     };

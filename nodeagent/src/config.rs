@@ -531,6 +531,10 @@ mod tests {
         let base = || Overrides {
             host: Some("h0".into()),
             supervisors: vec!["10.0.0.1:7400".into()],
+            tls: pki::TlsArgs {
+                insecure: true,
+                ..Default::default()
+            },
             ..Default::default()
         };
         let load_text = |text: &str| {

@@ -40,9 +40,12 @@ pub async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), DaemonError> {
     let _lock = datadir::lock(&config.data_dir)?;
+    // The TLS server refuses what the replicated list revokes: the node
+    // keeps this handle equal to it.
+    let revocations = pki::Revocations::new();
     let tls = match &config.tls {
         pki::TlsMode::Mtls(files) => {
-            let tls = pki::ServerTls::load(files.clone(), pki::Revocations::new())
+            let tls = pki::ServerTls::load(files.clone(), revocations.clone())
                 .map_err(|e| DaemonError::Tls(e.to_string()))?;
             let me = pki::Identity::supervisor(config.id);
             if tls.identity() != me {
@@ -69,7 +72,7 @@ pub async fn run(
             source,
         })?;
     let single = config.peers.is_empty() && !config.join;
-    let sup: Arc<Supervisor> = Supervisor::start(config).await?;
+    let sup: Arc<Supervisor> = Supervisor::start(config, revocations).await?;
     if single {
         match sup.raft.is_initialized().await {
             Ok(false) => {

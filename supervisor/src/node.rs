@@ -59,6 +59,9 @@ pub struct Supervisor {
     proposals: mpsc::Sender<(Command, Reply)>,
     /// How this node dials its peers (its own certificate).
     pub client_tls: crate::network::ClientTls,
+    /// The revoked serials the TLS server refuses, kept equal to the
+    /// replicated `ClusterState::revoked` ([`sync_revocations`]).
+    pub revocations: pki::Revocations,
     /// Cached peer clients by address (forwarding, leadership transfer).
     peer_clients: std::sync::Mutex<std::collections::HashMap<String, RaftPeerClient<Channel>>>,
     /// The term in which this node last confirmed its leadership with a
@@ -83,7 +86,12 @@ pub enum StartError {
 impl Supervisor {
     /// Opens the store in `config.data_dir` and starts the Raft node. The
     /// caller must already hold the data directory lock.
-    pub async fn start(config: SupervisorConfig) -> Result<Arc<Self>, StartError> {
+    /// `revocations` is the TLS server's handle, kept equal to the
+    /// replicated revocation list.
+    pub async fn start(
+        config: SupervisorConfig,
+        revocations: pki::Revocations,
+    ) -> Result<Arc<Self>, StartError> {
         let raft_config = openraft::Config {
             cluster_name: "railguard".into(),
             heartbeat_interval: config.raft.heartbeat_ms,
@@ -120,10 +128,12 @@ impl Supervisor {
             state,
             proposals: tx,
             client_tls,
+            revocations,
             peer_clients: Default::default(),
             confirmed_term: Arc::new(AtomicU64::new(0)),
         });
         tokio::spawn(run_batcher(raft.clone(), rx));
+        tokio::spawn(sync_revocations(Arc::downgrade(&sup)));
         tokio::spawn(confirm_leadership(raft, sup.confirmed_term.clone()));
         Ok(sup)
     }
@@ -511,6 +521,32 @@ async fn run_batcher(raft: Raft<TypeConfig>, mut rx: mpsc::Receiver<(Command, Re
                     }
                 });
             }
+        }
+    }
+}
+
+/// Keeps `revocations` equal to the replicated list: after every apply,
+/// the serials committed since are refused from the next handshake and
+/// the next call on. Ends with the node.
+async fn sync_revocations(sup: std::sync::Weak<Supervisor>) {
+    let mut metrics = match sup.upgrade() {
+        Some(s) => s.raft.metrics(),
+        None => return,
+    };
+    loop {
+        let Some(s) = sup.upgrade() else { return };
+        let (want, now) = s.read(|st| {
+            let now: BTreeSet<pki::Serial> = s.revocations.snapshot();
+            (st.revoked.clone(), now)
+        });
+        let parsed: BTreeSet<pki::Serial> = want.iter().filter_map(|x| x.parse().ok()).collect();
+        if parsed != now {
+            tracing::info!(revoked = parsed.len(), "revocation list changed");
+            s.revocations.replace(parsed);
+        }
+        drop(s);
+        if metrics.changed().await.is_err() {
+            return;
         }
     }
 }

@@ -66,6 +66,12 @@ pub enum AdminOp {
         request: String,
         needed: String,
     },
+    /// Revoke a certificate by serial (lowercase hex): every supervisor
+    /// refuses it from the next handshake and call on.
+    Revoke {
+        serial: String,
+        reason: String,
+    },
 }
 
 impl AdminOp {
@@ -92,6 +98,7 @@ impl AdminOp {
             AdminOp::Refused { request, needed } => {
                 format!("refused: {request} (needs role {needed})")
             }
+            AdminOp::Revoke { serial, reason } => format!("pki revoke {serial}: {reason}"),
             op => format!("{op:?}"),
         }
     }
@@ -110,7 +117,8 @@ impl AdminOp {
             AdminOp::Job(_)
             | AdminOp::PlaybookApply { .. }
             | AdminOp::PlaybookDelete { .. }
-            | AdminOp::Refused { .. } => None,
+            | AdminOp::Refused { .. }
+            | AdminOp::Revoke { .. } => None,
         }
     }
 }
@@ -141,6 +149,7 @@ pub enum AdminAction {
     PlaybookDelete,
     ShapeClear,
     Refused,
+    Revoke,
 }
 
 impl AdminOp {
@@ -158,6 +167,7 @@ impl AdminOp {
             AdminOp::PlaybookApply { .. } => AdminAction::PlaybookApply,
             AdminOp::PlaybookDelete { .. } => AdminAction::PlaybookDelete,
             AdminOp::Refused { .. } => AdminAction::Refused,
+            AdminOp::Revoke { .. } => AdminAction::Revoke,
             AdminOp::ShapeClear { .. } => AdminAction::ShapeClear,
         }
     }

@@ -33,3 +33,6 @@ pub const MAX_QPS_PER_HOST: usize = 4_096;
 
 /// Most clock state changes in one `SetClockStates` command.
 pub const MAX_CLOCK_CHANGES: usize = 4_096;
+/// Most revoked certificate serials the cluster keeps (revoke a CA's
+/// certificates wholesale by rotating the CA).
+pub const MAX_REVOKED: usize = 10_000;

@@ -24,7 +24,7 @@ use std::collections::VecDeque;
 /// own store version around both). Bump it whenever a type inside
 /// `ClusterState` or a `Command` changes its bincode layout.
 /// 2: agent events carry `proto::agent::Report`; `JobSpec.user`;
-/// `AdminOp::Refused`.
+/// `AdminOp::Refused`, `AdminOp::Revoke`; `revoked`.
 pub const MODEL_FORMAT_VERSION: u8 = 2;
 
 /// The whole replicated model.
@@ -80,6 +80,9 @@ pub struct ClusterState {
     /// Bumped whenever the graph or a NIC's address or rail changes; agents
     /// compare it with their plan's.
     pub probe_plan_version: u64,
+    /// Revoked certificate serials (lowercase hex), refused by every
+    /// supervisor at the next handshake and the next call.
+    pub revoked: std::collections::BTreeSet<String>,
 }
 
 impl raft_store::StateModel<TypeConfig> for ClusterState {

@@ -5,7 +5,9 @@ use crate::model::admin::AdminOp;
 use crate::model::command::Command;
 use crate::model::hosts::{check_failback, failover_target};
 use crate::model::intents::Action;
-use crate::model::limits::{MAX_CLOCK_CHANGES, MAX_NAME_LEN, MAX_NICS, MAX_REASON_LEN};
+use crate::model::limits::{
+    MAX_CLOCK_CHANGES, MAX_NAME_LEN, MAX_NICS, MAX_REASON_LEN, MAX_REVOKED,
+};
 use crate::model::result::{check_labels, check_name, not_found, CmdError};
 use crate::model::state::ClusterState;
 use proto::agent::Report;
@@ -78,6 +80,29 @@ impl ClusterState {
                             self.playbooks_after_apply(files).map(|_| ())
                         }
                         AdminOp::PlaybookDelete { name } => self.validate_playbook_delete(name),
+                        AdminOp::Revoke { serial, reason } => {
+                            let hex = !serial.is_empty()
+                                && serial.len() <= 40
+                                && serial
+                                    .chars()
+                                    .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c));
+                            if !hex {
+                                return Err(CmdError::InvalidArgument(format!(
+                                    "serial {serial:?} is not a certificate serial (lowercase hex, at most 40 digits; `railguard pki show FILE` prints it)"
+                                )));
+                            }
+                            if reason.len() > MAX_REASON_LEN {
+                                return Err(CmdError::InvalidArgument(format!(
+                                    "reason is longer than {MAX_REASON_LEN} bytes"
+                                )));
+                            }
+                            if self.revoked.len() >= MAX_REVOKED && !self.revoked.contains(serial) {
+                                return Err(CmdError::FailedPrecondition(format!(
+                                    "{MAX_REVOKED} serials are revoked already; rotate the cluster CA instead"
+                                )));
+                            }
+                            Ok(())
+                        }
                         AdminOp::Refused { request, needed } => {
                             if request.len() > MAX_REASON_LEN || needed.len() > MAX_REASON_LEN {
                                 return Err(CmdError::InvalidArgument(format!(

@@ -38,7 +38,17 @@ pub enum Caller<'a> {
 /// should make impossible), nobody on an insecure cluster.
 pub fn caller<'a, T>(sup: &Supervisor, req: &'a Request<T>) -> Result<Caller<'a>, Status> {
     if sup.config.tls.is_mtls() {
-        pki::require(req).map(Caller::Peer)
+        let peer = pki::require(req)?;
+        // A certificate revoked since the connection was made is refused
+        // from its next call on.
+        if sup.revocations.contains(&peer.serial) {
+            tracing::warn!(who = %peer.identity, serial = %peer.serial, "call on a revoked certificate refused");
+            return Err(refusal(format!(
+                "certificate {} of {} is revoked",
+                peer.serial, peer.identity
+            )));
+        }
+        Ok(Caller::Peer(peer))
     } else {
         Ok(Caller::Insecure)
     }
@@ -115,7 +125,8 @@ pub fn role_needed(r: &AdminRequest) -> Role {
             AdminOp::Job(JobOp::Submit { .. })
             | AdminOp::PlaybookApply { .. }
             | AdminOp::PlaybookDelete { .. }
-            | AdminOp::Refused { .. } => Role::Admin,
+            | AdminOp::Refused { .. }
+            | AdminOp::Revoke { .. } => Role::Admin,
             AdminOp::Cordon { .. }
             | AdminOp::Uncordon { .. }
             | AdminOp::Drain { .. }

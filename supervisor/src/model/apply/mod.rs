@@ -116,6 +116,13 @@ impl ClusterState {
                         AdminOp::Refused { request, needed } => {
                             format!("refused {request}: needs role {needed}")
                         }
+                        AdminOp::Revoke { serial, .. } => {
+                            if self.revoked.insert(serial.clone()) {
+                                format!("certificate {serial} revoked")
+                            } else {
+                                format!("certificate {serial} was already revoked")
+                            }
+                        }
                         _ => unreachable!("only cluster-wide operations have no host"),
                     };
                     self.record_admin(index, at_ms, actor, op);
@@ -206,7 +213,8 @@ impl ClusterState {
                     AdminOp::Job(_)
                     | AdminOp::PlaybookApply { .. }
                     | AdminOp::PlaybookDelete { .. }
-                    | AdminOp::Refused { .. } => {
+                    | AdminOp::Refused { .. }
+                    | AdminOp::Revoke { .. } => {
                         unreachable!("cluster-wide operations have no host")
                     }
                     AdminOp::ShapeClear { .. } => unreachable!("applied above"),
