@@ -228,9 +228,11 @@ pub async fn raft_commit(
     levels: &[usize],
     secs: f64,
     trials: usize,
+    mtls: bool,
 ) -> anyhow::Result<RaftCommitReport> {
-    eprintln!("[raft-commit] starting 3 supervisors (sled on disk)");
-    let cluster = SupervisorCluster::start(3)?;
+    let how = if mtls { "mutual TLS" } else { "--insecure" };
+    eprintln!("[raft-commit] starting 3 supervisors (sled on disk, {how})");
+    let cluster = SupervisorCluster::start_tls(3, &[], mtls)?;
     let leader = cluster.init().await.context("initialise")?;
     let max = levels.iter().copied().max().unwrap_or(1);
     let hosts: Vec<String> = (0..max).map(|i| format!("bench{i}")).collect();
@@ -281,5 +283,69 @@ pub async fn raft_commit(
         admin_writes,
         goal: ">= 20000 committed events/s at 256 clients with p99 <= 20 ms",
         goal_met,
+    })
+}
+
+/// `bench raft-commit --tls`: the same levels on a plain-text cluster, then
+/// on a mutual-TLS one (fresh clusters, same machine), side by side.
+#[derive(Debug, Serialize)]
+pub struct TlsCostReport {
+    pub ok: bool,
+    pub bench: &'static str,
+    pub plain: RaftCommitReport,
+    pub tls: RaftCommitReport,
+    /// Per level: TLS events/s over plain events/s.
+    pub events_ratio: Vec<(usize, f64)>,
+    /// Per level: TLS admin writes/s over plain.
+    pub admin_ratio: Vec<(usize, f64)>,
+    /// The lowest of all ratios.
+    pub min_ratio: f64,
+    pub goal: &'static str,
+    pub goal_met: bool,
+}
+
+/// Runs [`raft_commit`] without TLS, then with, and compares.
+pub async fn raft_commit_tls_cost(
+    levels: &[usize],
+    secs: f64,
+    trials: usize,
+) -> anyhow::Result<TlsCostReport> {
+    let plain = raft_commit(levels, secs, trials, false).await?;
+    let tls = raft_commit(levels, secs, trials, true).await?;
+    let ratios = |a: &[Level], b: &[Level]| -> Vec<(usize, f64)> {
+        a.iter()
+            .zip(b)
+            .map(|(p, t)| {
+                (
+                    p.clients,
+                    if p.per_s > 0.0 {
+                        t.per_s / p.per_s
+                    } else {
+                        0.0
+                    },
+                )
+            })
+            .collect()
+    };
+    let events_ratio = ratios(&plain.events, &tls.events);
+    let admin_ratio = ratios(&plain.admin_writes, &tls.admin_writes);
+    let min_ratio = events_ratio
+        .iter()
+        .chain(&admin_ratio)
+        .map(|(_, r)| *r)
+        .fold(f64::INFINITY, f64::min);
+    for ((c, e), (_, a)) in events_ratio.iter().zip(&admin_ratio) {
+        eprintln!("[raft-commit] TLS/plain at {c:>3} clients: events {e:.2}, admin writes {a:.2}");
+    }
+    Ok(TlsCostReport {
+        ok: plain.ok && tls.ok,
+        bench: "raft-commit-tls",
+        goal: "mutual TLS keeps >= 0.85 of plain-text throughput at every level",
+        goal_met: min_ratio >= 0.85,
+        plain,
+        tls,
+        events_ratio,
+        admin_ratio,
+        min_ratio,
     })
 }

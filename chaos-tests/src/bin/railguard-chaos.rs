@@ -790,6 +790,11 @@ struct RaftCommit {
     /// percentiles are over every sample of every trial.
     #[arg(long, default_value_t = 3)]
     trials: usize,
+    /// Measure what mutual TLS costs: the levels on a plain-text cluster,
+    /// then on a mutual-TLS one, side by side (otherwise mutual TLS only,
+    /// as a cluster runs).
+    #[arg(long)]
+    tls: bool,
 }
 
 impl Runner for RaftCommit {
@@ -803,7 +808,14 @@ impl Runner for RaftCommit {
             (0.5..=600.0).contains(&self.seconds),
             "--seconds must be between 0.5 and 600"
         );
-        let r = chaos_tests::bench::raft_commit(&self.clients, self.seconds, self.trials).await?;
+        if self.tls {
+            let r =
+                chaos_tests::bench::raft_commit_tls_cost(&self.clients, self.seconds, self.trials)
+                    .await?;
+            return report(r.ok, &r);
+        }
+        let r =
+            chaos_tests::bench::raft_commit(&self.clients, self.seconds, self.trials, true).await?;
         report(r.ok, &r)
     }
 }
