@@ -35,4 +35,5 @@ pub mod playbook_leader_kill;
 pub mod playbook_scenarios;
 pub mod probe_scenarios;
 pub mod qp;
+pub mod security;
 pub mod training;

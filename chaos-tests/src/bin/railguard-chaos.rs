@@ -160,6 +160,12 @@ const SCENARIOS: &[Entry] = &[
         "cluster-crash",
         "The same load while all supervisors are SIGKILLed at once and restarted",
     ),
+    entry::<Security>(
+        "security",
+        "A mutual-TLS netns cluster attacked from a GPU host: strangers, wrong roles, an agent \
+         for another host, the Raft port, a non-rank on the control socket — all refused, \
+         nothing changed. Needs root",
+    ),
 ];
 
 /// `railguard-chaos bench <name>`: runs that measure and print figures.
@@ -410,6 +416,17 @@ impl Runner for NicFlap {
             wait_quiet: !self.no_quiet,
         })
         .await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct Security {}
+
+impl Runner for Security {
+    async fn run(self, what: String) -> Outcome {
+        need_root(&what)?;
+        let r = chaos_tests::security::run().await?;
         report(r.ok, &r)
     }
 }
