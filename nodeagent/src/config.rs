@@ -99,22 +99,11 @@ struct FileConfig {
     damping: Option<DampingConfig>,
     control_socket: Option<PathBuf>,
     probe: Option<FileProbe>,
+    /// `[tls]`: the host's agent certificate, or `insecure = true`.
     #[serde(default)]
-    tls: FileTls,
+    tls: pki::TlsArgs,
     jobs: Option<JobsPolicy>,
     control: Option<FileControl>,
-}
-
-/// `[tls]`: `ca`, `cert`, `key` (the host's agent certificate), or
-/// `insecure = true`.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileTls {
-    ca: Option<PathBuf>,
-    cert: Option<PathBuf>,
-    key: Option<PathBuf>,
-    #[serde(default)]
-    insecure: bool,
 }
 
 /// `[control]`: the control socket.
@@ -407,17 +396,13 @@ pub fn load(
 /// The agent's TLS: flags over `[tls]`; with certificates, the certificate
 /// must be `host`'s agent certificate (the supervisor lets it speak only
 /// for the host it names).
-fn tls_of(host: &str, flags: pki::TlsArgs, file: FileTls) -> Result<pki::ClientTls, ConfigError> {
+fn tls_of(
+    host: &str,
+    flags: pki::TlsArgs,
+    file: pki::TlsArgs,
+) -> Result<pki::ClientTls, ConfigError> {
     let bad = |e: pki::PkiError| ConfigError::Invalid(e.to_string());
-    let mode = flags
-        .or(pki::TlsArgs {
-            ca: file.ca,
-            cert: file.cert,
-            key: file.key,
-            insecure: file.insecure,
-        })
-        .resolve("the agent")
-        .map_err(bad)?;
+    let mode = flags.or(file).resolve("the agent").map_err(bad)?;
     if let pki::TlsMode::Mtls(f) = &mode {
         let held = pki::show(&f.cert).map_err(bad)?.identity;
         let want = pki::Identity::agent(host).map_err(bad)?;

@@ -9,8 +9,10 @@ use std::path::PathBuf;
 use crate::error::PkiError;
 use crate::server::ServerTlsFiles;
 
-/// What the operator gave.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// What the operator gave: the `[tls]` table of a daemon's config file
+/// (`ca`, `cert`, `key`, or `insecure = true`), or the flags.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TlsArgs {
     /// The cluster CA certificate.
     pub ca: Option<PathBuf>,
@@ -19,6 +21,7 @@ pub struct TlsArgs {
     /// This process's private key.
     pub key: Option<PathBuf>,
     /// Run without TLS or authentication (a lab only).
+    #[serde(default)]
     pub insecure: bool,
 }
 

@@ -56,30 +56,7 @@ pub struct FileConfig {
     pub topology: Option<PathBuf>,
     /// Mutual TLS: the cluster CA, this supervisor's certificate and key.
     #[serde(default)]
-    pub tls: TlsFile,
-}
-
-/// The `[tls]` table: `ca`, `cert`, `key` (paths), or `insecure = true`.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsFile {
-    pub ca: Option<PathBuf>,
-    pub cert: Option<PathBuf>,
-    pub key: Option<PathBuf>,
-    /// No TLS, no authentication (a lab only; warned at every start).
-    #[serde(default)]
-    pub insecure: bool,
-}
-
-impl From<TlsFile> for pki::TlsArgs {
-    fn from(t: TlsFile) -> pki::TlsArgs {
-        pki::TlsArgs {
-            ca: t.ca,
-            cert: t.cert,
-            key: t.key,
-            insecure: t.insecure,
-        }
-    }
+    pub tls: pki::TlsArgs,
 }
 
 /// The resolved, validated configuration.
@@ -234,7 +211,7 @@ impl SupervisorConfig {
         }
         let tls = over
             .tls
-            .or(fc.tls.into())
+            .or(fc.tls)
             .resolve("the supervisor")
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
         let topology_path = over.topology.or(fc.topology);
