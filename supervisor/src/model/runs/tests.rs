@@ -178,12 +178,16 @@ impl World {
             .collect()
     }
 
-    fn events_with(&self, text: &str) -> usize {
-        self.st
-            .events
-            .iter()
-            .filter(|e| e.what.contains(text))
-            .count()
+    /// How many logged events are `want` (the typed event, not its line).
+    fn events_of(&self, want: &crate::model::events::Event) -> usize {
+        self.st.events.iter().filter(|e| &e.event == want).count()
+    }
+
+    /// How many notify steps logged exactly `message`.
+    fn notified(&self, message: &str) -> usize {
+        self.events_of(&crate::model::events::Event::Notify {
+            message: message.into(),
+        })
     }
 }
 
@@ -245,7 +249,7 @@ fn a_nic_down_incident_runs_the_migrate_step_as_a_failover_order() {
     );
     assert!(w.st.hosts["h0"].nics["rail0"].open_incidents.is_empty());
     assert_eq!(
-        w.events_with("notify: nic_down on h0: nic-down finished for h0 rail0"),
+        w.notified("nic_down on h0: nic-down finished for h0 rail0"),
         1
     );
     // Skipped steps: checkpoint and drain were jumped over by `next`.
@@ -395,7 +399,12 @@ fn a_failing_step_is_retried_then_escalated() {
     assert_eq!(second.playbook, "nic-flapping-stuck");
     assert_eq!(second.escalated_from, Some(1));
     assert_eq!(second.state, RunState::Completed);
-    assert_eq!(w.events_with("notify: h0 rail0 (rail 0) still flaps"), 1);
+    assert_eq!(
+        w.notified(
+            "h0 rail0 (rail 0) still flaps after 30m; connections stay off it, check the cable and port"
+        ),
+        1
+    );
     assert_eq!(
         w.st.runs.values().filter(|r| r.state.is_active()).count(),
         0
@@ -596,7 +605,7 @@ fn webhook_notifications_wait_for_the_leaders_post() {
     w.nic("h0", "rail0", NicHealth::Down);
     w.settle(obey);
     // Logged at once; the intent waits for the POST.
-    assert_eq!(w.events_with("notify: h0 rail0 down"), 1);
+    assert_eq!(w.notified("h0 rail0 down"), 1);
     let open = crate::leader::webhooks::open_webhooks(&w.st);
     assert_eq!(open.len(), 1, "{open:?}");
     let first = open[0].clone();
@@ -681,7 +690,12 @@ fn host_down_goes_through_the_host_down_playbook_when_one_is_stored() {
         JobState::Running,
         "not restarted by the hard-wired path"
     );
-    assert_eq!(w.events_with("host_down handled by playbook host-down"), 1);
+    assert_eq!(
+        w.events_of(&crate::model::events::Event::HostDownHandled {
+            playbook: Some("host-down".into())
+        }),
+        1
+    );
     w.settle(obey);
     assert_eq!(w.st.jobs["j"].state, JobState::Restarting, "backoff");
     assert_eq!(w.run(1).step_id(), "restart");
@@ -697,7 +711,7 @@ fn host_down_goes_through_the_host_down_playbook_when_one_is_stored() {
     assert_eq!(j.restarts, 1, "a lost host is a failure restart");
     assert!(w.st.incidents[&1].closed_ms.is_some());
     assert_eq!(
-        w.events_with("notify: h1 is down: its jobs were restarted elsewhere"),
+        w.notified("h1 is down: its jobs were restarted elsewhere"),
         1
     );
 
@@ -713,7 +727,7 @@ fn host_down_goes_through_the_host_down_playbook_when_one_is_stored() {
     assert_eq!(w.st.jobs["j"].state, JobState::Running);
     assert_eq!(w.st.jobs["j"].incarnation, 1);
     assert_eq!(
-        w.events_with("no playbook handles host_down: its jobs wait for an operator"),
+        w.events_of(&crate::model::events::Event::HostDownHandled { playbook: None }),
         1
     );
 }
