@@ -321,7 +321,8 @@ pub async fn run() -> anyhow::Result<SecurityReport> {
         other.path(),
     )?;
     let m = Material {
-        addr: c.sup_addrs()[0].clone(),
+        // A follower: refusals it makes must still reach the history.
+        addr: c.sup_addrs()[(c.leader_index()? + 1) % 3].clone(),
         admin: c.admin_files()?,
         viewer: lab.admin("vera", Role::Viewer)?,
         operator: lab.admin("otto", Role::Operator)?,

@@ -16,9 +16,9 @@ use tonic::{Request, Response, Status};
 
 use crate::api::{AdminCall, AdminReply, AdminRequest, ApiError, ErrorKind, QpView, StatusView};
 use crate::leader::services::Leader;
-use crate::model::{ClusterEvent, CmdOk, Command, IntentStatus};
+use crate::model::{AdminOp, ClusterEvent, CmdOk, Command, IntentStatus};
 use crate::node::Supervisor;
-use crate::service::auth::{admin_identity, authorize};
+use crate::service::auth::{admin_identity, check_role};
 use crate::service::transfer::transfer_leader;
 
 /// The `Admin` gRPC service.
@@ -490,6 +490,37 @@ fn status(sup: &Supervisor) -> StatusView {
     }
 }
 
+/// Checks `role` against what `request` takes. A refusal is recorded in the
+/// admin history: proposed here when this node leads, forwarded to the
+/// leader otherwise (best effort, bounded by the call timeouts; the refusal
+/// is returned either way).
+async fn authorize(
+    leader: &Arc<Leader>,
+    actor: &str,
+    role: pki::Role,
+    request: &AdminRequest,
+) -> Result<(), Status> {
+    let Err(r) = check_role(actor, role, request) else {
+        return Ok(());
+    };
+    let record = AdminCall {
+        actor: actor.to_owned(),
+        stale: false,
+        forwarded: false,
+        request_id: None,
+        request: AdminRequest::Write {
+            op: AdminOp::Refused {
+                request: r.what.chars().take(200).collect(),
+                needed: r.need.to_string(),
+            },
+        },
+    };
+    if let Err(e) = handle(leader, record).await {
+        tracing::warn!(error = %e, "could not record the refusal");
+    }
+    Err(r.status)
+}
+
 /// Sends the call to the leader and returns its answer.
 async fn forward(sup: &Arc<Supervisor>, mut call: AdminCall) -> Result<AdminReply, ApiError> {
     let leader = sup.leader_addr().ok_or_else(|| {
@@ -527,7 +558,7 @@ impl Admin for AdminService {
         let (actor, role) = admin_identity(sup, &req, &call.actor)?;
         call.actor = actor;
         call.forwarded = false;
-        authorize(sup, &call.actor, role, &call.request).await?;
+        authorize(&self.leader, &call.actor, role, &call.request).await?;
         tracing::debug!(actor = %call.actor, request = ?call.request, "admin call");
         let reply = handle(&self.leader, call).await.map_err(Status::from)?;
         let body = serde_json::to_vec(&reply).map_err(|e| Status::internal(e.to_string()))?;
@@ -543,7 +574,7 @@ impl Admin for AdminService {
         let sup = &self.leader.node;
         let (actor, role) = admin_identity(sup, &req, "")?;
         authorize(
-            sup,
+            &self.leader,
             &actor,
             role,
             &AdminRequest::Events { since: 0, limit: 0 },

@@ -16,13 +16,11 @@
 //! leader). On an `--insecure` cluster nothing is checked: the caller is
 //! unknown and every call is allowed, as the warning at start says.
 
-use std::sync::Arc;
-
 use pki::{Identity, PeerInfo, Role};
 use tonic::{Request, Status};
 
 use crate::api::{AdminRequest, ApiError, ErrorKind};
-use crate::model::{AdminOp, Command, JobOp};
+use crate::model::{AdminOp, JobOp};
 use crate::node::Supervisor;
 
 /// The caller of one request.
@@ -172,35 +170,27 @@ pub fn admin_identity<T>(
     }
 }
 
-/// Checks `role` against what `request` takes; a refusal is recorded in the
-/// admin history when this node leads (best effort: the refusal is
-/// returned either way).
-pub async fn authorize(
-    sup: &Arc<Supervisor>,
-    actor: &str,
-    role: Role,
-    request: &AdminRequest,
-) -> Result<(), Status> {
+/// A refused admin call: what it asked and the role it takes.
+pub struct RoleRefusal {
+    /// The request, named for people ([`request_name`]).
+    pub what: String,
+    /// The role it takes.
+    pub need: Role,
+    /// The `PermissionDenied` to answer with.
+    pub status: Status,
+}
+
+/// Checks `role` against what `request` takes (the caller records a
+/// refusal in the history: `service::admin`).
+pub fn check_role(actor: &str, role: Role, request: &AdminRequest) -> Result<(), RoleRefusal> {
     let need = role_needed(request);
     if role >= need {
         return Ok(());
     }
     let what = request_name(request);
     tracing::warn!(actor, role = %role, need = %need, request = %what, "admin call refused");
-    if sup.is_leader() {
-        let cmd = Command::Admin {
-            actor: actor.to_owned(),
-            op: AdminOp::Refused {
-                request: what.chars().take(200).collect(),
-                needed: need.to_string(),
-            },
-            request: None,
-        };
-        if let Err(e) = sup.propose(cmd).await {
-            tracing::warn!(error = %e, "could not record the refusal");
-        }
-    }
-    Err(refusal(format!(
+    let status = refusal(format!(
         "{actor} (role {role}) may not {what}: it takes role {need}"
-    )))
+    ));
+    Err(RoleRefusal { what, need, status })
 }
