@@ -337,10 +337,15 @@ async fn events_apply_exactly_once_in_order_across_reconnects() {
     else {
         panic!()
     };
-    assert_eq!(incidents.iter().filter(|i| i.kind == "nic_down").count(), 3);
-    assert_eq!(
-        incidents.iter().filter(|i| i.closed_ms.is_none()).count(),
-        1
+    // Three downs, three incidents; the first two closed by the ups that
+    // followed them. (The third may be open, or closed by its playbook or
+    // joined by a host_down incident on a slow run: h0 has no agent.)
+    let mut downs: Vec<_> = incidents.iter().filter(|i| i.kind == "nic_down").collect();
+    downs.sort_by_key(|i| i.id);
+    assert_eq!(downs.len(), 3, "{incidents:?}");
+    assert!(
+        downs[..2].iter().all(|i| i.closed_ms.is_some()),
+        "{incidents:?}"
     );
     // A gap is refused, naming the last applied sequence; nothing applies.
     let acks = send_events(&sup.addr, vec![ev("h0", 7, "rail0", true)]).await;
