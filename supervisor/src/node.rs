@@ -527,20 +527,22 @@ async fn run_batcher(raft: Raft<TypeConfig>, mut rx: mpsc::Receiver<(Command, Re
 
 /// Keeps `revocations` equal to the replicated list: after every apply,
 /// the serials committed since are refused from the next handshake and
-/// the next call on. Ends with the node.
+/// the next call on. The list only grows (a serial is never un-revoked), so
+/// its length tells whether it changed: an apply that revokes nothing costs
+/// one comparison, not a copy. Ends with the node.
 async fn sync_revocations(sup: std::sync::Weak<Supervisor>) {
     let mut metrics = match sup.upgrade() {
         Some(s) => s.raft.metrics(),
         None => return,
     };
+    let mut seen = 0usize;
     loop {
         let Some(s) = sup.upgrade() else { return };
-        let (want, now) = s.read(|st| {
-            let now: BTreeSet<pki::Serial> = s.revocations.snapshot();
-            (st.revoked.clone(), now)
-        });
-        let parsed: BTreeSet<pki::Serial> = want.iter().filter_map(|x| x.parse().ok()).collect();
-        if parsed != now {
+        let changed = s.read(|st| (st.revoked.len() != seen).then(|| st.revoked.clone()));
+        if let Some(want) = changed {
+            seen = want.len();
+            let parsed: BTreeSet<pki::Serial> =
+                want.iter().filter_map(|x| x.parse().ok()).collect();
             tracing::info!(revoked = parsed.len(), "revocation list changed");
             s.revocations.replace(parsed);
         }
