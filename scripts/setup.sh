@@ -8,8 +8,10 @@ set -euo pipefail
 # The rdma crate's `verbs` feature: rdma-sys runs bindgen over the
 # libibverbs/librdmacm headers, which needs libclang, and clang's own
 # headers (libclang-common-14-dev, else `stddef.h` is not found). Bookworm's
-# clang 14 works with rdma-sys's old bindgen; clang 16+ does not.
-PACKAGES=(build-essential pkg-config iproute2
+# clang 14 works with rdma-sys's old bindgen; clang 16+ does not. python3
+# runs the layout check and the security scenario's non-rank process;
+# passwd provides useradd (the testbed creates the `railguard-job` user).
+PACKAGES=(build-essential pkg-config iproute2 python3 passwd
   libibverbs-dev librdmacm-dev libclang-dev libclang-common-14-dev)
 
 missing=()
