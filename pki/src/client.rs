@@ -1,13 +1,16 @@
 //! The client side: a tonic `ClientTlsConfig` that presents this process's
 //! certificate and trusts only the cluster CA, verifying any supervisor by
 //! the fixed name [`SERVER_NAME`] whatever address it was dialled at; and
-//! an `https://` endpoint helper (tonic only does TLS for `https` URIs).
+//! an `https://` endpoint helper (tonic only does TLS for `https` URIs);
+//! [`ClientTls`], reloadable like the server side.
 
 use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
 
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
 use crate::mode::TlsMode;
+use crate::server::ServerTlsFiles;
 
 use crate::error::PkiError;
 use crate::files::{read_cert, read_key, read_small};
@@ -51,34 +54,144 @@ pub fn https_endpoint(addr: &str, tls: ClientTlsConfig) -> Result<Endpoint, PkiE
         .map_err(err)
 }
 
+/// What a client presents now, and which load it is.
+struct ClientLoaded {
+    config: ClientTlsConfig,
+    identity: Identity,
+    generation: u64,
+}
+
+/// The shared, reloadable state behind [`ClientTls::Mtls`]: a client's
+/// files and the configuration last loaded from them.
+pub struct ClientShared {
+    files: ServerTlsFiles,
+    current: RwLock<Arc<ClientLoaded>>,
+    /// Serializes reloads so two SIGHUPs cannot interleave.
+    reloading: Mutex<()>,
+}
+
 /// How this process dials supervisors: mutual TLS with its certificate,
-/// or plain text (`--insecure`, a lab).
-#[derive(Clone, Debug)]
+/// or plain text (`--insecure`, a lab). Clones share one configuration,
+/// which [`ClientTls::reload`] swaps (on SIGHUP) for the files' current
+/// content: connections made afterwards present the new certificate;
+/// holders of long-lived channels compare [`ClientTls::generation`] to
+/// know when to dial again.
+#[derive(Clone)]
 pub enum ClientTls {
     /// TLS 1.3 presenting this process's certificate; the server must be a
     /// supervisor of the cluster CA ([`client_tls`]).
-    Mtls(Box<ClientTlsConfig>),
+    Mtls(Arc<ClientShared>),
     /// Plain text, no authentication.
     Insecure,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientTls::Mtls(h) => {
+                let cur = h.current();
+                f.debug_struct("ClientTls::Mtls")
+                    .field("files", &h.files)
+                    .field("identity", &cur.identity)
+                    .field("generation", &cur.generation)
+                    .finish()
+            }
+            ClientTls::Insecure => f.write_str("ClientTls::Insecure"),
+        }
+    }
+}
+
+impl ClientShared {
+    fn current(&self) -> Arc<ClientLoaded> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+fn load_client(files: &ServerTlsFiles, generation: u64) -> Result<ClientLoaded, PkiError> {
+    let config = client_tls(&files.ca, &files.cert, &files.key)?;
+    let identity = Identity::from_cert_der(&read_cert(&files.cert)?)?;
+    Ok(ClientLoaded {
+        config,
+        identity,
+        generation,
+    })
 }
 
 impl ClientTls {
     /// The client side of a resolved TLS mode (reads and checks the files).
     pub fn from_mode(mode: &TlsMode) -> Result<ClientTls, PkiError> {
         Ok(match mode {
-            TlsMode::Mtls(f) => ClientTls::Mtls(Box::new(client_tls(&f.ca, &f.cert, &f.key)?)),
+            TlsMode::Mtls(f) => ClientTls::Mtls(Arc::new(ClientShared {
+                files: f.clone(),
+                current: RwLock::new(Arc::new(load_client(f, 0)?)),
+                reloading: Mutex::new(()),
+            })),
             TlsMode::Insecure => ClientTls::Insecure,
         })
     }
 
-    /// An endpoint for `addr`: `https://` with the TLS settings, or
-    /// `http://` without (tonic only does TLS for `https`).
+    /// An endpoint for `addr`: `https://` with the TLS settings loaded
+    /// now, or `http://` without (tonic only does TLS for `https`).
     pub fn endpoint(&self, addr: &str) -> Result<Endpoint, tonic::transport::Error> {
         match self {
-            ClientTls::Mtls(c) => {
-                Endpoint::from_shared(format!("https://{addr}"))?.tls_config((**c).clone())
-            }
+            ClientTls::Mtls(h) => Endpoint::from_shared(format!("https://{addr}"))?
+                .tls_config(h.current().config.clone()),
             ClientTls::Insecure => Endpoint::from_shared(format!("http://{addr}")),
+        }
+    }
+
+    /// Which load of the files is in use: 0 at start, one more after each
+    /// successful [`ClientTls::reload`]; always 0 without TLS.
+    pub fn generation(&self) -> u64 {
+        match self {
+            ClientTls::Mtls(h) => h.current().generation,
+            ClientTls::Insecure => 0,
+        }
+    }
+
+    /// The identity presented now (none without TLS).
+    pub fn identity(&self) -> Option<Identity> {
+        match self {
+            ClientTls::Mtls(h) => Some(h.current().identity.clone()),
+            ClientTls::Insecure => None,
+        }
+    }
+
+    /// Reads the files again and, if they hold a usable CA, certificate
+    /// and key for the same identity, swaps them in: connections made from
+    /// now on present the new certificate. On error the old configuration
+    /// stays and the error is returned. Nothing to do without TLS.
+    pub fn reload(&self) -> Result<(), PkiError> {
+        let ClientTls::Mtls(h) = self else {
+            return Ok(());
+        };
+        let _one = h.reloading.lock().unwrap_or_else(|e| e.into_inner());
+        let old = h.current();
+        let loaded = load_client(&h.files, old.generation + 1).and_then(|l| {
+            if l.identity == old.identity {
+                Ok(l)
+            } else {
+                Err(PkiError::TlsSettings(format!(
+                    "{} now holds the certificate of {}, not of {}: a reload keeps the identity",
+                    h.files.cert.display(),
+                    l.identity,
+                    old.identity
+                )))
+            }
+        });
+        match loaded {
+            Ok(l) => {
+                tracing::info!(identity = %l.identity, generation = l.generation, "client TLS certificate reloaded");
+                *h.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(l);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "client TLS reload failed; keeping the current certificate");
+                Err(e)
+            }
         }
     }
 }

@@ -38,10 +38,14 @@
 //! - `issue`: [`init_ca`], [`issue()`], [`show`] and their file formats.
 //! - `files`: PEM reading, exclusive 0600 writing.
 //! - `verifier`: the client-certificate verifier (WebPKI + revocations).
-//! - `server`: [`ServerTls`] (load, `reload`), [`reload_on_sighup`].
+//! - `server`: [`ServerTls`] (load, `reload`).
+//! - `reload`: [`reload_on_sighup`] (server and client certificates).
+//! - `guard`: [`until_revoked`], the end of a stream whose peer's
+//!   certificate is revoked or expires while it is open.
 //! - `incoming`: [`incoming`] (the accept stream for tonic), [`PeerInfo`],
 //!   [`require`], [`require_role`].
-//! - `client`: [`client_tls`], [`https_endpoint`].
+//! - `client`: [`client_tls`], [`https_endpoint`], [`ClientTls`]
+//!   (reloadable).
 //! - `lab`: [`LabPki`], a CA and certificates on demand (demo, tests).
 //! - `mode`: [`TlsArgs`] → [`TlsMode`]: the operator's files or `--insecure`.
 //! - `error`: [`PkiError`].
@@ -49,18 +53,21 @@
 mod client;
 mod error;
 mod files;
+mod guard;
 mod identity;
 mod incoming;
 mod issue;
 mod lab;
 mod mode;
+mod reload;
 mod revocations;
 mod serial;
 mod server;
 mod verifier;
 
-pub use client::{client_tls, https_endpoint, ClientTls};
+pub use client::{client_tls, https_endpoint, ClientShared, ClientTls};
 pub use error::PkiError;
+pub use guard::{end_status, lost_right, until_revoked, GuardedStream, StreamEnd};
 pub use identity::{check_name, Identity, Role, MAX_NAME_LEN, ORGANIZATION};
 pub use incoming::{
     incoming, incoming_with_limits, require, require_role, Incoming, IncomingLimits, PeerInfo,
@@ -74,6 +81,7 @@ pub use lab::LabPki;
 #[cfg(feature = "clap")]
 pub use mode::TlsFlags;
 pub use mode::{TlsArgs, TlsMode};
+pub use reload::reload_on_sighup;
 pub use revocations::Revocations;
 pub use serial::Serial;
-pub use server::{reload_on_sighup, ServerTls, ServerTlsFiles};
+pub use server::{ServerTls, ServerTlsFiles};

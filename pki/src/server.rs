@@ -218,18 +218,3 @@ impl ServerTls {
         &self.shared.files
     }
 }
-
-/// Spawns a task that calls [`ServerTls::reload`] on every SIGHUP (a
-/// failed reload is logged and the old certificate kept). Needs a tokio
-/// runtime; fails only if the signal handler cannot be installed.
-pub fn reload_on_sighup(tls: ServerTls) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hup = signal(SignalKind::hangup())?;
-    Ok(tokio::spawn(async move {
-        while hup.recv().await.is_some() {
-            tracing::info!("SIGHUP: reloading TLS certificates");
-            // The error is logged by reload itself.
-            let _ = tls.reload();
-        }
-    }))
-}

@@ -314,7 +314,13 @@ async fn reload_serves_the_new_certificate_and_a_bad_reload_keeps_the_old() {
     .unwrap();
     std::fs::rename(&third.cert_path, &files.cert).unwrap();
     std::fs::rename(&third.key_path, &files.key).unwrap();
-    let reloader = pki::reload_on_sighup(c.tls.clone()).unwrap();
+    // ... and the client side of the same process.
+    let (acert, akey, aserial) = c.client(&Identity::agent("gpu-1").unwrap(), "gpu1");
+    let client = client_of(&c, &acert, &akey);
+    let renewed = c.client(&Identity::agent("gpu-1").unwrap(), "gpu1-renewed");
+    std::fs::rename(&renewed.0, &acert).unwrap();
+    std::fs::rename(&renewed.1, &akey).unwrap();
+    let reloader = pki::reload_on_sighup(Some(c.tls.clone()), client.clone()).unwrap();
     let status = std::process::Command::new("kill")
         .args(["-HUP", &std::process::id().to_string()])
         .status()
@@ -325,7 +331,77 @@ async fn reload_serves_the_new_certificate_and_a_bad_reload_keeps_the_old() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(served_serial(&c, &cert, &key).await.unwrap(), third.serial);
+    while client.generation() == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let seen = call_with(&c, &client).await.unwrap();
+    let gpu1 = Identity::agent("gpu-1").unwrap();
+    assert_eq!(seen, format!("{gpu1}|{}", renewed.2));
+    assert_ne!(renewed.2, aserial);
     reloader.abort();
+}
+
+/// A reloadable client presenting `cert`.
+fn client_of(c: &Cluster, cert: &Path, key: &Path) -> pki::ClientTls {
+    pki::ClientTls::from_mode(&pki::TlsMode::Mtls(ServerTlsFiles {
+        ca: c.ca_pem(),
+        cert: cert.into(),
+        key: key.into(),
+    }))
+    .unwrap()
+}
+
+/// Calls `Call` through `client`'s current configuration.
+async fn call_with(c: &Cluster, client: &pki::ClientTls) -> Result<String, String> {
+    let attempt = async {
+        let channel = client
+            .endpoint(&c.addr.to_string())
+            .map_err(|e| e.to_string())?
+            .connect_timeout(CALL_TIMEOUT)
+            .connect()
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        let reply = AdminClient::new(channel)
+            .call(Blob { body: vec![] })
+            .await
+            .map_err(|e| format!("{e:?}"))?;
+        String::from_utf8(reply.into_inner().body).map_err(|e| e.to_string())
+    };
+    tokio::time::timeout(CALL_TIMEOUT * 2, attempt)
+        .await
+        .map_err(|_| "timed out".to_string())?
+}
+
+#[tokio::test]
+async fn a_client_reload_presents_the_new_certificate_and_keeps_its_identity() {
+    let c = start(IncomingLimits::default()).await;
+    let alice = Identity::admin("alice", Role::Operator).unwrap();
+    let (cert, key, first) = c.client(&alice, "alice");
+    let client = client_of(&c, &cert, &key);
+    assert_eq!(client.identity(), Some(alice.clone()));
+    // Revoked: refused at the handshake until a new certificate is loaded.
+    c.tls.revocations().revoke(first.clone());
+    assert!(call_with(&c, &client).await.is_err());
+    // A file that holds another identity is refused; the old one stays.
+    let (mallory, mkey, _) = c.client(&Identity::admin("mallory", Role::Admin).unwrap(), "m");
+    std::fs::copy(&mallory, &cert).unwrap();
+    std::fs::copy(&mkey, &key).unwrap();
+    let e = client.reload().unwrap_err();
+    assert!(e.to_string().contains("keeps the identity"), "{e}");
+    assert_eq!(client.generation(), 0);
+    assert_eq!(client.identity(), Some(alice.clone()));
+    // Garbage is refused too.
+    std::fs::write(&cert, "not a certificate").unwrap();
+    assert!(client.reload().is_err());
+    assert_eq!(client.generation(), 0);
+    // The renewed certificate of the same user is taken.
+    let (ncert, nkey, next) = c.client(&alice, "alice-renewed");
+    std::fs::rename(&ncert, &cert).unwrap();
+    std::fs::rename(&nkey, &key).unwrap();
+    client.reload().unwrap();
+    assert_eq!(client.generation(), 1);
+    let seen = call_with(&c, &client).await.unwrap();
+    assert_eq!(seen, format!("{alice}|{next}"));
 }
 
 #[tokio::test]

@@ -56,7 +56,6 @@ pub async fn run(
                     config.id
                 )));
             }
-            pki::reload_on_sighup(tls.clone()).map_err(|e| DaemonError::Tls(e.to_string()))?;
             tracing::info!(serial = %tls.serial(), identity = %tls.identity(), "mutual TLS on");
             Some(tls)
         }
@@ -73,6 +72,12 @@ pub async fn run(
         })?;
     let single = config.peers.is_empty() && !config.join;
     let sup: Arc<Supervisor> = Supervisor::start(config, revocations).await?;
+    if let Some(tls) = &tls {
+        // SIGHUP re-reads the certificate this port serves and the one it
+        // presents to peers.
+        pki::reload_on_sighup(Some(tls.clone()), sup.client_tls.clone())
+            .map_err(|e| DaemonError::Tls(e.to_string()))?;
+    }
     if single {
         match sup.raft.is_initialized().await {
             Ok(false) => {

@@ -88,14 +88,21 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> Self::Network {
         PeerNetwork {
             target,
+            addr: node.addr.clone(),
+            tls: self.tls.clone(),
+            generation: self.tls.generation(),
             client: peer_client(&node.addr, &self.tls).map_err(|e| e.to_string()),
         }
     }
 }
 
-/// The connection to one peer.
+/// The connection to one peer. Dialled again when this supervisor's
+/// client certificate was reloaded (SIGHUP), so the peer sees the new one.
 pub struct PeerNetwork {
     target: NodeId,
+    addr: String,
+    tls: ClientTls,
+    generation: u64,
     client: Result<RaftPeerClient<Channel>, String>,
 }
 
@@ -115,6 +122,10 @@ impl PeerNetwork {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
+        if self.tls.generation() != self.generation {
+            self.generation = self.tls.generation();
+            self.client = peer_client(&self.addr, &self.tls).map_err(|e| e.to_string());
+        }
         let client = match &mut self.client {
             Ok(c) => c,
             Err(e) => return Err(RPCError::Unreachable(Unreachable::new(&Msg(e.clone())))),

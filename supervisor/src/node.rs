@@ -63,7 +63,10 @@ pub struct Supervisor {
     /// replicated `ClusterState::revoked` ([`sync_revocations`]).
     pub revocations: pki::Revocations,
     /// Cached peer clients by address (forwarding, leadership transfer).
-    peer_clients: std::sync::Mutex<std::collections::HashMap<String, RaftPeerClient<Channel>>>,
+    /// Per address: the client certificate generation it was dialled with
+    /// and the client.
+    peer_clients:
+        std::sync::Mutex<std::collections::HashMap<String, (u64, RaftPeerClient<Channel>)>>,
     /// The term in which this node last confirmed its leadership with a
     /// quorum (0: never); see [`Supervisor::leads`].
     confirmed_term: Arc<AtomicU64>,
@@ -175,15 +178,19 @@ impl Supervisor {
             .map(|n| n.addr.clone())
     }
 
-    /// A (cached, lazily connecting) client for the peer at `addr`.
+    /// A (cached, lazily connecting) client for the peer at `addr`,
+    /// dialled again after this supervisor's certificate was reloaded.
     pub fn peer(&self, addr: &str) -> Result<RaftPeerClient<Channel>, ApiError> {
+        let generation = self.client_tls.generation();
         let mut cache = self.peer_clients.lock().expect("peer cache poisoned");
-        if let Some(c) = cache.get(addr) {
-            return Ok(c.clone());
+        if let Some((g, c)) = cache.get(addr) {
+            if *g == generation {
+                return Ok(c.clone());
+            }
         }
         let c = crate::network::peer_client(addr, &self.client_tls)
             .map_err(|e| ApiError::internal(format!("bad peer address {addr}: {e}")))?;
-        cache.insert(addr.to_owned(), c.clone());
+        cache.insert(addr.to_owned(), (generation, c.clone()));
         Ok(c)
     }
 

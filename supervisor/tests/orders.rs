@@ -130,7 +130,15 @@ async fn orders_are_validated_committed_streamed_and_closed_by_the_agent() {
         .await
         .unwrap()
         .into_inner();
+    // h0's certificate cannot listen for another host's orders; h9's own
+    // certificate can ask, but h9 never registered.
     let e = c
+        .orders(OrdersRequest { host: "h9".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    let e = agent(&sup.addr, "h9")
+        .await
         .orders(OrdersRequest { host: "h9".into() })
         .await
         .unwrap_err();
@@ -158,15 +166,20 @@ async fn orders_are_validated_committed_streamed_and_closed_by_the_agent() {
         .unwrap()
         .unwrap();
     assert_eq!(again.order_id, id);
-    // Only h0 may answer it.
-    let e = c
-        .order_done(OrderResult {
-            host: "h1".into(),
-            order_id: id,
-            ok: true,
-            detail: String::new(),
-            checkpoint_step: None,
-        })
+    // Only h0 may answer it: h0's certificate cannot speak for h1, and
+    // h1's agent, speaking for itself, does not hold the order.
+    let for_h1 = || OrderResult {
+        host: "h1".into(),
+        order_id: id,
+        ok: true,
+        detail: String::new(),
+        checkpoint_step: None,
+    };
+    let e = c.order_done(for_h1()).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}");
+    let e = agent(&sup.addr, "h1")
+        .await
+        .order_done(for_h1())
         .await
         .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e}");

@@ -330,3 +330,109 @@ async fn a_revoked_certificate_is_refused_on_open_connections_and_new_ones() {
         .iter()
         .any(|r| matches!(&r.op, AdminOp::Revoke { serial: s, .. } if *s == serial)));
 }
+
+/// The next item of an open stream: within 5 s, a refusal saying why.
+async fn refused_within<T: std::fmt::Debug>(s: &mut tonic::Streaming<T>) -> tonic::Status {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match tokio::time::timeout_at(deadline, s.message())
+            .await
+            .expect("the stream ends within 5 s of the revocation")
+        {
+            Err(e) => return e,
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without saying why"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn open_streams_end_when_their_certificate_is_revoked() {
+    let sup = Sup::with_h0(&[]).await;
+    let serial = |id: &Identity| {
+        pki::show(&common::files(id).cert)
+            .unwrap()
+            .serial
+            .to_string()
+    };
+    let h0 = Identity::agent("h0").unwrap();
+    let fred = Identity::admin("fred", Role::Viewer).unwrap();
+    let gail = Identity::admin("gail", Role::Viewer).unwrap();
+    let follow = |id: &Identity| {
+        let ch = supervisor::network::channel(&sup.addr, &tls_as(id)).unwrap();
+        async move {
+            AdminGrpc::new(ch)
+                .follow(proto::v1::FollowRequest { since: 0 })
+                .await
+                .unwrap()
+                .into_inner()
+        }
+    };
+    // h0's agent: its order stream and a report stream it keeps open.
+    let mut orders = agent(&sup.addr, "h0")
+        .await
+        .orders(proto::v1::OrdersRequest { host: "h0".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    let (events, rx) = tokio::sync::mpsc::channel(4);
+    let mut acks = agent(&sup.addr, "h0")
+        .await
+        .report(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut fred_events = follow(&fred).await;
+    let mut gail_events = follow(&gail).await;
+
+    // Revoke h0's agent and fred; gail keeps her stream.
+    let before = state(&sup).await;
+    for s in [serial(&h0), serial(&fred)] {
+        sup.client()
+            .call(
+                AdminRequest::Write {
+                    op: AdminOp::Revoke {
+                        serial: s,
+                        reason: "key leaked".into(),
+                    },
+                },
+                false,
+            )
+            .await
+            .unwrap();
+    }
+    for e in [
+        refused_within(&mut orders).await,
+        refused_within(&mut acks).await,
+        refused_within(&mut fred_events).await,
+    ] {
+        assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e:?}");
+        assert!(e.message().contains("was revoked"), "{e:?}");
+    }
+    // The report stream takes nothing more: a link-down sent now is not
+    // applied.
+    let _ = events
+        .send(common::agentsim::nic_event("h0", 1, "rail0", false))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(state(&sup).await, before, "a revoked agent changed nothing");
+    // Gail's stream goes on: it shows both revocations.
+    let mut revokes = 0;
+    while revokes < 2 {
+        let b = tokio::time::timeout(Duration::from_secs(5), gail_events.message())
+            .await
+            .expect("gail's stream goes on")
+            .unwrap()
+            .expect("open");
+        let e: supervisor::model::ClusterEvent = serde_json::from_slice(&b.body).unwrap();
+        if matches!(
+            e.event,
+            supervisor::model::Event::Admin {
+                action: supervisor::model::AdminAction::Revoke,
+                ..
+            }
+        ) {
+            revokes += 1;
+        }
+    }
+}

@@ -133,6 +133,9 @@ async fn run(args: Args) -> anyhow::Result<()> {
     )
     .context("invalid configuration")?;
     tracing::info!(host = %cfg.host, nics = ?cfg.nics.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), supervisors = ?cfg.supervisors, "starting agent");
+    // SIGHUP re-reads the certificate the agent presents; calls and
+    // streams opened afterwards use it.
+    pki::reload_on_sighup(None, cfg.tls.clone()).context("SIGHUP handler")?;
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("SIGTERM handler");

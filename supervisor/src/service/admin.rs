@@ -18,7 +18,7 @@ use crate::api::{AdminCall, AdminReply, AdminRequest, ApiError, ErrorKind, QpVie
 use crate::leader::services::Leader;
 use crate::model::{AdminOp, ClusterEvent, CmdOk, Command, IntentStatus};
 use crate::node::Supervisor;
-use crate::service::auth::{admin_identity, check_role};
+use crate::service::auth::{admin_identity, check_role, guarded, peer_of};
 use crate::service::transfer::transfer_leader;
 
 /// The `Admin` gRPC service.
@@ -581,6 +581,7 @@ impl Admin for AdminService {
         )
         .await?;
         let mut since = req.get_ref().since;
+        let peer = peer_of(sup, &req);
         let sup = self.leader.node.clone();
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<Blob, Status>>(256);
         tokio::spawn(async move {
@@ -605,7 +606,9 @@ impl Admin for AdminService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(
+        Ok(Response::new(guarded(
+            &self.leader.node,
+            peer,
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
     }

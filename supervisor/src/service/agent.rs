@@ -38,7 +38,7 @@ use crate::api::{ApiError, ErrorKind};
 use crate::leader::services::Leader;
 use crate::model::{AgentEvent, ClusterState, CmdOk, Command, NicSpec};
 use crate::node::Supervisor;
-use crate::service::auth::{caller, require_agent, Caller};
+use crate::service::auth::{caller, guarded, lost_right, peer_of, require_agent, Caller};
 
 /// Most events folded into one command from one stream.
 pub const MAX_EVENTS_PER_COMMAND: usize = 512;
@@ -196,6 +196,7 @@ impl Agent for AgentService {
     ) -> Result<Response<Self::OrdersStream>, Status> {
         require_agent(&self.sup, &req, &req.get_ref().host)?;
         self.require_leader()?;
+        let peer = peer_of(&self.sup, &req);
         let host = req.into_inner().host;
         if !self.sup.read(|st| st.hosts.contains_key(&host)) {
             return Err(Status::from(ApiError::new(
@@ -205,7 +206,9 @@ impl Agent for AgentService {
         }
         let rx = self.leader.orders.subscribe(&host);
         // The open orders go out on the next reconciler tick.
-        Ok(Response::new(Box::pin(
+        Ok(Response::new(guarded(
+            &self.sup,
+            peer,
             tokio_stream::wrappers::ReceiverStream::new(rx),
         )))
     }
@@ -260,8 +263,12 @@ impl Agent for AgentService {
                 }
             },
         };
+        let peer = peer_of(&self.sup, &req);
         let mut inbound = req.into_inner();
         let sup = self.sup.clone();
+        // The reader stops taking events the moment the certificate is
+        // revoked or expires (the ack stream ends with the refusal).
+        let mut lost = Box::pin(lost_right(sup.revocations.clone(), peer.clone()));
         let host_slot = Arc::new(std::sync::Mutex::new(String::new()));
         let (ack_tx, ack_rx) = tokio::sync::mpsc::channel::<Result<EventAck, Status>>(16);
         let (pending_tx, mut pending_rx) = tokio::sync::mpsc::channel::<
@@ -313,7 +320,11 @@ impl Agent for AgentService {
         tokio::spawn(async move {
             let mut host: Option<String> = None;
             loop {
-                let first = match inbound.next().await {
+                let next = tokio::select! {
+                    _ = &mut lost => return,
+                    next = inbound.next() => next,
+                };
+                let first = match next {
                     None => return,
                     Some(Err(s)) => {
                         tracing::debug!(status = %s, "agent stream ended with an error");
@@ -396,7 +407,9 @@ impl Agent for AgentService {
                 }
             }
         });
-        Ok(Response::new(Box::pin(
+        Ok(Response::new(guarded(
+            &self.sup,
+            peer,
             tokio_stream::wrappers::ReceiverStream::new(ack_rx),
         )))
     }

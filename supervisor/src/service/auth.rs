@@ -11,6 +11,10 @@
 //!   operations, `admin` changes membership, playbooks, revocations and
 //!   submits jobs.
 //!
+//! Streams (an agent's orders and reports, `events --follow`) are
+//! [`guarded`]: they end with `PermissionDenied` the moment the caller's
+//! certificate is revoked or expires, not only at the next connection.
+//!
 //! A refusal is `PermissionDenied` naming who, what and the role needed;
 //! for an admin the refusal is also recorded in the admin history (on the
 //! leader). On an `--insecure` cluster nothing is checked: the caller is
@@ -49,6 +53,40 @@ pub fn caller<'a, T>(sup: &Supervisor, req: &'a Request<T>) -> Result<Caller<'a>
         Ok(Caller::Peer(peer))
     } else {
         Ok(Caller::Insecure)
+    }
+}
+
+/// The certificate of the caller of `req`, to guard a stream it opens
+/// (none on an insecure cluster).
+pub fn peer_of<T>(sup: &Supervisor, req: &Request<T>) -> Option<PeerInfo> {
+    if sup.config.tls.is_mtls() {
+        pki::require(req).ok().cloned()
+    } else {
+        None
+    }
+}
+
+/// `stream` as a server stream that ends with `PermissionDenied` as soon
+/// as `peer`'s certificate is revoked or expires (a handshake checks both
+/// only once; these streams may stay open for days). Unguarded on an
+/// insecure cluster.
+pub fn guarded<T, S>(sup: &Supervisor, peer: Option<PeerInfo>, stream: S) -> pki::GuardedStream<T>
+where
+    T: Send + 'static,
+    S: futures::Stream<Item = Result<T, Status>> + Send + 'static,
+{
+    match peer {
+        Some(p) => pki::until_revoked(stream, sup.revocations.clone(), p),
+        None => Box::pin(stream),
+    }
+}
+
+/// Resolves when `peer`'s certificate is revoked or expires; never on an
+/// insecure cluster. For the readers of client streams.
+pub async fn lost_right(revocations: pki::Revocations, peer: Option<PeerInfo>) -> pki::StreamEnd {
+    match peer {
+        Some(p) => pki::lost_right(&revocations, &p).await,
+        None => std::future::pending().await,
     }
 }
 
