@@ -290,3 +290,66 @@ async fn restored_stale_leader_answers_nothing_from_its_state() {
         "the stale leader's services started:\n{after_restart}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_supervisor_certificate_is_renewed_and_reloaded_on_sighup() {
+    let c = SupervisorCluster::start(3).unwrap();
+    let leader = c.init().await.unwrap();
+    register_host(&c.addrs(), "h0", &c.agent_tls("h0").unwrap())
+        .await
+        .unwrap();
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    // Writes sent to the follower are forwarded to the leader with the
+    // follower's own certificate.
+    let via_follower = c.client_for(follower, Duration::from_secs(2)).unwrap();
+    let label = |v: &str| AdminOp::SetLabels {
+        host: "h0".into(),
+        set: BTreeMap::from([("v".to_string(), v.to_string())]),
+        remove: vec![],
+    };
+    write(&via_follower, label("1")).await;
+    let files = c.pki.as_ref().unwrap().supervisor(follower).unwrap();
+    let old = pki::show(&files.cert).unwrap().serial;
+    let by_leader = c
+        .client("test", (leader - 1) as usize, Duration::from_secs(5))
+        .unwrap();
+    write(
+        &by_leader,
+        AdminOp::Revoke {
+            serial: old.to_string(),
+            reason: "rotated".into(),
+        },
+    )
+    .await;
+    // The leader refuses what the follower forwards with its revoked
+    // certificate.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        match via_follower
+            .call(AdminRequest::Write { op: label("2") }, false)
+            .await
+        {
+            Err(e) => break e,
+            Ok(_) => assert!(Instant::now() < deadline, "still forwarded"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(refused.kind, ErrorKind::PermissionDenied, "{refused}");
+    assert!(refused.message.contains("revoked"), "{refused}");
+    // A new certificate and SIGHUP: no restart, and the follower forwards
+    // again with the new certificate.
+    let new = c.renew_and_hup(follower).unwrap();
+    assert_ne!(new, old);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match via_follower
+            .call(AdminRequest::Write { op: label("3") }, false)
+            .await
+        {
+            Ok(_) => break,
+            Err(e) => assert!(Instant::now() < deadline, "not reloaded: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(c.nodes[(follower - 1) as usize].is_running());
+}

@@ -65,6 +65,26 @@ impl LabPki {
         })
     }
 
+    /// Issues `id` a new certificate (new key, new serial) and puts it in
+    /// place of the one its files hold, each file replaced atomically by
+    /// a rename: what an operator does before sending SIGHUP. Returns the
+    /// files (the same paths) and the new serial.
+    pub fn renew(&self, id: &Identity) -> Result<(ServerTlsFiles, crate::Serial), PkiError> {
+        let files = self.files(id)?;
+        let staging = tempfile_dir(&self.dir)?;
+        let sans = if id.is_server() {
+            vec!["127.0.0.1".to_owned(), "localhost".to_owned()]
+        } else {
+            Vec::new()
+        };
+        let issued = issue(&self.dir.join("ca"), id, &sans, LAB_DAYS, &staging)?;
+        std::fs::rename(&issued.key_path, &files.key).map_err(|e| PkiError::io(&files.key, e))?;
+        std::fs::rename(&issued.cert_path, &files.cert)
+            .map_err(|e| PkiError::io(&files.cert, e))?;
+        let _ = std::fs::remove_dir(&staging);
+        Ok((files, issued.serial))
+    }
+
     /// Supervisor `member`'s files.
     pub fn supervisor(&self, member: u64) -> Result<ServerTlsFiles, PkiError> {
         self.files(&Identity::supervisor(member))
@@ -114,4 +134,20 @@ impl From<ServerTlsFiles> for crate::mode::TlsArgs {
             insecure: false,
         }
     }
+}
+
+/// A new, empty directory under `dir` for one issue.
+fn tempfile_dir(dir: &Path) -> Result<PathBuf, PkiError> {
+    for n in 0..1000u32 {
+        let p = dir.join(format!("renew-{n}"));
+        match std::fs::create_dir(&p) {
+            Ok(()) => return Ok(p),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(PkiError::io(p, e)),
+        }
+    }
+    Err(PkiError::TlsSettings(format!(
+        "{}: no free renew-N directory",
+        dir.display()
+    )))
 }

@@ -289,6 +289,25 @@ impl SupervisorCluster {
         Ok(id)
     }
 
+    /// Gives member `id` a new certificate in place of its files and sends
+    /// it SIGHUP (rotation without a restart); returns the new serial.
+    pub fn renew_and_hup(&self, id: u64) -> anyhow::Result<pki::Serial> {
+        let pki = self
+            .pki
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("an insecure cluster has no certificates"))?;
+        let (_, serial) = pki.renew(&pki::Identity::supervisor(id))?;
+        let pid = self
+            .node(id)
+            .pid()
+            .ok_or_else(|| anyhow::anyhow!("supervisor {id} is not running"))?;
+        // SAFETY: signalling a child process we spawned and still own.
+        if unsafe { libc::kill(pid as i32, libc::SIGHUP) } != 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        Ok(serial)
+    }
+
     /// SIGKILLs member `id` and reaps it.
     pub fn kill(&mut self, id: u64) {
         if let Some(mut child) = self.node_mut(id).child.take() {

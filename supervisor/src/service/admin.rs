@@ -533,6 +533,18 @@ async fn forward(sup: &Arc<Supervisor>, mut call: AdminCall) -> Result<AdminRepl
     match client.forward(Blob { body }).await {
         Ok(r) => serde_json::from_slice::<Result<AdminReply, ApiError>>(&r.get_ref().body)
             .map_err(|e| ApiError::internal(format!("bad reply from leader: {e}")))?,
+        // The leader's own definite answer (e.g. this supervisor's
+        // certificate is revoked): nothing was written, say why.
+        Err(s) if s.metadata().get(crate::api::ERROR_KIND_HEADER).is_some() => {
+            let e = ApiError::from(s);
+            Err(ApiError::new(
+                e.kind,
+                format!(
+                    "the leader at {leader} refused this supervisor's forward: {}",
+                    e.message
+                ),
+            ))
+        }
         Err(s) if crate::network::never_sent(&s) => Err(ApiError::unavailable(format!(
             "leader at {leader} unreachable: {}",
             s.message()
