@@ -13,7 +13,7 @@ use crate::mode::TlsMode;
 use crate::server::ServerTlsFiles;
 
 use crate::error::PkiError;
-use crate::files::{read_cert, read_key, read_small};
+use crate::files::{read_cert, read_certs, read_key, read_small};
 use crate::identity::Identity;
 use crate::incoming::HANDSHAKE_TIMEOUT;
 use crate::issue::SERVER_NAME;
@@ -194,4 +194,20 @@ impl ClientTls {
             }
         }
     }
+}
+
+/// The trust anchors of a PEM CA bundle (e.g. the system's
+/// `/etc/ssl/certs/ca-certificates.crt`), for verifying servers outside
+/// the cluster such as webhook receivers. Certificates rustls cannot use
+/// are skipped; a file with none it can use is an error.
+pub fn ca_bundle(path: &Path) -> Result<rustls::RootCertStore, PkiError> {
+    let mut roots = rustls::RootCertStore::empty();
+    let (added, _skipped) = roots.add_parsable_certificates(read_certs(path)?);
+    if added == 0 {
+        return Err(PkiError::Pem {
+            path: path.into(),
+            what: "no usable CA certificate".into(),
+        });
+    }
+    Ok(roots)
 }

@@ -45,7 +45,8 @@
 //! - `incoming`: [`incoming`] (the accept stream for tonic), [`PeerInfo`],
 //!   [`require`], [`require_role`].
 //! - `client`: [`client_tls`], [`https_endpoint`], [`ClientTls`]
-//!   (reloadable).
+//!   (reloadable), [`ca_bundle`] (trust anchors for servers outside the
+//!   cluster: webhook receivers).
 //! - `lab`: [`LabPki`], a CA and certificates on demand (demo, tests).
 //! - `mode`: [`TlsArgs`] → [`TlsMode`]: the operator's files or `--insecure`.
 //! - `error`: [`PkiError`].
@@ -65,7 +66,7 @@ mod serial;
 mod server;
 mod verifier;
 
-pub use client::{client_tls, https_endpoint, ClientShared, ClientTls};
+pub use client::{ca_bundle, client_tls, https_endpoint, ClientShared, ClientTls};
 pub use error::PkiError;
 pub use guard::{end_status, lost_right, until_revoked, GuardedStream, StreamEnd};
 pub use identity::{check_name, Identity, Role, MAX_NAME_LEN, ORGANIZATION};

@@ -913,19 +913,9 @@ impl Ctx<'_> {
 
     fn webhook(&mut self, w: &S<String>) -> String {
         let v = w.get_ref();
-        if v.starts_with("https://") {
-            self.err(
-                w.span(),
-                format!("unsupported webhook URL \"{}\"", clip(v)),
-                Some(
-                    "the supervisor posts plain http:// only (no TLS built in); point it at \
-                     an http:// relay on a trusted network"
-                        .into(),
-                ),
-            );
-            return v.clone();
-        }
-        let after = v.strip_prefix("http://");
+        let after = v
+            .strip_prefix("http://")
+            .or_else(|| v.strip_prefix("https://"));
         let ok = after.is_some_and(|a| {
             !a.is_empty()
                 && !a.starts_with('/')
@@ -936,7 +926,7 @@ impl Ctx<'_> {
                 w.span(),
                 format!("bad webhook URL \"{}\"", clip(v)),
                 Some(format!(
-                    "an http:// URL with a host, at most {MAX_URL_LEN} characters"
+                    "an http:// or https:// URL with a host, at most {MAX_URL_LEN} characters"
                 )),
             );
         }

@@ -57,6 +57,18 @@ pub struct FileConfig {
     /// Mutual TLS: the cluster CA, this supervisor's certificate and key.
     #[serde(default)]
     pub tls: pki::TlsArgs,
+    /// How webhooks are posted.
+    #[serde(default)]
+    pub webhooks: WebhookFileConfig,
+}
+
+/// `[webhooks]` of the config file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookFileConfig {
+    /// The PEM CA bundle `https://` receivers are verified against
+    /// (default: the system's, [`crate::leader::webhooks::DEFAULT_CA_BUNDLE`]).
+    pub ca_bundle: Option<PathBuf>,
 }
 
 /// The resolved, validated configuration.
@@ -76,6 +88,9 @@ pub struct SupervisorConfig {
     pub topology_path: Option<PathBuf>,
     /// Mutual TLS files, or insecure (chosen explicitly).
     pub tls: pki::TlsMode,
+    /// The CA bundle for `https://` webhooks, when one was given (checked
+    /// at load); `None` means the system's, if it has one.
+    pub webhook_ca: Option<PathBuf>,
 }
 
 /// A configuration problem, with what to do about it.
@@ -109,6 +124,8 @@ pub struct Overrides {
     pub topology: Option<PathBuf>,
     /// `--ca`, `--cert`, `--key`, `--insecure`.
     pub tls: pki::TlsArgs,
+    /// `--webhook-ca`.
+    pub webhook_ca: Option<PathBuf>,
 }
 
 fn parse_addr(what: &str, s: &str) -> Result<SocketAddr, ConfigError> {
@@ -214,6 +231,12 @@ impl SupervisorConfig {
             .or(fc.tls)
             .resolve("the supervisor")
             .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        let webhook_ca = over.webhook_ca.or(fc.webhooks.ca_bundle);
+        if let Some(p) = &webhook_ca {
+            pki::ca_bundle(p).map_err(|e| {
+                ConfigError::Invalid(format!("webhook CA bundle (--webhook-ca): {e}"))
+            })?;
+        }
         let topology_path = over.topology.or(fc.topology);
         let topology = topology_path
             .as_deref()
@@ -230,6 +253,7 @@ impl SupervisorConfig {
             topology,
             topology_path,
             tls,
+            webhook_ca,
         })
     }
 }
@@ -270,6 +294,35 @@ mod tests {
         std::fs::write(&f, "[tls]\ninsecure = true\n").unwrap();
         let c = SupervisorConfig::load(Some(&f), Overrides::default()).unwrap();
         assert_eq!(c.tls, pki::TlsMode::Insecure);
+    }
+
+    #[test]
+    fn a_webhook_ca_bundle_is_checked_at_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = pki::LabPki::open(dir.path()).unwrap().ca();
+        let f = dir.path().join("s.toml");
+        std::fs::write(
+            &f,
+            format!("[tls]\ninsecure = true\n[webhooks]\nca_bundle = {:?}\n", ca),
+        )
+        .unwrap();
+        let c = SupervisorConfig::load(Some(&f), Overrides::default()).unwrap();
+        assert_eq!(c.webhook_ca, Some(ca));
+        assert_eq!(
+            SupervisorConfig::load(None, lab()).unwrap().webhook_ca,
+            None
+        );
+        for bad in ["missing.pem", "s.toml"] {
+            let over = Overrides {
+                webhook_ca: Some(dir.path().join(bad)),
+                ..lab()
+            };
+            let e = SupervisorConfig::load(None, over).unwrap_err();
+            assert!(e.to_string().contains(bad), "{e}");
+            assert!(e.to_string().contains("--webhook-ca"), "{e}");
+        }
+        std::fs::write(&f, "[webhooks]\nca = \"x\"\n").unwrap();
+        assert!(SupervisorConfig::load(Some(&f), lab()).is_err());
     }
 
     #[test]

@@ -47,6 +47,10 @@ struct Args {
     topology: Option<PathBuf>,
     #[command(flatten)]
     tls: pki::TlsFlags,
+    /// The PEM CA bundle `https://` webhook receivers are verified against
+    /// (default: the system's /etc/ssl/certs/ca-certificates.crt).
+    #[arg(long, value_name = "FILE")]
+    webhook_ca: Option<PathBuf>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -99,6 +103,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             snapshot_every: args.snapshot_every,
             topology: args.topology,
             tls: args.tls.into(),
+            webhook_ca: args.webhook_ca,
         },
     )
     .context("invalid configuration")?;

@@ -9,7 +9,7 @@ use crate::leader::clock::ClockService;
 use crate::leader::contention::ContentionService;
 use crate::leader::liveness::{Heartbeats, LivenessConfig};
 use crate::leader::orders::OrderHub;
-use crate::leader::webhooks::WebhookSender;
+use crate::leader::webhooks::{WebhookSender, WebhookTls};
 use crate::node::Supervisor;
 
 /// The leader's memory (never replicated; emptied when leadership is lost)
@@ -32,12 +32,13 @@ pub struct Leader {
 impl Leader {
     /// Empty leader memory over `node`.
     pub fn new(node: Arc<Supervisor>) -> Arc<Self> {
+        let webhook_tls = WebhookTls::from_config(node.config.webhook_ca.as_deref());
         Arc::new(Self {
             node,
             heartbeats: Default::default(),
             orders: Default::default(),
             clocks: Default::default(),
-            webhooks: Default::default(),
+            webhooks: Arc::new(WebhookSender::new(webhook_tls)),
             contention: Default::default(),
         })
     }
