@@ -50,6 +50,12 @@ pub struct SecurityReport {
     pub state_changed_by_refused: usize,
     /// Admin refusals the leader recorded in the history.
     pub refusals_in_history: usize,
+    /// Rotating agent h0's certificate without a restart: after its
+    /// serial was revoked, how long until the cluster stopped hearing it
+    /// (h0 left `ready`); after a new certificate and SIGHUP, how long
+    /// until it was `ready` again. `None`: it did not happen in time.
+    pub rotation_silenced_ms: Option<u64>,
+    pub rotation_back_ms: Option<u64>,
     pub details: Vec<Attempt>,
 }
 
@@ -258,6 +264,47 @@ fn state(c: &NetCluster) -> anyhow::Result<String> {
 
 /// A non-rank process (user `nobody`) writing a hello to h0's control
 /// socket.
+/// h0's liveness as the leader reports it.
+fn liveness_h0(c: &NetCluster) -> String {
+    c.cli_json(&["node", "show", "h0"])
+        .ok()
+        .and_then(|v| v["host"]["liveness"].as_str().map(str::to_owned))
+        .unwrap_or_default()
+}
+
+/// Milliseconds until `done` holds for h0's liveness (checked every
+/// 100 ms), or `None` after `within`.
+async fn until_h0(c: &NetCluster, within: Duration, done: impl Fn(&str) -> bool) -> Option<u64> {
+    let t0 = std::time::Instant::now();
+    while t0.elapsed() < within {
+        if done(&liveness_h0(c)) {
+            return Some(t0.elapsed().as_millis() as u64);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// Revokes agent h0's certificate (its open streams end, its calls are
+/// refused: the cluster stops hearing it), then renews it in place and
+/// sends the agent SIGHUP: it is heard again without a restart.
+async fn rotate_agent(c: &NetCluster) -> anyhow::Result<(Option<u64>, Option<u64>)> {
+    let h0 = Identity::agent("h0")?;
+    let old = pki::show(&c.pki.files(&h0)?.cert)?.serial.to_string();
+    eprintln!("[security] rotation: revoking agent h0's certificate {old}");
+    c.cli(&["pki", "revoke", &old, "--reason", "rotation"])?;
+    let silenced = until_h0(c, Duration::from_secs(15), |l| l != "ready").await;
+    let (_, new) = c.pki.renew(&h0)?;
+    let pid = c.agent_pid(0).context("agent h0 runs")?;
+    eprintln!("[security] rotation: new certificate {new}, SIGHUP to agent h0 (pid {pid})");
+    // SAFETY: signalling the agent process this cluster started.
+    if unsafe { libc::kill(pid as i32, libc::SIGHUP) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    let back = until_h0(c, Duration::from_secs(20), |l| l == "ready").await;
+    Ok((silenced, back))
+}
+
 fn control_socket_attempt(sock: PathBuf) -> Attempt {
     let script = "import socket,sys\n\
 s=socket.socket(socket.AF_UNIX)\n\
@@ -368,14 +415,24 @@ pub async fn run() -> anyhow::Result<SecurityReport> {
     if state_changed_by_refused > 0 {
         eprintln!("[security] state before:\n{before}\nafter:\n{after}");
     }
+    let (rotation_silenced_ms, rotation_back_ms) = rotate_agent(&c).await?;
+    eprintln!(
+        "[security] rotation: h0 silenced after {rotation_silenced_ms:?} ms, ready again {rotation_back_ms:?} ms after SIGHUP"
+    );
     Ok(SecurityReport {
-        ok: accepted_bad == 0 && state_changed_by_refused == 0 && refusals_in_history >= 3,
+        ok: accepted_bad == 0
+            && state_changed_by_refused == 0
+            && refusals_in_history >= 3
+            && rotation_silenced_ms.is_some()
+            && rotation_back_ms.is_some(),
         scenario: "security",
         attempts: details.len(),
         refused,
         accepted_bad,
         state_changed_by_refused,
         refusals_in_history,
+        rotation_silenced_ms,
+        rotation_back_ms,
         details,
     })
 }
