@@ -155,7 +155,9 @@ async fn plans_summaries_clock_states_and_paths() {
     );
 
     // Probe plans: the complete graph for three hosts, data NICs only.
-    let plan = c
+    // Each agent asks for its own (its certificate names the host).
+    let plan = agent(&sup.addr, "h1")
+        .await
         .get_probe_plan(ProbePlanRequest { host: "h1".into() })
         .await
         .unwrap()
@@ -176,7 +178,8 @@ async fn plans_summaries_clock_states_and_paths() {
         nics,
         vec![(0, "rail0", "10.0.0.2"), (1, "rail1", "10.0.1.2")]
     );
-    let e = c
+    let e = agent(&sup.addr, "ghost")
+        .await
         .get_probe_plan(ProbePlanRequest {
             host: "ghost".into(),
         })
@@ -200,7 +203,11 @@ async fn plans_summaries_clock_states_and_paths() {
         (nan, tonic::Code::InvalidArgument, "finite"),
         (inverted, tonic::Code::InvalidArgument, "min ≤ p50 ≤ p99"),
     ] {
-        let e = c.send_probe_summary(s).await.unwrap_err();
+        let e = agent(&sup.addr, &s.host)
+            .await
+            .send_probe_summary(s)
+            .await
+            .unwrap_err();
         assert_eq!(e.code(), code, "{e:?}");
         assert!(e.message().contains(want), "{e:?}");
     }

@@ -533,12 +533,19 @@ async fn forward(sup: &Arc<Supervisor>, mut call: AdminCall) -> Result<AdminRepl
     match client.forward(Blob { body }).await {
         Ok(r) => serde_json::from_slice::<Result<AdminReply, ApiError>>(&r.get_ref().body)
             .map_err(|e| ApiError::internal(format!("bad reply from leader: {e}")))?,
-        // The leader's own definite answer (e.g. this supervisor's
-        // certificate is revoked): nothing was written, say why.
+        // The leader's own definite answer: nothing was written. A refusal
+        // of this supervisor (its certificate revoked, or no longer a
+        // member) is about this supervisor, not the caller's request:
+        // unavailable here, so clients try another supervisor, and the
+        // message says why.
         Err(s) if s.metadata().get(crate::api::ERROR_KIND_HEADER).is_some() => {
             let e = ApiError::from(s);
+            let kind = match e.kind {
+                ErrorKind::PermissionDenied => ErrorKind::Unavailable,
+                other => other,
+            };
             Err(ApiError::new(
-                e.kind,
+                kind,
                 format!(
                     "the leader at {leader} refused this supervisor's forward: {}",
                     e.message
