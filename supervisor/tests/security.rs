@@ -436,3 +436,49 @@ async fn open_streams_end_when_their_certificate_is_revoked() {
         }
     }
 }
+
+#[tokio::test]
+async fn hostile_raft_terms_are_refused_before_openraft_sees_them() {
+    use openraft::raft::VoteRequest;
+    use openraft::{CommittedLeaderId, LogId, Vote};
+    let mut sup = Sup::with_h0(&[]).await;
+    let before = state(&sup).await;
+    // A member's certificate (this node's own), so only the content is
+    // judged.
+    let mut raft = RaftPeerClient::new(
+        supervisor::network::channel(&sup.addr, &tls_as(&Identity::supervisor(1))).unwrap(),
+    );
+    let send = |r: VoteRequest<u64>| supervisor::network::encode(&r).unwrap();
+    for (r, code) in [
+        // The term whose election overflows (it used to stop the node's
+        // Raft engine, again at every restart: the vote is persisted).
+        (
+            VoteRequest::new(Vote::new(u64::MAX, 1), None),
+            tonic::Code::InvalidArgument,
+        ),
+        (
+            VoteRequest::new(
+                Vote::new(3, 1),
+                Some(LogId::new(CommittedLeaderId::new(3, 1), u64::MAX)),
+            ),
+            tonic::Code::InvalidArgument,
+        ),
+        // A vote in another member's name.
+        (
+            VoteRequest::new(Vote::new(1 << 40, 2), None),
+            tonic::Code::PermissionDenied,
+        ),
+    ] {
+        let e = raft.vote(send(r)).await.unwrap_err();
+        assert_eq!(e.code(), code, "{e:?}");
+    }
+    assert_eq!(state(&sup).await, before);
+    let cordon = || AdminRequest::Write {
+        op: AdminOp::Cordon { host: "h0".into() },
+    };
+    sup.client().call(cordon(), false).await.unwrap();
+    // And it restarts into leadership (nothing poisoned was persisted).
+    sup.kill();
+    sup.spawn().await;
+    sup.client().call(cordon(), false).await.unwrap();
+}

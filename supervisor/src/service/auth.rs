@@ -101,9 +101,14 @@ fn denied(who: &Identity, what: &str, need: &str) -> Status {
 }
 
 /// Raft traffic and peer control: only current members' certificates.
-pub fn require_member<T>(sup: &Supervisor, req: &Request<T>, what: &str) -> Result<(), Status> {
+/// Returns the member the certificate names (none on an insecure cluster).
+pub fn require_member<T>(
+    sup: &Supervisor,
+    req: &Request<T>,
+    what: &str,
+) -> Result<Option<u64>, Status> {
     let peer = match caller(sup, req)? {
-        Caller::Insecure => return Ok(()),
+        Caller::Insecure => return Ok(None),
         Caller::Peer(p) => p,
     };
     let member = match peer.identity {
@@ -116,7 +121,7 @@ pub fn require_member<T>(sup: &Supervisor, req: &Request<T>, what: &str) -> Resu
     let m = sup.raft.metrics().borrow().membership_config.clone();
     let mut nodes = m.membership().nodes().map(|(id, _)| *id).peekable();
     if nodes.peek().is_none() || m.membership().nodes().any(|(id, _)| *id == member) {
-        return Ok(());
+        return Ok(Some(member));
     }
     tracing::warn!(
         member,

@@ -4,6 +4,7 @@ pub mod admin;
 pub mod agent;
 pub mod auth;
 pub mod peer;
+pub mod raft_check;
 pub mod transfer;
 
 use std::net::SocketAddr;

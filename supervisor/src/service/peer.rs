@@ -15,6 +15,7 @@ use crate::leader::services::Leader;
 use crate::network::{decode, encode};
 use crate::node::Supervisor;
 use crate::service::auth::require_member;
+use crate::service::raft_check::{self, RaftWireError};
 use crate::service::transfer::{Control, MAX_PAUSE_MS};
 
 /// The `RaftPeer` gRPC service.
@@ -43,6 +44,15 @@ fn bad_request(e: bincode::Error) -> Status {
     Status::invalid_argument(format!("malformed peer message: {e}"))
 }
 
+/// A Raft request [`raft_check`] refused: openraft never sees it.
+fn refused(e: RaftWireError) -> Status {
+    tracing::warn!(error = %e, "Raft request refused");
+    match e {
+        RaftWireError::Malformed(_) => Status::invalid_argument(e.to_string()),
+        RaftWireError::Impersonation { .. } => Status::permission_denied(e.to_string()),
+    }
+}
+
 fn reply<T: Serialize>(v: &T) -> Result<Response<Blob>, Status> {
     encode(v)
         .map(Response::new)
@@ -52,20 +62,23 @@ fn reply<T: Serialize>(v: &T) -> Result<Response<Blob>, Status> {
 #[tonic::async_trait]
 impl RaftPeer for PeerService {
     async fn append_entries(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
-        require_member(&self.sup, &req, "send Raft AppendEntries")?;
+        let sender = require_member(&self.sup, &req, "send Raft AppendEntries")?;
         let rpc = decode(req.get_ref()).map_err(bad_request)?;
+        raft_check::append(&rpc, sender).map_err(refused)?;
         reply(&self.sup.raft.append_entries(rpc).await)
     }
 
     async fn vote(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
-        require_member(&self.sup, &req, "send Raft Vote")?;
+        let sender = require_member(&self.sup, &req, "send Raft Vote")?;
         let rpc = decode(req.get_ref()).map_err(bad_request)?;
+        raft_check::vote(&rpc, sender).map_err(refused)?;
         reply(&self.sup.raft.vote(rpc).await)
     }
 
     async fn install_snapshot(&self, req: Request<Blob>) -> Result<Response<Blob>, Status> {
-        require_member(&self.sup, &req, "send Raft InstallSnapshot")?;
+        let sender = require_member(&self.sup, &req, "send Raft InstallSnapshot")?;
         let rpc = decode(req.get_ref()).map_err(bad_request)?;
+        raft_check::snapshot(&rpc, sender).map_err(refused)?;
         reply(&self.sup.raft.install_snapshot(rpc).await)
     }
 
