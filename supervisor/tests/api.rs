@@ -536,3 +536,44 @@ async fn retried_write_with_the_same_request_id_applies_once() {
     let host = show_h0(&c).await;
     assert!(host.drain.is_none() && !host.cordoned, "{host:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_registered_on_a_long_standing_leader_is_not_declared_down() {
+    // A leader that has led for longer than the Down period (3 s).
+    let sup = Sup::start(&[]).await;
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    common::register(&sup.addr, "h1").await;
+    // Its first heartbeat comes a little later, as an agent's does; until
+    // then (and after) it must not be Down: its silence counts from its
+    // registration, not from the leader's election.
+    let c = sup.client();
+    let liveness = || async {
+        match c
+            .call(AdminRequest::NodeShow { host: "h1".into() }, false)
+            .await
+            .unwrap()
+        {
+            AdminReply::Host { host, .. } => host.liveness,
+            other => panic!("not a host: {other:?}"),
+        }
+    };
+    for _ in 0..10 {
+        assert_eq!(liveness().await, supervisor::model::Liveness::Ready);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    agent(&sup.addr, "h1")
+        .await
+        .heartbeat(proto::v1::HeartbeatRequest {
+            host: "h1".into(),
+            sent_unix_ms: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(liveness().await, supervisor::model::Liveness::Ready);
+    let evs = events(&c).await;
+    assert!(
+        !evs.iter()
+            .any(|e| matches!(&e.event, Event::Liveness { .. }) && e.host.as_deref() == Some("h1")),
+        "no liveness change for h1: {evs:?}"
+    );
+}

@@ -11,7 +11,10 @@
 //! leader has seen none, so it counts every host's silence from the moment
 //! it became leader: the first Down it can declare is one full Down period
 //! after taking over (the grace period), never a wave of false Downs right
-//! after an election. Changes are committed through Raft (`SetLiveness`).
+//! after an election. A registration counts as a heartbeat (the agent
+//! service records it before committing), so a host that registers on a
+//! long-standing leader is silent from its registration, not from the
+//! election. Changes are committed through Raft (`SetLiveness`).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -153,6 +153,16 @@ impl Agent for AgentService {
             nics,
             labels: r.labels.into_iter().collect(),
         };
+        // Registering is the agent's first sign of life: its silence counts
+        // from now, not from this leader's election (or a host registered
+        // on a leader that has led for longer than the Down period would be
+        // declared Down before its first heartbeat). Recorded before the
+        // commit, so the liveness loop never sees the host without it.
+        self.leader
+            .heartbeats
+            .lock()
+            .expect("heartbeats")
+            .insert(r.host.clone(), Instant::now());
         match self.sup.propose(cmd).await.map_err(Status::from)? {
             CmdOk::Registered { last_applied_seq } => {
                 tracing::info!(host = %r.host, last_applied_seq, "host registered");
