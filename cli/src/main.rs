@@ -184,6 +184,14 @@ enum Cmd {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
+    // Like any Unix filter: a reader that goes away (`railguard events |
+    // head`) ends the process quietly, instead of a panic on the failed
+    // write (Rust ignores SIGPIPE by default).
+    // SAFETY: restoring a signal's default disposition at start, before
+    // any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => {}

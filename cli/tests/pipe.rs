@@ -1,0 +1,34 @@
+//! `railguard … | head`: when the reader goes away the CLI ends quietly
+//! (SIGPIPE, as every Unix filter does), never with a panic.
+
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, Stdio};
+
+#[test]
+fn a_closed_pipe_ends_the_cli_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca");
+    let init = Command::new(env!("CARGO_BIN_EXE_railguard"))
+        .args(["pki", "init", "--dir"])
+        .arg(&ca)
+        .output()
+        .unwrap();
+    assert!(init.status.success(), "{init:?}");
+    // A pipe whose read end is already closed: the first write fails.
+    let mut fds = [0; 2];
+    // SAFETY: pipe fills two new descriptors, each owned exactly once below.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(read);
+    let out = Command::new(env!("CARGO_BIN_EXE_railguard"))
+        .args(["pki", "show"])
+        .arg(ca.join("ca.pem"))
+        .stdout(Stdio::from(write))
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{out:?}");
+}
