@@ -281,6 +281,18 @@ async fn malformed_and_oversized_messages_are_refused() {
         acks.message().await.unwrap_err().code(),
         tonic::Code::InvalidArgument
     );
+    // An oversized event ends the stream with the size error (it used to
+    // end with grpc-status 0, hiding it).
+    let mut big = ev("h0", 1, "huge", true);
+    if let Some(proto::v1::agent_event::Kind::NicState(n)) = big.kind.as_mut() {
+        n.nic = "x".repeat(300 << 10);
+    }
+    let mut acks = c
+        .report(tokio_stream::iter(vec![big]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_too_large(&acks.message().await.unwrap_err());
 
     unchanged(&sup, &before, "refused messages must not change state").await;
     // And the supervisor still works.

@@ -337,7 +337,12 @@ impl Agent for AgentService {
                 let first = match next {
                     None => return,
                     Some(Err(s)) => {
-                        tracing::debug!(status = %s, "agent stream ended with an error");
+                        // A message tonic could not take (too large,
+                        // undecodable): the agent must see the error, not
+                        // a clean end of stream.
+                        tracing::warn!(status = %s, "agent stream ended with an error");
+                        drop(pending_tx);
+                        let _ = ack_tx.send(Err(s)).await;
                         return;
                     }
                     Some(Ok(e)) => e,
