@@ -35,6 +35,7 @@
 //! with `Agent.LogTail`. At shutdown (SIGTERM, Ctrl-C) the agent stops its
 //! ranks (SIGTERM, grace, SIGKILL) and writes their exits before it exits.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,28 +97,54 @@ pub enum AgentError {
     Netlink(std::io::Error),
 }
 
-/// A client of the supervisor at `addr`, with this agent's certificate
-/// (or plain text on an `--insecure` cluster).
-fn client(cfg: &AgentConfig, addr: &str) -> Result<AgentClient<Channel>, AgentError> {
-    let ep = cfg
-        .tls
-        .endpoint(addr)
-        .map_err(|_| AgentError::BadAddress(addr.into()))?
-        .connect_timeout(Duration::from_millis(500))
-        .tcp_nodelay(true);
-    Ok(AgentClient::new(ep.connect_lazy()))
-}
+/// At most this many supervisor addresses keep a channel (the configured
+/// ones plus leaders named in answers); beyond it the cache starts over.
+const MAX_CHANNELS: usize = 16;
 
-/// Shared view of which supervisor leads.
+/// Shared view of which supervisor leads, and one channel per supervisor
+/// address: every call and stream to a supervisor shares one HTTP/2
+/// connection (a connection per heartbeat left hundreds in TIME_WAIT),
+/// dialled again after the agent's certificate is reloaded.
 #[derive(Default)]
-struct LeaderHint(std::sync::Mutex<Option<String>>);
+struct LeaderHint {
+    leader: std::sync::Mutex<Option<String>>,
+    /// Address → (client certificate generation, channel).
+    channels: std::sync::Mutex<HashMap<String, (u64, Channel)>>,
+}
 
 impl LeaderHint {
     fn get(&self) -> Option<String> {
-        self.0.lock().expect("hint").clone()
+        self.leader.lock().expect("hint").clone()
     }
     fn set(&self, v: Option<String>) {
-        *self.0.lock().expect("hint") = v;
+        *self.leader.lock().expect("hint") = v;
+    }
+    /// A client of the supervisor at `addr` over its shared channel, with
+    /// this agent's certificate (or plain text on an `--insecure`
+    /// cluster). The channel connects lazily, reconnects by itself, and
+    /// sends HTTP/2 keep-alives so a dead peer is noticed.
+    fn client(&self, cfg: &AgentConfig, addr: &str) -> Result<AgentClient<Channel>, AgentError> {
+        let generation = cfg.tls.generation();
+        let mut channels = self.channels.lock().expect("channels");
+        if let Some((g, c)) = channels.get(addr) {
+            if *g == generation {
+                return Ok(AgentClient::new(c.clone()));
+            }
+        }
+        let ch = cfg
+            .tls
+            .endpoint(addr)
+            .map_err(|_| AgentError::BadAddress(addr.into()))?
+            .connect_timeout(Duration::from_millis(500))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .connect_lazy();
+        if channels.len() >= MAX_CHANNELS && !channels.contains_key(addr) {
+            channels.clear();
+        }
+        channels.insert(addr.to_owned(), (generation, ch.clone()));
+        Ok(AgentClient::new(ch))
     }
     /// Where to call next: the hinted leader, else the next supervisor in
     /// turn (`rotate` is the caller's cursor).
@@ -398,7 +425,7 @@ async fn plan_loop(
     let mut rotate = 0usize;
     loop {
         let addr = hint.target(&cfg.supervisors, &mut rotate);
-        if let Ok(mut c) = client(&cfg, &addr) {
+        if let Ok(mut c) = hint.client(&cfg, &addr) {
             let req = proto::v1::ProbePlanRequest {
                 host: cfg.host.clone(),
             };
@@ -429,7 +456,7 @@ async fn summary_loop(
         let mut msg = s.to_wire(&cfg.host);
         msg.shaped = shaper.summary().await;
         let addr = hint.target(&cfg.supervisors, &mut rotate);
-        let Ok(mut c) = client(&cfg, &addr) else {
+        let Ok(mut c) = hint.client(&cfg, &addr) else {
             continue;
         };
         match tokio::time::timeout(Duration::from_secs(1), c.send_probe_summary(msg)).await {
@@ -568,7 +595,7 @@ async fn orders_loop(
     let mut rotate = 0usize;
     loop {
         let addr = hint.target(&cfg.supervisors, &mut rotate);
-        if let Ok(mut c) = client(&cfg, &addr) {
+        if let Ok(mut c) = hint.client(&cfg, &addr) {
             let req = OrdersRequest {
                 host: cfg.host.clone(),
             };
@@ -762,7 +789,7 @@ where
     let mut rotate = 0usize;
     loop {
         let addr = hint.target(&cfg.supervisors, &mut rotate);
-        if let Ok(c) = client(cfg, &addr) {
+        if let Ok(c) = hint.client(cfg, &addr) {
             match tokio::time::timeout(Duration::from_secs(1), call(c)).await {
                 Ok(Ok(_)) => {
                     tracing::info!(order_id = id, what, "delivered to the leader");
@@ -801,7 +828,7 @@ async fn heartbeat_loop(cfg: Arc<AgentConfig>, hint: Arc<LeaderHint>) {
     loop {
         tick.tick().await;
         let addr = hint.target(&cfg.supervisors, &mut rotate);
-        let Ok(mut c) = client(&cfg, &addr) else {
+        let Ok(mut c) = hint.client(&cfg, &addr) else {
             continue;
         };
         let req = HeartbeatRequest {
@@ -883,7 +910,7 @@ async fn connect(cfg: &AgentConfig, hint: &LeaderHint, backoff: &mut Backoff) ->
             .get()
             .unwrap_or_else(|| cfg.supervisors[i % cfg.supervisors.len()].clone());
         i += 1;
-        if let Ok(mut c) = client(cfg, &addr) {
+        if let Ok(mut c) = hint.client(cfg, &addr) {
             match tokio::time::timeout(Duration::from_secs(3), c.register(register_request(cfg)))
                 .await
             {
@@ -919,7 +946,7 @@ async fn report_loop(
             tracing::error!(error = %e, "outbox resync failed");
         }
         tracing::info!(addr = %addr, last_applied, "reporting to the leader");
-        if let Err(e) = stream_once(&cfg, &addr, &outbox, &fresh, last_applied).await {
+        if let Err(e) = stream_once(&cfg, &hint, &addr, &outbox, &fresh, last_applied).await {
             tracing::info!(addr = %addr, error = %e, "report stream ended; reconnecting");
             hint.set(None);
         }
@@ -929,12 +956,13 @@ async fn report_loop(
 
 async fn stream_once(
     cfg: &AgentConfig,
+    hint: &LeaderHint,
     addr: &str,
     outbox: &Mutex<Outbox>,
     fresh: &Notify,
     acked: u64,
 ) -> Result<(), String> {
-    let mut c = client(cfg, addr).map_err(|e| e.to_string())?;
+    let mut c = hint.client(cfg, addr).map_err(|e| e.to_string())?;
     let (tx, rx) = mpsc::channel::<AgentEvent>(256);
     let mut acks = c
         .report(tokio_stream::wrappers::ReceiverStream::new(rx))

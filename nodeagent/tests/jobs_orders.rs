@@ -146,6 +146,8 @@ struct Rig {
     /// Asks the agent to shut down.
     stop_tx: tokio::sync::oneshot::Sender<()>,
     agent: tokio::task::JoinHandle<Result<(), nodeagent::agent::AgentError>>,
+    /// TCP connections the fake leader accepted.
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Rig {
@@ -165,10 +167,19 @@ impl Rig {
         };
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
+        let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = connections.clone();
+        let incoming = tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            move |c| {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                c
+            },
+        );
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(AgentServer::new(fake))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+                .serve_with_incoming(incoming),
         );
         let cfg = nodeagent::agent::AgentConfig {
             host: "h0".into(),
@@ -203,6 +214,7 @@ impl Rig {
             events,
             stop_tx,
             agent,
+            connections,
         }
     }
 }
@@ -230,7 +242,13 @@ async fn the_agent_starts_ranks_reports_their_exits_and_answers_log_tails() {
         mut events,
         stop_tx,
         agent,
+        connections,
     } = Rig::start().await;
+    // Heartbeats (every 250 ms), the order stream, the report stream and
+    // order answers all share one connection to the leader.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let n = connections.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(n <= 2, "{n} connections for one supervisor");
 
     orders
         .send(start(1, 1, "echo hello-from-rank; exit 4"))
