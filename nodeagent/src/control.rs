@@ -65,6 +65,16 @@ pub use socket::{bind, ControlError};
 
 /// Job sockets served at once.
 pub const MAX_SESSIONS: usize = 256;
+/// Sessions one rank may hold at once (a rank reconnecting briefly holds
+/// two): one rank cannot take every session from the others.
+pub const MAX_SESSIONS_PER_RANK: usize = 4;
+/// Connections that have not said `hello` yet, at once; beyond it new
+/// connections are closed at once.
+pub const MAX_PENDING_HELLOS: usize = 64;
+/// How long a new connection has to say `hello`.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a begun line may take to finish.
+pub const LINE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connections tracked (the supervisor keeps as many per host).
 pub const MAX_CONNS: usize = 4096;
 /// Lines queued towards one job socket.
@@ -241,6 +251,10 @@ pub struct Control {
     started: Instant,
     changed: Notify,
     ranks: Option<Arc<dyn RankEvents>>,
+    /// How long a new connection has to say hello, and a begun line to end
+    /// ([`HELLO_TIMEOUT`], [`LINE_TIMEOUT`]; shorter in tests).
+    hello_timeout: Duration,
+    line_timeout: Duration,
 }
 
 impl Control {
@@ -264,6 +278,8 @@ impl Control {
             started: Instant::now(),
             changed: Notify::new(),
             ranks,
+            hello_timeout: HELLO_TIMEOUT,
+            line_timeout: LINE_TIMEOUT,
         })
     }
 
@@ -356,11 +372,23 @@ impl Control {
             })
         };
         let _stop_sweeper = AbortOnDrop(sweeper);
+        let pending = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HELLOS));
+        let mut turned_away = 0u64;
         loop {
             match listener.accept().await {
-                Ok((s, _)) => {
-                    tokio::spawn(self.clone().session(s));
-                }
+                Ok((s, _)) => match pending.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        tokio::spawn(self.clone().session(s, permit));
+                    }
+                    Err(_) => {
+                        // Closed by the drop: a flood of silent connections
+                        // never stops a rank from saying hello for long.
+                        turned_away += 1;
+                        if turned_away.is_power_of_two() {
+                            tracing::warn!(turned_away, max = MAX_PENDING_HELLOS, "job socket: too many connections waiting to say hello; closing new ones");
+                        }
+                    }
+                },
                 Err(e) => {
                     tracing::warn!(error = %e, "control socket accept failed");
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -415,7 +443,15 @@ impl Control {
         }
     }
 
-    async fn session(self: Arc<Self>, stream: UnixStream) {
+    /// One job socket. `pending` is held until the connection has said
+    /// `hello` (or is closed): it must do so within [`HELLO_TIMEOUT`], and
+    /// every line it begins must end within [`LINE_TIMEOUT`].
+    async fn session(
+        self: Arc<Self>,
+        stream: UnixStream,
+        pending: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        let mut pending = Some(pending);
         let peer = match stream.peer_cred() {
             Ok(c) => c
                 .pid()
@@ -437,14 +473,38 @@ impl Control {
                 }
             }
         });
-        let mut reader = LineReader::new(rd);
+        let mut reader = LineReader::new(rd).with_line_timeout(self.line_timeout);
         let mut sid: Option<u64> = None;
+        let hello_by = tokio::time::Instant::now() + self.hello_timeout;
         loop {
-            let msg = match reader.next_line().await {
+            if sid.is_some() {
+                pending = None;
+            }
+            let next = match pending {
+                Some(_) => match tokio::time::timeout_at(hello_by, reader.next_line()).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        tracing::warn!(peer = ?peer, "job socket said no hello in time; closing it");
+                        let _ = tx
+                            .send(AgentMessage::Error {
+                                message: format!(
+                                    "no hello within {} ms; closing the connection",
+                                    self.hello_timeout.as_millis()
+                                ),
+                            })
+                            .await;
+                        break;
+                    }
+                },
+                None => reader.next_line().await,
+            };
+            let msg = match next {
                 Ok(Some(line)) => contract::decode_job(line),
                 Ok(None) => break,
-                Err(e @ ContractError::LineTooLong { .. }) => {
-                    tracing::warn!(session = ?sid, error = %e, "job sent an oversized line; closing its socket");
+                Err(
+                    e @ (ContractError::LineTooLong { .. } | ContractError::LineTimeout { .. }),
+                ) => {
+                    tracing::warn!(session = ?sid, error = %e, "job sent an oversized or unfinished line; closing its socket");
                     let _ = tx
                         .send(AgentMessage::Error {
                             message: format!("{e}; closing the connection"),
@@ -511,6 +571,17 @@ impl Control {
                 if inv.sessions.len() >= MAX_SESSIONS {
                     return Err(format!(
                         "the agent serves at most {MAX_SESSIONS} job connections"
+                    ));
+                }
+                let same_rank = inv
+                    .sessions
+                    .values()
+                    .filter(|s| s.hello.job == h.job && s.hello.rank == h.rank)
+                    .count();
+                if same_rank >= MAX_SESSIONS_PER_RANK {
+                    return Err(format!(
+                        "job {} rank {} already holds {MAX_SESSIONS_PER_RANK} connections to the agent",
+                        h.job, h.rank
                     ));
                 }
                 let id = self.next_session.fetch_add(1, Ordering::Relaxed);

@@ -344,3 +344,102 @@ async fn a_connection_answers_only_its_own_ranks_orders() {
     let answers = asked.await.unwrap();
     assert_eq!((answers[0].ok, answers[0].step), (true, Some(8)));
 }
+
+const HELLO_X0: &[u8] = b"{\"type\":\"hello\",\"job\":\"x\",\"rank\":0,\"pid\":1}\n";
+
+/// Everything the agent sends until it closes the socket.
+async fn read_all(s: &mut UnixStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    buf
+}
+
+#[tokio::test]
+async fn silent_and_half_written_connections_are_closed() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    let (hello, line) = (Duration::from_millis(300), Duration::from_millis(200));
+    let mut c = Control::new(nics());
+    let only = Arc::get_mut(&mut c).unwrap();
+    (only.hello_timeout, only.line_timeout) = (hello, line);
+    tokio::spawn(c.clone().serve(bind(&sock, None).unwrap()));
+    // No hello: closed after the hello timeout, saying why.
+    let mut silent = UnixStream::connect(&sock).await.unwrap();
+    let t0 = tokio::time::Instant::now();
+    let said = read_all(&mut silent).await;
+    assert!(said.contains("no hello within 300 ms"), "{said}");
+    assert!(t0.elapsed() >= hello);
+    // A line begun and never finished (after a good hello): closed after
+    // LINE_TIMEOUT.
+    let mut half = UnixStream::connect(&sock).await.unwrap();
+    half.write_all(HELLO_X0).await.unwrap();
+    half.write_all(b"{\"type\":").await.unwrap();
+    let t0 = tokio::time::Instant::now();
+    let said = read_all(&mut half).await;
+    assert!(said.contains("not finished within 200 ms"), "{said}");
+    assert!(t0.elapsed() >= line);
+    // A session that said hello may stay quiet between lines.
+    let mut quiet = UnixStream::connect(&sock).await.unwrap();
+    quiet.write_all(HELLO_X0).await.unwrap();
+    tokio::time::sleep(hello * 3).await;
+    quiet
+        .write_all(b"{\"type\":\"checkpointed\",\"step\":1}\n")
+        .await
+        .unwrap();
+    drop(quiet.shutdown().await);
+    let said = read_all(&mut quiet).await;
+    assert_eq!(said.lines().count(), 2, "two answers, no error: {said}");
+    assert!(!said.contains("error"), "{said}");
+}
+
+#[tokio::test]
+async fn a_flood_of_connections_and_of_one_ranks_sessions_is_capped() {
+    use tokio::io::AsyncWriteExt;
+    let (_c, _dir, sock) = start().await;
+    // MAX_PENDING_HELLOS silent connections: the next is closed at once.
+    let mut held = Vec::new();
+    for _ in 0..MAX_PENDING_HELLOS {
+        held.push(UnixStream::connect(&sock).await.unwrap());
+    }
+    // Let the agent accept them all.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut extra = UnixStream::connect(&sock).await.unwrap();
+    let said = tokio::time::timeout(Duration::from_secs(5), read_all(&mut extra))
+        .await
+        .expect("closed at once");
+    assert_eq!(said, "");
+    // Once they say hello the way is free again.
+    for s in &mut held {
+        s.write_all(HELLO_X0).await.unwrap();
+    }
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // One rank holds at most MAX_SESSIONS_PER_RANK sessions.
+    let mut sessions = Vec::new();
+    for i in 0..=MAX_SESSIONS_PER_RANK {
+        let s = UnixStream::connect(&sock).await.unwrap();
+        let (rd, mut wr) = s.into_split();
+        wr.write_all(HELLO_X0).await.unwrap();
+        let mut lines = LineReader::new(rd);
+        let answer = tokio::time::timeout(Duration::from_secs(5), lines.next_line())
+            .await
+            .expect("an answer")
+            .unwrap()
+            .unwrap()
+            .to_vec();
+        let answer = contract::decode_agent(&answer).unwrap();
+        if i < MAX_SESSIONS_PER_RANK {
+            assert_eq!(answer, AgentMessage::Ok, "session {i}");
+        } else {
+            assert!(
+                matches!(&answer, AgentMessage::Error { message } if message.contains("already holds 4")),
+                "{answer:?}"
+            );
+        }
+        sessions.push((lines, wr));
+    }
+    // Another rank is not affected.
+    let (_j, _orders) = job(&sock).await;
+}

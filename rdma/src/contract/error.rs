@@ -12,6 +12,13 @@ pub enum ContractError {
         /// The limit ([`MAX_LINE`](super::MAX_LINE)).
         max: usize,
     },
+    /// A line was begun but not finished within the reader's line timeout
+    /// (a peer holding a partial line open); the stream is closed.
+    #[error("a line was not finished within {ms} ms")]
+    LineTimeout {
+        /// The timeout, in milliseconds.
+        ms: u64,
+    },
     /// A line is not a JSON object with a string `type`, its fields do not
     /// fit that type, the stream ended inside a line, or the agent's
     /// connection broke (the reason).

@@ -58,6 +58,8 @@ pub fn decode_agent(line: &[u8]) -> Result<AgentMessage, ContractError> {
 pub struct LineReader<R> {
     inner: BufReader<R>,
     buf: Vec<u8>,
+    /// How long a begun line may take to finish (none: no limit).
+    line_timeout: Option<std::time::Duration>,
 }
 
 impl<R: AsyncRead + Unpin> LineReader<R> {
@@ -65,16 +67,36 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
         Self {
             inner: BufReader::new(r),
             buf: Vec::new(),
+            line_timeout: None,
         }
     }
 
+    /// Once a line's first bytes have arrived, the rest must arrive within
+    /// `t` ([`ContractError::LineTimeout`] otherwise): a peer cannot hold a
+    /// half-written line open forever. Waiting between lines is not
+    /// limited.
+    pub fn with_line_timeout(mut self, t: std::time::Duration) -> Self {
+        self.line_timeout = Some(t);
+        self
+    }
+
     /// The next line without its newline (`\r\n` accepted); `None` at a clean
-    /// end of stream. After [`ContractError::LineTooLong`] the stream is out
-    /// of step: close it.
+    /// end of stream. After [`ContractError::LineTooLong`] or
+    /// [`ContractError::LineTimeout`] the stream is out of step: close it.
     pub async fn next_line(&mut self) -> Result<Option<&[u8]>, ContractError> {
         self.buf.clear();
+        let mut deadline: Option<tokio::time::Instant> = None;
         loop {
-            let chunk = self.inner.fill_buf().await?;
+            let chunk = match deadline {
+                None => self.inner.fill_buf().await?,
+                Some(d) => match tokio::time::timeout_at(d, self.inner.fill_buf()).await {
+                    Ok(r) => r?,
+                    Err(_) => {
+                        let ms = self.line_timeout.map_or(0, |t| t.as_millis() as u64);
+                        return Err(ContractError::LineTimeout { ms });
+                    }
+                },
+            };
             if chunk.is_empty() {
                 if self.buf.is_empty() {
                     return Ok(None);
@@ -92,6 +114,9 @@ impl<R: AsyncRead + Unpin> LineReader<R> {
             }
             self.buf.extend_from_slice(&chunk[..take]);
             self.inner.consume(if done { take + 1 } else { take });
+            if deadline.is_none() && !done && !self.buf.is_empty() {
+                deadline = self.line_timeout.map(|t| tokio::time::Instant::now() + t);
+            }
             if done {
                 if self.buf.last() == Some(&b'\r') {
                     self.buf.pop();
@@ -271,6 +296,21 @@ pub(crate) mod tests {
             step: Some(3),
         });
         assert!(m.validate().unwrap_err().to_string().contains("step 3"));
+    }
+
+    #[tokio::test]
+    async fn a_begun_line_must_end_within_the_line_timeout() {
+        let t = std::time::Duration::from_millis(100);
+        let (mut a, b) = tokio::io::duplex(1 << 10);
+        let mut r = LineReader::new(b).with_line_timeout(t);
+        // Between lines the reader waits as long as it takes.
+        tokio::time::sleep(t * 10).await;
+        a.write_all(b"{\"type\":\"ok\"}\n{\"type\"").await.unwrap();
+        assert!(r.next_line().await.unwrap().is_some());
+        let t0 = tokio::time::Instant::now();
+        let e = r.next_line().await.unwrap_err();
+        assert!(matches!(e, ContractError::LineTimeout { ms: 100 }), "{e}");
+        assert!(t0.elapsed() >= t);
     }
 
     #[tokio::test]
