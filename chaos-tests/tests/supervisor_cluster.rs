@@ -155,6 +155,42 @@ async fn membership_add_promote_transfer_remove() {
         .unwrap();
     let live_client = c.live_client("test", Duration::from_secs(5)).unwrap();
     write(&live_client, AdminOp::Cordon { host: "h0".into() }).await;
+
+    // Both membership changes are in the history, under the certificate's
+    // user; no client can write such a record itself.
+    let AdminReply::History { records } = live_client
+        .call(AdminRequest::AdminHistory { limit: 100 }, false)
+        .await
+        .unwrap()
+    else {
+        panic!("not a history")
+    };
+    let membership: Vec<_> = records
+        .iter()
+        .filter_map(|r| match &r.op {
+            AdminOp::MemberAdded { id, .. } => Some(("added", *id, r.actor.as_str())),
+            AdminOp::MemberRemoved { id } => Some(("removed", *id, r.actor.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        membership,
+        vec![
+            ("added", new_id, "chaos"),
+            ("removed", first_leader, "chaos")
+        ],
+        "{records:?}"
+    );
+    let forged = live_client
+        .call(
+            AdminRequest::Write {
+                op: AdminOp::MemberRemoved { id: 2 },
+            },
+            false,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(forged.kind, ErrorKind::InvalidArgument, "{forged}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -72,6 +72,17 @@ pub enum AdminOp {
         serial: String,
         reason: String,
     },
+    /// A record (no other effect) of a membership change, which Raft makes
+    /// through its own protocol: supervisor `id` at `addr` became a voter.
+    /// Written by the leader after the change, never taken from a client.
+    MemberAdded {
+        id: u64,
+        addr: String,
+    },
+    /// A record of supervisor `id` leaving the membership.
+    MemberRemoved {
+        id: u64,
+    },
 }
 
 impl AdminOp {
@@ -99,6 +110,8 @@ impl AdminOp {
                 format!("refused: {request} (needs role {needed})")
             }
             AdminOp::Revoke { serial, reason } => format!("pki revoke {serial}: {reason}"),
+            AdminOp::MemberAdded { id, addr } => format!("cluster add-member {id} {addr}"),
+            AdminOp::MemberRemoved { id } => format!("cluster remove-member {id}"),
             op => format!("{op:?}"),
         }
     }
@@ -118,8 +131,20 @@ impl AdminOp {
             | AdminOp::PlaybookApply { .. }
             | AdminOp::PlaybookDelete { .. }
             | AdminOp::Refused { .. }
-            | AdminOp::Revoke { .. } => None,
+            | AdminOp::Revoke { .. }
+            | AdminOp::MemberAdded { .. }
+            | AdminOp::MemberRemoved { .. } => None,
         }
+    }
+
+    /// Operations the supervisor records itself (a refusal, a membership
+    /// change): an admin may not write them, or the history could be
+    /// forged.
+    pub fn is_record_only(&self) -> bool {
+        matches!(
+            self,
+            AdminOp::Refused { .. } | AdminOp::MemberAdded { .. } | AdminOp::MemberRemoved { .. }
+        )
     }
 }
 
@@ -150,6 +175,8 @@ pub enum AdminAction {
     ShapeClear,
     Refused,
     Revoke,
+    MemberAdded,
+    MemberRemoved,
 }
 
 impl AdminOp {
@@ -168,6 +195,8 @@ impl AdminOp {
             AdminOp::PlaybookDelete { .. } => AdminAction::PlaybookDelete,
             AdminOp::Refused { .. } => AdminAction::Refused,
             AdminOp::Revoke { .. } => AdminAction::Revoke,
+            AdminOp::MemberAdded { .. } => AdminAction::MemberAdded,
+            AdminOp::MemberRemoved { .. } => AdminAction::MemberRemoved,
             AdminOp::ShapeClear { .. } => AdminAction::ShapeClear,
         }
     }

@@ -103,6 +103,15 @@ impl ClusterState {
                             }
                             Ok(())
                         }
+                        AdminOp::MemberAdded { addr, .. } => {
+                            if addr.len() > MAX_REASON_LEN {
+                                return Err(CmdError::InvalidArgument(format!(
+                                    "a member address is longer than {MAX_REASON_LEN} bytes"
+                                )));
+                            }
+                            Ok(())
+                        }
+                        AdminOp::MemberRemoved { .. } => Ok(()),
                         AdminOp::Refused { request, needed } => {
                             if request.len() > MAX_REASON_LEN || needed.len() > MAX_REASON_LEN {
                                 return Err(CmdError::InvalidArgument(format!(

@@ -78,6 +78,15 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
         }
         AdminRequest::AddMember { id, addr } => {
             let idx = sup.add_member(id, addr.clone()).await?;
+            record_membership(
+                sup,
+                &call.actor,
+                AdminOp::MemberAdded {
+                    id,
+                    addr: addr.clone(),
+                },
+            )
+            .await;
             Ok(AdminReply::Committed {
                 log_index: idx,
                 detail: format!("supervisor {id} at {addr} added as a voter"),
@@ -85,6 +94,7 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
         }
         AdminRequest::RemoveMember { id } => {
             let idx = sup.remove_member(id).await?;
+            record_membership(sup, &call.actor, AdminOp::MemberRemoved { id }).await;
             Ok(AdminReply::Committed {
                 log_index: idx,
                 detail: format!("supervisor {id} removed"),
@@ -521,6 +531,20 @@ async fn authorize(
     Err(r.status)
 }
 
+/// Records a membership change Raft has made in the admin history (best
+/// effort: the change stands if the record cannot be committed, which is
+/// logged).
+async fn record_membership(sup: &Arc<Supervisor>, actor: &str, op: AdminOp) {
+    let cmd = Command::Admin {
+        actor: actor.to_owned(),
+        op,
+        request: None,
+    };
+    if let Err(e) = sup.propose(cmd).await {
+        tracing::warn!(error = %e, "membership change made but not recorded in the history");
+    }
+}
+
 /// Sends the call to the leader and returns its answer.
 async fn forward(sup: &Arc<Supervisor>, mut call: AdminCall) -> Result<AdminReply, ApiError> {
     let leader = sup.leader_addr().ok_or_else(|| {
@@ -577,6 +601,14 @@ impl Admin for AdminService {
         let (actor, role) = admin_identity(sup, &req, &call.actor)?;
         call.actor = actor;
         call.forwarded = false;
+        if let AdminRequest::Write { op } = &call.request {
+            if op.is_record_only() {
+                return Err(Status::from(ApiError::invalid(format!(
+                    "{} is recorded by the supervisors themselves; no client may write it",
+                    op.summary()
+                ))));
+            }
+        }
         authorize(&self.leader, &call.actor, role, &call.request).await?;
         tracing::debug!(actor = %call.actor, request = ?call.request, "admin call");
         let reply = handle(&self.leader, call).await.map_err(Status::from)?;

@@ -167,7 +167,9 @@ pub fn role_needed(r: &AdminRequest) -> Role {
             | AdminOp::PlaybookApply { .. }
             | AdminOp::PlaybookDelete { .. }
             | AdminOp::Refused { .. }
-            | AdminOp::Revoke { .. } => Role::Admin,
+            | AdminOp::Revoke { .. }
+            | AdminOp::MemberAdded { .. }
+            | AdminOp::MemberRemoved { .. } => Role::Admin,
             AdminOp::Cordon { .. }
             | AdminOp::Uncordon { .. }
             | AdminOp::Drain { .. }

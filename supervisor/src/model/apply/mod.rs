@@ -123,6 +123,10 @@ impl ClusterState {
                                 format!("certificate {serial} was already revoked")
                             }
                         }
+                        AdminOp::MemberAdded { id, addr } => {
+                            format!("supervisor {id} at {addr} joined as a voter")
+                        }
+                        AdminOp::MemberRemoved { id } => format!("supervisor {id} removed"),
                         _ => unreachable!("only cluster-wide operations have no host"),
                     };
                     self.record_admin(index, at_ms, actor, op);
@@ -214,7 +218,9 @@ impl ClusterState {
                     | AdminOp::PlaybookApply { .. }
                     | AdminOp::PlaybookDelete { .. }
                     | AdminOp::Refused { .. }
-                    | AdminOp::Revoke { .. } => {
+                    | AdminOp::Revoke { .. }
+                    | AdminOp::MemberAdded { .. }
+                    | AdminOp::MemberRemoved { .. } => {
                         unreachable!("cluster-wide operations have no host")
                     }
                     AdminOp::ShapeClear { .. } => unreachable!("applied above"),

@@ -21,6 +21,19 @@ fn every_command_roundtrips_through_bincode() {
         },
         admin(AdminOp::Cordon { host: "h".into() }),
         admin(AdminOp::Uncordon { host: "h".into() }),
+        admin(AdminOp::Refused {
+            request: "drain h".into(),
+            needed: "operator".into(),
+        }),
+        admin(AdminOp::Revoke {
+            serial: "0a".into(),
+            reason: "lost".into(),
+        }),
+        admin(AdminOp::MemberAdded {
+            id: 4,
+            addr: "127.0.0.1:7404".into(),
+        }),
+        admin(AdminOp::MemberRemoved { id: 4 }),
         admin(AdminOp::Drain {
             host: "h".into(),
             reason: "r".into(),
