@@ -8,12 +8,17 @@
 //! [`IncomingLimits::max_pending_handshakes`] at once (beyond that the
 //! listener is not polled and the kernel backlog holds new connections)
 //! and each within [`IncomingLimits::handshake_timeout`]. A failed or slow
-//! handshake is logged and dropped; it never ends the stream.
+//! handshake is logged and dropped; it never ends the stream. Open
+//! connections are counted per identity and in all
+//! ([`IncomingLimits::max_conns_per_identity`],
+//! [`IncomingLimits::max_connections`]); a connection over a limit is
+//! closed after its handshake.
 
 use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -55,6 +60,14 @@ pub struct IncomingLimits {
     /// How long to pause accepting after `accept` fails (e.g. out of file
     /// descriptors), so a persistent failure does not spin.
     pub accept_error_pause: Duration,
+    /// Open connections one identity (one certificate holder) may hold;
+    /// beyond it its new connections are closed after the handshake, so
+    /// no holder can take every descriptor from the others.
+    pub max_conns_per_identity: usize,
+    /// Open connections in all, supervisors not counted (Raft must always
+    /// get through); beyond it agents' and admins' new connections are
+    /// closed after the handshake.
+    pub max_connections: usize,
 }
 
 impl Default for IncomingLimits {
@@ -63,8 +76,70 @@ impl Default for IncomingLimits {
             handshake_timeout: HANDSHAKE_TIMEOUT,
             max_pending_handshakes: 64,
             accept_error_pause: Duration::from_millis(100),
+            max_conns_per_identity: 256,
+            max_connections: 4096,
         }
     }
+}
+
+/// Open connections per identity, shared by the accept stream and the
+/// [`ConnSlot`] each connection holds.
+#[derive(Default)]
+struct Census {
+    per_identity: std::collections::HashMap<Identity, usize>,
+    /// Connections of non-supervisors.
+    others: usize,
+}
+
+/// A connection's place in the [`Census`], given back when it closes.
+struct ConnSlot {
+    census: Arc<Mutex<Census>>,
+    identity: Identity,
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        let mut c = self.census.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = c.per_identity.get_mut(&self.identity) {
+            *n -= 1;
+            if *n == 0 {
+                c.per_identity.remove(&self.identity);
+            }
+        }
+        if !self.identity.is_server() {
+            c.others = c.others.saturating_sub(1);
+        }
+    }
+}
+
+/// Takes a slot for a new connection of `identity`, or says why not.
+fn admit(
+    census: &Arc<Mutex<Census>>,
+    identity: &Identity,
+    limits: &IncomingLimits,
+) -> Result<ConnSlot, String> {
+    let mut c = census.lock().unwrap_or_else(|e| e.into_inner());
+    let mine = c.per_identity.get(identity).copied().unwrap_or(0);
+    if mine >= limits.max_conns_per_identity {
+        return Err(format!(
+            "{identity} already holds {mine} connections (at most {})",
+            limits.max_conns_per_identity
+        ));
+    }
+    if !identity.is_server() {
+        if c.others >= limits.max_connections {
+            return Err(format!(
+                "{} connections are open (at most {})",
+                c.others, limits.max_connections
+            ));
+        }
+        c.others += 1;
+    }
+    *c.per_identity.entry(identity.clone()).or_insert(0) += 1;
+    Ok(ConnSlot {
+        census: census.clone(),
+        identity: identity.clone(),
+    })
 }
 
 /// The default handshake timeout, for servers and clients.
@@ -75,6 +150,8 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct PeerStream {
     inner: TlsStream<TcpStream>,
     info: PeerInfo,
+    /// Given back to the census when the connection closes.
+    _slot: Option<ConnSlot>,
 }
 
 impl PeerStream {
@@ -149,6 +226,9 @@ pub struct Incoming {
     limits: IncomingLimits,
     pending: JoinSet<Option<PeerStream>>,
     pause: Option<Pin<Box<Sleep>>>,
+    census: Arc<Mutex<Census>>,
+    /// Connections closed for a limit (logged on powers of two).
+    turned_away: u64,
 }
 
 /// Serves mutual TLS on `listener` with `tls`'s current configuration
@@ -176,6 +256,8 @@ pub fn incoming_with_limits(
         },
         pending: JoinSet::new(),
         pause: None,
+        census: Arc::default(),
+        turned_away: 0,
     }
 }
 
@@ -235,6 +317,7 @@ async fn handshake(
             not_after: info.not_after,
             remote_addr,
         },
+        _slot: None,
     })
 }
 
@@ -273,7 +356,22 @@ impl Stream for Incoming {
                 }
             }
             match this.pending.poll_join_next(cx) {
-                Poll::Ready(Some(Ok(Some(stream)))) => return Poll::Ready(Some(Ok(stream))),
+                Poll::Ready(Some(Ok(Some(mut stream)))) => {
+                    match admit(&this.census, &stream.info.identity, &this.limits) {
+                        Ok(slot) => {
+                            stream._slot = Some(slot);
+                            return Poll::Ready(Some(Ok(stream)));
+                        }
+                        Err(why) => {
+                            // Dropped: the connection closes.
+                            this.turned_away += 1;
+                            if this.turned_away.is_power_of_two() {
+                                tracing::warn!(peer = %stream.info.remote_addr, identity = %stream.info.identity, reason = %why, turned_away = this.turned_away, "connection closed: over a limit");
+                            }
+                            continue;
+                        }
+                    }
+                }
                 Poll::Ready(Some(Ok(None))) => continue,
                 Poll::Ready(Some(Err(e))) => {
                     tracing::warn!(error = %e, "TLS handshake task failed");

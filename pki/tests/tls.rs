@@ -579,3 +579,46 @@ fn load_refuses_unusable_server_files() {
         Err(pki::PkiError::Io { .. })
     ));
 }
+
+#[tokio::test]
+async fn one_identity_holds_a_bounded_number_of_connections() {
+    let c = start(IncomingLimits {
+        max_conns_per_identity: 2,
+        ..IncomingLimits::default()
+    })
+    .await;
+    let alice = Identity::admin("alice", Role::Operator).unwrap();
+    let (cert, key, _) = c.client(&alice, "alice");
+    let tls = pki::client_tls(&c.ca_pem(), &cert, &key).unwrap();
+    let open = || async {
+        let ch = pki::https_endpoint(&c.addr.to_string(), tls.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = AdminClient::new(ch);
+        let r = client.call(Blob { body: vec![] }).await;
+        (client, r.is_ok())
+    };
+    let (held1, ok1) = open().await;
+    let (_held2, ok2) = open().await;
+    assert!(ok1 && ok2, "two connections are allowed");
+    let (_third, ok3) = open().await;
+    assert!(!ok3, "a third connection of the same identity is closed");
+    // Another identity is not affected.
+    let (bcert, bkey, _) = c.client(&Identity::agent("gpu-2").unwrap(), "gpu2");
+    assert!(c.call_as(&bcert, &bkey).await.is_ok());
+    // A closed connection gives its place back.
+    drop(held1);
+    let deadline = tokio::time::Instant::now() + CALL_TIMEOUT;
+    loop {
+        if open().await.1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "place not given back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -62,8 +62,32 @@ enum LogFormat {
     Json,
 }
 
+/// Raises the soft limit on open files to the hard one: every agent, admin
+/// and peer holds a connection, and the default soft limit (1,024) is
+/// below what the accept stream's limits allow.
+fn raise_fd_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit fill and read a plain struct we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return None;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) != 0 {
+                return None;
+            }
+        }
+    }
+    Some(lim.rlim_cur)
+}
+
 fn main() {
     let args = Args::parse();
+    let fd_limit = raise_fd_limit();
     let rt = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -71,13 +95,13 @@ fn main() {
             std::process::exit(1);
         }
     };
-    if let Err(e) = rt.block_on(run(args)) {
+    if let Err(e) = rt.block_on(run(args, fd_limit)) {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
+async fn run(args: Args, fd_limit: Option<u64>) -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn,h2=warn,tower=warn")
     });
@@ -107,7 +131,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         },
     )
     .context("invalid configuration")?;
-    tracing::info!(id = config.id, listen = %config.listen, data_dir = %config.data_dir.display(), peers = config.peers.len(), "starting supervisor");
+    tracing::info!(id = config.id, listen = %config.listen, data_dir = %config.data_dir.display(), peers = config.peers.len(), fd_limit, "starting supervisor");
     let shutdown = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("install SIGTERM handler");

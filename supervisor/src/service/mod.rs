@@ -33,6 +33,10 @@ pub async fn serve(
     let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .concurrency_limit_per_connection(1024)
+        // A connection whose peer vanished (no FIN: a pulled cable, a
+        // half-open flood) is closed when it stops answering pings.
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
         .add_service(
             RaftPeerServer::new(peer::PeerService::new(leader.clone()))
                 .max_decoding_message_size(proto::MAX_PEER_MESSAGE_BYTES)
