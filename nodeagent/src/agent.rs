@@ -279,7 +279,12 @@ pub async fn run(
     // Evidence beside netlink: RDMA port events and the probe mesh's
     // verdicts share one channel into the tracker.
     let (evidence_tx, evidence_rx) = mpsc::channel::<PortEvent>(64);
-    let link_tracker = LinkTracker::new(&names, cfg.damping).with_port_events(evidence_rx);
+    // The probe mesh judges a NIC only by its silence since netlink last
+    // saw it come up.
+    let netdevs = Arc::new(crate::link::NetdevEpochs::default());
+    let link_tracker = LinkTracker::new(&names, cfg.damping)
+        .with_port_events(evidence_rx)
+        .with_netdev_epochs(netdevs.clone());
     let mut rdma_forward = None;
     if let Some(mut ports) = rdma_port_events(&cfg) {
         let ev = evidence_tx.clone();
@@ -292,7 +297,7 @@ pub async fn run(
         }));
     }
     let tracker = tokio::spawn(link_tracker.run(tx));
-    let probes = start_probes(&cfg, &hint, evidence_tx, shaper.clone())?;
+    let probes = start_probes(&cfg, &hint, evidence_tx, shaper.clone(), netdevs)?;
 
     // Transitions → outbox.
     let ob = outbox.clone();
@@ -372,6 +377,7 @@ fn start_probes(
     hint: &Arc<LeaderHint>,
     evidence: mpsc::Sender<PortEvent>,
     shaper: Arc<Shaper>,
+    netdevs: Arc<crate::link::NetdevEpochs>,
 ) -> Result<Option<ProbeTasks>, AgentError> {
     let Some(opts) = cfg.probe.clone() else {
         tracing::info!("probe mesh off");
@@ -403,8 +409,9 @@ fn start_probes(
         );
     }
     let (sum_tx, sum_rx) = mpsc::channel(4);
-    let runner = crate::probe::ProbeRunner::start(opts, &nics, evidence, sum_tx)
-        .map_err(|e| AgentError::Probe(e.to_string()))?;
+    let runner =
+        crate::probe::ProbeRunner::start_with_netdevs(opts, &nics, evidence, sum_tx, netdevs)
+            .map_err(|e| AgentError::Probe(e.to_string()))?;
     shaper.attach_queueing(runner.queueing());
     let runner = Arc::new(runner);
     let plan = tokio::spawn(plan_loop(cfg.clone(), hint.clone(), runner, port));

@@ -17,6 +17,7 @@
 //! damper allows it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
@@ -136,6 +137,8 @@ pub struct NicTracker {
     probes_alive: bool,
     /// The last netdev sample's up state, kept to combine with port events.
     netdev_up: Option<bool>,
+    /// Since when the netdev is up (None: down or not seen yet).
+    up_since: Option<Instant>,
     down_count: u32,
     carrier_changes: u64,
     health: Option<NicHealth>,
@@ -150,6 +153,7 @@ impl NicTracker {
             port_active: true,
             probes_alive: true,
             netdev_up: None,
+            up_since: None,
             down_count: 0,
             carrier_changes: 0,
             health: None,
@@ -204,9 +208,24 @@ impl NicTracker {
         }
     }
 
+    /// Since when netlink has the NIC up (None while it is down).
+    pub fn up_since(&self) -> Option<Instant> {
+        self.up_since
+    }
+
     /// Feeds one sample; returns the transitions it implies, in order.
     pub fn observe(&mut self, s: &LinkSample, now: Instant) -> Vec<LinkTransition> {
         let prev_netdev = self.netdev_up.replace(s.is_up());
+        if !s.is_up() {
+            self.up_since = None;
+        } else if prev_netdev != Some(true) {
+            self.up_since = Some(now);
+            if prev_netdev == Some(false) {
+                // The probe mesh's verdict is from before the outage: the
+                // NIC is judged afresh from now (`NetdevEpochs`).
+                self.probes_alive = true;
+            }
+        }
         let other_evidence_up = self.port_active && self.probes_alive;
         let up = s.is_up() && other_evidence_up;
         let mut out = Vec::new();
@@ -306,6 +325,34 @@ pub enum TrackerError {
 pub struct LinkTracker {
     nics: BTreeMap<String, NicTracker>,
     ports: Option<mpsc::Receiver<PortEvent>>,
+    epochs: Option<Arc<NetdevEpochs>>,
+}
+
+/// What netlink says of each NIC, shared with the probe thread: up since
+/// when, or down. The probe mesh judges a NIC only by its silence since it
+/// came up, so a repaired NIC is not condemned for the outage before the
+/// peers' probes could reach it.
+#[derive(Debug, Default)]
+pub struct NetdevEpochs(std::sync::Mutex<BTreeMap<String, Option<Instant>>>);
+
+impl NetdevEpochs {
+    /// Records `nic` as up since `up_since`, or down (`None`).
+    pub fn set(&self, nic: &str, up_since: Option<Instant>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(nic.to_owned(), up_since);
+    }
+
+    /// Every NIC recorded, with its state.
+    pub fn snapshot(&self) -> Vec<(String, Option<Instant>)> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
+    }
 }
 
 impl LinkTracker {
@@ -316,7 +363,15 @@ impl LinkTracker {
                 .map(|n| (n.clone(), NicTracker::new(n, damping)))
                 .collect(),
             ports: None,
+            epochs: None,
         }
+    }
+
+    /// Also publishes each NIC's netdev state to `epochs` (for the probe
+    /// mesh).
+    pub fn with_netdev_epochs(mut self, epochs: Arc<NetdevEpochs>) -> Self {
+        self.epochs = Some(epochs);
+        self
     }
 
     /// Also consumes RDMA port events (from the `rdma` crate's stream).
@@ -389,7 +444,11 @@ impl LinkTracker {
             return true;
         };
         let now = Instant::now();
-        for t in n.observe(s, now) {
+        let transitions = n.observe(s, now);
+        if let Some(e) = &self.epochs {
+            e.set(&s.name, n.up_since());
+        }
+        for t in transitions {
             tracing::debug!(nic = %t.nic, link_up = t.link_up, health = ?t.health, synthesized = t.synthesized, "link transition");
             if tx.send(t).await.is_err() {
                 return false;
@@ -496,6 +555,25 @@ mod tests {
         let up = n.observe(&sample(true, true, 1), t0 + s(4));
         assert_eq!(up.len(), 1);
         assert!(up[0].link_up && !up[0].probes_lost);
+    }
+
+    #[test]
+    fn a_probe_verdict_from_before_an_outage_is_forgotten_when_the_nic_comes_back() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut n = NicTracker::new("rail0", DampingConfig::default());
+        n.observe(&sample(true, true, 0), t0);
+        assert_eq!(n.up_since(), Some(t0));
+        // The probes find it silent, then netlink sees it go down.
+        assert!(n.observe_port(Evidence::Probes, false, t0 + s(1)).is_some());
+        assert!(n.observe(&sample(true, false, 1), t0 + s(2)).is_empty());
+        assert_eq!(n.up_since(), None);
+        // Back up: up at once (the mesh judges it afresh from now), not
+        // held down by the verdict from before the outage.
+        let up = n.observe(&sample(true, true, 1), t0 + s(3));
+        assert_eq!(up.len(), 1);
+        assert!(up[0].link_up, "{up:?}");
+        assert_eq!(n.up_since(), Some(t0 + s(3)));
     }
 
     #[test]

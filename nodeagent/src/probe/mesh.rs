@@ -37,7 +37,11 @@
 //! alive and probing, and all their probes to this NIC die (with one such
 //! peer, its own dead NIC would look the same). One probe arriving revives
 //! it. A host with one rail, or with fewer than two peers on the rail,
-//! never declares a NIC probe-dead.
+//! never declares a NIC probe-dead. A NIC whose netdev is down is not
+//! judged, and one that came up is judged only by the silence since it came
+//! up ([`Mesh::set_netdev`]): probes could not have arrived before; until
+//! the first probe arrives after it came up (or since the mesh started),
+//! the silence allowed is `up_grace` (2 s), not `silence`.
 //!
 //! Every queue here is bounded; a full one drops its oldest entry.
 
@@ -76,6 +80,11 @@ pub struct MeshConfig {
     /// Silence after which a NIC is probe-dead (see module docs). Default
     /// 400 ms.
     pub silence: Duration,
+    /// After a NIC comes up, how long it may stay silent before a probe
+    /// has reached it (the kernel activates a device's queue up to a second
+    /// after carrier returns, and the peers' neighbour entries may need
+    /// refreshing). Default 2 s; once a probe arrived, `silence` applies.
+    pub up_grace: Duration,
     /// The per-pair estimator's settings.
     pub pair: PairConfig,
 }
@@ -87,6 +96,7 @@ impl Default for MeshConfig {
             cpu_budget_pct: 1.0,
             purity_ns: 2_000,
             silence: Duration::from_millis(400),
+            up_grace: Duration::from_secs(2),
             pair: PairConfig {
                 // Software stamps jitter by more than a veth round trip.
                 max_overlap_ns: 2_000.0,
@@ -319,6 +329,9 @@ pub struct Mesh {
     local: BTreeMap<u32, LocalNic>,
     last_rx: BTreeMap<u32, Instant>,
     probe_dead: BTreeMap<u32, bool>,
+    /// Per rail, what netlink says of the NIC ([`Mesh::set_netdev`]): up
+    /// since when (`Some`), or down (`None`); absent: up since `started`.
+    netdev: BTreeMap<u32, Option<Instant>>,
     peers: BTreeMap<u32, PeerState>,
     /// The rate probed at now (≤ `cfg.pairs_per_s`; see [`Mesh::set_rate`]).
     rate: u32,
@@ -351,6 +364,7 @@ impl Mesh {
         let local: BTreeMap<u32, LocalNic> = local.into_iter().map(|n| (n.rail, n)).collect();
         Ok(Self {
             probe_dead: local.keys().map(|r| (*r, false)).collect(),
+            netdev: BTreeMap::new(),
             last_rx: BTreeMap::new(),
             cfg,
             self_id: u32::MAX,
@@ -691,6 +705,27 @@ impl Mesh {
         }
     }
 
+    /// What netlink says of one of this host's NICs: up since `up_since`,
+    /// or down (`None`). A NIC is judged only while it is up, and its
+    /// silence counts from when it came up at the earliest: probes cannot
+    /// have arrived before (a repaired NIC is not condemned for the
+    /// outage). While it is down its verdict is dropped, without a report:
+    /// the link tracker forgets it too when the NIC comes back.
+    pub fn set_netdev(&mut self, nic: &str, up_since: Option<Instant>) {
+        let Some(rail) = self
+            .local
+            .iter()
+            .find(|(_, n)| n.name == nic)
+            .map(|(r, _)| *r)
+        else {
+            return;
+        };
+        if up_since.is_none() {
+            self.probe_dead.insert(rail, false);
+        }
+        self.netdev.insert(rail, up_since);
+    }
+
     /// Probe-liveness changes of this host's NICs at `now`.
     pub fn check_liveness(&mut self, now: Instant) -> Vec<NicLiveness> {
         let silence = self.cfg.silence;
@@ -699,8 +734,22 @@ impl Mesh {
             return out;
         }
         for (rail, nic) in &self.local {
-            let last = self.last_rx.get(rail).copied().unwrap_or(self.started);
-            let silent = now.saturating_duration_since(last) >= silence;
+            let up_since = match self.netdev.get(rail) {
+                // Down: netlink speaks for it.
+                Some(None) => continue,
+                Some(Some(t)) => *t,
+                None => self.started,
+            };
+            let last_rx = self.last_rx.get(rail).copied();
+            // Until a probe has arrived since the NIC came up, the longer
+            // grace: the path may not carry anything yet.
+            let limit = if last_rx.is_some_and(|r| r >= up_since) {
+                silence
+            } else {
+                silence.max(self.cfg.up_grace)
+            };
+            let last = last_rx.unwrap_or(self.started).max(up_since);
+            let silent = now.saturating_duration_since(last) >= limit;
             // At least two peers on this rail heard recently (on another
             // rail): one peer alone cannot tell its dead NIC from ours.
             let witnesses = self

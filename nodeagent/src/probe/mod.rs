@@ -222,6 +222,18 @@ impl ProbeRunner {
         evidence: mpsc::Sender<PortEvent>,
         summaries: mpsc::Sender<Summary>,
     ) -> Result<Self, sock::SockError> {
+        Self::start_with_netdevs(opts, nics, evidence, summaries, Arc::default())
+    }
+
+    /// [`ProbeRunner::start`], judging each NIC only while `netdevs` has it
+    /// up and by its silence since it came up (the link tracker fills it).
+    pub fn start_with_netdevs(
+        opts: ProbeOptions,
+        nics: &[MeshNic],
+        evidence: mpsc::Sender<PortEvent>,
+        summaries: mpsc::Sender<Summary>,
+        netdevs: Arc<crate::link::NetdevEpochs>,
+    ) -> Result<Self, sock::SockError> {
         let mut sockets = Vec::new();
         for n in nics {
             let s = TsSocket::open(&n.name, n.addr, opts.port, opts.timestamps)?;
@@ -263,6 +275,7 @@ impl ProbeRunner {
                     summaries,
                     board,
                     st,
+                    netdevs,
                 )
             })
             .map_err(|e| sock::SockError::Io {
@@ -317,6 +330,7 @@ fn run_thread(
     summaries: mpsc::Sender<Summary>,
     board: Arc<QueueingBoard>,
     stop: Arc<AtomicBool>,
+    netdevs: Arc<crate::link::NetdevEpochs>,
 ) {
     let mut bufs = RecvBufs::default();
     let mut rx = Vec::new();
@@ -400,6 +414,9 @@ fn run_thread(
         }
         if now >= next_liveness {
             next_liveness = now + LIVENESS_EVERY;
+            for (nic, up_since) in netdevs.snapshot() {
+                mesh.set_netdev(&nic, up_since);
+            }
             for c in mesh.check_liveness(now) {
                 if c.alive {
                     tracing::warn!(nic = %c.nic, "probe evidence: the NIC carries probes again");

@@ -341,6 +341,48 @@ fn a_nic_whose_probes_die_is_found_and_revived() {
 }
 
 #[test]
+fn a_repaired_nic_is_judged_only_by_its_silence_since_it_came_up() {
+    let mut sim = Sim::new(vec![0, 5_000, -7_000], 2);
+    let t0 = sim.t_ns;
+    sim.run(t0, 1_000);
+    // rail1 of h0 goes down (netlink says so) and its probes die.
+    let now = sim.now(t0);
+    sim.meshes[0].set_netdev("rail1", None);
+    sim.dead = Some((0, 1));
+    sim.run(t0, 1_000);
+    let now_down = sim.now(t0);
+    assert!(now_down > now);
+    assert!(
+        sim.meshes[0].check_liveness(now_down).is_empty(),
+        "a NIC netlink has down is not judged"
+    );
+    // It comes back up; the peers' probes take a while to arrive again:
+    // until the first one, the up grace (2 s) applies, not the silence.
+    let up_at = sim.now(t0);
+    sim.meshes[0].set_netdev("rail1", Some(up_at));
+    sim.run(t0, 1_500);
+    let now = sim.now(t0);
+    assert!(
+        sim.meshes[0].check_liveness(now).is_empty(),
+        "not condemned for the outage, nor in its up grace"
+    );
+    // Still silent past the grace: now it is probe-dead.
+    sim.run(t0, 600);
+    let now = sim.now(t0);
+    assert_eq!(sim.meshes[0].check_liveness(now), rail1(false));
+    sim.dead = None;
+    sim.run(t0, 50);
+    let now = sim.now(t0);
+    assert_eq!(sim.meshes[0].check_liveness(now), rail1(true));
+    // Once probes have arrived since it came up, the ordinary silence
+    // (400 ms) judges it again.
+    sim.dead = Some((0, 1));
+    sim.run(t0, 500);
+    let now = sim.now(t0);
+    assert_eq!(sim.meshes[0].check_liveness(now), rail1(false));
+}
+
+#[test]
 fn one_peer_cannot_convict_my_nic() {
     // Two hosts: h1's rail1 dies; h0 hears nothing from h1 on rail1
     // but must not blame its own NIC (nor can h1, with one witness).
