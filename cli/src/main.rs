@@ -45,9 +45,9 @@ use crate::playbooks::PlaybookCmd;
 /// railguard admin CLI: human tables or `--output json`; exit 2 on bad input or a
 /// refusal, 3 when the cluster is unavailable, 4 when an outcome is unknown.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(name = "railguard", version, about, long_about = None)]
 struct Cli {
-    /// Supervisor addresses (IP:port, comma-separated); tried in order.
+    /// Supervisor addresses (IP:port or host:port, comma-separated); tried in order.
     #[arg(
         long,
         short = 's',

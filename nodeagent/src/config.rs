@@ -276,15 +276,11 @@ pub fn load(
     };
     if supervisors.is_empty() {
         return Err(ConfigError::Invalid(
-            "no supervisor address: pass --supervisor IP:PORT".into(),
+            "no supervisor address: pass --supervisor HOST:PORT".into(),
         ));
     }
     for s in &supervisors {
-        if s.parse::<std::net::SocketAddr>().is_err() {
-            return Err(ConfigError::Invalid(format!(
-                "supervisor address {s:?} is not IP:port"
-            )));
-        }
+        pki::check_supervisor_addr(s).map_err(ConfigError::Invalid)?;
     }
     let mut nics: Vec<NicConfig> = if !over.nics.is_empty() {
         over.nics
@@ -660,7 +656,7 @@ mod tests {
             &links(),
         )
         .unwrap_err();
-        assert!(e.to_string().contains("IP:port"), "{e}");
+        assert!(e.to_string().contains("HOST:PORT"), "{e}");
         let probe = |c: &AgentConfig| c.probe.as_ref().expect("probes on").mesh.clone();
         assert_eq!(probe(&c).cpu_budget_pct, 1.0, "the default budget");
         for bad in [-1.0, 101.0, f64::NAN] {

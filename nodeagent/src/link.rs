@@ -79,10 +79,16 @@ impl LinkSample {
             carrier_up_count: 0,
             carrier_down_count: 0,
         };
+        // Drivers that do not track the operational state (`lo`, some
+        // virtual devices) report `unknown`: the carrier flag decides then
+        // (RFC 2863; what `ip link` shows as LOWER_UP).
+        let lower_up = m.header.flags.contains(LinkFlags::LowerUp);
         for a in &m.attributes {
             match a {
                 LinkAttribute::IfName(n) => s.name = n.clone(),
-                LinkAttribute::OperState(st) => s.oper_up = *st == State::Up,
+                LinkAttribute::OperState(st) => {
+                    s.oper_up = *st == State::Up || (*st == State::Unknown && lower_up)
+                }
                 LinkAttribute::CarrierChanges(c) => s.carrier_changes = *c,
                 LinkAttribute::CarrierUpCount(c) => s.carrier_up_count = *c,
                 LinkAttribute::CarrierDownCount(c) => s.carrier_down_count = *c,
@@ -555,6 +561,30 @@ mod tests {
         let up = n.observe(&sample(true, true, 1), t0 + s(4));
         assert_eq!(up.len(), 1);
         assert!(up[0].link_up && !up[0].probes_lost);
+    }
+
+    #[test]
+    fn operstate_unknown_is_up_with_a_carrier() {
+        let msg = |state: State, lower_up: bool| {
+            let mut m = LinkMessage::default();
+            m.header.flags = LinkFlags::Up;
+            if lower_up {
+                m.header.flags |= LinkFlags::LowerUp;
+            }
+            m.attributes = vec![
+                LinkAttribute::IfName("lo".into()),
+                LinkAttribute::OperState(state),
+            ];
+            LinkSample::from_message(&m).unwrap()
+        };
+        assert!(
+            msg(State::Unknown, true).is_up(),
+            "lo, as the kernel reports it"
+        );
+        assert!(!msg(State::Unknown, false).is_up(), "no carrier");
+        assert!(msg(State::Up, true).is_up());
+        assert!(!msg(State::Down, true).is_up());
+        assert!(!msg(State::LowerLayerDown, false).is_up());
     }
 
     #[test]

@@ -211,3 +211,33 @@ pub fn ca_bundle(path: &Path) -> Result<rustls::RootCertStore, PkiError> {
     }
     Ok(roots)
 }
+
+/// Checks a supervisor address as the operator gave it: `IP:port`, or
+/// `host:port` whose host name resolves now (the name is dialled as
+/// given; every supervisor certificate is verified by [`SERVER_NAME`]
+/// whatever the address). The error says what is wrong.
+pub fn check_supervisor_addr(addr: &str) -> Result<(), String> {
+    use std::net::ToSocketAddrs;
+    if addr.parse::<std::net::SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let Some((host, port)) = addr.rsplit_once(':') else {
+        return Err(format!(
+            "supervisor address {addr:?} is not HOST:PORT (example: 10.0.0.1:7400 or sup1:7400)"
+        ));
+    };
+    if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+        return Err(format!(
+            "supervisor address {addr:?} is not HOST:PORT with a port from 1 to 65535"
+        ));
+    }
+    match addr.to_socket_addrs().map(|mut a| a.next()) {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(format!(
+            "supervisor address {addr:?}: {host} has no address"
+        )),
+        Err(e) => Err(format!(
+            "supervisor address {addr:?}: cannot resolve {host}: {e}"
+        )),
+    }
+}

@@ -66,7 +66,9 @@ mod serial;
 mod server;
 mod verifier;
 
-pub use client::{ca_bundle, client_tls, https_endpoint, ClientShared, ClientTls};
+pub use client::{
+    ca_bundle, check_supervisor_addr, client_tls, https_endpoint, ClientShared, ClientTls,
+};
 pub use error::PkiError;
 pub use guard::{end_status, lost_right, until_revoked, GuardedStream, StreamEnd};
 pub use identity::{check_name, Identity, Role, MAX_NAME_LEN, ORGANIZATION};

@@ -39,7 +39,8 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
 impl AdminClient {
-    /// `addrs` are `IP:port` of supervisors, dialled with `tls`; `actor`
+    /// `addrs` are `IP:port` or `host:port` of supervisors (names must
+    /// resolve), dialled with `tls`; `actor`
     /// is recorded with writes only on an `--insecure` cluster (with mTLS
     /// the supervisor records the certificate's user).
     pub fn new(
@@ -53,11 +54,7 @@ impl AdminClient {
         }
         let mut targets = Vec::new();
         for a in addrs {
-            if a.parse::<std::net::SocketAddr>().is_err() {
-                return Err(ApiError::invalid(format!(
-                    "supervisor address {a:?} is not IP:port"
-                )));
-            }
+            pki::check_supervisor_addr(a).map_err(ApiError::invalid)?;
             let ch = crate::network::channel(a, tls)
                 .map_err(|e| ApiError::invalid(format!("supervisor address {a:?}: {e}")))?;
             let g = Grpc::new(ch)

@@ -589,3 +589,22 @@ async fn a_host_registered_on_a_long_standing_leader_is_not_declared_down() {
         "no liveness change for h1: {evs:?}"
     );
 }
+
+#[tokio::test]
+async fn supervisor_addresses_may_be_host_names() {
+    let sup = Sup::start(&[]).await;
+    let port = sup.addr.rsplit_once(':').unwrap().1;
+    let out = common::cli(&format!("localhost:{port}"), &["status"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = common::cli("nosuchhost.invalid:7400", &["status"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("cannot resolve nosuchhost.invalid"), "{err}");
+    let out = common::cli("localhost", &["status"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HOST:PORT"));
+}

@@ -25,7 +25,7 @@ use nodeagent::config::{load, Overrides};
 /// SIGTERM or Ctrl-C it stops them (SIGTERM, SIGKILL after 5 s) before it
 /// exits, and ranks left by a crashed agent are killed when it starts.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(name = "railguard-agent", version, about, long_about = None)]
 struct Args {
     /// TOML configuration file (flags override its values).
     #[arg(long, short)]
@@ -33,7 +33,7 @@ struct Args {
     /// This host's name in the cluster (default: the hostname).
     #[arg(long)]
     host: Option<String>,
-    /// Supervisor addresses IP:PORT (repeatable or comma-separated).
+    /// Supervisor addresses IP:PORT or HOST:PORT (repeatable or comma-separated).
     #[arg(long = "supervisor", value_delimiter = ',')]
     supervisors: Vec<String>,
     /// A data NIC as NAME[:RAIL[:BACKUP[:RDMA_DEVICE]]] (repeatable).

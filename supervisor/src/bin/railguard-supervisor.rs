@@ -16,7 +16,7 @@ static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// one-node cluster; with peers, initialise the cluster once with
 /// `railguard cluster init`.
 #[derive(Parser, Debug)]
-#[command(version, about, long_about = None)]
+#[command(name = "railguard-supervisor", version, about, long_about = None)]
 struct Args {
     /// TOML configuration file (flags override its values).
     #[arg(long, short)]

@@ -1,5 +1,6 @@
-//! `railguard … | head`: when the reader goes away the CLI ends quietly
-//! (SIGPIPE, as every Unix filter does), never with a panic.
+//! Unix conventions of the `railguard` binary: when the reader of its
+//! output goes away (`railguard … | head`) it ends quietly (SIGPIPE, as
+//! every filter does), never with a panic; `--version` names it.
 
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
@@ -31,4 +32,14 @@ fn a_closed_pipe_ends_the_cli_quietly() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{out:?}");
+}
+
+#[test]
+fn every_binary_names_itself_in_its_version() {
+    let out = Command::new(env!("CARGO_BIN_EXE_railguard"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let v = String::from_utf8_lossy(&out.stdout);
+    assert!(v.starts_with("railguard "), "{v}");
 }
