@@ -182,16 +182,30 @@ enum Cmd {
     Pki(PkiCmd),
 }
 
+/// Like any Unix filter: a reader that goes away (`railguard events |
+/// head`) ends the process quietly with status 141 (as a SIGPIPE death
+/// shows in a shell), instead of a panic on the failed print. SIGPIPE
+/// itself stays ignored, so a supervisor closing a connection is an error
+/// the client handles, never a silent death.
+fn quiet_when_stdout_closes() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let p = info.payload();
+        let msg = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
-    // Like any Unix filter: a reader that goes away (`railguard events |
-    // head`) ends the process quietly, instead of a panic on the failed
-    // write (Rust ignores SIGPIPE by default).
-    // SAFETY: restoring a signal's default disposition at start, before
-    // any other thread exists.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
+    quiet_when_stdout_closes();
     let cli = Cli::parse();
     match run(cli).await {
         Ok(()) => {}

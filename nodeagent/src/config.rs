@@ -279,9 +279,7 @@ pub fn load(
             "no supervisor address: pass --supervisor HOST:PORT".into(),
         ));
     }
-    for s in &supervisors {
-        pki::check_supervisor_addr(s).map_err(ConfigError::Invalid)?;
-    }
+    pki::check_supervisor_addrs(&supervisors).map_err(ConfigError::Invalid)?;
     let mut nics: Vec<NicConfig> = if !over.nics.is_empty() {
         over.nics
             .iter()

@@ -25,10 +25,10 @@ use crate::issue::SERVER_NAME;
 /// at the first call. The handshake times out after
 /// [`HANDSHAKE_TIMEOUT`].
 pub fn client_tls(ca: &Path, cert: &Path, key: &Path) -> Result<ClientTlsConfig, PkiError> {
-    read_cert(ca)?;
     let leaf = read_cert(cert)?;
     Identity::from_cert_der(&leaf)?;
-    read_key(key)?;
+    read_cert(ca)?;
+    check_key_matches(cert, key)?;
     let ca_pem = read_small(ca)?;
     let cert_pem = read_small(cert)?;
     let key_pem = read_small(key)?;
@@ -37,6 +37,59 @@ pub fn client_tls(ca: &Path, cert: &Path, key: &Path) -> Result<ClientTlsConfig,
         .identity(tonic::transport::Identity::from_pem(cert_pem, key_pem))
         .domain_name(SERVER_NAME)
         .timeout(HANDSHAKE_TIMEOUT))
+}
+
+fn unusable(cert: &Path, reason: String) -> PkiError {
+    PkiError::TlsSettings(format!("{}: {reason}", cert.display()))
+}
+
+/// The key in `key` belongs to the certificate in `cert`.
+fn check_key_matches(cert: &Path, key: &Path) -> Result<(), PkiError> {
+    let provider = rustls::crypto::ring::default_provider();
+    let signing = provider
+        .key_provider
+        .load_private_key(read_key(key)?)
+        .map_err(|e| {
+            unusable(
+                cert,
+                format!("the key in {} is unusable: {e}", key.display()),
+            )
+        })?;
+    rustls::sign::CertifiedKey::new(read_certs(cert)?, signing)
+        .keys_match()
+        .map_err(|e| {
+            unusable(
+                cert,
+                format!(
+                    "the key in {} does not belong to this certificate ({e})",
+                    key.display()
+                ),
+            )
+        })
+}
+
+/// What a server will check of a client's certificate, checked before a
+/// reload swaps it in (so a half-copied, foreign or expired file is
+/// refused while the old one keeps working): it chains to the CA and is
+/// valid now. (At start the files are taken as given, so a test can
+/// present a bad certificate on purpose; the server refuses it.)
+fn check_chains_to_ca(ca: &Path, cert: &Path) -> Result<(), PkiError> {
+    use rustls::pki_types::UnixTime;
+    use rustls::server::WebPkiClientVerifier;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let chain = read_certs(cert)?;
+    let mut roots = rustls::RootCertStore::empty();
+    for c in read_certs(ca)? {
+        roots.add(c)?;
+    }
+    let verifier =
+        WebPkiClientVerifier::builder_with_provider(std::sync::Arc::new(roots), provider)
+            .build()
+            .map_err(|e| unusable(cert, e.to_string()))?;
+    verifier
+        .verify_client_cert(&chain[0], &chain[1..], UnixTime::now())
+        .map_err(|e| unusable(cert, format!("not valid under {} now: {e}", ca.display())))?;
+    Ok(())
 }
 
 /// An endpoint for `addr` (`host:port`, or a URI whose scheme is replaced)
@@ -170,18 +223,20 @@ impl ClientTls {
         };
         let _one = h.reloading.lock().unwrap_or_else(|e| e.into_inner());
         let old = h.current();
-        let loaded = load_client(&h.files, old.generation + 1).and_then(|l| {
-            if l.identity == old.identity {
-                Ok(l)
-            } else {
-                Err(PkiError::TlsSettings(format!(
+        let loaded = check_chains_to_ca(&h.files.ca, &h.files.cert)
+            .and_then(|()| load_client(&h.files, old.generation + 1))
+            .and_then(|l| {
+                if l.identity == old.identity {
+                    Ok(l)
+                } else {
+                    Err(PkiError::TlsSettings(format!(
                     "{} now holds the certificate of {}, not of {}: a reload keeps the identity",
                     h.files.cert.display(),
                     l.identity,
                     old.identity
                 )))
-            }
-        });
+                }
+            });
         match loaded {
             Ok(l) => {
                 tracing::info!(identity = %l.identity, generation = l.generation, "client TLS certificate reloaded");
@@ -212,32 +267,105 @@ pub fn ca_bundle(path: &Path) -> Result<rustls::RootCertStore, PkiError> {
     Ok(roots)
 }
 
-/// Checks a supervisor address as the operator gave it: `IP:port`, or
-/// `host:port` whose host name resolves now (the name is dialled as
-/// given; every supervisor certificate is verified by [`SERVER_NAME`]
-/// whatever the address). The error says what is wrong.
+/// Checks a supervisor address's form: `IP:port`, or `host:port` with a
+/// port from 1 to 65535 (the name is dialled as given; every supervisor
+/// certificate is verified by [`SERVER_NAME`] whatever the address).
 pub fn check_supervisor_addr(addr: &str) -> Result<(), String> {
-    use std::net::ToSocketAddrs;
-    if addr.parse::<std::net::SocketAddr>().is_ok() {
-        return Ok(());
+    if let Ok(a) = addr.parse::<std::net::SocketAddr>() {
+        return if a.port() == 0 {
+            Err(format!("supervisor address {addr:?} has port 0"))
+        } else {
+            Ok(())
+        };
     }
-    let Some((host, port)) = addr.rsplit_once(':') else {
-        return Err(format!(
+    match addr.rsplit_once(':') {
+        Some((host, port))
+            if !host.is_empty()
+                && !host.contains(['/', ' '])
+                && port.parse::<u16>().is_ok_and(|p| p != 0) =>
+        {
+            Ok(())
+        }
+        _ => Err(format!(
             "supervisor address {addr:?} is not HOST:PORT (example: 10.0.0.1:7400 or sup1:7400)"
-        ));
-    };
-    if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
-        return Err(format!(
-            "supervisor address {addr:?} is not HOST:PORT with a port from 1 to 65535"
-        ));
+        )),
     }
-    match addr.to_socket_addrs().map(|mut a| a.next()) {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(format!(
-            "supervisor address {addr:?}: {host} has no address"
-        )),
-        Err(e) => Err(format!(
-            "supervisor address {addr:?}: cannot resolve {host}: {e}"
-        )),
+}
+
+/// Checks a list of supervisor addresses: each has the right form
+/// ([`check_supervisor_addr`]) and at least one can be dialled now (an IP
+/// address, or a name that resolves). A name that does not resolve while
+/// others do is only logged: one retired supervisor must not stop a
+/// process that can reach the rest.
+pub fn check_supervisor_addrs(addrs: &[String]) -> Result<(), String> {
+    use std::net::ToSocketAddrs;
+    for a in addrs {
+        check_supervisor_addr(a)?;
+    }
+    let mut failures = Vec::new();
+    for a in addrs {
+        if a.parse::<std::net::SocketAddr>().is_ok() {
+            return Ok(());
+        }
+        let host = a.rsplit_once(':').map_or(a.as_str(), |(h, _)| h);
+        match a.to_socket_addrs().map(|mut x| x.next()) {
+            Ok(Some(_)) => {
+                for f in &failures {
+                    tracing::warn!(problem = %f, "a supervisor address does not resolve; using the others");
+                }
+                return Ok(());
+            }
+            Ok(None) => failures.push(format!("{a:?}: {host} has no address")),
+            Err(e) => failures.push(format!("{a:?}: cannot resolve {host}: {e}")),
+        }
+    }
+    Err(format!(
+        "no supervisor address can be dialled: {}",
+        failures.join("; ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn supervisor_addresses_are_ip_or_host_and_one_must_be_reachable() {
+        for ok in [
+            "10.0.0.1:7400",
+            "[::1]:7400",
+            "localhost:7400",
+            "sup-1.example:1",
+        ] {
+            assert_eq!(check_supervisor_addr(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "10.0.0.1",
+            "localhost",
+            ":7400",
+            "h:0",
+            "h:70000",
+            "10.0.0.1:0",
+            "a b:1",
+        ] {
+            assert!(check_supervisor_addr(bad).is_err(), "{bad}");
+        }
+        // One dialable address is enough; the unresolvable one is logged.
+        assert_eq!(
+            check_supervisor_addrs(&list(&["nosuchhost.invalid:7400", "127.0.0.1:7400"])),
+            Ok(())
+        );
+        assert_eq!(check_supervisor_addrs(&list(&["localhost:7400"])), Ok(()));
+        let e = check_supervisor_addrs(&list(&["nosuchhost.invalid:7400"])).unwrap_err();
+        assert!(e.contains("cannot resolve nosuchhost.invalid"), "{e}");
+        let e = check_supervisor_addrs(&list(&["127.0.0.1:7400", "nope"])).unwrap_err();
+        assert!(
+            e.contains("HOST:PORT"),
+            "a malformed address is refused: {e}"
+        );
     }
 }

@@ -67,7 +67,8 @@ mod server;
 mod verifier;
 
 pub use client::{
-    ca_bundle, check_supervisor_addr, client_tls, https_endpoint, ClientShared, ClientTls,
+    ca_bundle, check_supervisor_addr, check_supervisor_addrs, client_tls, https_endpoint,
+    ClientShared, ClientTls,
 };
 pub use error::PkiError;
 pub use guard::{end_status, lost_right, until_revoked, GuardedStream, StreamEnd};

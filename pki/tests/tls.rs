@@ -394,6 +394,23 @@ async fn a_client_reload_presents_the_new_certificate_and_keeps_its_identity() {
     std::fs::write(&cert, "not a certificate").unwrap();
     assert!(client.reload().is_err());
     assert_eq!(client.generation(), 0);
+    // So is a new certificate beside the old key (half a copy), and a
+    // certificate of another CA.
+    let (half, _, _) = c.client(&alice, "alice-half");
+    std::fs::copy(&half, &cert).unwrap();
+    std::fs::copy(&mkey, &key).unwrap();
+    let e = client.reload().unwrap_err();
+    assert!(e.to_string().contains("does not belong"), "{e}");
+    let other = tempfile::tempdir().unwrap();
+    let foreign = pki::LabPki::open(other.path())
+        .unwrap()
+        .files(&alice)
+        .unwrap();
+    std::fs::copy(&foreign.cert, &cert).unwrap();
+    std::fs::copy(&foreign.key, &key).unwrap();
+    let e = client.reload().unwrap_err();
+    assert!(e.to_string().contains("not valid under"), "{e}");
+    assert_eq!(client.generation(), 0);
     // The renewed certificate of the same user is taken.
     let (ncert, nkey, next) = c.client(&alice, "alice-renewed");
     std::fs::rename(&ncert, &cert).unwrap();

@@ -52,9 +52,9 @@ impl AdminClient {
         if addrs.is_empty() {
             return Err(ApiError::invalid("no supervisor address given"));
         }
+        pki::check_supervisor_addrs(addrs).map_err(ApiError::invalid)?;
         let mut targets = Vec::new();
         for a in addrs {
-            pki::check_supervisor_addr(a).map_err(ApiError::invalid)?;
             let ch = crate::network::channel(a, tls)
                 .map_err(|e| ApiError::invalid(format!("supervisor address {a:?}: {e}")))?;
             let g = Grpc::new(ch)

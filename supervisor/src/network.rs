@@ -24,6 +24,7 @@ use serde::Serialize;
 use tonic::transport::Channel;
 
 use crate::model::{NodeId, TypeConfig};
+use crate::service::raft_check;
 
 /// Connect timeout for peer channels.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
@@ -188,7 +189,9 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call(Rpc::Append, &rpc, &option).await
+        let r = self.call(Rpc::Append, &rpc, &option).await?;
+        raft_check::append_answer(&r).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        Ok(r)
     }
 
     async fn install_snapshot(
@@ -199,7 +202,9 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        self.call(Rpc::Snapshot, &rpc, &option).await
+        let r = self.call(Rpc::Snapshot, &rpc, &option).await?;
+        raft_check::snapshot_answer(&r).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        Ok(r)
     }
 
     async fn vote(
@@ -207,6 +212,8 @@ impl RaftNetwork<TypeConfig> for PeerNetwork {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        self.call(Rpc::Vote, &rpc, &option).await
+        let r = self.call(Rpc::Vote, &rpc, &option).await?;
+        raft_check::vote_answer(&r).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        Ok(r)
     }
 }

@@ -93,8 +93,9 @@ impl Control {
     }
 
     /// One job socket. `pending` is held until the connection has said
-    /// `hello` (or is closed): it must do so within [`HELLO_TIMEOUT`], and
-    /// every line it begins must end within [`LINE_TIMEOUT`].
+    /// `hello` (or is closed): it must do so within [`HELLO_TIMEOUT`], with
+    /// its first line (anything else is answered once, then the socket is
+    /// closed), and every line it begins must end within [`LINE_TIMEOUT`].
     async fn session(
         self: Arc<Self>,
         stream: UnixStream,
@@ -196,14 +197,26 @@ impl Control {
             for m in then {
                 closed |= tx.send(m).await.is_err();
             }
-            if closed || refused {
+            // Before a hello is accepted one answer is all a connection
+            // gets: a peer cannot keep a pending slot by sending lines
+            // that are not a hello (nor fill its queue with our answers).
+            if closed || refused || sid.is_none() {
                 break;
             }
         }
+        drop(pending);
         if let Some(id) = sid {
             self.end_session(id);
         }
         drop(tx);
-        let _ = writer.await;
+        // A peer that stopped reading cannot hold the task: what it has not
+        // taken within the bound is dropped with the socket.
+        let abort = writer.abort_handle();
+        if tokio::time::timeout(self.line_timeout, writer)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
     }
 }

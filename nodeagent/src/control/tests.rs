@@ -371,6 +371,15 @@ async fn silent_and_half_written_connections_are_closed() {
     let said = read_all(&mut silent).await;
     assert!(said.contains("no hello within 300 ms"), "{said}");
     assert!(t0.elapsed() >= hello);
+    // A first line that is not a hello: one answer, then closed (the rest
+    // is never read, so no flood of answers can pile up).
+    let mut rude = UnixStream::connect(&sock).await.unwrap();
+    rude.write_all(b"{\"type\":\"checkpointed\",\"step\":1}\nnot json\nnot json\n")
+        .await
+        .unwrap();
+    let said = read_all(&mut rude).await;
+    assert_eq!(said.lines().count(), 1, "{said}");
+    assert!(said.contains("say hello first"), "{said}");
     // A line begun and never finished (after a good hello): closed after
     // LINE_TIMEOUT.
     let mut half = UnixStream::connect(&sock).await.unwrap();

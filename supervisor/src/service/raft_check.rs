@@ -7,9 +7,14 @@
 //! that carries them, and the vote must be the sender's own: the leader or
 //! candidate it names is the member its certificate names. A request that
 //! fails is refused whole (`InvalidArgument`, or `PermissionDenied` for a
-//! vote in another member's name) and nothing of it is stored.
+//! vote in another member's name) and nothing of it is stored. Answers
+//! from peers are bounded the same way before openraft adopts their votes
+//! (`append_answer`, `vote_answer`, `snapshot_answer`).
 
-use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
 use openraft::{LogId, Vote};
 
 use crate::model::{NodeId, TypeConfig};
@@ -123,6 +128,48 @@ pub fn snapshot(
     Ok(())
 }
 
+/// A term or log id in a peer's answer within the bounds (an answer's
+/// vote may be ahead of ours, but never beyond what a real cluster
+/// reaches: openraft adopts and persists it).
+fn check_bounds(
+    vote: Option<&Vote<NodeId>>,
+    id: Option<&LogId<NodeId>>,
+) -> Result<(), RaftWireError> {
+    if let Some(v) = vote {
+        if v.leader_id.term > MAX_WIRE_TERM {
+            return Err(RaftWireError::Malformed(format!(
+                "answer with term {} above {MAX_WIRE_TERM}",
+                v.leader_id.term
+            )));
+        }
+    }
+    if let Some(l) = id {
+        if l.leader_id.term > MAX_WIRE_TERM || l.index > MAX_WIRE_INDEX {
+            return Err(RaftWireError::Malformed(format!("answer with log id {l}")));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a peer's answer to AppendEntries before openraft sees it.
+pub fn append_answer(r: &AppendEntriesResponse<NodeId>) -> Result<(), RaftWireError> {
+    match r {
+        AppendEntriesResponse::HigherVote(v) => check_bounds(Some(v), None),
+        AppendEntriesResponse::PartialSuccess(l) => check_bounds(None, l.as_ref()),
+        AppendEntriesResponse::Success | AppendEntriesResponse::Conflict => Ok(()),
+    }
+}
+
+/// Checks a peer's answer to Vote.
+pub fn vote_answer(r: &VoteResponse<NodeId>) -> Result<(), RaftWireError> {
+    check_bounds(Some(&r.vote), r.last_log_id.as_ref())
+}
+
+/// Checks a peer's answer to InstallSnapshot.
+pub fn snapshot_answer(r: &InstallSnapshotResponse<NodeId>) -> Result<(), RaftWireError> {
+    check_bounds(Some(&r.vote), None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +236,36 @@ mod tests {
         assert!(append(&back, None).is_err());
         let ahead = append_req(v(3, 1), None, vec![entry(9, 0)]);
         assert!(append(&ahead, None).is_err());
+    }
+
+    #[test]
+    fn hostile_answers_are_refused() {
+        let huge = VoteResponse {
+            vote: v(u64::MAX, 2),
+            vote_granted: false,
+            last_log_id: None,
+        };
+        assert!(vote_answer(&huge).is_err());
+        assert!(append_answer(&AppendEntriesResponse::HigherVote(v(u64::MAX, 2))).is_err());
+        assert!(
+            append_answer(&AppendEntriesResponse::PartialSuccess(Some(lid(
+                1,
+                u64::MAX
+            ))))
+            .is_err()
+        );
+        assert!(snapshot_answer(&InstallSnapshotResponse {
+            vote: v(u64::MAX, 2)
+        })
+        .is_err());
+        let fine = VoteResponse {
+            vote: v(9, 2),
+            vote_granted: true,
+            last_log_id: Some(lid(8, 100)),
+        };
+        assert!(vote_answer(&fine).is_ok());
+        assert!(append_answer(&AppendEntriesResponse::HigherVote(v(9, 2))).is_ok());
+        assert!(append_answer(&AppendEntriesResponse::Success).is_ok());
     }
 
     #[test]
