@@ -172,11 +172,21 @@ async fn outgoing_queueing_rises_across_a_loaded_uplink_only() {
     assert!(load2 > 1_000, "queueing to h2 above 1 ms across the uplink");
     assert!(load1 < 300, "queueing to h1 (same leaf) near zero");
 
-    // The queue drains: back to calm.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let after = watch(&board, &[h2], Duration::from_secs(1)).await;
-    eprintln!("after: to h2 median {} µs", median(&after[0]));
-    assert!(median(&after[0]) < 300, "queueing goes with the flow");
+    // The queue drains: back to calm (within a generous bound: on a busy
+    // machine the last of the flow can take a few seconds to leave).
+    let mut after = Vec::new();
+    for _ in 0..8 {
+        let w = watch(&board, &[h2], Duration::from_secs(1)).await;
+        after.push(median(&w[0]));
+        if after.last().is_some_and(|m| *m < 300) {
+            break;
+        }
+    }
+    eprintln!("after: to h2 medians {after:?} µs (one a second)");
+    assert!(
+        after.last().is_some_and(|m| *m < 300),
+        "queueing goes with the flow"
+    );
     drop(meshes);
     tb.teardown();
 }
