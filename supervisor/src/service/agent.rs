@@ -38,7 +38,7 @@ use crate::api::{ApiError, ErrorKind};
 use crate::leader::services::Leader;
 use crate::model::{AgentEvent, ClusterState, CmdOk, Command, NicSpec};
 use crate::node::Supervisor;
-use crate::service::auth::{caller, guarded, lost_right, peer_of, require_agent, Caller};
+use crate::service::auth::{caller, guarded, peer_of, require_agent, Caller};
 
 /// Most events folded into one command from one stream.
 pub const MAX_EVENTS_PER_COMMAND: usize = 512;
@@ -276,9 +276,10 @@ impl Agent for AgentService {
         let peer = peer_of(&self.sup, &req);
         let mut inbound = req.into_inner();
         let sup = self.sup.clone();
-        // The reader stops taking events the moment the certificate is
-        // revoked or expires (the ack stream ends with the refusal).
-        let mut lost = Box::pin(lost_right(sup.revocations.clone(), peer.clone()));
+        // The reader takes no event once the certificate is revoked (the
+        // ack stream ends with the refusal; a batch that arrives after is
+        // dropped by the check before each proposal).
+        let revoked_serial = peer.as_ref().map(|p| p.serial.clone());
         let host_slot = Arc::new(std::sync::Mutex::new(String::new()));
         let (ack_tx, ack_rx) = tokio::sync::mpsc::channel::<Result<EventAck, Status>>(16);
         let (pending_tx, mut pending_rx) = tokio::sync::mpsc::channel::<
@@ -330,11 +331,7 @@ impl Agent for AgentService {
         tokio::spawn(async move {
             let mut host: Option<String> = None;
             loop {
-                let next = tokio::select! {
-                    _ = &mut lost => return,
-                    next = inbound.next() => next,
-                };
-                let first = match next {
+                let first = match inbound.next().await {
                     None => return,
                     Some(Err(s)) => {
                         // A message tonic could not take (too large,
@@ -399,6 +396,13 @@ impl Agent for AgentService {
                             error: e.to_string(),
                         }))
                         .await;
+                    return;
+                }
+                if revoked_serial
+                    .as_ref()
+                    .is_some_and(|s| sup.revocations.contains(s))
+                {
+                    tracing::warn!(host = %h, "events on a revoked certificate dropped");
                     return;
                 }
                 if !sup.is_leader() {

@@ -81,15 +81,6 @@ where
     }
 }
 
-/// Resolves when `peer`'s certificate is revoked or expires; never on an
-/// insecure cluster. For the readers of client streams.
-pub async fn lost_right(revocations: pki::Revocations, peer: Option<PeerInfo>) -> pki::StreamEnd {
-    match peer {
-        Some(p) => pki::lost_right(&revocations, &p).await,
-        None => std::future::pending().await,
-    }
-}
-
 /// A refusal: `PermissionDenied`, marked as the supervisor's own definite
 /// answer (clients do not retry it).
 fn refusal(message: String) -> Status {
