@@ -21,9 +21,25 @@ fn populated() -> tempfile::TempDir {
     dir
 }
 
+/// Opens the sled database directly. sled's background flusher may hold
+/// the directory's lock for a moment after the store that used it was
+/// dropped: a few tries, a bounded wait.
+fn open_db(dir: &Path) -> sled::Db {
+    for _ in 0..50 {
+        match sled::open(dir) {
+            Ok(db) => return db,
+            Err(sled::Error::Io(e)) if e.to_string().contains("could not acquire lock") => {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(e) => panic!("open {}: {e}", dir.display()),
+        }
+    }
+    panic!("{}: still locked after 5 s", dir.display())
+}
+
 /// Rewrites one stored value (the store must be closed).
 fn tamper(dir: &Path, tree: &str, key: &[u8], f: impl FnOnce(Vec<u8>) -> Vec<u8>) {
-    let db = sled::open(dir).unwrap();
+    let db = open_db(dir);
     let t = db.open_tree(tree).unwrap();
     let old = t.get(key).unwrap().expect("value to tamper with").to_vec();
     t.insert(key, f(old)).unwrap();
@@ -57,7 +73,7 @@ fn read_log_err(dir: &Path) -> String {
 #[test]
 fn every_stored_value_starts_with_the_format_version() {
     let dir = populated();
-    let db = sled::open(dir.path()).unwrap();
+    let db = open_db(dir.path());
     let meta = db.open_tree("meta").unwrap();
     assert_eq!(
         meta.get("format").unwrap().unwrap().as_ref(),
@@ -243,7 +259,7 @@ fn data_directory_without_format_marker_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     {
         // What an earlier railguard left: bare bincode, no marker.
-        let db = sled::open(dir.path()).unwrap();
+        let db = open_db(dir.path());
         let log = db.open_tree("log").unwrap();
         log.insert(1u64.to_be_bytes(), bincode::serialize(&put(1, 1)).unwrap())
             .unwrap();
