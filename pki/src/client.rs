@@ -5,6 +5,7 @@
 //! [`ClientTls`], reloadable like the server side.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
@@ -107,11 +108,10 @@ pub fn https_endpoint(addr: &str, tls: ClientTlsConfig) -> Result<Endpoint, PkiE
         .map_err(err)
 }
 
-/// What a client presents now, and which load it is.
+/// What a client presents now.
 struct ClientLoaded {
     config: ClientTlsConfig,
     identity: Identity,
-    generation: u64,
 }
 
 /// The shared, reloadable state behind [`ClientTls::Mtls`]: a client's
@@ -119,6 +119,9 @@ struct ClientLoaded {
 pub struct ClientShared {
     files: ServerTlsFiles,
     current: RwLock<Arc<ClientLoaded>>,
+    /// Successful reloads so far: read on every Raft RPC, so an atomic
+    /// rather than the lock.
+    generation: AtomicU64,
     /// Serializes reloads so two SIGHUPs cannot interleave.
     reloading: Mutex<()>,
 }
@@ -146,7 +149,7 @@ impl std::fmt::Debug for ClientTls {
                 f.debug_struct("ClientTls::Mtls")
                     .field("files", &h.files)
                     .field("identity", &cur.identity)
-                    .field("generation", &cur.generation)
+                    .field("generation", &h.generation.load(Ordering::Acquire))
                     .finish()
             }
             ClientTls::Insecure => f.write_str("ClientTls::Insecure"),
@@ -163,14 +166,10 @@ impl ClientShared {
     }
 }
 
-fn load_client(files: &ServerTlsFiles, generation: u64) -> Result<ClientLoaded, PkiError> {
+fn load_client(files: &ServerTlsFiles) -> Result<ClientLoaded, PkiError> {
     let config = client_tls(&files.ca, &files.cert, &files.key)?;
     let identity = Identity::from_cert_der(&read_cert(&files.cert)?)?;
-    Ok(ClientLoaded {
-        config,
-        identity,
-        generation,
-    })
+    Ok(ClientLoaded { config, identity })
 }
 
 impl ClientTls {
@@ -179,7 +178,8 @@ impl ClientTls {
         Ok(match mode {
             TlsMode::Mtls(f) => ClientTls::Mtls(Arc::new(ClientShared {
                 files: f.clone(),
-                current: RwLock::new(Arc::new(load_client(f, 0)?)),
+                current: RwLock::new(Arc::new(load_client(f)?)),
+                generation: AtomicU64::new(0),
                 reloading: Mutex::new(()),
             })),
             TlsMode::Insecure => ClientTls::Insecure,
@@ -200,7 +200,7 @@ impl ClientTls {
     /// successful [`ClientTls::reload`]; always 0 without TLS.
     pub fn generation(&self) -> u64 {
         match self {
-            ClientTls::Mtls(h) => h.current().generation,
+            ClientTls::Mtls(h) => h.generation.load(Ordering::Acquire),
             ClientTls::Insecure => 0,
         }
     }
@@ -224,7 +224,7 @@ impl ClientTls {
         let _one = h.reloading.lock().unwrap_or_else(|e| e.into_inner());
         let old = h.current();
         let loaded = check_chains_to_ca(&h.files.ca, &h.files.cert)
-            .and_then(|()| load_client(&h.files, old.generation + 1))
+            .and_then(|()| load_client(&h.files))
             .and_then(|l| {
                 if l.identity == old.identity {
                     Ok(l)
@@ -239,8 +239,12 @@ impl ClientTls {
             });
         match loaded {
             Ok(l) => {
-                tracing::info!(identity = %l.identity, generation = l.generation, "client TLS certificate reloaded");
+                let identity = l.identity.clone();
                 *h.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(l);
+                // Bumped after the swap: whoever sees the new generation
+                // dials with the new configuration.
+                let generation = h.generation.fetch_add(1, Ordering::AcqRel) + 1;
+                tracing::info!(%identity, generation, "client TLS certificate reloaded");
                 Ok(())
             }
             Err(e) => {
