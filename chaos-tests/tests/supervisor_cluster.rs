@@ -390,3 +390,58 @@ async fn a_revoked_supervisor_certificate_is_renewed_and_reloaded_on_sighup() {
     }
     assert!(c.nodes[(follower - 1) as usize].is_running());
 }
+
+/// `s` without ANSI colour sequences.
+fn plain_text(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // Skip to the end of the sequence (a letter).
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_rpcs_share_one_connection_per_peer() {
+    // openraft asks for a new network client per replication stream, per
+    // heartbeat round confirming leadership (every linearizable read, and
+    // every refused write's barrier) and per vote; with mutual TLS a fresh
+    // connection per client would be a handshake per read.
+    let cluster =
+        SupervisorCluster::start_logging(3, &[], "info,openraft=warn,pki::incoming=debug").unwrap();
+    let leader = cluster.init().await.unwrap();
+    let client = cluster.client_for(leader, Duration::from_secs(5)).unwrap();
+    let from_leader = format!("identity=supervisor:{leader}");
+    let handshakes = || -> usize {
+        cluster
+            .nodes
+            .iter()
+            .filter(|n| n.id != leader)
+            .map(|n| {
+                plain_text(&std::fs::read_to_string(&n.log).unwrap_or_default())
+                    .lines()
+                    .filter(|l| l.contains("TLS peer accepted") && l.contains(&from_leader))
+                    .count()
+            })
+            .sum()
+    };
+    for _ in 0..60 {
+        client.call(AdminRequest::NodeList, false).await.unwrap();
+    }
+    // A handful: the leader's channel to each follower, redialled at most
+    // once or twice around the election.
+    let n = handshakes();
+    assert!(
+        (2..=6).contains(&n),
+        "the followers accepted {n} connections from the leader over 60 linearizable reads"
+    );
+}

@@ -6,9 +6,16 @@
 //! is unknown (a timeout, a leader that died mid-commit) is retried with the
 //! same id until a definite answer or the retry window ends. Only then is the
 //! outcome reported as unknown.
+//!
+//! The cluster remembers the last [`MAX_SESSION_RESULTS`] results of a
+//! session, so a retry is decidable only while its serial is among the
+//! newest the cluster has seen. A client therefore never issues serial `n`
+//! while a serial at or below `n - WRITE_WINDOW` is still unanswered
+//! ([`SerialWindow`]): however many tasks share one client, every retry it
+//! sends can be told apart from a duplicate.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use proto::v1::admin_client::AdminClient as Grpc;
@@ -16,7 +23,7 @@ use proto::v1::{Blob, FollowRequest};
 use tonic::transport::Channel;
 
 use crate::api::{AdminCall, AdminReply, AdminRequest, ApiError, ErrorKind};
-use crate::model::{ClusterEvent, RequestId};
+use crate::model::{ClusterEvent, RequestId, MAX_SESSION_RESULTS};
 pub use crate::network::ClientTls;
 
 /// Default time limit of one call.
@@ -30,8 +37,63 @@ pub struct AdminClient {
     timeout: Duration,
     /// Session id of this client (and its clones) for retry-safe writes.
     session: String,
-    serial: Arc<AtomicU64>,
+    serials: Arc<SerialWindow>,
     retry_for: Duration,
+}
+
+/// How far the newest serial a client issues may run ahead of its oldest
+/// unanswered one: half of what the cluster remembers per session.
+pub const WRITE_WINDOW: u64 = MAX_SESSION_RESULTS as u64 / 2;
+
+/// The serials a client has issued and not yet seen answered.
+#[derive(Default)]
+struct SerialWindow {
+    state: Mutex<WindowState>,
+    freed: tokio::sync::Notify,
+}
+
+#[derive(Default)]
+struct WindowState {
+    last: u64,
+    open: BTreeSet<u64>,
+}
+
+/// An issued serial; dropping it (answered, or given up) frees its slot.
+struct Serial<'a> {
+    window: &'a SerialWindow,
+    n: u64,
+}
+
+impl SerialWindow {
+    /// The next serial, once it is within [`WRITE_WINDOW`] of the oldest
+    /// unanswered one.
+    async fn next(&self) -> Serial<'_> {
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            {
+                let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+                let n = st.last + 1;
+                let oldest = st.open.first().copied().unwrap_or(n);
+                if n - oldest < WRITE_WINDOW {
+                    st.last = n;
+                    st.open.insert(n);
+                    return Serial { window: self, n };
+                }
+            }
+            freed.await;
+        }
+    }
+}
+
+impl Drop for Serial<'_> {
+    fn drop(&mut self) {
+        let mut st = self.window.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.open.remove(&self.n);
+        drop(st);
+        self.window.freed.notify_waiters();
+    }
 }
 
 /// First pause between retries of a write; doubles up to [`MAX_BACKOFF`].
@@ -67,7 +129,7 @@ impl AdminClient {
             actor: actor.into(),
             timeout,
             session: format!("{:016x}", rand::random::<u64>()),
-            serial: Arc::new(AtomicU64::new(0)),
+            serials: Arc::new(SerialWindow::default()),
             retry_for: timeout,
         })
     }
@@ -84,9 +146,13 @@ impl AdminClient {
     /// request id) while their outcome is unknown, within the retry window.
     pub async fn call(&self, request: AdminRequest, stale: bool) -> Result<AdminReply, ApiError> {
         let is_write = request.is_write();
-        let request_id = matches!(request, AdminRequest::Write { .. }).then(|| RequestId {
+        let serial = match request {
+            AdminRequest::Write { .. } => Some(self.serials.next().await),
+            _ => None,
+        };
+        let request_id = serial.as_ref().map(|s| RequestId {
             client: self.session.clone(),
-            serial: self.serial.fetch_add(1, Ordering::Relaxed) + 1,
+            serial: s.n,
             retry: false,
         });
         let retry_safe = request_id.is_some();
@@ -207,5 +273,56 @@ impl AdminClient {
             }
         }
         Err(last)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits briefly: true if `fut` finished.
+    async fn finishes<F: std::future::Future>(fut: F) -> Option<F::Output> {
+        tokio::time::timeout(Duration::from_millis(100), fut)
+            .await
+            .ok()
+    }
+
+    #[tokio::test]
+    async fn serials_never_run_a_window_ahead_of_the_oldest_unanswered() {
+        let w = SerialWindow::default();
+        let mut held: Vec<Serial<'_>> = Vec::new();
+        for i in 1..=WRITE_WINDOW {
+            let s = finishes(w.next()).await.expect("within the window");
+            assert_eq!(s.n, i);
+            held.push(s);
+        }
+        // Full: the next waits, even when a newer serial is answered...
+        assert!(finishes(w.next()).await.is_none());
+        held.remove(5);
+        assert!(finishes(w.next()).await.is_none());
+        // ...until the oldest is.
+        held.remove(0);
+        let s = finishes(w.next()).await.expect("the oldest was answered");
+        assert_eq!(s.n, WRITE_WINDOW + 1);
+        assert!(s.n - held[0].n < WRITE_WINDOW);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_writer_wakes_when_the_oldest_serial_is_answered() {
+        let w = Arc::new(SerialWindow::default());
+        let mut held = Vec::new();
+        for _ in 0..WRITE_WINDOW {
+            held.push(w.next().await);
+        }
+        let w2 = w.clone();
+        let waiter = tokio::spawn(async move { w2.next().await.n });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished());
+        held.remove(0);
+        let n = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("woken")
+            .expect("task");
+        assert_eq!(n, WRITE_WINDOW + 1);
     }
 }

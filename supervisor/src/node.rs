@@ -62,11 +62,9 @@ pub struct Supervisor {
     /// The revoked serials the TLS server refuses, kept equal to the
     /// replicated `ClusterState::revoked` ([`sync_revocations`]).
     pub revocations: pki::Revocations,
-    /// Cached peer clients by address (forwarding, leadership transfer).
-    /// Per address: the client certificate generation it was dialled with
-    /// and the client.
-    peer_clients:
-        std::sync::Mutex<std::collections::HashMap<String, (u64, RaftPeerClient<Channel>)>>,
+    /// One channel per peer address, shared by Raft, forwarding and
+    /// leadership transfer.
+    peer_clients: crate::network::PeerClients,
     /// The term in which this node last confirmed its leadership with a
     /// quorum (0: never); see [`Supervisor::leads`].
     confirmed_term: Arc<AtomicU64>,
@@ -109,6 +107,7 @@ impl Supervisor {
         .validate()
         .map_err(|e| StartError::Raft(e.to_string()))?;
         let client_tls = crate::network::ClientTls::from_mode(&config.tls)?;
+        let peer_clients = crate::network::PeerClients::new(client_tls.clone());
         let (log, sm) =
             raft_store::open::<TypeConfig, ClusterState>(&config.data_dir.join("raft"))?;
         let state = sm.shared();
@@ -116,7 +115,7 @@ impl Supervisor {
             config.id,
             Arc::new(raft_config),
             PeerNetworkFactory {
-                tls: client_tls.clone(),
+                clients: peer_clients.clone(),
             },
             log,
             sm,
@@ -132,7 +131,7 @@ impl Supervisor {
             proposals: tx,
             client_tls,
             revocations,
-            peer_clients: Default::default(),
+            peer_clients,
             confirmed_term: Arc::new(AtomicU64::new(0)),
         });
         tokio::spawn(run_batcher(raft.clone(), rx));
@@ -181,17 +180,9 @@ impl Supervisor {
     /// A (cached, lazily connecting) client for the peer at `addr`,
     /// dialled again after this supervisor's certificate was reloaded.
     pub fn peer(&self, addr: &str) -> Result<RaftPeerClient<Channel>, ApiError> {
-        let generation = self.client_tls.generation();
-        let mut cache = self.peer_clients.lock().expect("peer cache poisoned");
-        if let Some((g, c)) = cache.get(addr) {
-            if *g == generation {
-                return Ok(c.clone());
-            }
-        }
-        let c = crate::network::peer_client(addr, &self.client_tls)
-            .map_err(|e| ApiError::internal(format!("bad peer address {addr}: {e}")))?;
-        cache.insert(addr.to_owned(), (generation, c.clone()));
-        Ok(c)
+        self.peer_clients
+            .get(addr)
+            .map_err(|e| ApiError::internal(format!("bad peer address {addr}: {e}")))
     }
 
     /// Address of member `id`, if it is one.

@@ -72,10 +72,15 @@ impl SupNode {
     }
 }
 
+/// The supervisors' log filter unless `RAILGUARD_SUP_LOG` says otherwise.
+const DEFAULT_LOG: &str = "info,openraft=warn";
+
 /// A cluster of supervisor processes on loopback.
 pub struct SupervisorCluster {
     pub nodes: Vec<SupNode>,
     extra_args: Vec<String>,
+    /// `RUST_LOG` of every supervisor.
+    log_filter: String,
     bin: PathBuf,
     /// Holds the run directory; removed on drop unless `RAILGUARD_KEEP` is set.
     dir: Option<tempfile::TempDir>,
@@ -101,6 +106,17 @@ impl SupervisorCluster {
     /// Like [`Self::start_with`]; `mtls` false runs every member
     /// `--insecure` (to measure what TLS costs).
     pub fn start_tls(n: usize, extra_args: &[&str], mtls: bool) -> anyhow::Result<Self> {
+        let filter = std::env::var("RAILGUARD_SUP_LOG").unwrap_or_else(|_| DEFAULT_LOG.into());
+        Self::start_full(n, extra_args, mtls, &filter)
+    }
+
+    /// Like [`Self::start_with`], every supervisor logging with the
+    /// `RUST_LOG`-style `filter` (tests that read the logs).
+    pub fn start_logging(n: usize, extra_args: &[&str], filter: &str) -> anyhow::Result<Self> {
+        Self::start_full(n, extra_args, true, filter)
+    }
+
+    fn start_full(n: usize, extra_args: &[&str], mtls: bool, filter: &str) -> anyhow::Result<Self> {
         let bin = bin_path("railguard-supervisor")?;
         let dir = tempfile::Builder::new()
             .prefix("railguard-chaos-")
@@ -126,6 +142,7 @@ impl SupervisorCluster {
         let mut c = Self {
             nodes,
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            log_filter: filter.to_string(),
             bin,
             dir: Some(dir),
             run_dir,
@@ -255,14 +272,11 @@ impl SupervisorCluster {
             None => cmd.arg("--insecure"),
         };
         cmd.args(&self.extra_args);
-        cmd.env(
-            "RUST_LOG",
-            std::env::var("RAILGUARD_SUP_LOG").unwrap_or_else(|_| "info,openraft=warn".into()),
-        )
-        .env_remove("RUST_BACKTRACE")
-        .stdin(Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
+        cmd.env("RUST_LOG", &self.log_filter)
+            .env_remove("RUST_BACKTRACE")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
         let child = cmd
             .spawn()
             .with_context(|| format!("spawn {}", self.bin.display()))?;
