@@ -11,8 +11,12 @@ set -euo pipefail
 # clang 14 works with rdma-sys's old bindgen; clang 16+ does not. python3
 # runs the layout check and the security scenario's non-rank process;
 # passwd provides useradd (the testbed creates the `railguard-job` user).
+# python3-pytest runs the Python client's tests; python3-torch (1.13, CPU,
+# gloo; about a minute to install) runs the PyTorch example they train:
+# Debian's build needs no CUDA wheels, unlike PyPI's current torch.
 PACKAGES=(build-essential pkg-config iproute2 python3 passwd
-  libibverbs-dev librdmacm-dev libclang-dev libclang-common-14-dev)
+  libibverbs-dev librdmacm-dev libclang-dev libclang-common-14-dev
+  python3-pytest python3-torch)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

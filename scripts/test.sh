@@ -9,6 +9,7 @@ cargo fmt --all --check
 # No import circles between the files of a crate, no non-test file over
 # 1,200 lines (see ARCHITECTURE.md).
 python3 scripts/layout.py
+/usr/bin/python3 -m pytest python/tests -q
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 cargo build --workspace --bins --all-features
 cargo test --workspace --all-features

@@ -479,10 +479,17 @@ async fn session(
                 .into_iter()
                 .map(|d| (JobMessage::OrderDone(d.clone()), Pending::Done(d))),
         );
-        for (msg, p) in resync {
-            // Register the pending entry first: a write failure hands a
-            // deferred answer back to the queue.
-            pending.push_back(p);
+        // Register every pending entry before writing any: a write failure
+        // part way hands all the deferred answers back to the queue, the
+        // unwritten ones too.
+        let msgs: Vec<JobMessage> = resync
+            .into_iter()
+            .map(|(msg, p)| {
+                pending.push_back(p);
+                msg
+            })
+            .collect();
+        for msg in msgs {
             if let Err(e) = write_message(&mut wr, &msg).await {
                 break 'session SessionEnd::Lost(e.to_string());
             }
