@@ -14,9 +14,10 @@ set -euo pipefail
 # python3-pytest runs the Python client's tests; python3-torch (1.13, CPU,
 # gloo; about a minute to install) runs the PyTorch example they train:
 # Debian's build needs no CUDA wheels, unlike PyPI's current torch.
+# iperf3 is the unmodified TCP program `bench tcp-failover` keeps alive.
 PACKAGES=(build-essential pkg-config iproute2 python3 passwd
   libibverbs-dev librdmacm-dev libclang-dev libclang-common-14-dev
-  python3-pytest python3-torch)
+  python3-pytest python3-torch iperf3)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

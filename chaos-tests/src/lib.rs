@@ -36,4 +36,5 @@ pub mod playbook_scenarios;
 pub mod probe_scenarios;
 pub mod qp;
 pub mod security;
+pub mod tcp_failover;
 pub mod training;

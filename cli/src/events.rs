@@ -106,6 +106,10 @@ pub fn describe_action(a: &Action) -> String {
             format!("shape {host}/{nic} (version {version})")
         }
         Action::ClearShape { host, nic } => format!("clear shapes of {host}/{nic}"),
+        Action::Reroute { host, digest: 0 } => format!("remove the detour routes of {host}"),
+        Action::Reroute { host, digest } => {
+            format!("detour routes of {host} (set #{digest:016x})")
+        }
         Action::PlaybookStep {
             run,
             step,

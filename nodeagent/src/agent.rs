@@ -255,6 +255,19 @@ pub async fn run(
     // earlier run left are logged and kept.
     let (nl_conn, nl_handle, _) = rtnetlink::new_connection().map_err(AgentError::Netlink)?;
     let netlink = tokio::spawn(nl_conn);
+    // Detour routes a crashed run left go before the host registers (the
+    // supervisor then sends the desired set again).
+    let rerouter = Arc::new(crate::reroute::Rerouter::new(nl_handle.clone()));
+    if let Err(e) = rerouter.flush().await {
+        tracing::warn!(error = %e, "cannot flush old detour routes");
+    }
+    let fabric = (cfg.fabric_rto_min_ms > 0).then(|| {
+        tokio::spawn(tune_fabric_loop(
+            rerouter.clone(),
+            names.clone(),
+            cfg.fabric_rto_min_ms,
+        ))
+    });
     let shaper = Arc::new(
         Shaper::new(nl_handle, cfg.nics.clone(), control.clone())
             .with_probe_port(cfg.probe.as_ref().map(|p| p.port)),
@@ -265,15 +278,18 @@ pub async fn run(
         outbox.clone(),
         fresh.clone(),
     ));
-    let orders = tokio::spawn(orders_loop(
-        cfg.clone(),
-        hint.clone(),
-        control.clone(),
-        launcher.clone(),
-        shaper.clone(),
-        order_log,
+    let orders = tokio::spawn(orders_loop(OrderCtx {
+        cfg: cfg.clone(),
+        hint: hint.clone(),
+        control: control.clone(),
+        launcher: launcher.clone(),
+        shaper: shaper.clone(),
+        rerouter: rerouter.clone(),
+        log: order_log,
         journal,
-    ));
+        inflight: Default::default(),
+        tails: Default::default(),
+    }));
 
     let (tx, mut rx) = mpsc::channel::<LinkTransition>(1024);
     // Evidence beside netlink: RDMA port events and the probe mesh's
@@ -356,7 +372,17 @@ pub async fn run(
     reporter.abort();
     heartbeats.abort();
     server.abort();
-    // Shapes stay (the supervisor owns them); only the socket goes.
+    // Shapes stay (the supervisor owns them); detour routes go (they steer
+    // other programs' traffic, and only a running agent keeps them true).
+    if let Err(e) = rerouter.flush().await {
+        tracing::warn!(error = %e, "cannot remove the detour routes");
+    }
+    if let Some(t) = fabric {
+        t.abort();
+        if let Err(e) = rerouter.tune_fabric(&names, 0).await {
+            tracing::warn!(error = %e, "cannot restore the fabric routes' rto_min");
+        }
+    }
     netlink.abort();
     if let Some(t) = rdma_forward {
         t.abort();
@@ -490,6 +516,21 @@ async fn summary_loop(
     }
 }
 
+/// Keeps the data NICs' connected routes at `rto_min` `ms` (the kernel
+/// recreates a route without it when a NIC comes back up).
+async fn tune_fabric_loop(rerouter: Arc<crate::reroute::Rerouter>, nics: Vec<String>, ms: u32) {
+    let mut failures = 0u64;
+    loop {
+        if let Err(e) = rerouter.tune_fabric(&nics, ms).await {
+            failures += 1;
+            if failures.is_power_of_two() {
+                tracing::warn!(error = %e, failures, "cannot tune the fabric routes");
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
 /// Removes the control socket file when the agent stops.
 struct RemoveOnDrop(std::path::PathBuf);
 
@@ -523,6 +564,7 @@ enum Work {
     Nic(SupervisorOrder),
     Job(JobOrder),
     Shape(ShapeOrder),
+    Reroute(Vec<proto::agent::RouteVia>),
 }
 
 /// A `TailLog` query's id has this bit set (the border's constant).
@@ -549,6 +591,7 @@ fn work(o: &Order) -> Option<Work> {
         }),
         Order::ShapeNic(s) => Work::Shape(ShapeOrder::Shape(s)),
         Order::ClearShape { nic } => Work::Shape(ShapeOrder::Clear(ClearShape { nic })),
+        Order::Reroute { routes } => Work::Reroute(routes),
         Order::TailLog { .. } => return None,
     })
 }
@@ -570,6 +613,7 @@ struct OrderCtx {
     control: Arc<Control>,
     launcher: Arc<Launcher>,
     shaper: Arc<Shaper>,
+    rerouter: Arc<crate::reroute::Rerouter>,
     log: OrderLog,
     /// Every execution (not repeat) is appended here first.
     journal: Arc<crate::journal::Journal>,
@@ -578,26 +622,8 @@ struct OrderCtx {
 }
 
 /// Keeps an `Orders` stream open to the leader and executes what arrives.
-async fn orders_loop(
-    cfg: Arc<AgentConfig>,
-    hint: Arc<LeaderHint>,
-    control: Arc<Control>,
-    launcher: Arc<Launcher>,
-    shaper: Arc<Shaper>,
-    log: OrderLog,
-    journal: Arc<crate::journal::Journal>,
-) {
-    let ctx = OrderCtx {
-        cfg: cfg.clone(),
-        hint: hint.clone(),
-        control,
-        launcher,
-        shaper,
-        log,
-        journal,
-        inflight: Default::default(),
-        tails: Default::default(),
-    };
+async fn orders_loop(ctx: OrderCtx) {
+    let (cfg, hint) = (ctx.cfg.clone(), ctx.hint.clone());
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
     let mut rotate = 0usize;
     loop {
@@ -755,6 +781,7 @@ fn handle_order(ctx: &OrderCtx, o: AgentOrder) {
             Work::Nic(o) => outcome_of(ctx.control.execute(o).await),
             Work::Job(o) => ctx.launcher.execute(&ctx.control, o).await,
             Work::Shape(o) => outcome_of(ctx.shaper.execute(o).await),
+            Work::Reroute(routes) => outcome_of(ctx.rerouter.execute(routes).await),
         };
         tracing::info!(order_id = id, order = %desc, ok = outcome.ok(), detail = %outcome.detail(), step = ?outcome.step(), "order executed");
         let stored = StoredOrder {

@@ -71,7 +71,18 @@ pub struct AgentConfig {
     /// default job user's primary group; None: root's group, when neither
     /// exists).
     pub control_socket_group: Option<u32>,
+    /// `[reroute] fabric_rto_min_ms`: the `rto_min` the data NICs'
+    /// connected routes get (0: the kernel's default, 200 ms).
+    pub fabric_rto_min_ms: u32,
 }
+
+/// Default `[reroute] fabric_rto_min_ms`: a connection stalled by a pulled
+/// cable retransmits within milliseconds once a detour works, instead of
+/// waiting out the kernel's 200 ms minimum (datacentre round trips are
+/// tens of microseconds, so 10 ms is still far above any real RTT).
+pub const DEFAULT_FABRIC_RTO_MIN_MS: u32 = 10;
+/// The largest `fabric_rto_min_ms` taken.
+pub const MAX_FABRIC_RTO_MIN_MS: u32 = 1_000;
 
 /// Default data directory for the outbox.
 pub const DEFAULT_DATA_DIR: &str = "./railguard-agent-data";
@@ -104,6 +115,14 @@ struct FileConfig {
     tls: pki::TlsArgs,
     jobs: Option<JobsPolicy>,
     control: Option<FileControl>,
+    reroute: Option<FileReroute>,
+}
+
+/// `[reroute]`: detour routes and the fabric routes' retransmission floor.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileReroute {
+    fabric_rto_min_ms: Option<u32>,
 }
 
 /// `[control]`: the control socket.
@@ -363,6 +382,15 @@ pub fn load(
             gid
         }
     };
+    let fabric_rto_min_ms = fc
+        .reroute
+        .and_then(|r| r.fabric_rto_min_ms)
+        .unwrap_or(DEFAULT_FABRIC_RTO_MIN_MS);
+    if fabric_rto_min_ms > MAX_FABRIC_RTO_MIN_MS {
+        return Err(ConfigError::Invalid(format!(
+            "[reroute] fabric_rto_min_ms {fabric_rto_min_ms}: want 0..={MAX_FABRIC_RTO_MIN_MS} (0: the kernel's default)"
+        )));
+    }
     let test_order_delay_ms = over.test_order_delay_ms.unwrap_or(0);
     if test_order_delay_ms > MAX_TEST_ORDER_DELAY_MS {
         return Err(ConfigError::Invalid(format!(
@@ -384,6 +412,7 @@ pub fn load(
         test_order_delay: std::time::Duration::from_millis(test_order_delay_ms),
         jobs,
         control_socket_group,
+        fabric_rto_min_ms,
     })
 }
 

@@ -38,5 +38,6 @@ pub mod link;
 pub mod outbox;
 pub mod probe;
 pub mod rdma_events;
+pub mod reroute;
 pub mod shaping;
 pub mod store_format;

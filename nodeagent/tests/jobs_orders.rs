@@ -195,6 +195,7 @@ impl Rig {
             // Ranks run as the default job user, the socket is its group's.
             jobs: Default::default(),
             control_socket_group: Some(job_user::ensure_job_user().1),
+            fabric_rto_min_ms: 0,
         };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let agent = tokio::spawn(nodeagent::agent::run(cfg, async {

@@ -199,6 +199,13 @@ const BENCHES: &[Entry] = &[
         "The contention setup with reshaping off, then on (fresh clusters): p99 OWD across \
          the uplink and each job's mean/p99 step time side by side. Needs root",
     ),
+    entry::<TcpFailover>(
+        "tcp-failover",
+        "An unmodified iperf3 stream across pulled cables (h1's rail0, fabric side): the \
+         longest time without progress around each pull (failover through the detour routes \
+         and failback), p50/p99 over the pulls, throughput against a fault-free baseline, and \
+         whether iperf3 kept its one connection. Needs root and iperf3",
+    ),
     entry::<RaftCommit>(
         "raft-commit",
         "Committed events/s and latency of 3 supervisors at 1, 16 and 256 clients",
@@ -670,6 +677,41 @@ impl Runner for Failover {
             flaps: self.flaps,
             seed: self.seed,
             throughput_secs: self.seconds,
+        })
+        .await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct TcpFailover {
+    #[arg(long, default_value_t = 20)]
+    pulls: usize,
+    /// How long each cable stays out (ms).
+    #[arg(long, default_value_t = 3000)]
+    down_ms: u64,
+    /// iperf3's sending rate (Mbit/s).
+    #[arg(long, default_value_t = 200)]
+    mbit: u32,
+    #[arg(long, default_value_t = 3)]
+    supervisors: usize,
+}
+
+impl Runner for TcpFailover {
+    async fn run(self, what: String) -> Outcome {
+        ensure!(
+            (1..=1000).contains(&self.pulls)
+                && (100..=120_000).contains(&self.down_ms)
+                && (1..=10_000).contains(&self.mbit)
+                && (1..=7).contains(&self.supervisors),
+            "--pulls takes 1..=1000, --down-ms 100..=120000, --mbit 1..=10000, --supervisors 1..=7"
+        );
+        need_root(&what)?;
+        let r = chaos_tests::tcp_failover::run(chaos_tests::tcp_failover::TcpFailoverRun {
+            pulls: self.pulls,
+            down: Duration::from_millis(self.down_ms),
+            mbit: self.mbit,
+            supervisors: self.supervisors,
         })
         .await?;
         report(r.ok, &r)

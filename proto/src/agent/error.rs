@@ -42,4 +42,13 @@ pub enum BorderError {
         /// The step it named.
         step: u64,
     },
+    /// A `Reroute` order with a route that is not `IPv4 via IPv4 dev
+    /// NAME`, or with more than [`super::MAX_REROUTES`] routes.
+    #[error("order {order_id}: {why}")]
+    BadReroute {
+        /// The order's id.
+        order_id: u64,
+        /// What is wrong.
+        why: String,
+    },
 }

@@ -26,7 +26,7 @@ mod report;
 
 pub use error::BorderError;
 pub use nic::{NicHealth, NicReport};
-pub use order::{Order, OrderOutcome, QUERY_BIT};
+pub use order::{Order, OrderOutcome, RouteVia, MAX_REROUTES, QUERY_BIT};
 pub use report::{QpReport, RankCheckpointReport, RankExitReport, ReflexReport, Report};
 
 #[cfg(test)]

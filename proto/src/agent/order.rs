@@ -1,6 +1,8 @@
 //! What the leader orders an agent to do ([`Order`]) and how an order
 //! ended ([`OrderOutcome`]).
 
+use std::net::Ipv4Addr;
+
 use serde::{Deserialize, Serialize};
 
 use crate::v1;
@@ -10,6 +12,20 @@ use super::error::BorderError;
 /// A `TailLog` query's order id has this bit set: a query, not an intent
 /// (the agent answers it with `Agent.LogTail` and remembers nothing).
 pub const QUERY_BIT: u64 = 1 << 63;
+
+/// Most routes one `Reroute` order may carry.
+pub const MAX_REROUTES: usize = 1024;
+
+/// One detour route: `dst/32 via via dev dev`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RouteVia {
+    /// The address to reach (a NIC address whose NIC is down).
+    pub dst: Ipv4Addr,
+    /// The next hop: the backup NIC's address on that host.
+    pub via: Ipv4Addr,
+    /// This host's NIC on the backup's rail.
+    pub dev: String,
+}
 
 /// What the leader orders an agent to do (one `AgentOrder`'s kind). Two
 /// orders are the same order exactly when they are equal: an agent that
@@ -52,6 +68,12 @@ pub enum Order {
     ClearShape {
         /// The NIC.
         nic: String,
+    },
+    /// Make railguard's detour routes on the host exactly `routes` (sorted,
+    /// no duplicates; empty removes them all).
+    Reroute {
+        /// The whole desired set.
+        routes: Vec<RouteVia>,
     },
     /// A query (its id has [`QUERY_BIT`]): the end of a rank's log.
     TailLog {
@@ -98,6 +120,11 @@ impl Order {
                 fnv1a(format!("{s:?}").as_bytes())
             ),
             Order::ClearShape { nic } => format!("clear shaping on {nic}"),
+            Order::Reroute { routes } => format!(
+                "reroute: {} detour route(s), #{:016x}",
+                routes.len(),
+                fnv1a(format!("{routes:?}").as_bytes())
+            ),
             Order::TailLog {
                 job,
                 rank,
@@ -125,6 +152,16 @@ impl Order {
             }),
             Order::ShapeNic(s) => Kind::ShapeNic(s),
             Order::ClearShape { nic } => Kind::ClearShape(v1::ClearShape { nic }),
+            Order::Reroute { routes } => Kind::Reroute(v1::Reroute {
+                routes: routes
+                    .into_iter()
+                    .map(|r| v1::RouteVia {
+                        dst: r.dst.to_string(),
+                        via: r.via.to_string(),
+                        dev: r.dev,
+                    })
+                    .collect(),
+            }),
             Order::TailLog {
                 job,
                 rank,
@@ -168,6 +205,9 @@ impl TryFrom<&v1::AgentOrder> for Order {
             },
             Kind::ShapeNic(s) => Order::ShapeNic(s.clone()),
             Kind::ClearShape(c) => Order::ClearShape { nic: c.nic.clone() },
+            Kind::Reroute(r) => Order::Reroute {
+                routes: reroutes_from_wire(o.order_id, r)?,
+            },
             Kind::TailLog(t) => Order::TailLog {
                 job: t.job.clone(),
                 rank: t.rank,
@@ -175,6 +215,42 @@ impl TryFrom<&v1::AgentOrder> for Order {
             },
         })
     }
+}
+
+/// The routes of a wire `Reroute`, checked: at most [`MAX_REROUTES`],
+/// IPv4 addresses, a NIC name of 1..=15 bytes without `/`, whitespace or
+/// control characters; sorted and without duplicates.
+fn reroutes_from_wire(order_id: u64, r: &v1::Reroute) -> Result<Vec<RouteVia>, BorderError> {
+    let bad = |why: String| BorderError::BadReroute { order_id, why };
+    if r.routes.len() > MAX_REROUTES {
+        return Err(bad(format!(
+            "{} routes (at most {MAX_REROUTES})",
+            r.routes.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(r.routes.len());
+    for w in &r.routes {
+        let addr = |what: &str, s: &str| {
+            s.parse::<Ipv4Addr>()
+                .map_err(|_| bad(format!("route {what} {s:?} is not an IPv4 address")))
+        };
+        let (dst, via) = (addr("destination", &w.dst)?, addr("next hop", &w.via)?);
+        let dev_ok = !w.dev.is_empty()
+            && w.dev.len() <= 15
+            && !w.dev.contains('/')
+            && !w.dev.chars().any(|c| c.is_whitespace() || c.is_control());
+        if !dev_ok {
+            return Err(bad(format!("route device {:?} is not a NIC name", w.dev)));
+        }
+        out.push(RouteVia {
+            dst,
+            via,
+            dev: w.dev.clone(),
+        });
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
 }
 
 /// How an order ended, as the agent answers it (`OrderResult`).

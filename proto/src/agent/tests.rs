@@ -64,6 +64,14 @@ fn orders() -> Vec<Order> {
         Order::ClearShape {
             nic: "rail0".into(),
         },
+        Order::Reroute {
+            routes: vec![RouteVia {
+                dst: "10.201.0.3".parse().unwrap(),
+                via: "10.202.0.3".parse().unwrap(),
+                dev: "rail1".into(),
+            }],
+        },
+        Order::Reroute { routes: vec![] },
         Order::TailLog {
             job: "train".into(),
             rank: 0,
@@ -325,4 +333,52 @@ fn arbitrary_wire_bytes_never_panic() {
             let _ = Report::from_wire(&e);
         }
     }
+}
+
+fn reroute_wire(routes: Vec<(&str, &str, &str)>) -> v1::AgentOrder {
+    v1::AgentOrder {
+        order_id: 9,
+        kind: Some(v1::agent_order::Kind::Reroute(v1::Reroute {
+            routes: routes
+                .into_iter()
+                .map(|(dst, via, dev)| v1::RouteVia {
+                    dst: dst.into(),
+                    via: via.into(),
+                    dev: dev.into(),
+                })
+                .collect(),
+        })),
+    }
+}
+
+#[test]
+fn reroute_orders_are_checked_sorted_and_deduplicated() {
+    let o = Order::try_from(&reroute_wire(vec![
+        ("10.201.0.9", "10.202.0.9", "rail1"),
+        ("10.201.0.2", "10.202.0.2", "rail1"),
+        ("10.201.0.9", "10.202.0.9", "rail1"),
+    ]))
+    .unwrap();
+    let Order::Reroute { routes } = o else {
+        panic!("not a reroute")
+    };
+    let dsts: Vec<String> = routes.iter().map(|r| r.dst.to_string()).collect();
+    assert_eq!(dsts, ["10.201.0.2", "10.201.0.9"]);
+    for (bad, says) in [
+        (("10.201.0", "10.202.0.2", "rail1"), "not an IPv4 address"),
+        (("10.201.0.2", "::1", "rail1"), "not an IPv4 address"),
+        (("10.201.0.2", "10.202.0.2", ""), "not a NIC name"),
+        (("10.201.0.2", "10.202.0.2", "a/b"), "not a NIC name"),
+        (("10.201.0.2", "10.202.0.2", "rail 1"), "not a NIC name"),
+        (
+            ("10.201.0.2", "10.202.0.2", "sixteen-bytes-xx"),
+            "not a NIC name",
+        ),
+    ] {
+        let e = Order::try_from(&reroute_wire(vec![bad])).unwrap_err();
+        assert!(e.to_string().contains(says), "{bad:?}: {e}");
+    }
+    let many = vec![("10.201.0.2", "10.202.0.2", "rail1"); MAX_REROUTES + 1];
+    let e = Order::try_from(&reroute_wire(many)).unwrap_err();
+    assert!(e.to_string().contains("at most"), "{e}");
 }

@@ -127,6 +127,13 @@ pub fn order_of(st: &ClusterState, action: &Action) -> Option<(String, Order)> {
             Order::ShapeNic(shape_order(nic, want))
         }
         Action::ClearShape { nic, .. } => Order::ClearShape { nic: nic.clone() },
+        Action::Reroute { host, digest } => {
+            let routes = crate::model::reroute::desired(st, host);
+            if crate::model::reroute::digest(&routes) != *digest {
+                return None;
+            }
+            Order::Reroute { routes }
+        }
         Action::CompleteDrain { .. } => return None,
     };
     Some((action.host().to_owned(), order))

@@ -23,12 +23,22 @@ use crate::node::{now_ms, Supervisor};
 /// How often the leader re-examines the state.
 pub const TICK: Duration = Duration::from_millis(50);
 
-/// Runs until the process exits; acts only while this node leads.
-pub async fn run(sup: Arc<Supervisor>, orders: Arc<OrderHub>, webhooks: Arc<WebhookSender>) {
+/// Runs until the process exits; acts only while this node leads. Steps
+/// every [`TICK`], and at once when `nudge` is notified (at most one step
+/// per [`MIN_STEP_GAP`]).
+pub async fn run(
+    sup: Arc<Supervisor>,
+    orders: Arc<OrderHub>,
+    webhooks: Arc<WebhookSender>,
+    nudge: Arc<tokio::sync::Notify>,
+) {
     let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = nudge.notified() => {}
+        }
         if !sup.leads() {
             orders.clear();
             webhooks.clear();
@@ -37,14 +47,32 @@ pub async fn run(sup: Arc<Supervisor>, orders: Arc<OrderHub>, webhooks: Arc<Webh
         if let Err(e) = step(&sup, &orders, &webhooks).await {
             tracing::warn!(error = %e, "reconciler step failed; retrying next tick");
         }
+        tokio::time::sleep(MIN_STEP_GAP).await;
     }
 }
+
+/// The least time between two steps, however often the reconciler is
+/// nudged.
+pub const MIN_STEP_GAP: Duration = Duration::from_millis(2);
 
 /// Most rounds of decisions in one tick. A decision's consequence (a
 /// placement's start orders, a run's first step) is decided in the same
 /// tick, as the state after it calls for; a state that keeps calling for
 /// more cannot hold the loop.
 const MAX_ROUNDS: usize = 4;
+
+/// Proposes `cmds` concurrently (queued in order); the first error, once
+/// all are answered.
+async fn propose_all(
+    sup: &Arc<Supervisor>,
+    cmds: Vec<Command>,
+) -> Result<(), crate::api::ApiError> {
+    let results = futures::future::join_all(cmds.into_iter().map(|c| sup.propose(c))).await;
+    results
+        .into_iter()
+        .find_map(Result::err)
+        .map_or(Ok(()), Err)
+}
 
 async fn step(
     sup: &Arc<Supervisor>,
@@ -60,7 +88,20 @@ async fn step(
             break;
         }
         let mut refused = false;
+        // Intent decisions (opens and closes) are independent of each
+        // other: queued together they share Raft entries instead of
+        // waiting for one commit each.
+        let mut intents = Vec::new();
         for cmd in cmds.iter().cloned() {
+            if matches!(
+                cmd,
+                Command::OpenIntent { .. } | Command::CloseIntent { .. }
+            ) {
+                tracing::info!(decision = ?cmd, "intent decision");
+                intents.push(cmd);
+                continue;
+            }
+            propose_all(sup, std::mem::take(&mut intents)).await?;
             match &cmd {
                 Command::Job(_) | Command::Playbook(_) => {
                     tracing::info!(decision = ?cmd, "leader decision");
@@ -84,6 +125,7 @@ async fn step(
                 }
             }
         }
+        propose_all(sup, intents).await?;
         if refused {
             break;
         }

@@ -27,6 +27,9 @@ pub struct Leader {
     pub webhooks: Arc<WebhookSender>,
     /// Per-path queueing and link scores.
     pub contention: Arc<ContentionService>,
+    /// Wakes the reconciler before its next tick: a committed NIC change
+    /// calls for detours and failovers now, not up to a tick later.
+    pub nudge: Arc<tokio::sync::Notify>,
 }
 
 impl Leader {
@@ -40,6 +43,7 @@ impl Leader {
             clocks: Default::default(),
             webhooks: Arc::new(WebhookSender::new(webhook_tls)),
             contention: Default::default(),
+            nudge: Default::default(),
         })
     }
 
@@ -50,6 +54,7 @@ impl Leader {
             self.node.clone(),
             self.orders.clone(),
             self.webhooks.clone(),
+            self.nudge.clone(),
         ));
         tokio::spawn(crate::leader::clock::run(
             self.node.clone(),

@@ -59,6 +59,7 @@ pub fn wanted_actions(st: &ClusterState) -> Vec<Action> {
         })
         .chain(crate::model::jobs::wanted_job_actions(st))
         .chain(crate::model::shaping::wanted_shape_actions(st))
+        .chain(crate::model::reroute::wanted_reroute_actions(st))
         .filter(|a| !open.contains(&a))
         .collect()
 }
@@ -97,6 +98,12 @@ pub fn evaluate(st: &ClusterState, intent: &Intent, now_ms: u64) -> Option<Outco
         Action::PlaybookStep { .. } => crate::model::runs::evaluate_step(st, intent, now_ms),
         Action::ShapeNic { .. } | Action::ClearShape { .. } => {
             match crate::model::shaping::shape_order_obsolete(st, &intent.action) {
+                Some(why) => Some(Outcome::Cancelled { why }),
+                None => unanswered(intent, now_ms),
+            }
+        }
+        Action::Reroute { .. } => {
+            match crate::model::reroute::reroute_order_obsolete(st, &intent.action) {
                 Some(why) => Some(Outcome::Cancelled { why }),
                 None => unanswered(intent, now_ms),
             }

@@ -60,6 +60,9 @@ pub enum Action {
     },
     /// Order the host's agent to remove every shape from `nic`.
     ClearShape { host: String, nic: String },
+    /// Order the host's agent to make its detour routes the desired set
+    /// whose digest is `digest` ([`crate::model::reroute`]).
+    Reroute { host: String, digest: u64 },
 }
 
 impl Action {
@@ -74,7 +77,8 @@ impl Action {
             | Action::CheckpointJob { host, .. }
             | Action::PlaybookStep { host, .. }
             | Action::ShapeNic { host, .. }
-            | Action::ClearShape { host, .. } => host,
+            | Action::ClearShape { host, .. }
+            | Action::Reroute { host, .. } => host,
         }
     }
 

@@ -31,6 +31,7 @@ pub mod limits;
 pub mod playbook_store;
 pub mod probe_graph;
 pub mod qps;
+pub mod reroute;
 pub mod result;
 pub mod runs;
 pub mod shaping;

@@ -25,7 +25,7 @@ use std::collections::VecDeque;
 /// `ClusterState` or a `Command` changes its bincode layout.
 /// 2: agent events carry `proto::agent::Report`; `JobSpec.user`;
 /// `AdminOp::Refused`, `AdminOp::Revoke`; `revoked`.
-pub const MODEL_FORMAT_VERSION: u8 = 2;
+pub const MODEL_FORMAT_VERSION: u8 = 3;
 
 /// The whole replicated model.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -83,6 +83,9 @@ pub struct ClusterState {
     /// Revoked certificate serials (lowercase hex), refused by every
     /// supervisor at the next handshake and the next call.
     pub revoked: std::collections::BTreeSet<String>,
+    /// Per host: the detour routes its agent confirmed
+    /// ([`crate::model::reroute`]).
+    pub reroutes: BTreeMap<String, crate::model::reroute::record::RerouteRecord>,
 }
 
 impl raft_store::StateModel<TypeConfig> for ClusterState {

@@ -266,6 +266,17 @@ impl ClusterState {
                         }
                         Ok(())
                     }
+                    Action::Reroute { host, digest } => {
+                        let want = crate::model::reroute::digest(&crate::model::reroute::desired(
+                            self, host,
+                        ));
+                        if want != *digest {
+                            return Err(CmdError::FailedPrecondition(format!(
+                                "the detour routes of {host} are no longer the set #{digest:016x}"
+                            )));
+                        }
+                        Ok(())
+                    }
                 }
             }
             Command::CloseIntent { id, .. } => match self.intents.get(id) {

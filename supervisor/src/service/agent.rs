@@ -282,9 +282,13 @@ impl Agent for AgentService {
         let revoked_serial = peer.as_ref().map(|p| p.serial.clone());
         let host_slot = Arc::new(std::sync::Mutex::new(String::new()));
         let (ack_tx, ack_rx) = tokio::sync::mpsc::channel::<Result<EventAck, Status>>(16);
-        let (pending_tx, mut pending_rx) = tokio::sync::mpsc::channel::<
+        // Per proposal: its answer, and whether it carries a NIC report (the
+        // reconciler is nudged once it is committed).
+        let (pending_tx, mut pending_rx) = tokio::sync::mpsc::channel::<(
             tokio::sync::oneshot::Receiver<Result<CmdOk, ApiError>>,
-        >(MAX_PENDING_PER_STREAM);
+            bool,
+        )>(MAX_PENDING_PER_STREAM);
+        let nudge = self.leader.nudge.clone();
 
         // Acks, in proposal order. A refused batch (e.g. a sequence gap)
         // ends the stream with a final ack naming the last applied sequence,
@@ -293,15 +297,20 @@ impl Agent for AgentService {
         let host_for_acks = host_slot.clone();
         let sup_for_acks = sup.clone();
         tokio::spawn(async move {
-            while let Some(rx) = pending_rx.recv().await {
+            while let Some((rx, nic_report)) = pending_rx.recv().await {
                 let (msg, stop) = match rx.await {
-                    Ok(Ok(CmdOk::Acked { through })) => (
-                        Ok(EventAck {
-                            acked_through: through,
-                            error: String::new(),
-                        }),
-                        false,
-                    ),
+                    Ok(Ok(CmdOk::Acked { through })) => {
+                        if nic_report {
+                            nudge.notify_one();
+                        }
+                        (
+                            Ok(EventAck {
+                                acked_through: through,
+                                error: String::new(),
+                            }),
+                            false,
+                        )
+                    }
                     Ok(Ok(other)) => (
                         Err(Status::internal(format!("unexpected reply {other:?}"))),
                         true,
@@ -377,6 +386,9 @@ impl Agent for AgentService {
                         next = Some(e);
                     }
                 }
+                let nic_report = batch
+                    .iter()
+                    .any(|e| matches!(e.report, proto::agent::Report::Nic(_)));
                 let cmd = Command::AgentEvents {
                     host: h.clone(),
                     events: batch,
@@ -415,7 +427,7 @@ impl Agent for AgentService {
                 }
                 match sup.enqueue(cmd).await {
                     Ok(rx) => {
-                        if pending_tx.send(rx).await.is_err() {
+                        if pending_tx.send((rx, nic_report)).await.is_err() {
                             return;
                         }
                     }

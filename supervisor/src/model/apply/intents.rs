@@ -82,9 +82,11 @@ impl ClusterState {
                 // Step effects were applied when the attempt started.
                 Action::PlaybookStep { .. } => {}
                 Action::ShapeNic { .. } | Action::ClearShape { .. } => {}
+                Action::Reroute { .. } => {}
             }
         }
         self.shape_order_closed(&intent.action, &outcome);
+        self.reroute_order_closed(&intent.action, &outcome);
         let host = intent.action.host().to_owned();
         let e = self.intents.get_mut(&id).expect("validated");
         e.status = IntentStatus::Closed(outcome.clone());

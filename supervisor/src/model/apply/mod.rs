@@ -69,6 +69,8 @@ impl ClusterState {
                     new_nics.insert(spec.name.clone(), nic);
                 }
                 h.nics = new_nics;
+                // The agent flushed its detour routes when it started.
+                self.reroutes.remove(host);
                 for (k, v) in labels {
                     h.labels.insert(k.clone(), v.clone());
                 }

@@ -111,4 +111,5 @@ mod clock;
 mod hosts;
 mod intents;
 mod requests;
+mod reroute;
 mod wire;

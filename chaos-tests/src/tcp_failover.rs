@@ -1,0 +1,340 @@
+//! `bench tcp-failover`: an unmodified TCP program (Debian's iperf3) keeps
+//! its one connection across pulled cables, because railguard's detour
+//! routes keep the pulled NIC's address reachable through the backup rail
+//! (`supervisor::model::reroute`, `nodeagent::reroute`).
+//!
+//! A two-host netns cluster (supervisors and agents, mutual TLS): an
+//! iperf3 server on h1's rail0 address, an iperf3 client on h0 bound to
+//! h0's rail0 address, sending at a fixed rate. After a fault-free
+//! baseline, h1's rail0 cable is pulled (fabric side: h1 sees carrier
+//! loss) for `down`, put back, and the run waits until the NIC is up
+//! again and its detours are gone (the failback), `pulls` times. Inside
+//! h1's namespace a netlink poller reads the received bytes of both rails
+//! every 2 ms; a **gap** is the longest time without progress (a poll
+//! that saw ≥ 4 KiB more) from the pull until the next pull: it covers the
+//! failover and the failback. Figures: each pull's gap, their p50/p99/max
+//! (goal: p99 ≤ 50 ms over ≥ 20 pulls), the throughput over the pulls
+//! against the baseline, and whether iperf3 finished without an error
+//! (one connection throughout: iperf3 never reconnects).
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures::TryStreamExt;
+use rtnetlink::packet_route::link::LinkAttribute;
+use serde::Serialize;
+use testbed::netcluster::NetCluster;
+use testbed::{rail_addr, Node, Side, TestbedSpec};
+
+/// The bench's settings.
+#[derive(Debug, Clone)]
+pub struct TcpFailoverRun {
+    pub pulls: usize,
+    /// How long each cable stays out.
+    pub down: Duration,
+    /// iperf3's sending rate (Mbit/s).
+    pub mbit: u32,
+    pub supervisors: usize,
+}
+
+/// The bench's report.
+#[derive(Debug, Clone, Serialize)]
+pub struct TcpFailoverReport {
+    pub ok: bool,
+    pub bench: &'static str,
+    pub pulls: usize,
+    pub down_ms: u64,
+    /// Longest time without progress around each pull (failover and
+    /// failback), in pull order.
+    pub gaps_ms: Vec<f64>,
+    pub gap_p50_ms: f64,
+    pub gap_p99_ms: f64,
+    pub gap_max_ms: f64,
+    /// Received rate over the fault-free baseline and over the pulls.
+    pub baseline_mbit_s: f64,
+    pub pulls_mbit_s: f64,
+    pub throughput_ratio: f64,
+    /// iperf3 ended without an error: one connection throughout.
+    pub iperf3_ok: bool,
+    pub iperf3_error: Option<String>,
+    pub goal: &'static str,
+    pub goal_met: bool,
+}
+
+/// Progress: a poll that saw at least this many more bytes.
+const PROGRESS_BYTES: u64 = 4096;
+const POLL: Duration = Duration::from_millis(2);
+const BASELINE: Duration = Duration::from_secs(4);
+const IPERF_PORT: u16 = 5201;
+
+/// Received bytes of h1's rails, polled until `stop`.
+fn spawn_poller(
+    handle: rtnetlink::Handle,
+    stop: Arc<AtomicBool>,
+    samples: Arc<Mutex<Vec<(Instant, u64)>>>,
+) -> tokio::task::JoinHandle<anyhow::Result<()>> {
+    tokio::spawn(async move {
+        // Bounded: at most an hour of polls.
+        let max = (3_600_000 / POLL.as_millis()) as usize;
+        while !stop.load(Ordering::Relaxed) {
+            let mut total = 0u64;
+            let mut links = handle.link().get().execute();
+            while let Some(m) = links.try_next().await? {
+                let rail = m
+                    .attributes
+                    .iter()
+                    .any(|a| matches!(a, LinkAttribute::IfName(n) if n.starts_with("rail")));
+                if !rail {
+                    continue;
+                }
+                for a in &m.attributes {
+                    if let LinkAttribute::Stats64(s) = a {
+                        total += s.rx_bytes;
+                    }
+                }
+            }
+            let full = {
+                let mut v = samples.lock().unwrap_or_else(|p| p.into_inner());
+                v.push((Instant::now(), total));
+                v.len() >= max
+            };
+            anyhow::ensure!(!full, "poller ran for over an hour");
+            tokio::time::sleep(POLL).await;
+        }
+        Ok(())
+    })
+}
+
+/// The longest time without progress in `[from, to)`, counted from `from`.
+pub fn longest_gap(samples: &[(Instant, u64)], from: Instant, to: Instant) -> Duration {
+    let mut last_progress = from;
+    let mut longest = Duration::ZERO;
+    let mut prev: Option<u64> = None;
+    for &(t, bytes) in samples.iter().filter(|(t, _)| *t <= to) {
+        if let Some(p) = prev {
+            if bytes >= p + PROGRESS_BYTES && t >= from {
+                longest = longest.max(t.saturating_duration_since(last_progress));
+                last_progress = t;
+            }
+        }
+        prev = Some(bytes);
+    }
+    longest.max(to.saturating_duration_since(last_progress))
+}
+
+/// Received bytes between two instants (the samples nearest inside).
+fn bytes_between(samples: &[(Instant, u64)], from: Instant, to: Instant) -> (u64, Duration) {
+    let inside: Vec<&(Instant, u64)> = samples
+        .iter()
+        .filter(|(t, _)| *t >= from && *t <= to)
+        .collect();
+    match (inside.first(), inside.last()) {
+        (Some(a), Some(b)) => (b.1.saturating_sub(a.1), b.0.saturating_duration_since(a.0)),
+        _ => (0, Duration::ZERO),
+    }
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// Runs the bench.
+pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
+    anyhow::ensure!(r.pulls >= 1, "at least one pull");
+    let mut c = NetCluster::start_all_up(
+        TestbedSpec {
+            supervisors: r.supervisors,
+            hosts: 2,
+        },
+        Duration::from_secs(90),
+    )
+    .await?;
+    let server: Ipv4Addr = rail_addr(1, 0);
+    let client: Ipv4Addr = rail_addr(0, 0);
+    let mut srv =
+        c.tb.ns(Node::Host(1))
+            .command("iperf3")?
+            .args(["-s", "-1", "-B"])
+            .arg(server.to_string())
+            .args(["-p", &IPERF_PORT.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("start iperf3 -s (is iperf3 installed?)")?;
+    testbed::register_pid(srv.id());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Long enough for every pull and its failback; ended early otherwise.
+    let per_pull_max = r.down + Duration::from_secs(30);
+    let secs = (BASELINE + per_pull_max * r.pulls as u32).as_secs() + 5;
+    let cli =
+        c.tb.ns(Node::Host(0))
+            .command("iperf3")?
+            .args(["-c"])
+            .arg(server.to_string())
+            .args(["-B"])
+            .arg(client.to_string())
+            .args(["-p", &IPERF_PORT.to_string()])
+            .args(["-t", &secs.to_string()])
+            .args(["-b", &format!("{}M", r.mbit), "-J"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("start iperf3 -c")?;
+    testbed::register_pid(cli.id());
+    let cli_pid = cli.id();
+    let output = tokio::task::spawn_blocking(move || cli.wait_with_output());
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let poller = spawn_poller(
+        c.tb.ns(Node::Host(1)).netlink()?,
+        stop.clone(),
+        samples.clone(),
+    );
+    let base_from = Instant::now() + Duration::from_millis(500);
+    tokio::time::sleep(BASELINE + Duration::from_millis(500)).await;
+    let base_to = Instant::now();
+    let mut windows = Vec::new();
+    for i in 0..r.pulls {
+        let from = Instant::now();
+        c.tb.set_cable(1, 0, Side::Fabric, false).await?;
+        tokio::time::sleep(r.down).await;
+        c.tb.set_cable(1, 0, Side::Fabric, true).await?;
+        // The failback: the NIC is up again (hold time passed, not
+        // damped) and h0's detour to it is gone.
+        c.wait_until(
+            &format!("pull {i}: rail0 of h1 up again"),
+            per_pull_max,
+            |c| c.nic_state("h1", "rail0").is_ok_and(|s| s == "up"),
+        )
+        .await?;
+        let h0 = c.tb.ns(Node::Host(0)).command("ip")?;
+        wait_no_detours(h0).await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        windows.push((from, Instant::now()));
+    }
+    // End iperf3 now (SIGINT: it reports what it measured).
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe { libc::kill(cli_pid as i32, libc::SIGINT) };
+    let out = output.await??;
+    testbed::unregister_pid(cli_pid);
+    let _ = srv.wait();
+    testbed::unregister_pid(srv.id());
+    stop.store(true, Ordering::Relaxed);
+    poller.await??;
+
+    let samples = samples.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let gaps: Vec<f64> = windows
+        .iter()
+        .map(|(a, b)| longest_gap(&samples, *a, *b).as_secs_f64() * 1000.0)
+        .collect();
+    let mut sorted = gaps.clone();
+    sorted.sort_by(f64::total_cmp);
+    let rate = |(bytes, d): (u64, Duration)| {
+        if d.is_zero() {
+            0.0
+        } else {
+            bytes as f64 * 8.0 / d.as_secs_f64() / 1e6
+        }
+    };
+    let baseline = rate(bytes_between(&samples, base_from, base_to));
+    let during = rate(bytes_between(
+        &samples,
+        windows.first().map_or(base_to, |w| w.0),
+        windows.last().map_or(base_to, |w| w.1),
+    ));
+    let json: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+    // The SIGINT that ends the run is reported as this "error"; any other
+    // (a broken connection, a refused one) is a failure.
+    let iperf3_error = match json["error"].as_str() {
+        Some(e) if e.starts_with("interrupt") => None,
+        Some(e) => Some(e.to_string()),
+        None if json.is_null() => Some("iperf3 printed no JSON report".to_string()),
+        None => None,
+    };
+    let iperf3_ok = iperf3_error.is_none();
+    let p99 = percentile(&sorted, 99.0);
+    Ok(TcpFailoverReport {
+        ok: iperf3_ok && gaps.len() == r.pulls,
+        bench: "tcp-failover",
+        pulls: r.pulls,
+        down_ms: r.down.as_millis() as u64,
+        gap_p50_ms: percentile(&sorted, 50.0),
+        gap_p99_ms: p99,
+        gap_max_ms: sorted.last().copied().unwrap_or(0.0),
+        gaps_ms: gaps,
+        baseline_mbit_s: baseline,
+        pulls_mbit_s: during,
+        throughput_ratio: if baseline > 0.0 {
+            during / baseline
+        } else {
+            0.0
+        },
+        iperf3_ok,
+        iperf3_error,
+        goal: "longest zero-throughput gap p99 <= 50 ms over >= 20 pulls, one connection",
+        goal_met: iperf3_ok && r.pulls >= 20 && p99 <= 50.0,
+    })
+}
+
+/// Waits (up to 30 s) until `ip route` in the namespace shows no route of
+/// railguard's protocol.
+async fn wait_no_detours(mut ip: std::process::Command) -> anyhow::Result<()> {
+    let proto = nodeagent::reroute::RTPROT_RAILGUARD.to_string();
+    ip.args(["route", "show", "proto", &proto]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = ip.output().context("ip route show")?;
+        if out.status.success() && out.stdout.iter().all(|b| b.is_ascii_whitespace()) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "detour routes still present after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gap_counts_from_the_pull_to_progress_and_to_the_window_end() {
+        let t0 = Instant::now();
+        let at = |ms: u64, bytes: u64| (t0 + Duration::from_millis(ms), bytes);
+        let s = vec![
+            at(0, 0),
+            at(10, 10_000),
+            at(20, 20_000),
+            // stalled from 20 to 90
+            at(50, 20_100),
+            at(90, 30_000),
+            at(100, 40_000),
+        ];
+        let g = longest_gap(
+            &s,
+            t0 + Duration::from_millis(15),
+            t0 + Duration::from_millis(100),
+        );
+        assert_eq!(g, Duration::from_millis(70));
+        // No progress at all after the pull: the whole window.
+        let g = longest_gap(
+            &s,
+            t0 + Duration::from_millis(95),
+            t0 + Duration::from_millis(200),
+        );
+        assert_eq!(g, Duration::from_millis(100));
+        let (b, d) = bytes_between(&s, t0, t0 + Duration::from_millis(100));
+        assert_eq!((b, d), (40_000, Duration::from_millis(100)));
+    }
+}

@@ -1,0 +1,343 @@
+//! The host's detour routes: `dst/32 via via dev dev` in the main table,
+//! each tagged with railguard's route protocol ([`RTPROT_RAILGUARD`], shown
+//! by `ip route` as `proto 91`) so the agent finds exactly its own and
+//! never touches another's.
+//!
+//! The supervisor's `Reroute` order carries the whole desired set (see the
+//! supervisor's `model::reroute`): the agent removes its routes that are
+//! not in it and installs (replaces) the ones that are, so the same order
+//! twice changes nothing and a newer set supersedes an older one. A detour
+//! route carries `rto_min` ([`DETOUR_RTO_MIN_MS`]): a connection moved onto
+//! it retransmits within milliseconds once the new path works.
+//!
+//! The agent flushes its routes when it starts (whatever a crashed run
+//! left; the registration that follows makes the supervisor send the set
+//! again) and when it stops cleanly, so nothing stays in the kernel.
+//!
+//! **Fabric routes.** The data NICs' connected routes (the kernel's own,
+//! `proto kernel scope link`) get `rto_min` too (`[reroute]
+//! fabric_rto_min_ms`, [`Rerouter::tune_fabric`]): the retransmission timer
+//! of a connection stalled by a pulled cable is armed from the route it
+//! was on, so without it the connection waits out the kernel's 200 ms
+//! minimum (and its doubling) before trying the detour. The kernel drops
+//! the metric when it recreates the route (a NIC set down and up), so the
+//! agent applies it again every second; at a clean stop it takes it off.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use futures::TryStreamExt;
+use netlink_packet_route::link::LinkAttribute;
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteProtocol,
+    RouteScope, RouteType,
+};
+use proto::agent::RouteVia;
+use rtnetlink::{Handle, RouteMessageBuilder};
+
+/// The route protocol number railguard's detour routes carry.
+pub const RTPROT_RAILGUARD: u8 = 91;
+
+/// `rto_min` of a detour route, in ms (the kernel default is 200).
+pub const DETOUR_RTO_MIN_MS: u32 = 10;
+
+/// `RTAX_RTO_MIN`: the kernel uses a route's `rto_min` only when it is
+/// locked (`RTAX_LOCK` has this bit), as `ip route ... rto_min` does.
+const RTAX_RTO_MIN: u32 = 13;
+
+/// The metrics that give a route `rto_min` `ms`.
+fn rto_min_metrics(ms: u32) -> RouteAttribute {
+    RouteAttribute::Metrics(vec![
+        RouteMetric::Lock(1 << RTAX_RTO_MIN),
+        RouteMetric::RtoMin(ms),
+    ])
+}
+
+/// Why routes could not be read or changed.
+#[derive(Debug, thiserror::Error)]
+pub enum RerouteError {
+    #[error("netlink: {0}")]
+    Netlink(#[from] rtnetlink::Error),
+    #[error("{failed} of {wanted} detour routes not installed: {first}")]
+    Partial {
+        failed: usize,
+        wanted: usize,
+        first: String,
+    },
+}
+
+/// What one [`Rerouter::apply`] changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    pub installed: usize,
+    pub removed: usize,
+    pub kept: usize,
+}
+
+/// Installs and removes the host's detour routes over one netlink handle.
+/// Calls are serialised (an order and a flush never interleave).
+pub struct Rerouter {
+    handle: Handle,
+    one: tokio::sync::Mutex<()>,
+}
+
+/// One of our routes as found in the kernel.
+struct Found {
+    msg: RouteMessage,
+    dst: Option<Ipv4Addr>,
+    via: Option<Ipv4Addr>,
+    oif: Option<u32>,
+}
+
+impl Rerouter {
+    pub fn new(handle: Handle) -> Self {
+        Self {
+            handle,
+            one: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Our routes now in the kernel (IPv4, main table, our protocol).
+    async fn ours(&self) -> Result<Vec<Found>, rtnetlink::Error> {
+        let mut out = Vec::new();
+        let req = RouteMessageBuilder::<Ipv4Addr>::new().build();
+        let mut routes = self.handle.route().get(req).execute();
+        while let Some(m) = routes.try_next().await? {
+            if m.header.protocol != RouteProtocol::Other(RTPROT_RAILGUARD) {
+                continue;
+            }
+            let mut f = Found {
+                dst: None,
+                via: None,
+                oif: None,
+                msg: m.clone(),
+            };
+            if m.header.destination_prefix_length == 32 {
+                for a in &m.attributes {
+                    match a {
+                        RouteAttribute::Destination(RouteAddress::Inet(ip)) => f.dst = Some(*ip),
+                        RouteAttribute::Gateway(RouteAddress::Inet(ip)) => f.via = Some(*ip),
+                        RouteAttribute::Oif(i) => f.oif = Some(*i),
+                        _ => {}
+                    }
+                }
+            }
+            out.push(f);
+        }
+        Ok(out)
+    }
+
+    async fn link_indexes(&self) -> Result<BTreeMap<String, u32>, rtnetlink::Error> {
+        let mut out = BTreeMap::new();
+        let mut links = self.handle.link().get().execute();
+        while let Some(m) = links.try_next().await? {
+            for a in &m.attributes {
+                if let LinkAttribute::IfName(n) = a {
+                    out.insert(n.clone(), m.header.index);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The routes installed now, as the supervisor names them (routes of
+    /// ours that name no device this host has are left out).
+    pub async fn current(&self) -> Result<Vec<RouteVia>, RerouteError> {
+        let names: BTreeMap<u32, String> = self
+            .link_indexes()
+            .await?
+            .into_iter()
+            .map(|(n, i)| (i, n))
+            .collect();
+        let mut out: Vec<RouteVia> = self
+            .ours()
+            .await?
+            .into_iter()
+            .filter_map(|f| {
+                Some(RouteVia {
+                    dst: f.dst?,
+                    via: f.via?,
+                    dev: names.get(&f.oif?)?.clone(),
+                })
+            })
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Makes our routes exactly `want`. Every route that can be installed
+    /// is; an error names how many could not (a device this host lacks, a
+    /// next hop the kernel refuses).
+    pub async fn apply(&self, want: &[RouteVia]) -> Result<Applied, RerouteError> {
+        let _one = self.one.lock().await;
+        let index = self.link_indexes().await?;
+        let wanted: Vec<(Ipv4Addr, Ipv4Addr, Option<u32>, &str)> = want
+            .iter()
+            .map(|r| (r.dst, r.via, index.get(&r.dev).copied(), r.dev.as_str()))
+            .collect();
+        let mut removed = 0;
+        let mut kept = 0;
+        let mut have = Vec::new();
+        for f in self.ours().await? {
+            let same = wanted.iter().any(|(d, v, o, _)| {
+                Some(*d) == f.dst && Some(*v) == f.via && *o == f.oif && o.is_some()
+            });
+            if same {
+                kept += 1;
+                have.push((f.dst, f.via, f.oif));
+            } else {
+                self.handle.route().del(f.msg).execute().await?;
+                removed += 1;
+            }
+        }
+        let mut installed = 0;
+        let mut failed = Vec::new();
+        for (dst, via, oif, dev) in &wanted {
+            let Some(oif) = oif else {
+                failed.push(format!("{dst} via {via}: no NIC {dev} on this host"));
+                continue;
+            };
+            if have.contains(&(Some(*dst), Some(*via), Some(*oif))) {
+                continue;
+            }
+            let mut msg = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(*dst, 32)
+                .gateway(*via)
+                .output_interface(*oif)
+                .protocol(RouteProtocol::Other(RTPROT_RAILGUARD))
+                .build();
+            msg.attributes.push(rto_min_metrics(DETOUR_RTO_MIN_MS));
+            match self.handle.route().add(msg).replace().execute().await {
+                Ok(()) => installed += 1,
+                Err(e) => failed.push(format!("{dst} via {via} dev {dev}: {e}")),
+            }
+        }
+        tracing::info!(
+            installed,
+            removed,
+            kept,
+            failed = failed.len(),
+            "detour routes applied"
+        );
+        if let Some(first) = failed.first() {
+            return Err(RerouteError::Partial {
+                failed: failed.len(),
+                wanted: want.len(),
+                first: first.clone(),
+            });
+        }
+        Ok(Applied {
+            installed,
+            removed,
+            kept,
+        })
+    }
+
+    /// Removes every route of ours; returns how many.
+    pub async fn flush(&self) -> Result<usize, RerouteError> {
+        let _one = self.one.lock().await;
+        let mut n = 0;
+        for f in self.ours().await? {
+            self.handle.route().del(f.msg).execute().await?;
+            n += 1;
+        }
+        if n > 0 {
+            tracing::info!(removed = n, "detour routes flushed");
+        }
+        Ok(n)
+    }
+
+    /// Gives the connected routes of `nics` (IPv4, main table, the
+    /// kernel's) `rto_min` `ms`, or takes it off (`ms` 0). Returns how many
+    /// routes changed; routes already right are left alone.
+    pub async fn tune_fabric(&self, nics: &[String], ms: u32) -> Result<usize, RerouteError> {
+        let _one = self.one.lock().await;
+        let index = self.link_indexes().await?;
+        let oifs: Vec<u32> = nics.iter().filter_map(|n| index.get(n).copied()).collect();
+        let req = RouteMessageBuilder::<Ipv4Addr>::new().build();
+        let mut routes = self.handle.route().get(req).execute();
+        let mut change = Vec::new();
+        while let Some(m) = routes.try_next().await? {
+            let connected = m.header.protocol == RouteProtocol::Kernel
+                && m.header.scope == RouteScope::Link
+                && m.header.kind == RouteType::Unicast
+                && m.header.table == RouteHeader::RT_TABLE_MAIN;
+            let oif = m.attributes.iter().find_map(|a| match a {
+                RouteAttribute::Oif(i) => Some(*i),
+                _ => None,
+            });
+            if !connected || !oif.is_some_and(|o| oifs.contains(&o)) {
+                continue;
+            }
+            let metrics: Vec<&RouteMetric> = m
+                .attributes
+                .iter()
+                .filter_map(|a| match a {
+                    RouteAttribute::Metrics(ms) => Some(ms.iter()),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            let value = metrics.iter().find_map(|x| match x {
+                RouteMetric::RtoMin(v) => Some(*v),
+                _ => None,
+            });
+            let locked = metrics
+                .iter()
+                .any(|x| matches!(x, RouteMetric::Lock(l) if l & (1 << RTAX_RTO_MIN) != 0));
+            let right = if ms == 0 {
+                value.is_none()
+            } else {
+                locked && value == Some(ms)
+            };
+            if !right {
+                change.push(m);
+            }
+        }
+        let mut n = 0;
+        for m in change {
+            let mut msg = RouteMessage::default();
+            msg.header = m.header.clone();
+            msg.attributes = m
+                .attributes
+                .into_iter()
+                .filter(|a| {
+                    matches!(
+                        a,
+                        RouteAttribute::Destination(_)
+                            | RouteAttribute::PrefSource(_)
+                            | RouteAttribute::Oif(_)
+                            | RouteAttribute::Table(_)
+                            | RouteAttribute::Priority(_)
+                    )
+                })
+                .collect();
+            if ms > 0 {
+                msg.attributes.push(rto_min_metrics(ms));
+            }
+            self.handle.route().add(msg).replace().execute().await?;
+            n += 1;
+        }
+        if n > 0 {
+            tracing::info!(routes = n, rto_min_ms = ms, "fabric routes tuned");
+        }
+        Ok(n)
+    }
+
+    /// Executes a `Reroute` order: (ok, detail).
+    pub async fn execute(&self, routes: &[RouteVia]) -> (bool, String) {
+        match self.apply(routes).await {
+            Ok(a) => (
+                true,
+                format!(
+                    "{} detour routes: {} installed, {} removed, {} kept",
+                    routes.len(),
+                    a.installed,
+                    a.removed,
+                    a.kept
+                ),
+            ),
+            Err(e) => (false, e.to_string()),
+        }
+    }
+}

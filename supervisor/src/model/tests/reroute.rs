@@ -1,0 +1,240 @@
+//! Detour routes: the desired sets follow NIC states, are ordered by
+//! digest, confirmed by the agents' answers, and forgotten at registration.
+
+use super::*;
+use crate::model::decide::decide;
+use crate::model::reroute::{desired, digest, MAX_REROUTE_FAILURES};
+use proto::agent::RouteVia;
+
+/// Hosts h0..h{n-1}, each with rail0 (10.0.0.i+1) and rail1 (10.1.0.i+1),
+/// each the other's backup, both up.
+fn cluster(n: usize) -> (ClusterState, u64) {
+    let mut st = ClusterState::default();
+    let mut seq = 1;
+    for i in 0..n {
+        let h = format!("h{i}");
+        let r = one(
+            &mut st,
+            seq,
+            seq,
+            crate::model::testkit::register_two_rails_for_test(i, &h),
+        );
+        assert!(r.is_ok(), "{r:?}");
+        seq += 1;
+        for nic in ["rail0", "rail1"] {
+            nic_health(&mut st, &mut seq, &h, nic, NicHealth::Up);
+        }
+    }
+    (st, seq)
+}
+
+fn nic_health(st: &mut ClusterState, seq: &mut u64, host: &str, nic: &str, health: NicHealth) {
+    let next = st.hosts[host].last_event_seq + 1;
+    let r = one(
+        st,
+        *seq,
+        *seq,
+        Command::AgentEvents {
+            host: host.into(),
+            events: vec![AgentEvent {
+                seq: next,
+                report: Report::Nic(NicReport {
+                    nic: nic.into(),
+                    health,
+                    carrier_changes: next,
+                    flaps: 0,
+                    penalty: 0.0,
+                    coalesced: 0,
+                    link_up: health != NicHealth::Down,
+                    probes_lost: false,
+                    at_unix_ns: 0,
+                }),
+            }],
+        },
+    );
+    assert!(r.is_ok(), "{r:?}");
+    *seq += 1;
+}
+
+fn route(dst: &str, via: &str, dev: &str) -> RouteVia {
+    RouteVia {
+        dst: dst.parse().unwrap(),
+        via: via.parse().unwrap(),
+        dev: dev.into(),
+    }
+}
+
+/// The reroute intents `decide` would open now.
+fn wanted(st: &ClusterState) -> Vec<Action> {
+    decide(st, 10)
+        .into_iter()
+        .filter_map(|c| match c {
+            Command::OpenIntent {
+                action: a @ Action::Reroute { .. },
+            } => Some(a),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_down_nic_gets_detours_on_every_host_and_loses_them_when_up() {
+    let (mut st, mut seq) = cluster(3);
+    for h in ["h0", "h1", "h2"] {
+        assert!(desired(&st, h).is_empty(), "all NICs up: no detours");
+    }
+    assert!(wanted(&st).is_empty());
+    nic_health(&mut st, &mut seq, "h1", "rail0", NicHealth::Down);
+    // Peers reach h1's rail0 address through its rail1 address, on their
+    // own rail1.
+    assert_eq!(
+        desired(&st, "h0"),
+        vec![route("10.0.0.2", "10.1.0.2", "rail1")]
+    );
+    assert_eq!(
+        desired(&st, "h2"),
+        vec![route("10.0.0.2", "10.1.0.2", "rail1")]
+    );
+    // h1 reaches the peers' rail0 addresses through their rail1 ones.
+    assert_eq!(
+        desired(&st, "h1"),
+        vec![
+            route("10.0.0.1", "10.1.0.1", "rail1"),
+            route("10.0.0.3", "10.1.0.3", "rail1"),
+        ]
+    );
+    let actions = wanted(&st);
+    assert_eq!(actions.len(), 3, "{actions:?}");
+    // Opened, answered: confirmed, nothing more wanted.
+    let mut ids = Vec::new();
+    for a in actions {
+        let r = one(&mut st, seq, seq, Command::OpenIntent { action: a });
+        seq += 1;
+        let Ok(CmdOk::IntentOpened { id }) = r else {
+            panic!("{r:?}")
+        };
+        ids.push(id);
+    }
+    for id in &ids {
+        let host = st.intents[id].action.host().to_owned();
+        let r = one(
+            &mut st,
+            seq,
+            seq,
+            Command::OrderDone {
+                host,
+                id: *id,
+                outcome: crate::model::testkit::answer(true, "ok"),
+            },
+        );
+        assert_eq!(r, Ok(CmdOk::Done));
+        seq += 1;
+    }
+    assert!(
+        wanted(&st).is_empty(),
+        "confirmed sets are not ordered again"
+    );
+    assert_eq!(st.reroutes["h0"].applied, digest(&desired(&st, "h0")));
+    // Recovering is not yet usable: the detours stay.
+    nic_health(&mut st, &mut seq, "h1", "rail0", NicHealth::Recovering);
+    assert!(wanted(&st).is_empty());
+    // Up (hold time passed): every host is ordered the empty set.
+    nic_health(&mut st, &mut seq, "h1", "rail0", NicHealth::Up);
+    let back = wanted(&st);
+    assert_eq!(back.len(), 3);
+    assert!(back
+        .iter()
+        .all(|a| matches!(a, Action::Reroute { digest: 0, .. })));
+}
+
+#[test]
+fn stale_and_failing_sets_are_not_applied_or_retried_forever() {
+    let (mut st, mut seq) = cluster(2);
+    nic_health(&mut st, &mut seq, "h1", "rail0", NicHealth::Down);
+    let a = wanted(&st).into_iter().find(|a| a.host() == "h0").unwrap();
+    let Ok(CmdOk::IntentOpened { id }) =
+        one(&mut st, seq, seq, Command::OpenIntent { action: a.clone() })
+    else {
+        panic!()
+    };
+    seq += 1;
+    // The NIC comes back before the answer: the order is obsolete.
+    nic_health(&mut st, &mut seq, "h1", "rail0", NicHealth::Up);
+    let closes: Vec<Command> = decide(&st, 10)
+        .into_iter()
+        .filter(|c| matches!(c, Command::CloseIntent { id: i, .. } if *i == id))
+        .collect();
+    assert_eq!(closes.len(), 1, "an obsolete set is cancelled");
+    for c in closes {
+        assert!(one(&mut st, seq, seq, c).is_ok());
+        seq += 1;
+    }
+    // Opening a set that is no longer the desired one is refused.
+    assert!(matches!(
+        one(&mut st, seq, seq, Command::OpenIntent { action: a }),
+        Err(CmdError::FailedPrecondition(_))
+    ));
+    seq += 1;
+    // A set that keeps failing is given up after MAX_REROUTE_FAILURES.
+    nic_health(&mut st, &mut seq, "h1", "rail0", NicHealth::Down);
+    for _ in 0..MAX_REROUTE_FAILURES {
+        let a = wanted(&st)
+            .into_iter()
+            .find(|a| a.host() == "h0")
+            .expect("retried");
+        let Ok(CmdOk::IntentOpened { id }) =
+            one(&mut st, seq, seq, Command::OpenIntent { action: a })
+        else {
+            panic!()
+        };
+        seq += 1;
+        let r = one(
+            &mut st,
+            seq,
+            seq,
+            Command::OrderDone {
+                host: "h0".into(),
+                id,
+                outcome: crate::model::testkit::answer(false, "no NIC rail1"),
+            },
+        );
+        assert_eq!(r, Ok(CmdOk::Done));
+        seq += 1;
+    }
+    assert!(wanted(&st).iter().all(|a| a.host() != "h0"), "given up");
+    // Re-registration forgets what the agent had (it flushed at start).
+    st.reroutes.insert(
+        "h0".into(),
+        crate::model::reroute::RerouteRecord {
+            applied: 42,
+            ..Default::default()
+        },
+    );
+    let r = one(
+        &mut st,
+        seq,
+        seq,
+        crate::model::testkit::register_two_rails_for_test(0, "h0"),
+    );
+    assert!(r.is_ok());
+    assert!(!st.reroutes.contains_key("h0"));
+}
+
+#[test]
+fn no_detour_without_a_usable_backup() {
+    let (mut st, mut seq) = cluster(2);
+    // Both of h1's NICs down: nothing to route through.
+    nic_health(&mut st, &mut seq, "h1", "rail1", NicHealth::Down);
+    nic_health(&mut st, &mut seq, "h1", "rail0", NicHealth::Down);
+    assert!(desired(&st, "h0").is_empty());
+    assert!(desired(&st, "h1").is_empty());
+    // A peer whose own backup rail is down cannot carry the detour either.
+    let (mut st, mut seq) = cluster(2);
+    nic_health(&mut st, &mut seq, "h0", "rail1", NicHealth::Down);
+    nic_health(&mut st, &mut seq, "h1", "rail0", NicHealth::Down);
+    assert_eq!(
+        desired(&st, "h0"),
+        vec![],
+        "h0 has no up NIC on h1's backup rail"
+    );
+}
