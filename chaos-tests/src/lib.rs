@@ -37,4 +37,5 @@ pub mod probe_scenarios;
 pub mod qp;
 pub mod security;
 pub mod tcp_failover;
+pub mod torch;
 pub mod training;

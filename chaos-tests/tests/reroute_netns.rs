@@ -133,22 +133,23 @@ struct Flow {
 }
 
 impl Flow {
-    /// A TCP connection from host 0's rail0 address to host 1's, with a
-    /// writer pushing 16 KiB chunks and a reader counting.
-    fn start(tb: &Testbed) -> Flow {
-        let server = SocketAddr::from((rail_addr(1, 0), 47_001));
+    /// A TCP connection from host `from`'s rail0 address to host `to`'s,
+    /// with a writer on `from` pushing 16 KiB chunks and a reader on `to`
+    /// counting.
+    fn start(tb: &Testbed, from: usize, to: usize, port: u16) -> Flow {
+        let server = SocketAddr::from((rail_addr(to, 0), port));
         let listener = tb
-            .ns(Node::Host(1))
+            .ns(Node::Host(to))
             .run(move || TcpListener::bind(server))
             .unwrap()
-            .expect("listen on h1 rail0");
+            .expect("listen on rail0");
         let client = tb
-            .ns(Node::Host(0))
+            .ns(Node::Host(from))
             .run(move || TcpStream::connect_timeout(&server, Duration::from_secs(5)))
             .unwrap()
-            .expect("connect from h0");
+            .expect("connect");
         let (mut conn, peer) = listener.accept().unwrap();
-        assert_eq!(peer.ip(), rail_addr(0, 0), "the flow starts on rail0");
+        assert_eq!(peer.ip(), rail_addr(from, 0), "the flow starts on rail0");
         let got = Arc::new(AtomicU64::new(0));
         let stop = Arc::new(AtomicBool::new(false));
         let (g, s) = (got.clone(), stop.clone());
@@ -214,9 +215,17 @@ async fn a_tcp_connection_carries_on_through_detours_while_its_cable_is_out() {
         return;
     }
     let mut tb = hosts(2).await;
-    let flow = Flow::start(&tb);
+    // Both ways: into the host whose cable is pulled, and out of it (its
+    // segments in flight when the cable goes are retransmitted over the
+    // detour).
+    let flow = Flow::start(&tb, 0, 1, 47_001);
+    let back = Flow::start(&tb, 1, 0, 47_002);
     assert!(
         flow.moves(Duration::from_secs(5)).await,
+        "flow never started"
+    );
+    assert!(
+        back.moves(Duration::from_secs(5)).await,
         "flow never started"
     );
     // Pull host 1's rail0 cable (fabric side: h1 sees carrier loss).
@@ -236,6 +245,10 @@ async fn a_tcp_connection_carries_on_through_detours_while_its_cable_is_out() {
         flow.moves(Duration::from_secs(10)).await,
         "the same connection moves data through rail1 while the cable is out"
     );
+    assert!(
+        back.moves(Duration::from_secs(10)).await,
+        "and so does the one out of the host whose cable is out"
+    );
     // Cable back, detours gone (the failback): still the same connection.
     tb.set_cable(1, 0, Side::Fabric, true).await.unwrap();
     r0.flush().await.unwrap();
@@ -244,6 +257,7 @@ async fn a_tcp_connection_carries_on_through_detours_while_its_cable_is_out() {
         flow.moves(Duration::from_secs(10)).await,
         "the connection carries on over rail0 again"
     );
+    assert!(back.moves(Duration::from_secs(10)).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

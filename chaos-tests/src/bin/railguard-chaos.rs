@@ -160,6 +160,12 @@ const SCENARIOS: &[Entry] = &[
         "cluster-crash",
         "The same load while all supervisors are SIGKILLed at once and restarted",
     ),
+    entry::<TorchNicFlap>(
+        "torch-nic-flap",
+        "An unmodified PyTorch DDP job (gloo, python/examples/torch_ddp.py) under pulled cables \
+         (3 s and 60 s by default): restarts, the final digest against a fault-free run's, and \
+         each rank's longest step stall. Needs root and python3-torch",
+    ),
     entry::<Security>(
         "security",
         "A mutual-TLS netns cluster attacked from a GPU host: strangers, wrong roles, an agent \
@@ -677,6 +683,54 @@ impl Runner for Failover {
             flaps: self.flaps,
             seed: self.seed,
             throughput_secs: self.seconds,
+        })
+        .await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct TorchNicFlap {
+    #[arg(long, default_value_t = 4)]
+    hosts: usize,
+    #[arg(long, default_value_t = 1)]
+    supervisors: usize,
+    #[arg(long, default_value_t = 600)]
+    steps: u64,
+    /// Sleep after each step (ms).
+    #[arg(long, default_value_t = 20)]
+    step_delay_ms: u64,
+    /// The outages, in ms (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "3000,60000")]
+    outages_ms: Vec<u64>,
+}
+
+impl Runner for TorchNicFlap {
+    async fn run(self, what: String) -> Outcome {
+        ensure!(
+            (2..=16).contains(&self.hosts)
+                && (1..=7).contains(&self.supervisors)
+                && (20..=100_000).contains(&self.steps)
+                && self.step_delay_ms <= 1000
+                && self.outages_ms.len() <= 20
+                && self.outages_ms.iter().all(|o| (100..=600_000).contains(o)),
+            "--hosts takes 2..=16, --supervisors 1..=7, --steps 20..=100000, \
+             --step-delay-ms 0..=1000, --outages-ms at most 20 values of 100..=600000"
+        );
+        need_root(&what)?;
+        let outages: Vec<Duration> = self
+            .outages_ms
+            .iter()
+            .map(|o| Duration::from_millis(*o))
+            .collect();
+        let total: Duration = outages.iter().sum();
+        let r = chaos_tests::torch::run(chaos_tests::torch::TorchRun {
+            hosts: self.hosts,
+            supervisors: self.supervisors,
+            steps: self.steps,
+            step_delay_ms: self.step_delay_ms,
+            outages,
+            deadline: Duration::from_secs(600) + total * 2,
         })
         .await?;
         report(r.ok, &r)

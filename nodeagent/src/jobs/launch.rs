@@ -998,11 +998,16 @@ pub(crate) fn check_start(o: &StartRank) -> Result<(), String> {
     Ok(())
 }
 
-/// The rank's environment beyond the agent's own: the order's `env`, then
-/// the `RAILGUARD_*` variables (which win).
+/// The rank's environment beyond the agent's own: torchrun's variables
+/// (one rank per host: `RANK`, `WORLD_SIZE`, `LOCAL_RANK` 0,
+/// `LOCAL_WORLD_SIZE` 1, `GROUP_RANK`, `MASTER_ADDR` = rank 0's first rail
+/// address, `MASTER_PORT` = the job's port, `GLOO_SOCKET_IFNAME` and
+/// `NCCL_SOCKET_IFNAME` = this host's first data NIC), then the order's
+/// `env` (which may override those), then the `RAILGUARD_*` variables
+/// (which win).
 pub fn rank_env(cfg: &JobsConfig, o: &StartRank) -> Vec<(String, String)> {
-    let mut env: BTreeMap<String, String> =
-        o.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    let mut env: BTreeMap<String, String> = torchrun_env(cfg, o).into_iter().collect();
+    env.extend(o.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     let peers = o
         .peers
         .iter()
@@ -1039,6 +1044,32 @@ pub fn rank_env(cfg: &JobsConfig, o: &StartRank) -> Vec<(String, String)> {
         env.insert(k.to_owned(), v);
     }
     env.into_iter().collect()
+}
+
+/// What torchrun would set for this rank, one rank per host, so a PyTorch
+/// script runs under railguard unchanged.
+fn torchrun_env(cfg: &JobsConfig, o: &StartRank) -> Vec<(String, String)> {
+    let mut out = vec![
+        ("RANK".to_string(), o.rank.to_string()),
+        ("GROUP_RANK".to_string(), o.rank.to_string()),
+        ("WORLD_SIZE".to_string(), o.peers.len().to_string()),
+        ("LOCAL_RANK".to_string(), "0".to_string()),
+        ("LOCAL_WORLD_SIZE".to_string(), "1".to_string()),
+        ("MASTER_PORT".to_string(), o.port.to_string()),
+    ];
+    if let Some(a) = o.peers.first().and_then(|p| p.addrs.first()) {
+        out.push(("MASTER_ADDR".to_string(), a.clone()));
+    }
+    if let Some(n) = cfg
+        .nics
+        .iter()
+        .filter(|n| n.rail.is_some())
+        .min_by_key(|n| n.rail)
+    {
+        out.push(("GLOO_SOCKET_IFNAME".to_string(), n.name.clone()));
+        out.push(("NCCL_SOCKET_IFNAME".to_string(), n.name.clone()));
+    }
+    out
 }
 
 /// An answer that names no checkpoint step.

@@ -229,6 +229,16 @@ async fn a_rank_gets_its_environment_and_its_output_and_exit_are_captured() {
         ("RAILGUARD_CHECKPOINT_EVERY", "50"),
         ("RAILGUARD_RESUME_STEP", "100"),
         ("EXTRA", "x y"),
+        // As torchrun would set them, one rank per host.
+        ("RANK", "1"),
+        ("GROUP_RANK", "1"),
+        ("WORLD_SIZE", "2"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "10.10.0.1"),
+        ("MASTER_PORT", "7000"),
+        ("GLOO_SOCKET_IFNAME", "rail0"),
+        ("NCCL_SOCKET_IFNAME", "rail0"),
     ] {
         assert_eq!(vars.get(k).copied(), Some(v), "{k} in {env}");
     }
