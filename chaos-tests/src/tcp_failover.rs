@@ -170,8 +170,10 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
             .context("start iperf3 -s (is iperf3 installed?)")?;
     testbed::register_pid(srv.id());
     tokio::time::sleep(Duration::from_millis(500)).await;
-    // Long enough for every pull and its failback; ended early otherwise.
-    let per_pull_max = r.down + Duration::from_secs(30);
+    // Long enough for every pull and its failback (a NIC pulled again and
+    // again is damped: up to 60 s suppressed, then its hold time); ended
+    // early otherwise.
+    let per_pull_max = r.down + Duration::from_secs(90);
     let secs = (BASELINE + per_pull_max * r.pulls as u32).as_secs() + 5;
     let cli =
         c.tb.ns(Node::Host(0))

@@ -30,8 +30,9 @@ pub struct TorchRun {
     pub steps: u64,
     /// Sleep after each step (ms): paces the job so a pull lands mid-run.
     pub step_delay_ms: u64,
-    /// Each pull's outage, in order.
-    pub outages: Vec<Duration>,
+    /// Each pull's outage, in order (`None`: the cable stays out, the NIC
+    /// never comes back; only last).
+    pub outages: Vec<Option<Duration>>,
     pub deadline: Duration,
 }
 
@@ -42,7 +43,8 @@ pub struct TorchReport {
     pub scenario: &'static str,
     pub hosts: usize,
     pub steps: u64,
-    pub outages_ms: Vec<u64>,
+    /// Each outage in ms (`null`: never put back).
+    pub outages_ms: Vec<Option<u64>>,
     /// Process restarts of the faulted job (incarnations after the first).
     pub restarts: u64,
     pub state: String,
@@ -192,6 +194,10 @@ fn digest(c: &NetCluster, r: &TorchRun, name: &str, incarnation: u64) -> Option<
 /// Runs the scenario.
 pub async fn run(r: TorchRun) -> anyhow::Result<TorchReport> {
     anyhow::ensure!(r.hosts >= 2, "at least two hosts");
+    anyhow::ensure!(
+        r.outages.iter().rev().skip(1).all(Option::is_some),
+        "only the last pull may be for good"
+    );
     let mut c = NetCluster::start_all_up(
         TestbedSpec {
             supervisors: r.supervisors,
@@ -229,8 +235,12 @@ pub async fn run(r: TorchRun) -> anyhow::Result<TorchReport> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for (i, outage) in r.outages.iter().enumerate() {
-        eprintln!("[torch] pull {i}: {} ms", outage.as_millis());
         c.tb.set_cable(1, 0, Side::Fabric, false).await?;
+        let Some(outage) = outage else {
+            eprintln!("[torch] pull {i}: for good");
+            break;
+        };
+        eprintln!("[torch] pull {i}: {} ms", outage.as_millis());
         tokio::time::sleep(*outage).await;
         c.tb.set_cable(1, 0, Side::Fabric, true).await?;
         c.wait_until(
@@ -248,7 +258,11 @@ pub async fn run(r: TorchRun) -> anyhow::Result<TorchReport> {
         scenario: "torch-nic-flap",
         hosts: r.hosts,
         steps: r.steps,
-        outages_ms: r.outages.iter().map(|o| o.as_millis() as u64).collect(),
+        outages_ms: r
+            .outages
+            .iter()
+            .map(|o| o.map(|d| d.as_millis() as u64))
+            .collect(),
         restarts: incarnation.saturating_sub(1),
         state,
         reference_digest,

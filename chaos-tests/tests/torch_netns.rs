@@ -19,7 +19,7 @@ async fn torch_nic_flap_short() {
         supervisors: 1,
         steps: 240,
         step_delay_ms: 15,
-        outages: vec![Duration::from_secs(3)],
+        outages: vec![Some(Duration::from_secs(3))],
         deadline: Duration::from_secs(300),
     })
     .await

@@ -695,35 +695,42 @@ struct TorchNicFlap {
     hosts: usize,
     #[arg(long, default_value_t = 1)]
     supervisors: usize,
-    #[arg(long, default_value_t = 600)]
+    /// Steps of the job (enough to train through every outage).
+    #[arg(long, default_value_t = 4000)]
     steps: u64,
     /// Sleep after each step (ms).
     #[arg(long, default_value_t = 20)]
     step_delay_ms: u64,
-    /// The outages, in ms (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "3000,60000")]
-    outages_ms: Vec<u64>,
+    /// The outages in order, in ms, comma-separated; the last may be
+    /// `forever` (the cable is never put back).
+    #[arg(long, value_delimiter = ',', default_value = "3000,60000,forever")]
+    outages_ms: Vec<String>,
 }
 
 impl Runner for TorchNicFlap {
     async fn run(self, what: String) -> Outcome {
+        let mut outages = Vec::new();
+        for o in &self.outages_ms {
+            outages.push(match o.as_str() {
+                "forever" => None,
+                ms => match ms.parse::<u64>() {
+                    Ok(ms) if (100..=600_000).contains(&ms) => Some(Duration::from_millis(ms)),
+                    _ => bail!("--outages-ms: {ms:?} is neither 100..=600000 nor `forever`"),
+                },
+            });
+        }
         ensure!(
             (2..=16).contains(&self.hosts)
                 && (1..=7).contains(&self.supervisors)
                 && (20..=100_000).contains(&self.steps)
                 && self.step_delay_ms <= 1000
-                && self.outages_ms.len() <= 20
-                && self.outages_ms.iter().all(|o| (100..=600_000).contains(o)),
+                && outages.len() <= 20
+                && outages.iter().rev().skip(1).all(Option::is_some),
             "--hosts takes 2..=16, --supervisors 1..=7, --steps 20..=100000, \
-             --step-delay-ms 0..=1000, --outages-ms at most 20 values of 100..=600000"
+             --step-delay-ms 0..=1000, --outages-ms at most 20 values, only the last `forever`"
         );
         need_root(&what)?;
-        let outages: Vec<Duration> = self
-            .outages_ms
-            .iter()
-            .map(|o| Duration::from_millis(*o))
-            .collect();
-        let total: Duration = outages.iter().sum();
+        let total: Duration = outages.iter().flatten().sum();
         let r = chaos_tests::torch::run(chaos_tests::torch::TorchRun {
             hosts: self.hosts,
             supervisors: self.supervisors,
