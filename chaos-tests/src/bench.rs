@@ -302,28 +302,14 @@ impl Rig {
     ) -> anyhow::Result<Trial> {
         let c = streams.len();
         let (window, cpu) = self.window(secs);
-        let (lat_us, errors) =
-            event_level(streams, &self.hosts[..c], &mut self.seqs[..c], window).await?;
-        let (server_cpu_us, client_cpu_us) = cpu.await?;
-        Ok(Trial {
-            lat_us,
-            errors,
-            server_cpu_us,
-            client_cpu_us,
-        })
+        let run = event_level(streams, &self.hosts[..c], &mut self.seqs[..c], window).await?;
+        trial(run, cpu).await
     }
 
     async fn admin(&self, clients: usize, secs: f64) -> anyhow::Result<Trial> {
         let (window, cpu) = self.window(secs);
-        let (lat_us, errors) =
-            admin_level(&self.cluster, self.leader, &self.hosts[..clients], window).await?;
-        let (server_cpu_us, client_cpu_us) = cpu.await?;
-        Ok(Trial {
-            lat_us,
-            errors,
-            server_cpu_us,
-            client_cpu_us,
-        })
+        let run = admin_level(&self.cluster, self.leader, &self.hosts[..clients], window).await?;
+        trial(run, cpu).await
     }
 
     /// A measured window after a warm-up of half a second, and a task that
@@ -351,6 +337,20 @@ impl Rig {
         });
         ((start, end), cpu)
     }
+}
+
+/// A trial's samples and errors with the CPU its window cost.
+async fn trial(
+    (lat_us, errors): (Vec<u64>, u64),
+    cpu: tokio::task::JoinHandle<(u64, u64)>,
+) -> anyhow::Result<Trial> {
+    let (server_cpu_us, client_cpu_us) = cpu.await?;
+    Ok(Trial {
+        lat_us,
+        errors,
+        server_cpu_us,
+        client_cpu_us,
+    })
 }
 
 fn report_level(kind: &str, label: &str, l: &Level) {

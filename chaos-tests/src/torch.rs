@@ -20,7 +20,7 @@ use serde::Serialize;
 use testbed::netcluster::NetCluster;
 use testbed::{Side, TestbedSpec};
 
-use crate::training::last_step;
+use crate::training::{last_step, JobFile};
 
 /// The scenario's settings.
 #[derive(Debug, Clone)]
@@ -111,22 +111,11 @@ pub fn stall_of(log: &str) -> Option<f64> {
 }
 
 fn submit(c: &NetCluster, name: &str, r: &TorchRun, script: &Path) -> anyhow::Result<()> {
-    #[derive(Serialize)]
-    struct File<'a> {
-        name: &'a str,
-        ranks: u32,
-        hosts: Vec<String>,
-        command: Vec<String>,
-        checkpoint_dir: String,
-        checkpoint_every: u64,
-        max_restarts: u32,
-        backoff: String,
-    }
     let ckpt = c.run_dir.path().join("ckpt").join(name);
     if let Some(parent) = ckpt.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    let f = File {
+    JobFile {
         name,
         ranks: r.hosts as u32,
         hosts: (0..r.hosts).map(|h| format!("h{h}")).collect(),
@@ -144,11 +133,8 @@ fn submit(c: &NetCluster, name: &str, r: &TorchRun, script: &Path) -> anyhow::Re
         checkpoint_every: 100,
         max_restarts: 3,
         backoff: "500ms".into(),
-    };
-    let path = c.run_dir.path().join(format!("{name}.toml"));
-    std::fs::write(&path, toml::to_string(&f)?)?;
-    c.cli(&["job", "submit", path.to_str().unwrap_or_default()])?;
-    Ok(())
+    }
+    .submit(c)
 }
 
 fn job(c: &NetCluster, name: &str) -> Option<serde_json::Value> {

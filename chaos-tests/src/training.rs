@@ -61,6 +61,29 @@ pub struct Training {
     ringtrain: PathBuf,
 }
 
+/// A job spec file as `railguard job submit` takes it.
+#[derive(Debug, Serialize)]
+pub struct JobFile<'a> {
+    pub name: &'a str,
+    pub ranks: u32,
+    pub hosts: Vec<String>,
+    pub command: Vec<String>,
+    pub checkpoint_dir: String,
+    pub checkpoint_every: u64,
+    pub max_restarts: u32,
+    pub backoff: String,
+}
+
+impl JobFile<'_> {
+    /// Writes the spec into the run directory and submits it.
+    pub fn submit(&self, c: &NetCluster) -> anyhow::Result<()> {
+        let path = c.run_dir.path().join(format!("{}.toml", self.name));
+        std::fs::write(&path, toml::to_string(self)?)?;
+        c.cli(&["job", "submit", path.to_str().unwrap_or_default()])?;
+        Ok(())
+    }
+}
+
 /// What one job's run looked like.
 #[derive(Debug, Clone, Serialize)]
 pub struct JobRun {
@@ -143,18 +166,7 @@ impl Training {
         if let Some(parent) = ckpt.parent() {
             std::fs::create_dir_all(parent)?;
         }
-        #[derive(Serialize)]
-        struct File<'a> {
-            name: &'a str,
-            ranks: u32,
-            hosts: Vec<String>,
-            command: Vec<String>,
-            checkpoint_dir: String,
-            checkpoint_every: u64,
-            max_restarts: u32,
-            backoff: String,
-        }
-        let f = File {
+        let f = JobFile {
             name,
             ranks: o.ranks,
             // The preferred hosts first (rank order), then every other
@@ -171,11 +183,7 @@ impl Training {
             max_restarts: o.max_restarts,
             backoff: format!("{}ms", o.backoff.as_millis()),
         };
-        let path = self.c.run_dir.path().join(format!("{name}.toml"));
-        std::fs::write(&path, toml::to_string(&f)?)?;
-        self.c
-            .cli(&["job", "submit", path.to_str().unwrap_or_default()])?;
-        Ok(())
+        f.submit(&self.c)
     }
 
     /// The job as the supervisor shows it (`None` while unreachable).
