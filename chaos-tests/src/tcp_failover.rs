@@ -50,6 +50,10 @@ pub struct TcpFailoverReport {
     /// Longest time without progress around each pull (failover and
     /// failback), in pull order.
     pub gaps_ms: Vec<f64>,
+    /// The same, split: from the pull until the cable is back (failover),
+    /// and from then until the next pull (failback).
+    pub failover_gaps_ms: Vec<f64>,
+    pub failback_gaps_ms: Vec<f64>,
     pub gap_p50_ms: f64,
     pub gap_p99_ms: f64,
     pub gap_max_ms: f64,
@@ -204,11 +208,13 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
     tokio::time::sleep(BASELINE + Duration::from_millis(500)).await;
     let base_to = Instant::now();
     let mut windows = Vec::new();
+    let mut restores = Vec::new();
     for i in 0..r.pulls {
         let from = Instant::now();
         c.tb.set_cable(1, 0, Side::Fabric, false).await?;
         tokio::time::sleep(r.down).await;
         c.tb.set_cable(1, 0, Side::Fabric, true).await?;
+        restores.push(Instant::now());
         // The failback: the NIC is up again (hold time passed, not
         // damped) and h0's detour to it is gone.
         c.wait_until(
@@ -236,6 +242,17 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
     let gaps: Vec<f64> = windows
         .iter()
         .map(|(a, b)| longest_gap(&samples, *a, *b).as_secs_f64() * 1000.0)
+        .collect();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let failover_gaps: Vec<f64> = windows
+        .iter()
+        .zip(&restores)
+        .map(|((a, _), back)| ms(longest_gap(&samples, *a, *back)))
+        .collect();
+    let failback_gaps: Vec<f64> = windows
+        .iter()
+        .zip(&restores)
+        .map(|((_, b), back)| ms(longest_gap(&samples, *back, *b)))
         .collect();
     let mut sorted = gaps.clone();
     sorted.sort_by(f64::total_cmp);
@@ -273,6 +290,8 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
         gap_p99_ms: p99,
         gap_max_ms: sorted.last().copied().unwrap_or(0.0),
         gaps_ms: gaps,
+        failover_gaps_ms: failover_gaps,
+        failback_gaps_ms: failback_gaps,
         baseline_mbit_s: baseline,
         pulls_mbit_s: during,
         throughput_ratio: if baseline > 0.0 {
