@@ -27,6 +27,8 @@ use futures::TryStreamExt;
 use rtnetlink::packet_route::link::LinkAttribute;
 use serde::Serialize;
 use testbed::netcluster::NetCluster;
+
+use crate::bench::percentile_ms;
 use testbed::{rail_addr, Node, Side, TestbedSpec};
 
 /// The bench's settings.
@@ -141,14 +143,6 @@ fn bytes_between(samples: &[(Instant, u64)], from: Instant, to: Instant) -> (u64
     }
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 /// Runs the bench.
 pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
     anyhow::ensure!(r.pulls >= 1, "at least one pull");
@@ -254,8 +248,8 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
         .zip(&restores)
         .map(|((_, b), back)| ms(longest_gap(&samples, *back, *b)))
         .collect();
-    let mut sorted = gaps.clone();
-    sorted.sort_by(f64::total_cmp);
+    let mut sorted_us: Vec<u64> = gaps.iter().map(|g| (g * 1000.0) as u64).collect();
+    sorted_us.sort_unstable();
     let rate = |(bytes, d): (u64, Duration)| {
         if d.is_zero() {
             0.0
@@ -280,15 +274,15 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
         None => None,
     };
     let iperf3_ok = iperf3_error.is_none();
-    let p99 = percentile(&sorted, 99.0);
+    let p99 = percentile_ms(&sorted_us, 99.0);
     Ok(TcpFailoverReport {
         ok: iperf3_ok && gaps.len() == r.pulls,
         bench: "tcp-failover",
         pulls: r.pulls,
         down_ms: r.down.as_millis() as u64,
-        gap_p50_ms: percentile(&sorted, 50.0),
+        gap_p50_ms: percentile_ms(&sorted_us, 50.0),
         gap_p99_ms: p99,
-        gap_max_ms: sorted.last().copied().unwrap_or(0.0),
+        gap_max_ms: gaps.iter().copied().fold(0.0, f64::max),
         gaps_ms: gaps,
         failover_gaps_ms: failover_gaps,
         failback_gaps_ms: failback_gaps,

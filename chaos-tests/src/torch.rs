@@ -20,7 +20,7 @@ use serde::Serialize;
 use testbed::netcluster::NetCluster;
 use testbed::{Side, TestbedSpec};
 
-use crate::training::{last_step, JobFile};
+use crate::training::{last_step, rank_log, JobFile};
 
 /// The scenario's settings.
 #[derive(Debug, Clone)]
@@ -78,19 +78,6 @@ fn install_python(run_dir: &Path) -> anyhow::Result<PathBuf> {
     }
     std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755))?;
     Ok(dst.join("examples").join("torch_ddp.py"))
-}
-
-/// A rank's log of the job's first incarnation on host `h`.
-fn rank_log(c: &NetCluster, h: usize, job: &str, incarnation: u64, rank: u32) -> String {
-    let p = c
-        .run_dir
-        .path()
-        .join(format!("h{h}"))
-        .join("jobs")
-        .join(job)
-        .join(incarnation.to_string())
-        .join(format!("rank-{rank}.log"));
-    std::fs::read_to_string(p).unwrap_or_default()
 }
 
 /// The `DIGEST <hex>` line of a log.

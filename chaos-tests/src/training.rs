@@ -61,6 +61,20 @@ pub struct Training {
     ringtrain: PathBuf,
 }
 
+/// The log of `job`'s rank `rank` of `incarnation` as host `host`'s agent
+/// captured it (empty if there is none yet).
+pub fn rank_log(c: &NetCluster, host: usize, job: &str, incarnation: u64, rank: u32) -> String {
+    let p = c
+        .run_dir
+        .path()
+        .join(format!("h{host}"))
+        .join("jobs")
+        .join(job)
+        .join(incarnation.to_string())
+        .join(format!("rank-{rank}.log"));
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
 /// A job spec file as `railguard job submit` takes it.
 #[derive(Debug, Serialize)]
 pub struct JobFile<'a> {
@@ -216,16 +230,7 @@ impl Training {
 
     /// A rank's log (empty if there is none yet).
     pub fn rank_log(&self, host: usize, job: &str, incarnation: u64, rank: u32) -> String {
-        let p = self
-            .c
-            .run_dir
-            .path()
-            .join(format!("h{host}"))
-            .join("jobs")
-            .join(job)
-            .join(incarnation.to_string())
-            .join(format!("rank-{rank}.log"));
-        std::fs::read_to_string(p).unwrap_or_default()
+        rank_log(&self.c, host, job, incarnation, rank)
     }
 
     /// The highest completed step any rank of `incarnation` logged, over
