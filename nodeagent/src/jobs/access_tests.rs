@@ -193,6 +193,42 @@ async fn an_existing_checkpoint_dir_must_be_writable_by_the_job_user() {
     r.launcher.shutdown().await;
 }
 
+/// Ranks on several hosts (agents sharing a file system) make the same new
+/// checkpoint directory at once: every one succeeds, nobody ever sees it
+/// root-owned, and no private name is left behind.
+#[test]
+fn racing_creators_of_one_checkpoint_dir_all_succeed() {
+    let (uid, _) = ensure_job_user();
+    let user = super::user::lookup_user(JOB_USER).unwrap().unwrap();
+    for round in 0..20 {
+        let dir = job_dir();
+        let target = format!("shared-{round}/ckpt");
+        let results: Vec<Result<(), String>> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..8)
+                .map(|_| {
+                    sc.spawn(|| super::user::prepare_checkpoint_dir(&user, &target, dir.path()))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert!(
+            results.iter().all(Result::is_ok),
+            "round {round}: {results:?}"
+        );
+        let made = dir.path().join(&target);
+        assert_eq!(std::fs::metadata(&made).unwrap().uid(), uid);
+        let left: Vec<_> = std::fs::read_dir(made.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            left,
+            vec![std::ffi::OsString::from("ckpt")],
+            "round {round}"
+        );
+    }
+}
+
 /// Says `hello` on a fresh connection as the test process; returns the
 /// agent's answer and whether the agent then closed the connection.
 async fn hello_from_here(sock: &Path, hello: Hello) -> (AgentMessage, bool) {

@@ -258,16 +258,102 @@ fn may(user: &JobUser, m: &std::fs::Metadata, bits: u32) -> bool {
     class & bits == bits
 }
 
+/// Creates the missing directory `path` and its missing parents, all the
+/// user's. The last one appears by an atomic no-replace rename, so nobody
+/// sees it root-owned; losing that race to another creator is fine.
+fn create_owned(user: &JobUser, path: &Path) -> Result<(), String> {
+    let cannot =
+        |e: &dyn std::fmt::Display| format!("cannot create checkpoint_dir {}: {e}", path.display());
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
+        return Err(cannot(&"no parent directory"));
+    };
+    let mut missing = Vec::new();
+    let mut p = parent;
+    while !p.exists() && missing.len() < MAX_DEPTH {
+        missing.push(p.to_path_buf());
+        match p.parent() {
+            Some(q) => p = q,
+            None => break,
+        }
+    }
+    std::fs::create_dir_all(parent).map_err(|e| cannot(&e))?;
+    for d in missing.iter().rev() {
+        chown_to(d, user)?;
+    }
+    let mut tmp_name = std::ffi::OsString::from(".");
+    tmp_name.push(name);
+    tmp_name.push(format!(
+        ".{}.{:x}",
+        std::process::id(),
+        rand::random::<u64>()
+    ));
+    let tmp = parent.join(tmp_name);
+    std::fs::create_dir(&tmp).map_err(|e| cannot(&e))?;
+    let placed = chown_to(&tmp, user).and_then(|()| rename_noreplace(&tmp, path));
+    match placed {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_dir(&tmp);
+            if path.is_dir() {
+                Ok(()) // another agent (or rank) made it first
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
+
+/// `renameat2(RENAME_NOREPLACE)`: fails when `to` exists.
+fn rename_noreplace(from: &Path, to: &Path) -> Result<(), String> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| format!("{} contains NUL", p.display()))
+    };
+    let (f, t) = (c(from)?, c(to)?);
+    // SAFETY: both are valid NUL-terminated paths for the call's duration.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "cannot create checkpoint_dir {}: {}",
+            to.display(),
+            std::io::Error::last_os_error()
+        ))
+    }
+}
+
 /// Readies a rank's checkpoint directory (`dir`; relative paths are under
 /// the rank's working directory `cwd`): created if missing and then given
 /// to the user; an existing one must be a directory the user may write.
 /// Either way the user must be able to reach it.
+///
+/// The ranks of one job on several hosts (agents sharing the directory)
+/// and on one host start at once, so the directory appears atomically,
+/// already the user's: it is made under a private name, chowned, and
+/// renamed into place without replacing one another agent put there first.
 pub(crate) fn prepare_checkpoint_dir(user: &JobUser, dir: &str, cwd: &Path) -> Result<(), String> {
     if dir.is_empty() {
         return Ok(());
     }
     let path = cwd.join(dir);
-    match std::fs::metadata(&path) {
+    let m = match std::fs::metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            create_owned(user, &path)?;
+            std::fs::metadata(&path)
+        }
+        r => r,
+    };
+    match m {
         Ok(m) if !m.is_dir() => {
             return Err(format!(
                 "checkpoint_dir {} exists and is not a directory",
@@ -283,23 +369,6 @@ pub(crate) fn prepare_checkpoint_dir(user: &JobUser, dir: &str, cwd: &Path) -> R
                     m.uid(),
                     m.mode() & 0o7777
                 ));
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            // The directories the agent creates become the user's.
-            let mut missing = Vec::new();
-            let mut p = path.as_path();
-            while !p.exists() && missing.len() < MAX_DEPTH {
-                missing.push(p.to_path_buf());
-                match p.parent() {
-                    Some(q) => p = q,
-                    None => break,
-                }
-            }
-            std::fs::create_dir_all(&path)
-                .map_err(|e| format!("cannot create checkpoint_dir {}: {e}", path.display()))?;
-            for d in missing.iter().rev() {
-                chown_to(d, user)?;
             }
         }
         Err(e) => {
