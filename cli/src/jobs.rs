@@ -74,6 +74,8 @@ struct JobFile {
     backoff: Option<String>,
     /// The user the ranks run as (default: each agent's default user).
     user: Option<String>,
+    /// Ranks on each host (default 1).
+    ranks_per_host: Option<u32>,
 }
 
 /// Reads and validates a job file.
@@ -101,6 +103,7 @@ pub fn read_job_file(path: &std::path::Path) -> anyhow::Result<supervisor::model
         max_restarts: f.max_restarts.unwrap_or(3),
         backoff_ms,
         user: f.user,
+        ranks_per_host: f.ranks_per_host.unwrap_or(1),
     };
     spec.validate()
         .map_err(|e| ApiError::invalid(format!("{}: {e}", path.display())))?;

@@ -1046,15 +1046,31 @@ pub fn rank_env(cfg: &JobsConfig, o: &StartRank) -> Vec<(String, String)> {
     env.into_iter().collect()
 }
 
-/// What torchrun would set for this rank, one rank per host, so a PyTorch
-/// script runs under railguard unchanged.
-fn torchrun_env(cfg: &JobsConfig, o: &StartRank) -> Vec<(String, String)> {
+/// What torchrun would set for this rank, so a PyTorch script runs under
+/// railguard unchanged. The peers list every rank in rank order with its
+/// host; a host's ranks are consecutive (`ranks_per_host`), so the local
+/// rank is this rank's place among its host's ranks and the group rank is
+/// its host's place among the hosts.
+pub(super) fn torchrun_env(cfg: &JobsConfig, o: &StartRank) -> Vec<(String, String)> {
+    let rank = o.rank as usize;
+    let me = o.peers.get(rank).map(|p| p.host.as_str());
+    let local: Vec<usize> = (0..o.peers.len())
+        .filter(|&r| Some(o.peers[r].host.as_str()) == me)
+        .collect();
+    let local_rank = local.iter().position(|&r| r == rank).unwrap_or(0);
+    // Host changes between consecutive ranks up to this one.
+    let group_rank = (1..=rank.min(o.peers.len().saturating_sub(1)))
+        .filter(|&r| o.peers[r].host != o.peers[r - 1].host)
+        .count();
     let mut out = vec![
         ("RANK".to_string(), o.rank.to_string()),
-        ("GROUP_RANK".to_string(), o.rank.to_string()),
+        ("GROUP_RANK".to_string(), group_rank.to_string()),
         ("WORLD_SIZE".to_string(), o.peers.len().to_string()),
-        ("LOCAL_RANK".to_string(), "0".to_string()),
-        ("LOCAL_WORLD_SIZE".to_string(), "1".to_string()),
+        ("LOCAL_RANK".to_string(), local_rank.to_string()),
+        (
+            "LOCAL_WORLD_SIZE".to_string(),
+            local.len().max(1).to_string(),
+        ),
         ("MASTER_PORT".to_string(), o.port.to_string()),
     ];
     if let Some(a) = o.peers.first().and_then(|p| p.addrs.first()) {

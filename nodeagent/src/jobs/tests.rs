@@ -644,3 +644,40 @@ async fn the_fence_and_rank_trees_refuse_an_unknown_format() {
         assert!(e.contains(&path), "names the database: {e}");
     }
 }
+
+#[test]
+fn several_ranks_per_host_get_torchruns_local_and_group_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = jobs_cfg(dir.path());
+    // Two hosts, three ranks each (ranks_per_host = 3), as the supervisor
+    // places them: a host's ranks in a row.
+    let mut o = order("t", 1, 0, "true");
+    let peer = |h: &str, a: &str| RankPeer {
+        host: h.into(),
+        addrs: vec![a.into()],
+    };
+    o.peers = (0..6)
+        .map(|r| {
+            if r < 3 {
+                peer("h0", "10.10.0.1")
+            } else {
+                peer("h1", "10.10.0.2")
+            }
+        })
+        .collect();
+    for (rank, group, local) in [(0, 0, 0), (2, 0, 2), (3, 1, 0), (5, 1, 2)] {
+        o.rank = rank;
+        let env: BTreeMap<String, String> =
+            super::launch::torchrun_env(&cfg, &o).into_iter().collect();
+        for (k, v) in [
+            ("RANK", rank.to_string()),
+            ("GROUP_RANK", group.to_string()),
+            ("LOCAL_RANK", local.to_string()),
+            ("LOCAL_WORLD_SIZE", "3".into()),
+            ("WORLD_SIZE", "6".into()),
+            ("MASTER_ADDR", "10.10.0.1".into()),
+        ] {
+            assert_eq!(env.get(k), Some(&v), "{k} of rank {rank}: {env:?}");
+        }
+    }
+}

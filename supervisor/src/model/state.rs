@@ -25,7 +25,8 @@ use std::collections::VecDeque;
 /// `ClusterState` or a `Command` changes its bincode layout.
 /// 2: agent events carry `proto::agent::Report`; `JobSpec.user`;
 /// `AdminOp::Refused`, `AdminOp::Revoke`; `revoked`.
-pub const MODEL_FORMAT_VERSION: u8 = 3;
+/// 4: `JobSpec.ranks_per_host`.
+pub const MODEL_FORMAT_VERSION: u8 = 4;
 
 /// The whole replicated model.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -74,6 +74,7 @@ pub(crate) fn spec(name: &str, ranks: u32) -> JobSpec {
         max_restarts: 2,
         backoff_ms: 100,
         user: None,
+        ranks_per_host: 1,
     }
 }
 

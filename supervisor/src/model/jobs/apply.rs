@@ -4,7 +4,7 @@
 use crate::model::events::Event;
 use crate::model::hosts::Liveness;
 use crate::model::intents::{Action, IntentStatus};
-use crate::model::jobs::place::eligible;
+use crate::model::jobs::place::{eligible, well_formed};
 use crate::model::jobs::types::{
     port_of, Exit, Job, JobCommand, JobOp, JobState, Rank, MAX_BACKOFF_MS, MAX_JOBS,
 };
@@ -12,7 +12,6 @@ use crate::model::limits::MAX_REASON_LEN;
 use crate::model::result::{CmdError, CmdOk, CmdResult};
 use crate::model::state::ClusterState;
 use std::collections::BTreeMap;
-use std::collections::BTreeSet;
 
 fn stale(job: &str, got: u64, now: u64) -> CmdError {
     CmdError::FailedPrecondition(format!("job {job:?} is at incarnation {now}, not {got}"))
@@ -127,8 +126,8 @@ impl ClusterState {
                     previous_placement: spec
                         .hosts
                         .iter()
-                        .take(spec.ranks as usize)
-                        .cloned()
+                        .take(spec.host_count())
+                        .flat_map(|h| std::iter::repeat_n(h.clone(), spec.ranks_per_host as usize))
                         .collect(),
                     halting: false,
                     fenced: BTreeMap::new(),
@@ -204,9 +203,14 @@ impl ClusterState {
                         j.spec.ranks
                     )));
                 }
-                let mut seen = BTreeSet::new();
+                if !well_formed(placement, j.spec.ranks_per_host as usize) {
+                    return Err(CmdError::InvalidArgument(format!(
+                        "placement {placement:?} does not put {} ranks on each of distinct hosts",
+                        j.spec.ranks_per_host
+                    )));
+                }
                 for h in placement {
-                    if !seen.insert(h) || !eligible(self, h, &j.spec) {
+                    if !eligible(self, h, &j.spec) {
                         return Err(CmdError::FailedPrecondition(format!(
                             "host {h:?} cannot take a rank of job {job:?}"
                         )));

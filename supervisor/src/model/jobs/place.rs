@@ -31,17 +31,25 @@ fn load<'a>(st: &'a ClusterState, except: &str) -> BTreeMap<&'a str, usize> {
     l
 }
 
-/// Where the job's next incarnation would run: hosts of the previous
-/// placement that are still eligible keep their ranks; the others go to
-/// eligible hosts with the fewest ranks of other jobs (spares first), then
-/// in the spec's host order, then by name. `None` when there are not enough.
+/// Where the job's next incarnation would run, one host per rank (each
+/// host `ranks_per_host` times in a row): hosts of the previous placement
+/// that are still eligible keep their ranks; the others go to eligible
+/// hosts with the fewest ranks of other jobs (spares first), then in the
+/// spec's host order, then by name. `None` when there are not enough.
 pub fn place(st: &ClusterState, job: &Job) -> Option<Vec<String>> {
-    let n = job.spec.ranks as usize;
+    let per = job.spec.ranks_per_host.max(1) as usize;
+    let n = job.spec.host_count();
     let mut out: Vec<Option<String>> = vec![None; n];
     let mut used = BTreeSet::new();
-    for (r, h) in job.previous_placement.iter().enumerate().take(n) {
+    for (g, h) in job
+        .previous_placement
+        .iter()
+        .step_by(per)
+        .enumerate()
+        .take(n)
+    {
         if eligible(st, h, &job.spec) && used.insert(h.clone()) {
-            out[r] = Some(h.clone());
+            out[g] = Some(h.clone());
         }
     }
     let load = load(st, &job.name);
@@ -63,5 +71,22 @@ pub fn place(st: &ClusterState, job: &Job) -> Option<Vec<String>> {
     for slot in out.iter_mut().filter(|s| s.is_none()) {
         *slot = Some(spare.next()?.to_owned());
     }
-    out.into_iter().collect()
+    let hosts: Vec<String> = out.into_iter().collect::<Option<_>>()?;
+    Some(
+        hosts
+            .into_iter()
+            .flat_map(|h| std::iter::repeat_n(h, per))
+            .collect(),
+    )
+}
+
+/// Whether `placement` puts the job's ranks `ranks_per_host` at a time on
+/// distinct hosts, in a row.
+pub(in crate::model) fn well_formed(placement: &[String], per: usize) -> bool {
+    let per = per.max(1);
+    let mut seen = BTreeSet::new();
+    placement.len() % per == 0
+        && placement
+            .chunks(per)
+            .all(|c| c.iter().all(|h| *h == c[0]) && seen.insert(&c[0]))
 }

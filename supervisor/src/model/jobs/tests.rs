@@ -553,6 +553,93 @@ fn bad_job_operations_change_nothing() {
     assert_eq!(w.job().incarnation, 1);
 }
 
+/// torchrun's `--nproc-per-node`: a host's ranks in a row, distinct
+/// hosts, one checkpoint order per host, and a lost host's whole group
+/// moves to one spare.
+#[test]
+fn several_ranks_per_host_are_placed_in_a_row_and_move_together() {
+    let mut w = World::new(&["h0", "h1", "h2"]);
+    let mut s = spec("j", 4);
+    s.ranks_per_host = 2;
+    s.hosts = vec!["h1".into(), "h0".into(), "h2".into()];
+    w.admin(JobOp::Submit { spec: s }).unwrap();
+    w.settle(obey);
+    let j = w.job();
+    assert_eq!(j.state, JobState::Running);
+    assert_eq!(j.placement, ["h1", "h1", "h0", "h0"].map(String::from));
+    let starts: Vec<(String, u32)> =
+        w.st.intents
+            .values()
+            .filter_map(|i| match &i.action {
+                Action::StartRank { host, rank, .. } => Some((host.clone(), *rank)),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(starts.len(), 4, "one start order per rank: {starts:?}");
+    // The host-down playbook restarts the job: h0's two ranks go to h2.
+    w.ok(Command::SetLiveness {
+        host: "h0".into(),
+        liveness: Liveness::Down,
+    });
+    w.settle(obey);
+    let j = w.job();
+    assert_eq!(j.incarnation, 2);
+    assert_eq!(j.placement, ["h1", "h1", "h2", "h2"].map(String::from));
+    // Checkpoint orders go to each host once, for all its ranks.
+    w.admin(JobOp::Checkpoint { job: "j".into() }).unwrap();
+    let ckpt_hosts: Vec<String> =
+        w.st.open_intents()
+            .filter_map(|i| match &i.action {
+                Action::CheckpointJob { host, .. } => Some(host.clone()),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(ckpt_hosts, ["h1", "h2"].map(String::from));
+}
+
+#[test]
+fn a_placement_that_splits_a_hosts_ranks_is_refused() {
+    let mut w = World::new(&["h0", "h1", "h2"]);
+    let mut s = spec("j", 4);
+    s.ranks_per_host = 2;
+    w.admin(JobOp::Submit { spec: s }).unwrap();
+    for bad in [
+        ["h0", "h1", "h0", "h1"],
+        ["h0", "h0", "h0", "h0"],
+        ["h0", "h0", "h1", "h2"],
+    ] {
+        let r = w.apply(Command::Job(JobCommand::Place {
+            job: "j".into(),
+            incarnation: 0,
+            placement: bad.map(String::from).to_vec(),
+        }));
+        assert!(
+            matches!(r, Err(CmdError::InvalidArgument(_))),
+            "{bad:?}: {r:?}"
+        );
+    }
+    assert_eq!(w.job().incarnation, 0);
+    w.ok(Command::Job(JobCommand::Place {
+        job: "j".into(),
+        incarnation: 0,
+        placement: ["h2", "h2", "h0", "h0"].map(String::from).to_vec(),
+    }));
+    // Specs the per-host count cannot serve are refused at submission.
+    for (ranks, per, hosts) in [(4, 3, 0), (4, 0, 0), (4, 65, 0), (4, 2, 1)] {
+        let mut s = spec("k", ranks);
+        s.ranks_per_host = per;
+        s.hosts = ["h0", "h1"]
+            .iter()
+            .take(hosts)
+            .map(|h| h.to_string())
+            .collect();
+        assert!(
+            matches!(s.validate(), Err(CmdError::InvalidArgument(_))),
+            "{ranks} ranks, {per} per host, {hosts} hosts"
+        );
+    }
+}
+
 #[test]
 fn cancel_stops_every_rank_and_start_orders_of_old_incarnations_are_cancelled() {
     let mut w = World::new(&["h0", "h1"]);

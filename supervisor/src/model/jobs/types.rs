@@ -12,6 +12,9 @@ pub const MAX_JOBS: usize = 1_024;
 /// Most ranks of one job.
 pub const MAX_RANKS: u32 = 1_024;
 
+/// Most ranks of one job on one host.
+pub const MAX_RANKS_PER_HOST: u32 = 64;
+
 /// Longest command line (arguments, bytes in total) and environment.
 pub const MAX_COMMAND_BYTES: usize = 16 << 10;
 
@@ -37,8 +40,8 @@ pub const PORT_SPAN: u64 = 20_000;
 pub struct JobSpec {
     pub name: String,
     pub ranks: u32,
-    /// Hosts the job may use (empty: any); the first `ranks` of them are
-    /// preferred in rank order.
+    /// Hosts the job may use (empty: any); the first `ranks /
+    /// ranks_per_host` of them are preferred in rank order.
     #[serde(default)]
     pub hosts: Vec<String>,
     /// Placement constraint: hosts must carry these labels.
@@ -65,6 +68,15 @@ pub struct JobSpec {
     /// allow it). Last, so older bincode layouts differ only at the end.
     #[serde(default)]
     pub user: Option<String>,
+    /// Ranks on each host (torchrun's `--nproc-per-node`): an incarnation
+    /// takes `ranks / ranks_per_host` hosts, host `g` running ranks
+    /// `g * ranks_per_host ..` in a row, each with its `LOCAL_RANK`.
+    #[serde(default = "one")]
+    pub ranks_per_host: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// Longest job user name (useradd's limit).
@@ -99,6 +111,11 @@ fn default_backoff_ms() -> u64 {
 }
 
 impl JobSpec {
+    /// Hosts one incarnation takes.
+    pub fn host_count(&self) -> usize {
+        (self.ranks / self.ranks_per_host.max(1)) as usize
+    }
+
     /// Checks what the types cannot.
     pub fn validate(&self) -> Result<(), CmdError> {
         let bad = |m: String| Err(CmdError::InvalidArgument(m));
@@ -106,10 +123,21 @@ impl JobSpec {
         if self.ranks == 0 || self.ranks > MAX_RANKS {
             return bad(format!("ranks must be 1..={MAX_RANKS}"));
         }
-        if !self.hosts.is_empty() && self.hosts.len() < self.ranks as usize {
+        if self.ranks_per_host == 0 || self.ranks_per_host > MAX_RANKS_PER_HOST {
+            return bad(format!("ranks_per_host must be 1..={MAX_RANKS_PER_HOST}"));
+        }
+        if self.ranks % self.ranks_per_host != 0 {
             return bad(format!(
-                "{} ranks need at least as many hosts; `hosts` lists {}",
+                "ranks ({}) must be a multiple of ranks_per_host ({})",
+                self.ranks, self.ranks_per_host
+            ));
+        }
+        if !self.hosts.is_empty() && self.hosts.len() < self.host_count() {
+            return bad(format!(
+                "{} ranks at {} per host need {} hosts; `hosts` lists {}",
                 self.ranks,
+                self.ranks_per_host,
+                self.host_count(),
                 self.hosts.len()
             ));
         }

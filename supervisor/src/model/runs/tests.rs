@@ -553,6 +553,7 @@ fn spec(ranks: u32) -> JobSpec {
         max_restarts: 3,
         backoff_ms: 100,
         user: None,
+        ranks_per_host: 1,
     }
 }
 

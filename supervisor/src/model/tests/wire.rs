@@ -201,6 +201,7 @@ fn every_command_roundtrips_through_bincode() {
                     max_restarts: 3,
                     backoff_ms: 1000,
                     user: Some("trainer".into()),
+                    ranks_per_host: 2,
                 },
             }),
             request: None,
