@@ -145,7 +145,7 @@ async fn cluster(o: &ContentionOpts) -> anyhow::Result<Training> {
     })
     .await?;
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let t = Training::from_cluster(c)?;
+    let t = Training::from_cluster(c, crate::training::Workload::Ringtrain)?;
     if !o.reshaping {
         t.c.disable_reshaping()?;
     }

@@ -280,7 +280,7 @@ pub async fn nic_flap() -> anyhow::Result<NicFlapDemoReport> {
         c.nic_state("h3", "rail1").is_ok_and(|s| s == "up")
     })
     .await?;
-    let mut tr = crate::training::Training::from_cluster(c)?;
+    let mut tr = crate::training::Training::from_cluster(c, crate::training::Workload::Ringtrain)?;
     let opts = crate::training::TrainOpts {
         steps: 150,
         checkpoint_every: 50,

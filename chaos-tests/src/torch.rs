@@ -12,15 +12,15 @@
 //! both digests, and the longest step stall each rank measured itself
 //! (`STALL {...}`: the longest time between two step ends).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use serde::Serialize;
 use testbed::netcluster::NetCluster;
 use testbed::{Side, TestbedSpec};
 
-use crate::training::{last_step, rank_log, JobFile};
+use crate::training::{digest_of, install_python, last_step, rank_log, JobFile};
 
 /// The scenario's settings.
 #[derive(Debug, Clone)]
@@ -57,36 +57,6 @@ pub struct TorchReport {
     pub reference_max_step_stall_ms: Vec<f64>,
 }
 
-/// Copies the Python package and the example where the job user can read
-/// them; returns the example's path.
-fn install_python(run_dir: &Path) -> anyhow::Result<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
-    let dst = run_dir.join("py");
-    for sub in ["railguard", "examples"] {
-        let to = dst.join(sub);
-        std::fs::create_dir_all(&to)?;
-        for e in std::fs::read_dir(src.join(sub)).with_context(|| format!("read {sub}"))? {
-            let e = e?;
-            if e.path().extension().is_some_and(|x| x == "py") {
-                let t = to.join(e.file_name());
-                std::fs::copy(e.path(), &t)?;
-                std::fs::set_permissions(&t, std::fs::Permissions::from_mode(0o644))?;
-            }
-        }
-        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755))?;
-    }
-    std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755))?;
-    Ok(dst.join("examples").join("torch_ddp.py"))
-}
-
-/// The `DIGEST <hex>` line of a log.
-pub fn digest_of(log: &str) -> Option<String> {
-    log.lines()
-        .rev()
-        .find_map(|l| l.trim().strip_prefix("DIGEST ").map(str::to_owned))
-}
-
 /// `max_step_gap_ms` of the `STALL {...}` line of a log.
 pub fn stall_of(log: &str) -> Option<f64> {
     let line = log
@@ -105,6 +75,7 @@ fn submit(c: &NetCluster, name: &str, r: &TorchRun, script: &Path) -> anyhow::Re
     JobFile {
         name,
         ranks: r.hosts as u32,
+        ranks_per_host: 1,
         hosts: (0..r.hosts).map(|h| format!("h{h}")).collect(),
         command: vec![
             "/usr/bin/python3".into(),
@@ -255,11 +226,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn digest_and_stall_lines_are_read() {
+    fn stall_lines_are_read() {
         let log = "start rank=0\nstep=1 unix_ms=5 loss=0.1\nSTALL {\"max_step_gap_ms\": 12.5, \"steps\": 3}\nDIGEST abc123\n";
-        assert_eq!(digest_of(log).as_deref(), Some("abc123"));
         assert_eq!(stall_of(log), Some(12.5));
         assert_eq!(stall_of("STALL not json"), None);
-        assert_eq!(digest_of("no digest"), None);
     }
 }

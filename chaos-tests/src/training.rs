@@ -1,14 +1,16 @@
-//! Training under railguard: `ringtrain` jobs submitted to a netns cluster
+//! Training under railguard: `ringtrain` jobs, or the PyTorch DDP example
+//! (`python/examples/torch_ddp.py`), submitted to a netns cluster
 //! (supervisor + one agent per host, the agents launch the ranks), with
-//! faults injected while they run. The `train-nic-flap`, `host-loss` and
-//! `drain` scenarios, the `goodput` bench and the demo are built from it.
+//! faults injected while they run. The `train-nic-flap`, `host-loss`,
+//! `drain`, `torch-host-loss` and `torch-drain` scenarios, the `goodput`
+//! bench and the demo are built from it.
 //!
 //! Every figure comes from the real processes: job states from the
 //! supervisor (`railguard job show`), steps and digests from the ranks'
 //! own logs, which the agents capture under
 //! `<run dir>/h<i>/jobs/<job>/<incarnation>/rank-<r>.log`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -18,13 +20,37 @@ use serde::Serialize;
 use testbed::netcluster::NetCluster;
 use testbed::{Side, TestbedSpec};
 
+/// The program the ranks run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Workload {
+    /// railguard's own `ringtrain` over resilient connections.
+    #[default]
+    Ringtrain,
+    /// The unmodified PyTorch DDP example (gloo over TCP), sleeping
+    /// `step_delay_ms` after each step.
+    Torch { step_delay_ms: u64 },
+}
+
+impl Workload {
+    /// The scenario name's prefix (`""` or `"torch-"`).
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Workload::Ringtrain => "",
+            Workload::Torch { .. } => "torch-",
+        }
+    }
+}
+
 /// How to run one training job.
 #[derive(Debug, Clone)]
 pub struct TrainOpts {
+    pub workload: Workload,
     /// Hosts in the testbed (ranks plus spares).
     pub hosts: usize,
     pub supervisors: usize,
     pub ranks: u32,
+    /// Ranks on each host (torchrun's `--nproc-per-node`).
+    pub ranks_per_host: u32,
     pub steps: u64,
     pub checkpoint_every: u64,
     /// Hidden width of ringtrain's MLP (None: its default).
@@ -38,12 +64,22 @@ pub struct TrainOpts {
     pub deadline: Duration,
 }
 
+impl TrainOpts {
+    /// The hosts the job's ranks prefer, in rank order (the first
+    /// `ranks / ranks_per_host`); the others are spares.
+    pub fn rank_hosts(&self) -> Vec<usize> {
+        (0..(self.ranks / self.ranks_per_host.max(1)) as usize).collect()
+    }
+}
+
 impl Default for TrainOpts {
     fn default() -> Self {
         Self {
+            workload: Workload::Ringtrain,
             hosts: 4,
             supervisors: 1,
             ranks: 4,
+            ranks_per_host: 1,
             steps: 300,
             checkpoint_every: 50,
             hidden: None,
@@ -58,7 +94,33 @@ impl Default for TrainOpts {
 /// A testbed cluster that runs training jobs.
 pub struct Training {
     pub c: NetCluster,
-    ringtrain: PathBuf,
+    /// The ringtrain binary or the example script, where the job user can
+    /// read it.
+    program: PathBuf,
+    workload: Workload,
+}
+
+/// Copies the Python package and its examples where the job user can read
+/// them; returns the PyTorch example's path.
+pub fn install_python(run_dir: &Path) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../python");
+    let dst = run_dir.join("py");
+    for sub in ["railguard", "examples"] {
+        let to = dst.join(sub);
+        std::fs::create_dir_all(&to)?;
+        for e in std::fs::read_dir(src.join(sub)).with_context(|| format!("read {sub}"))? {
+            let e = e?;
+            if e.path().extension().is_some_and(|x| x == "py") {
+                let t = to.join(e.file_name());
+                std::fs::copy(e.path(), &t)?;
+                std::fs::set_permissions(&t, std::fs::Permissions::from_mode(0o644))?;
+            }
+        }
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755))?;
+    }
+    std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755))?;
+    Ok(dst.join("examples").join("torch_ddp.py"))
 }
 
 /// The log of `job`'s rank `rank` of `incarnation` as host `host`'s agent
@@ -80,6 +142,7 @@ pub fn rank_log(c: &NetCluster, host: usize, job: &str, incarnation: u64, rank: 
 pub struct JobFile<'a> {
     pub name: &'a str,
     pub ranks: u32,
+    pub ranks_per_host: u32,
     pub hosts: Vec<String>,
     pub command: Vec<String>,
     pub checkpoint_dir: String,
@@ -121,8 +184,7 @@ impl Training {
             hosts: o.hosts,
         })
         .await?;
-        let ringtrain = testbed::job_user::job_binary(&c.run_dir, "ringtrain")?;
-        let t = Training { c, ringtrain };
+        let t = Training::from_cluster(c, o.workload)?;
         let n = o.hosts;
         t.c.wait_until("every host Ready", Duration::from_secs(30), |c| {
             c.cli_json(&["node", "list"]).is_ok_and(|v| {
@@ -136,9 +198,16 @@ impl Training {
     }
 
     /// Wraps a running cluster (whose hosts are Ready).
-    pub fn from_cluster(c: NetCluster) -> anyhow::Result<Training> {
-        let ringtrain = testbed::job_user::job_binary(&c.run_dir, "ringtrain")?;
-        Ok(Training { c, ringtrain })
+    pub fn from_cluster(c: NetCluster, workload: Workload) -> anyhow::Result<Training> {
+        let program = match workload {
+            Workload::Ringtrain => testbed::job_user::job_binary(&c.run_dir, "ringtrain")?,
+            Workload::Torch { .. } => install_python(c.run_dir.path())?,
+        };
+        Ok(Training {
+            c,
+            program,
+            workload,
+        })
     }
 
     /// Keeps the run directory (logs, checkpoints) after the cluster is
@@ -159,19 +228,31 @@ impl Training {
         self.c.run_dir.path().join("ckpt").join(name)
     }
 
-    /// Submits a ringtrain job through `railguard job submit`.
+    /// Submits the job through `railguard job submit`.
     pub fn submit(&self, name: &str, o: &TrainOpts, hosts: &[usize]) -> anyhow::Result<()> {
-        let mut argv = vec![
-            self.ringtrain.display().to_string(),
+        let mut argv = match self.workload {
+            Workload::Ringtrain => vec![self.program.display().to_string()],
+            Workload::Torch { step_delay_ms } => vec![
+                "/usr/bin/python3".into(),
+                self.program.display().to_string(),
+                "--step-delay-ms".into(),
+                step_delay_ms.to_string(),
+            ],
+        };
+        argv.extend([
             "--steps".into(),
             o.steps.to_string(),
             "--log-every".into(),
             "1".into(),
-        ];
+        ]);
         if let Some(h) = o.hidden {
             argv.extend(["--hidden".into(), h.to_string()]);
         }
         if o.fragile {
+            anyhow::ensure!(
+                self.workload == Workload::Ringtrain,
+                "only ringtrain has a fragile mode"
+            );
             argv.push("--fragile".into());
         }
         // The agents create the job's directory (the job user's); only the
@@ -183,6 +264,7 @@ impl Training {
         let f = JobFile {
             name,
             ranks: o.ranks,
+            ranks_per_host: o.ranks_per_host,
             // The preferred hosts first (rank order), then every other
             // host of the testbed as an allowed spare.
             hosts: hosts
@@ -343,7 +425,7 @@ impl Watch {
 /// Polling period of the scenarios' loops.
 const POLL: Duration = Duration::from_millis(100);
 
-/// The last `step=N` a ringtrain log shows (0: none).
+/// The last `step=N` a ringtrain or torch_ddp.py log shows (0: none).
 pub fn last_step(log: &str) -> u64 {
     log.lines()
         .rev()
@@ -354,11 +436,15 @@ pub fn last_step(log: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The `digest=` line of a ringtrain log.
+/// The digest of the final weights: ringtrain's `digest=<hex>` line or
+/// torch_ddp.py's `DIGEST <hex>`.
 pub fn digest_of(log: &str) -> Option<String> {
-    log.lines()
-        .rev()
-        .find_map(|l| l.trim().strip_prefix("digest=").map(str::to_owned))
+    log.lines().rev().find_map(|l| {
+        let l = l.trim();
+        l.strip_prefix("digest=")
+            .or_else(|| l.strip_prefix("DIGEST "))
+            .map(str::to_owned)
+    })
 }
 
 /// A flap storm on the data NICs of the given hosts: every `every`
@@ -431,7 +517,7 @@ impl StormState {
 
 /// Runs one job without faults: its digest and speed are the reference.
 pub async fn fault_free(t: &mut Training, name: &str, o: &TrainOpts) -> anyhow::Result<JobRun> {
-    let hosts: Vec<usize> = (0..o.ranks as usize).collect();
+    let hosts = o.rank_hosts();
     t.submit(name, o, &hosts)?;
     let mut w = Watch::new(name, o.deadline);
     let r = loop {
@@ -458,7 +544,7 @@ pub async fn stormy(
     o: &TrainOpts,
     storm: &Storm,
 ) -> anyhow::Result<(JobRun, u64)> {
-    let hosts: Vec<usize> = (0..o.ranks as usize).collect();
+    let hosts = o.rank_hosts();
     t.submit(name, o, &hosts)?;
     let mut s = StormState::new(storm.clone(), Duration::from_secs(2));
     let mut w = Watch::new(name, o.deadline);
@@ -544,12 +630,12 @@ async fn host_loss_in(
     o: &TrainOpts,
     lose_at_step: u64,
 ) -> anyhow::Result<serde_json::Value> {
-    if o.hosts <= o.ranks as usize {
+    if o.hosts <= o.rank_hosts().len() {
         bail!("host-loss needs a spare host: --hosts must exceed the ranks");
     }
     eprintln!("host-loss: fault-free run");
     let base = fault_free(t, "base", o).await?;
-    let hosts: Vec<usize> = (0..o.ranks as usize).collect();
+    let hosts = o.rank_hosts();
     let victim = *hosts.last().context("no ranks")?;
     eprintln!("host-loss: the same job; h{victim} is lost at step {lose_at_step}");
     t.submit("lossy", o, &hosts)?;
@@ -591,7 +677,7 @@ async fn host_loss_in(
     let lost_steps = reached.saturating_sub(resume);
     let placement = t.placement("lossy");
     let same = run.digest.is_some() && run.digest == base.digest;
-    let on_spare = placement.iter().any(|h| *h >= o.ranks as usize) && !placement.contains(&victim);
+    let on_spare = placement.iter().any(|h| !hosts.contains(h)) && !placement.contains(&victim);
     eprintln!(
         "host-loss: step {reached} reached before the loss, resumed from {resume} ({lost_steps} lost); now on {placement:?}; digest {}",
         if same { "equal" } else { "DIFFERENT" }
@@ -604,6 +690,7 @@ async fn host_loss_in(
         && resumed_after.is_some();
     Ok(serde_json::json!({
         "ok": ok,
+        "scenario": format!("{}host-loss", o.workload.prefix()),
         "lost_host": format!("h{victim}"),
         "steps": o.steps,
         "checkpoint_every": o.checkpoint_every,
@@ -632,12 +719,12 @@ async fn drain_in(
     o: &TrainOpts,
     drain_at_step: u64,
 ) -> anyhow::Result<serde_json::Value> {
-    if o.hosts <= o.ranks as usize {
+    if o.hosts <= o.rank_hosts().len() {
         bail!("drain needs a spare host: --hosts must exceed the ranks");
     }
     eprintln!("drain: fault-free run");
     let base = fault_free(t, "base", o).await?;
-    let hosts: Vec<usize> = (0..o.ranks as usize).collect();
+    let hosts = o.rank_hosts();
     let victim = *hosts.last().context("no ranks")?;
     eprintln!("drain: the same job; h{victim} is drained at step {drain_at_step}");
     t.submit("moved", o, &hosts)?;
@@ -700,6 +787,7 @@ async fn drain_in(
         && !placement.contains(&victim);
     Ok(serde_json::json!({
         "ok": ok,
+        "scenario": format!("{}drain", o.workload.prefix()),
         "drained_host": format!("h{victim}"),
         "steps": o.steps,
         "reached_step": reached,
@@ -793,11 +881,11 @@ pub async fn demo_training(
         base.steps_per_s,
         short_digest(base.digest.as_deref())
     ));
-    let hosts: Vec<usize> = (0..o.ranks as usize).collect();
+    let hosts = o.rank_hosts();
     t.submit("demo", o, &hosts)?;
     say("  the same job again; a cable will be pulled under it at a third of the run");
     let mut w = Watch::new("demo", o.deadline);
-    let victim = 1.min(o.ranks as usize - 1);
+    let victim = 1.min(hosts.len() - 1);
     let mut pulled: Option<Instant> = None;
     let mut restored = false;
     let mut moved = 0;
@@ -884,5 +972,9 @@ mod tests {
         assert_eq!(digest_of(log).as_deref(), Some("abc"));
         assert_eq!(last_step(""), 0);
         assert_eq!(digest_of("step=1 elapsed_ms=1"), None);
+        let torch =
+            "start rank=0 world=2 step=0\nstep=7 unix_ms=5 loss=0.1\nSTALL {}\nDIGEST 00ff\n";
+        assert_eq!(last_step(torch), 7);
+        assert_eq!(digest_of(torch).as_deref(), Some("00ff"));
     }
 }

@@ -4,9 +4,11 @@ job contract.
 
 It trains a small MLP (16 -> hidden -> 1, tanh) on synthetic regression data
 with gloo on CPU. Every rank's batch at step s is a function of (seed, s,
-rank) only, so the data position *is* the step: a run interrupted and
-resumed from a checkpoint computes exactly what an uninterrupted run does,
-and the final weights have the same bytes (same digest).
+rank) only, so the data position *is* the step, and gradients are
+averaged in rank order (``rank_ordered_mean``, a DDP communication hook):
+a run interrupted and resumed from a checkpoint computes exactly what an
+uninterrupted run does, and the final weights have the same bytes (same
+digest) at any world size.
 
 Run it under torchrun (``torchrun --nproc-per-node 2 torch_ddp.py``), as
 two processes by hand (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), alone,
@@ -130,6 +132,33 @@ def make_model(seed: int, hidden: int) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(INPUTS, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
 
 
+def rank_ordered_mean(process_group, bucket):
+    """A DDP communication hook: the mean of the ranks' gradients, summed in
+    rank order (all_gather, then add), element by element.
+
+    DDP's default hook all-reduces each bucket with gloo's ring algorithm,
+    where the order in which an element's terms are added depends on the
+    element's offset in its bucket; and DDP lays its buckets out anew after
+    each process's first iteration. So a run resumed from a checkpoint
+    would add some gradients in another order than an uninterrupted run and
+    differ from it in the last bits once there are more than two ranks.
+    Summing in rank order makes every step's result independent of the
+    layout, at the cost of an all_gather (small for this model)."""
+    group = process_group if process_group is not None else dist.group.WORLD
+    world = dist.get_world_size(group)
+    t = bucket.buffer()
+    parts = [torch.empty_like(t) for _ in range(world)]
+    fut = dist.all_gather(parts, t, group=group, async_op=True).get_future()
+
+    def add(_):
+        total = parts[0].clone()
+        for p in parts[1:]:
+            total += p
+        return total.div_(world)
+
+    return fut.then(add)
+
+
 def digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for t in model.state_dict().values():
@@ -242,7 +271,11 @@ def main(argv=None) -> int:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optim"])
         out(f"resumed step={start} path={path}")
-    net = DDP(model) if world > 1 else model
+    if world > 1:
+        net = DDP(model)
+        net.register_comm_hook(None, rank_ordered_mean)
+    else:
+        net = model
     w_true = teacher(a.seed)
     nparams = sum(p.numel() for p in model.parameters())
     out(f"start rank={rank} world={world} step={start} steps={a.steps} params={nparams}")

@@ -143,6 +143,19 @@ const SCENARIOS: &[Entry] = &[
         "A host running a rank is drained mid-run: the job halts at a checkpoint and moves to \
          a spare with 0 lost steps and the fault-free digest. Needs root",
     ),
+    entry::<TorchHostLoss>(
+        "torch-host-loss",
+        "The host-loss scenario with an unmodified PyTorch DDP job (gloo, \
+         python/examples/torch_ddp.py) instead of ringtrain: resumed on a spare from the latest \
+         complete checkpoint, at most one interval lost, the fault-free digest. Needs root and \
+         python3-torch",
+    ),
+    entry::<TorchDrain>(
+        "torch-drain",
+        "The drain scenario with the PyTorch DDP job: it halts at an ordered checkpoint and \
+         moves to a spare with 0 lost steps and the fault-free digest. Needs root and \
+         python3-torch",
+    ),
     entry::<BadPlaybooks>(
         "bad-playbooks",
         "The shipped playbook library is applied to a 3-supervisor cluster, then every \
@@ -288,13 +301,22 @@ struct TrainArgs {
     hosts: Option<usize>,
     #[arg(long, default_value_t = 4)]
     ranks: u32,
+    /// Ranks on each host (torchrun's --nproc-per-node); must divide
+    /// --ranks.
+    #[arg(long, default_value_t = 1)]
+    ranks_per_host: u32,
     #[arg(long, default_value_t = 300)]
     steps: u64,
     #[arg(long, default_value_t = 50)]
     checkpoint_every: u64,
-    /// ringtrain's hidden width (default: its own, ~4.5 MB of gradients).
+    /// The model's hidden width (default: the program's own; ringtrain's
+    /// is ~4.5 MB of gradients).
     #[arg(long)]
     hidden: Option<u32>,
+    /// PyTorch scenarios: sleep after each step (ms), so faults land
+    /// mid-run.
+    #[arg(long, default_value_t = 20)]
+    step_delay_ms: u64,
     #[arg(long, default_value_t = 1)]
     supervisors: usize,
     /// Longest the job may take (s).
@@ -303,13 +325,18 @@ struct TrainArgs {
 }
 
 impl TrainArgs {
-    fn opts(&self, spare: bool) -> anyhow::Result<chaos_tests::training::TrainOpts> {
-        let hosts = self
-            .hosts
-            .unwrap_or(self.ranks as usize + usize::from(spare));
+    fn opts(&self, spare: bool, torch: bool) -> anyhow::Result<chaos_tests::training::TrainOpts> {
         ensure!(
-            (1..=16).contains(&self.ranks) && (self.ranks as usize..=32).contains(&hosts),
-            "--ranks takes 1..=16 and --hosts ranks..=32"
+            (1..=16).contains(&self.ranks)
+                && (1..=self.ranks).contains(&self.ranks_per_host)
+                && self.ranks % self.ranks_per_host == 0,
+            "--ranks takes 1..=16 and --ranks-per-host a divisor of it"
+        );
+        let needed = (self.ranks / self.ranks_per_host) as usize;
+        let hosts = self.hosts.unwrap_or(needed + usize::from(spare));
+        ensure!(
+            (needed..=32).contains(&hosts),
+            "--hosts takes ranks/ranks-per-host..=32"
         );
         ensure!(
             (1..=100_000).contains(&self.steps) && self.checkpoint_every <= self.steps,
@@ -319,10 +346,19 @@ impl TrainArgs {
             (1..=7).contains(&self.supervisors) && (1..=7200).contains(&self.deadline_secs),
             "--supervisors takes 1..=7 and --deadline-secs 1..=7200"
         );
+        ensure!(self.step_delay_ms <= 1000, "--step-delay-ms takes 0..=1000");
         Ok(chaos_tests::training::TrainOpts {
+            workload: if torch {
+                chaos_tests::training::Workload::Torch {
+                    step_delay_ms: self.step_delay_ms,
+                }
+            } else {
+                chaos_tests::training::Workload::Ringtrain
+            },
             hosts,
             supervisors: self.supervisors,
             ranks: self.ranks,
+            ranks_per_host: self.ranks_per_host,
             steps: self.steps,
             checkpoint_every: self.checkpoint_every,
             hidden: self.hidden,
@@ -580,7 +616,7 @@ type Goodput = Stormy<true>;
 
 impl<const GOODPUT: bool> Runner for Stormy<GOODPUT> {
     async fn run(self, what: String) -> Outcome {
-        let (o, st) = (self.train.opts(false)?, self.storm.storm()?);
+        let (o, st) = (self.train.opts(false, false)?, self.storm.storm()?);
         need_root(&what)?;
         value_report(if GOODPUT {
             chaos_tests::training::goodput(&o, st).await?
@@ -590,10 +626,11 @@ impl<const GOODPUT: bool> Runner for Stormy<GOODPUT> {
     }
 }
 
-/// `host-loss` (`AtStep<false>`) and `drain` (`AtStep<true>`): a host
-/// running a rank is lost or drained mid-run.
+/// `host-loss` and `drain` (`AtStep<false|true, _>`): a host running a
+/// rank is lost or drained mid-run; `torch-` runs the PyTorch example
+/// (`AtStep<_, true>`) instead of ringtrain.
 #[derive(Args, Debug)]
-struct AtStep<const DRAIN: bool> {
+struct AtStep<const DRAIN: bool, const TORCH: bool> {
     #[command(flatten)]
     train: TrainArgs,
     /// Lose (host-loss) or drain (drain) the host once the job reached
@@ -602,12 +639,14 @@ struct AtStep<const DRAIN: bool> {
     at_step: u64,
 }
 
-type HostLoss = AtStep<false>;
-type Drain = AtStep<true>;
+type HostLoss = AtStep<false, false>;
+type Drain = AtStep<true, false>;
+type TorchHostLoss = AtStep<false, true>;
+type TorchDrain = AtStep<true, true>;
 
-impl<const DRAIN: bool> Runner for AtStep<DRAIN> {
+impl<const DRAIN: bool, const TORCH: bool> Runner for AtStep<DRAIN, TORCH> {
     async fn run(self, what: String) -> Outcome {
-        let o = self.train.opts(true)?;
+        let o = self.train.opts(true, TORCH)?;
         ensure!(
             (1..o.steps).contains(&self.at_step),
             "--at-step must be within 1..steps"
