@@ -38,4 +38,5 @@ pub mod qp;
 pub mod security;
 pub mod tcp_failover;
 pub mod torch;
+pub mod torch_goodput;
 pub mod training;

@@ -56,6 +56,10 @@ pub struct TcpFailoverReport {
     /// and from then until the next pull (failback).
     pub failover_gaps_ms: Vec<f64>,
     pub failback_gaps_ms: Vec<f64>,
+    /// Per pull, after the cable was put back: when the failback's longest
+    /// gap began, and when h0's detour was seen gone (polled every few ms).
+    pub failback_gap_began_ms: Vec<f64>,
+    pub detour_gone_ms: Vec<f64>,
     pub gap_p50_ms: f64,
     pub gap_p99_ms: f64,
     pub gap_max_ms: f64,
@@ -116,19 +120,35 @@ fn spawn_poller(
 
 /// The longest time without progress in `[from, to)`, counted from `from`.
 pub fn longest_gap(samples: &[(Instant, u64)], from: Instant, to: Instant) -> Duration {
+    longest_gap_at(samples, from, to).0
+}
+
+/// The longest time without progress in `[from, to)` and when it began.
+pub fn longest_gap_at(
+    samples: &[(Instant, u64)],
+    from: Instant,
+    to: Instant,
+) -> (Duration, Instant) {
     let mut last_progress = from;
-    let mut longest = Duration::ZERO;
+    let mut longest = (Duration::ZERO, from);
     let mut prev: Option<u64> = None;
     for &(t, bytes) in samples.iter().filter(|(t, _)| *t <= to) {
         if let Some(p) = prev {
             if bytes >= p + PROGRESS_BYTES && t >= from {
-                longest = longest.max(t.saturating_duration_since(last_progress));
+                let gap = t.saturating_duration_since(last_progress);
+                if gap > longest.0 {
+                    longest = (gap, last_progress);
+                }
                 last_progress = t;
             }
         }
         prev = Some(bytes);
     }
-    longest.max(to.saturating_duration_since(last_progress))
+    let tail = to.saturating_duration_since(last_progress);
+    if tail > longest.0 {
+        longest = (tail, last_progress);
+    }
+    longest
 }
 
 /// Received bytes between two instants (the samples nearest inside).
@@ -203,6 +223,7 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
     let base_to = Instant::now();
     let mut windows = Vec::new();
     let mut restores = Vec::new();
+    let mut gone = Vec::new();
     for i in 0..r.pulls {
         let from = Instant::now();
         c.tb.set_cable(1, 0, Side::Fabric, false).await?;
@@ -219,6 +240,7 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
         .await?;
         let h0 = c.tb.ns(Node::Host(0)).command("ip")?;
         wait_no_detours(h0).await?;
+        gone.push(Instant::now());
         tokio::time::sleep(Duration::from_millis(300)).await;
         windows.push((from, Instant::now()));
     }
@@ -243,10 +265,25 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
         .zip(&restores)
         .map(|((a, _), back)| ms(longest_gap(&samples, *a, *back)))
         .collect();
-    let failback_gaps: Vec<f64> = windows
+    let failback: Vec<(Duration, Instant)> = windows
         .iter()
         .zip(&restores)
-        .map(|((_, b), back)| ms(longest_gap(&samples, *back, *b)))
+        .map(|((_, b), back)| longest_gap_at(&samples, *back, *b))
+        .collect();
+    let failback_gaps: Vec<f64> = failback.iter().map(|(g, _)| ms(*g)).collect();
+    // When, after the cable was put back, the failback's longest gap began
+    // and h0's detour was seen gone (polled): a gap that begins at the
+    // detour's removal is the failback's own, one that begins at once is
+    // the returning link's.
+    let failback_gap_began_ms: Vec<f64> = failback
+        .iter()
+        .zip(&restores)
+        .map(|((_, at), back)| ms(at.saturating_duration_since(*back)))
+        .collect();
+    let detour_gone_ms: Vec<f64> = gone
+        .iter()
+        .zip(&restores)
+        .map(|(g, back)| ms(g.saturating_duration_since(*back)))
         .collect();
     let mut sorted_us: Vec<u64> = gaps.iter().map(|g| (g * 1000.0) as u64).collect();
     sorted_us.sort_unstable();
@@ -286,6 +323,8 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
         gaps_ms: gaps,
         failover_gaps_ms: failover_gaps,
         failback_gaps_ms: failback_gaps,
+        failback_gap_began_ms,
+        detour_gone_ms,
         baseline_mbit_s: baseline,
         pulls_mbit_s: during,
         throughput_ratio: if baseline > 0.0 {
@@ -315,7 +354,7 @@ async fn wait_no_detours(mut ip: std::process::Command) -> anyhow::Result<()> {
             Instant::now() < deadline,
             "detour routes still present after 30 s"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -225,6 +225,13 @@ const BENCHES: &[Entry] = &[
          and failback), p50/p99 over the pulls, throughput against a fault-free baseline, and \
          whether iperf3 kept its one connection. Needs root and iperf3",
     ),
+    entry::<TorchGoodput>(
+        "torch-goodput",
+        "The PyTorch DDP example under one fault schedule (a flap storm, a 60 s outage, a NIC \
+         lost for good), as a railguard job and as plain `torchrun --max-restarts 3` on one \
+         rail, same checkpoint interval and timeout: useful steps/s of each, their ratio, \
+         restarts, lost steps. Needs root and python3-torch",
+    ),
     entry::<RaftCommit>(
         "raft-commit",
         "Committed events/s and latency of 3 supervisors at 1, 16 and 256 clients",
@@ -777,6 +784,72 @@ impl Runner for TorchNicFlap {
             step_delay_ms: self.step_delay_ms,
             outages,
             deadline: Duration::from_secs(600) + total * 2,
+        })
+        .await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct TorchGoodput {
+    #[arg(long, default_value_t = 4)]
+    hosts: usize,
+    /// Steps of the job (enough to train through the whole schedule).
+    #[arg(long, default_value_t = 6000)]
+    steps: u64,
+    /// Sleep after each step (ms).
+    #[arg(long, default_value_t = 20)]
+    step_delay_ms: u64,
+    #[arg(long, default_value_t = 100)]
+    checkpoint_every: u64,
+    /// Length of the flap storm (s).
+    #[arg(long, default_value_t = 40)]
+    storm_secs: u64,
+    /// Mean time between flaps in the storm (ms).
+    #[arg(long, default_value_t = 4000)]
+    flap_every_ms: u64,
+    /// How long a flapped cable stays out (ms).
+    #[arg(long, default_value_t = 2500)]
+    flap_down_ms: u64,
+    /// The long outage (s).
+    #[arg(long, default_value_t = 60)]
+    outage_secs: u64,
+    #[arg(long, default_value_t = 41)]
+    seed: u64,
+    /// Longest either side may take (s).
+    #[arg(long, default_value_t = 1200)]
+    deadline_secs: u64,
+}
+
+impl Runner for TorchGoodput {
+    async fn run(self, what: String) -> Outcome {
+        ensure!(
+            (3..=16).contains(&self.hosts)
+                && (100..=100_000).contains(&self.steps)
+                && self.step_delay_ms <= 1000
+                && (1..=self.steps).contains(&self.checkpoint_every)
+                && self.storm_secs <= 3600
+                && (100..=600_000).contains(&self.flap_every_ms)
+                && (10..=60_000).contains(&self.flap_down_ms)
+                && (1..=3600).contains(&self.outage_secs)
+                && (60..=7200).contains(&self.deadline_secs),
+            "--hosts takes 3..=16, --steps 100..=100000, --step-delay-ms 0..=1000, \
+             --checkpoint-every 1..=steps, --storm-secs 0..=3600, --flap-every-ms \
+             100..=600000, --flap-down-ms 10..=60000, --outage-secs 1..=3600, \
+             --deadline-secs 60..=7200"
+        );
+        need_root(&what)?;
+        let r = chaos_tests::torch_goodput::run(chaos_tests::torch_goodput::GoodputRun {
+            hosts: self.hosts,
+            steps: self.steps,
+            step_delay_ms: self.step_delay_ms,
+            checkpoint_every: self.checkpoint_every,
+            storm: Duration::from_secs(self.storm_secs),
+            flap_every: Duration::from_millis(self.flap_every_ms),
+            flap_down: Duration::from_millis(self.flap_down_ms),
+            outage: Duration::from_secs(self.outage_secs),
+            seed: self.seed,
+            deadline: Duration::from_secs(self.deadline_secs),
         })
         .await?;
         report(r.ok, &r)
