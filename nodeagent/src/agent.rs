@@ -298,7 +298,7 @@ pub async fn run(
     // The probe mesh judges a NIC only by its silence since netlink last
     // saw it come up.
     let netdevs = Arc::new(crate::link::NetdevEpochs::default());
-    let link_tracker = LinkTracker::new(&names, cfg.damping)
+    let link_tracker = LinkTracker::new(&names, cfg.damping, cfg.failback_hold)
         .with_port_events(evidence_rx)
         .with_netdev_epochs(netdevs.clone());
     let mut rdma_forward = None;

@@ -74,7 +74,19 @@ pub struct AgentConfig {
     /// `[reroute] fabric_rto_min_ms`: the `rto_min` the data NICs'
     /// connected routes get (0: the kernel's default, 200 ms).
     pub fabric_rto_min_ms: u32,
+    /// `[reroute] failback_hold_ms`: a NIC back up after being down stays
+    /// Recovering this long before it is Up (its connections and detour
+    /// routes fail back then).
+    pub failback_hold: Duration,
 }
+
+/// Default `[reroute] failback_hold_ms`. Failing back at the moment the
+/// carrier returns stalled an iperf3 stream for 50-85 ms in 5 of 8 pulls
+/// (`bench tcp-failover`); failbacks that came seconds later (the NIC was
+/// damped) stalled it for about 10 ms.
+pub const DEFAULT_FAILBACK_HOLD_MS: u64 = 500;
+/// The largest `failback_hold_ms` taken.
+pub const MAX_FAILBACK_HOLD_MS: u64 = 600_000;
 
 /// Default `[reroute] fabric_rto_min_ms`: a connection stalled by a pulled
 /// cable retransmits within milliseconds once a detour works, instead of
@@ -123,6 +135,7 @@ struct FileConfig {
 #[serde(deny_unknown_fields)]
 struct FileReroute {
     fabric_rto_min_ms: Option<u32>,
+    failback_hold_ms: Option<u64>,
 }
 
 /// `[control]`: the control socket.
@@ -382,10 +395,16 @@ pub fn load(
             gid
         }
     };
-    let fabric_rto_min_ms = fc
-        .reroute
-        .and_then(|r| r.fabric_rto_min_ms)
+    let reroute = fc.reroute.unwrap_or_default();
+    let fabric_rto_min_ms = reroute
+        .fabric_rto_min_ms
         .unwrap_or(DEFAULT_FABRIC_RTO_MIN_MS);
+    let failback_hold_ms = reroute.failback_hold_ms.unwrap_or(DEFAULT_FAILBACK_HOLD_MS);
+    if failback_hold_ms > MAX_FAILBACK_HOLD_MS {
+        return Err(ConfigError::Invalid(format!(
+            "[reroute] failback_hold_ms {failback_hold_ms}: want 0..={MAX_FAILBACK_HOLD_MS}"
+        )));
+    }
     if fabric_rto_min_ms > MAX_FABRIC_RTO_MIN_MS {
         return Err(ConfigError::Invalid(format!(
             "[reroute] fabric_rto_min_ms {fabric_rto_min_ms}: want 0..={MAX_FABRIC_RTO_MIN_MS} (0: the kernel's default)"
@@ -413,6 +432,7 @@ pub fn load(
         jobs,
         control_socket_group,
         fabric_rto_min_ms,
+        failback_hold: Duration::from_millis(failback_hold_ms),
     })
 }
 

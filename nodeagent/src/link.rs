@@ -13,8 +13,11 @@
 //!
 //! Per-NIC state (with the [`FlapDamper`]): down and not suppressed → Down;
 //! down and suppressed → Flapping; up and suppressed → Recovering; up and
-//! reusable → Up. [`NicTracker::tick`] moves Recovering to Up once the
-//! damper allows it.
+//! reusable → Up. A NIC back up after being down is also Recovering for
+//! its hold time ([`NicTracker::with_hold`], `[reroute] failback_hold_ms`):
+//! its connections and detour routes fail back only once it has stayed up
+//! that long. [`NicTracker::tick`] moves Recovering to Up once the damper
+//! and the hold allow it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -148,6 +151,10 @@ pub struct NicTracker {
     down_count: u32,
     carrier_changes: u64,
     health: Option<NicHealth>,
+    /// How long a NIC back up stays Recovering before it is Up.
+    hold: std::time::Duration,
+    /// When the link last came back up after being down.
+    back_at: Option<Instant>,
 }
 
 impl NicTracker {
@@ -163,7 +170,15 @@ impl NicTracker {
             down_count: 0,
             carrier_changes: 0,
             health: None,
+            hold: std::time::Duration::ZERO,
+            back_at: None,
         }
+    }
+
+    /// A NIC back up after being down stays Recovering for `hold`.
+    pub fn with_hold(mut self, hold: std::time::Duration) -> Self {
+        self.hold = hold;
+        self
     }
 
     /// Current classification (None before the first sample).
@@ -172,10 +187,14 @@ impl NicTracker {
     }
 
     fn classify(&mut self, link_up: bool, now: Instant) -> NicHealth {
+        let held = self
+            .back_at
+            .is_some_and(|t| now.saturating_duration_since(t) < self.hold);
         match (link_up, self.damper.is_suppressed(now)) {
             (false, false) => NicHealth::Down,
             (false, true) => NicHealth::Flapping,
             (true, true) => NicHealth::Recovering,
+            (true, false) if held => NicHealth::Recovering,
             (true, false) => NicHealth::Up,
         }
     }
@@ -183,6 +202,9 @@ impl NicTracker {
     fn transition(&mut self, link_up: bool, now: Instant, synthesized: bool) -> LinkTransition {
         if self.link_up == Some(true) && !link_up {
             self.damper.record_flap(now);
+        }
+        if self.link_up == Some(false) && link_up {
+            self.back_at = Some(now);
         }
         self.link_up = Some(link_up);
         let health = self.classify(link_up, now);
@@ -362,11 +384,12 @@ impl NetdevEpochs {
 }
 
 impl LinkTracker {
-    pub fn new(nics: &[String], damping: DampingConfig) -> Self {
+    /// `hold`: how long a NIC back up stays Recovering before it is Up.
+    pub fn new(nics: &[String], damping: DampingConfig, hold: std::time::Duration) -> Self {
         Self {
             nics: nics
                 .iter()
-                .map(|n| (n.clone(), NicTracker::new(n, damping)))
+                .map(|n| (n.clone(), NicTracker::new(n, damping).with_hold(hold)))
                 .collect(),
             ports: None,
             epochs: None,
@@ -498,6 +521,38 @@ mod tests {
         );
         let t = n.observe(&sample(false, false, 2), t0 + Duration::from_secs(3));
         assert_eq!(t[0].health, NicHealth::Down, "admin down");
+    }
+
+    #[test]
+    fn a_nic_back_up_is_recovering_for_its_hold_time() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        // Damping out of the way: only the hold is tested here.
+        let damping = DampingConfig {
+            suppress: 1e9,
+            ..DampingConfig::default()
+        };
+        let mut n = NicTracker::new("rail0", damping).with_hold(ms(500));
+        // Up at start: no hold (it was never down).
+        assert_eq!(
+            n.observe(&sample(true, true, 0), t0)[0].health,
+            NicHealth::Up
+        );
+        n.observe(&sample(true, false, 1), t0 + ms(100));
+        let back = n.observe(&sample(true, true, 1), t0 + ms(200));
+        assert_eq!(back[0].health, NicHealth::Recovering);
+        assert!(back[0].link_up, "the link itself is up");
+        assert_eq!(n.tick(t0 + ms(600)), None, "still held");
+        let up = n.tick(t0 + ms(700)).expect("held 500 ms");
+        assert_eq!(up.health, NicHealth::Up);
+        // Down again within the hold: Down at once, and a new hold after.
+        n.observe(&sample(true, false, 2), t0 + ms(800));
+        n.observe(&sample(true, true, 2), t0 + ms(900));
+        n.observe(&sample(true, false, 3), t0 + ms(1000));
+        assert_eq!(n.health(), Some(NicHealth::Down));
+        n.observe(&sample(true, true, 3), t0 + ms(1100));
+        assert_eq!(n.tick(t0 + ms(1500)), None);
+        assert_eq!(n.tick(t0 + ms(1600)).map(|t| t.health), Some(NicHealth::Up));
     }
 
     #[test]

@@ -196,6 +196,7 @@ impl Rig {
             jobs: Default::default(),
             control_socket_group: Some(job_user::ensure_job_user().1),
             fabric_rto_min_ms: 0,
+            failback_hold: Duration::ZERO,
         };
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let agent = tokio::spawn(nodeagent::agent::run(cfg, async {
