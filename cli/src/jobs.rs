@@ -139,7 +139,7 @@ pub async fn checkpoint(
             .call(AdminRequest::JobShow { job: job.clone() }, false)
             .await
         {
-            Ok(AdminReply::Job { job }) => job,
+            Ok(AdminReply::Job { job }) => *job,
             Ok(other) => bail!(ApiError::internal(format!("unexpected reply: {other:?}"))),
             Err(e) if e.kind == ErrorKind::Unavailable => {
                 if Instant::now() >= deadline {

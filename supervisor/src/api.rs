@@ -261,8 +261,9 @@ pub enum AdminReply {
     Jobs {
         jobs: Vec<crate::model::jobs::Job>,
     },
+    /// Boxed: a job is by far the largest reply.
     Job {
-        job: crate::model::jobs::Job,
+        job: Box<crate::model::jobs::Job>,
     },
     JobLogs {
         host: String,

@@ -304,7 +304,7 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
             let job = j.ok_or_else(|| {
                 ApiError::new(ErrorKind::NotFound, format!("job {job:?} not found"))
             })?;
-            Ok(AdminReply::Job { job })
+            Ok(AdminReply::Job { job: Box::new(job) })
         }
         AdminRequest::JobLogs {
             job,

@@ -837,11 +837,11 @@ mod tests {
     #[test]
     fn the_tables_hold_every_command_the_readme_mentions() {
         let docs = [
-            include_str!("../../../README.md"),
-            include_str!("../../../docs/benchmarks.md"),
-            include_str!("../../../docs/references.md"),
-            include_str!("../../../docs/status.md"),
-            include_str!("../../../docs/testbed.md"),
+            include_str!("../../../../README.md"),
+            include_str!("../../../../docs/benchmarks.md"),
+            include_str!("../../../../docs/references.md"),
+            include_str!("../../../../docs/status.md"),
+            include_str!("../../../../docs/testbed.md"),
         ];
         let mut seen = 0;
         let mut named = std::collections::BTreeSet::new();

@@ -45,7 +45,7 @@ impl TrainArgs {
         ensure!(
             (1..=16).contains(&self.ranks)
                 && (1..=self.ranks).contains(&self.ranks_per_host)
-                && self.ranks % self.ranks_per_host == 0,
+                && self.ranks.is_multiple_of(self.ranks_per_host),
             "--ranks takes 1..=16 and --ranks-per-host a divisor of it"
         );
         let needed = (self.ranks / self.ranks_per_host) as usize;

@@ -85,7 +85,7 @@ pub fn place(st: &ClusterState, job: &Job) -> Option<Vec<String>> {
 pub(in crate::model) fn well_formed(placement: &[String], per: usize) -> bool {
     let per = per.max(1);
     let mut seen = BTreeSet::new();
-    placement.len() % per == 0
+    placement.len().is_multiple_of(per)
         && placement
             .chunks(per)
             .all(|c| c.iter().all(|h| *h == c[0]) && seen.insert(&c[0]))

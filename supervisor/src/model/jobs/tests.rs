@@ -671,12 +671,14 @@ mod json {
             signal: 0,
             detail: "d".into(),
         });
-        let reply = crate::api::AdminReply::Job { job: j.clone() };
+        let reply = crate::api::AdminReply::Job {
+            job: Box::new(j.clone()),
+        };
         let text = serde_json::to_string(&reply).unwrap();
         let back: crate::api::AdminReply = serde_json::from_str(&text).unwrap();
         let crate::api::AdminReply::Job { job } = back else {
             panic!("{text}")
         };
-        assert_eq!(job, j);
+        assert_eq!(*job, j);
     }
 }

@@ -126,7 +126,7 @@ impl JobSpec {
         if self.ranks_per_host == 0 || self.ranks_per_host > MAX_RANKS_PER_HOST {
             return bad(format!("ranks_per_host must be 1..={MAX_RANKS_PER_HOST}"));
         }
-        if self.ranks % self.ranks_per_host != 0 {
+        if !self.ranks.is_multiple_of(self.ranks_per_host) {
             return bad(format!(
                 "ranks ({}) must be a multiple of ranks_per_host ({})",
                 self.ranks, self.ranks_per_host
