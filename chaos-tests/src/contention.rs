@@ -177,7 +177,7 @@ fn link_incidents(c: &NetCluster) -> anyhow::Result<Vec<(u64, String, String, u6
 
 /// How many `link_contention` incidents the cluster ever opened.
 fn incidents_opened(c: &NetCluster) -> anyhow::Result<usize> {
-    let v = c.cli_json(&["events", "--limit", "10000"])?;
+    let v = c.cli_json(&["events", "--since", "0", "--limit", "10000"])?;
     Ok(v["events"]
         .as_array()
         .into_iter()

@@ -445,3 +445,84 @@ async fn raft_rpcs_share_one_connection_per_peer() {
         "the followers accepted {n} connections from the leader over 60 linearizable reads"
     );
 }
+
+/// The operator's view through the real CLI: `events` shows the newest
+/// events by default and says what it left out, `--since` pages from the
+/// oldest; `status` says whether the cluster can serve and exits 3 when
+/// it cannot (quorum lost), instead of looking healthy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_show_the_newest_and_status_fails_without_a_quorum() {
+    let mut c = SupervisorCluster::start(3).unwrap();
+    c.init().await.unwrap();
+    register_host(&c.addrs(), "h0", &c.agent_tls("h0").unwrap())
+        .await
+        .unwrap();
+    let admin = c.client("test", 0, Duration::from_secs(5)).unwrap();
+    for i in 0..12 {
+        let label = AdminOp::SetLabels {
+            host: "h0".into(),
+            set: BTreeMap::from([("n".to_string(), i.to_string())]),
+            remove: vec![],
+        };
+        write(&admin, label).await;
+    }
+    let text = |o: &std::process::Output| {
+        (
+            String::from_utf8_lossy(&o.stdout).to_string(),
+            String::from_utf8_lossy(&o.stderr).to_string(),
+        )
+    };
+    let all = c
+        .cli(&["-o", "json", "events", "--since", "0", "--limit", "5000"])
+        .unwrap();
+    let all: serde_json::Value = serde_json::from_slice(&all.stdout).unwrap();
+    let seqs: Vec<u64> = all["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert!(seqs.len() > 12, "{all}");
+    let newest = c.cli(&["-o", "json", "events", "--limit", "5"]).unwrap();
+    let newest: serde_json::Value = serde_json::from_slice(&newest.stdout).unwrap();
+    let got: Vec<u64> = newest["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(got, seqs[seqs.len() - 5..], "the newest five, in order");
+    assert_eq!(newest["omitted"], seqs.len() as u64 - 5, "{newest}");
+    let (out, err) = text(&c.cli(&["events", "--limit", "5"]).unwrap());
+    assert_eq!(out.lines().count(), 5, "{out}");
+    assert!(
+        err.contains(&format!("{} more events not shown", seqs.len() - 5)),
+        "{err}"
+    );
+    let oldest = c
+        .cli(&["-o", "json", "events", "--since", "0", "--limit", "3"])
+        .unwrap();
+    let oldest: serde_json::Value = serde_json::from_slice(&oldest.stdout).unwrap();
+    assert_eq!(oldest["events"][0]["seq"], seqs[0], "{oldest}");
+
+    let ok = c.cli(&["status"]).unwrap();
+    let (out, err) = text(&ok);
+    assert!(ok.status.success(), "{out}{err}");
+    assert!(out.contains("cluster:     available"), "{out}");
+
+    // Two of three gone: the survivor still answers `status` from memory,
+    // but the cluster cannot serve, and status says so and fails.
+    let leader = c.wait_leader(Duration::from_secs(10)).await.unwrap();
+    let survivor = (1..=3).find(|i| *i != leader).unwrap();
+    for id in (1..=3).filter(|i| *i != survivor) {
+        c.kill(id);
+    }
+    let only = vec![c.addrs()[survivor as usize - 1].clone()];
+    let t0 = Instant::now();
+    let down = c.cli_at(&only, &["status"]).unwrap();
+    let (out, err) = text(&down);
+    assert_eq!(down.status.code(), Some(3), "{out}{err}");
+    assert!(out.contains("cluster:     UNAVAILABLE"), "{out}");
+    assert!(err.contains("the cluster is unavailable"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+}

@@ -2,6 +2,7 @@
 //! (also followed live), incidents, the leader's intents with their
 //! outcome, and recorded admin operations.
 
+use supervisor::api::{AdminReply, AdminRequest};
 use supervisor::client::AdminClient;
 use supervisor::model::{
     Action, AdminRecord, ClusterEvent, Incident, Intent, IntentStatus, Outcome,
@@ -9,7 +10,32 @@ use supervisor::model::{
 
 use crate::output::{fmt_ms, table};
 
-pub async fn follow(client: &AdminClient, since: u64, json: bool) -> anyhow::Result<()> {
+/// `railguard events --follow`: from `since`, or the newest `limit` events
+/// first when it is not given.
+pub async fn follow(
+    client: &AdminClient,
+    since: Option<u64>,
+    limit: u32,
+    json: bool,
+) -> anyhow::Result<()> {
+    let since = match since {
+        Some(s) => s,
+        None => {
+            let req = AdminRequest::Events {
+                since: 0,
+                limit,
+                newest: true,
+            };
+            match client.call(req, false).await? {
+                AdminReply::Events { events, .. } if events.is_empty() => 0,
+                // The stream starts after `since`, so it shows these first.
+                AdminReply::Events { events, .. } => {
+                    events.first().map_or(0, |e| e.seq.saturating_sub(1))
+                }
+                other => anyhow::bail!("unexpected reply: {other:?}"),
+            }
+        }
+    };
     client
         .follow(since, |e| {
             if json {
@@ -33,13 +59,23 @@ pub fn print_event(e: &ClusterEvent) {
     );
 }
 
-/// `railguard events`.
-pub fn print_events(events: &[ClusterEvent]) {
+/// `railguard events`; says on stderr how many matching events it left
+/// out.
+pub fn print_events(events: &[ClusterEvent], omitted: u64) {
     if events.is_empty() {
         println!("no events");
     }
     for e in events {
         print_event(e);
+    }
+    if omitted > 0 {
+        let (first, last) = (
+            events.first().map_or(0, |e| e.seq),
+            events.last().map_or(0, |e| e.seq),
+        );
+        eprintln!(
+            "({omitted} more events not shown: {first}..{last} are listed; --limit N or --since SEQ for others)"
+        );
     }
 }
 

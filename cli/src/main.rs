@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
-use supervisor::api::{AdminRequest, ApiError};
+use supervisor::api::{AdminReply, AdminRequest, ApiError};
 use supervisor::client::AdminClient;
 use supervisor::model::jobs::JobOp;
 use supervisor::model::playbook_store::PlanIncident;
@@ -132,10 +132,12 @@ enum Cmd {
         /// Keep printing new events as they commit (Ctrl-C to stop).
         #[arg(long, short)]
         follow: bool,
-        /// Start after this event sequence number.
-        #[arg(long, default_value_t = 0)]
-        since: u64,
-        /// At most this many events (without --follow).
+        /// Start after this event sequence number, oldest first (default:
+        /// the newest --limit events).
+        #[arg(long)]
+        since: Option<u64>,
+        /// At most this many events (the newest, unless --since is given);
+        /// with --follow, how many recent ones to show first.
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
@@ -402,11 +404,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Events {
             follow: true,
             since,
-            ..
+            limit,
         } => {
-            return events::follow(&client, since, json).await;
+            return events::follow(&client, since, limit, json).await;
         }
-        Cmd::Events { since, limit, .. } => AdminRequest::Events { since, limit },
+        Cmd::Events { since, limit, .. } => AdminRequest::Events {
+            since: since.unwrap_or(0),
+            limit,
+            newest: since.is_none(),
+        },
         Cmd::History { limit } => AdminRequest::AdminHistory { limit },
         Cmd::Clock => AdminRequest::Clock,
         Cmd::Paths {
@@ -439,5 +445,40 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Cmd::Pki(cmd) => return certs::run(cmd, json),
     };
     let reply = client.call(request, cli.stale).await?;
-    render::show(&reply, json)
+    render::show(&reply, json)?;
+    if matches!(reply, AdminReply::Status(_)) && !cli.stale {
+        cluster_available(&cli.supervisor, cli.timeout, &actor, &tls, json).await?;
+    }
+    Ok(())
+}
+
+/// After `status` (which any supervisor answers from its own memory, so it
+/// looks the same with or without a quorum): whether the cluster can serve
+/// at all, by one linearizable read through the leader, bounded by 3 s.
+/// Unavailable is an error (exit 3), so scripts see it.
+async fn cluster_available(
+    supervisors: &[String],
+    timeout: Duration,
+    actor: &str,
+    tls: &supervisor::client::ClientTls,
+    json: bool,
+) -> anyhow::Result<()> {
+    let probe = AdminClient::new(supervisors, actor, timeout.min(Duration::from_secs(3)), tls)?;
+    match probe.call(AdminRequest::ClusterMembers, false).await {
+        Ok(_) => {
+            if !json {
+                println!("cluster:     available (a linearizable read went through the leader)");
+            }
+            Ok(())
+        }
+        Err(e) => {
+            if !json {
+                println!("cluster:     UNAVAILABLE");
+            }
+            Err(ApiError::unavailable(format!(
+                "the cluster is unavailable: no leader with a quorum answered a linearizable read ({e})"
+            ))
+            .into())
+        }
+    }
 }

@@ -15,7 +15,7 @@ pub fn render(reply: &AdminReply) {
         AdminReply::Host { host, jobs } => nodes::print_host(host, jobs),
         AdminReply::Incidents { incidents } => events::print_incidents(incidents),
         AdminReply::Nics { nics } => nics::print_nics(nics),
-        AdminReply::Events { events } => events::print_events(events),
+        AdminReply::Events { events, omitted } => events::print_events(events, *omitted),
         AdminReply::History { records } => events::print_history(records),
         AdminReply::Committed { log_index, detail } => {
             if *log_index > 0 {

@@ -60,9 +60,13 @@ pub enum AdminRequest {
     NicList {
         state: Option<crate::model::NicState>,
     },
+    /// Events after `since`, oldest first, at most `limit`; with `newest`
+    /// the last `limit` of them instead (still in order).
     Events {
         since: u64,
         limit: u32,
+        #[serde(default)]
+        newest: bool,
     },
     AdminHistory {
         limit: u32,
@@ -220,6 +224,9 @@ pub enum AdminReply {
     },
     Events {
         events: Vec<ClusterEvent>,
+        /// Matching events the reply leaves out (the limit).
+        #[serde(default)]
+        omitted: u64,
     },
     History {
         records: Vec<AdminRecord>,

@@ -43,6 +43,7 @@ async fn observe(sup: &Sup) -> String {
             AdminRequest::Events {
                 since: 0,
                 limit: 5000,
+                newest: false,
             },
             false,
         )

@@ -130,11 +130,14 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
                 .filter(|(_, n)| state.is_none_or(|s| n.state == s))
                 .collect()),
         }),
-        AdminRequest::Events { since, limit } => {
+        AdminRequest::Events {
+            since,
+            limit,
+            newest,
+        } => {
             let limit = limit.clamp(1, MAX_EVENTS_PER_CALL) as usize;
-            Ok(AdminReply::Events {
-                events: read!(|st| events_since(&st.events, since, limit)),
-            })
+            let (events, omitted) = read!(|st| events_since(&st.events, since, limit, newest));
+            Ok(AdminReply::Events { events, omitted })
         }
         AdminRequest::AdminHistory { limit } => {
             let limit = limit.clamp(1, MAX_EVENTS_PER_CALL) as usize;
@@ -437,16 +440,20 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
     }
 }
 
+/// Events after `since`: the first `limit` (or the last, `newest`), in
+/// order, and how many more matched.
 fn events_since(
     log: &std::collections::VecDeque<ClusterEvent>,
     since: u64,
     limit: usize,
-) -> Vec<ClusterEvent> {
-    log.iter()
-        .filter(|e| e.seq > since)
-        .take(limit)
-        .cloned()
-        .collect()
+    newest: bool,
+) -> (Vec<ClusterEvent>, u64) {
+    let matching = log.iter().filter(|e| e.seq > since);
+    let n = matching.clone().count();
+    let skip = if newest { n.saturating_sub(limit) } else { 0 };
+    let events: Vec<ClusterEvent> = matching.skip(skip).take(limit).cloned().collect();
+    let omitted = (n - events.len()) as u64;
+    (events, omitted)
 }
 
 fn status(sup: &Supervisor) -> StatusView {
@@ -628,7 +635,11 @@ impl Admin for AdminService {
             &self.leader,
             &actor,
             role,
-            &AdminRequest::Events { since: 0, limit: 0 },
+            &AdminRequest::Events {
+                since: 0,
+                limit: 0,
+                newest: false,
+            },
         )
         .await?;
         let mut since = req.get_ref().since;
@@ -638,7 +649,7 @@ impl Admin for AdminService {
         tokio::spawn(async move {
             let mut applied = sup.raft.metrics();
             loop {
-                let batch = sup.read(|st| events_since(&st.events, since, 256));
+                let (batch, _) = sup.read(|st| events_since(&st.events, since, 256, false));
                 for e in batch {
                     since = e.seq;
                     let body = match serde_json::to_vec(&e) {

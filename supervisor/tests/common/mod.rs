@@ -132,6 +132,7 @@ impl Sup {
             let req = AdminRequest::Events {
                 since: 0,
                 limit: 100,
+                newest: false,
             };
             if let Ok(AdminReply::Events { events, .. }) = c.call(req, false).await {
                 if events.iter().any(|e| {
@@ -259,11 +260,12 @@ pub async fn register(addr: &str, host: &str) -> u64 {
 
 /// The first 1000 committed events, read from the leader.
 pub async fn events(c: &AdminClient) -> Vec<supervisor::model::ClusterEvent> {
-    let AdminReply::Events { events } = c
+    let AdminReply::Events { events, .. } = c
         .call(
             AdminRequest::Events {
                 since: 0,
                 limit: 1000,
+                newest: false,
             },
             false,
         )
