@@ -505,6 +505,36 @@ async fn events_show_the_newest_and_status_fails_without_a_quorum() {
     let oldest: serde_json::Value = serde_json::from_slice(&oldest.stdout).unwrap();
     assert_eq!(oldest["events"][0]["seq"], seqs[0], "{oldest}");
 
+    // `cluster init` again: one sentence, nothing changed.
+    let again = c.cli(&["cluster", "init"]).unwrap();
+    let (_, err) = text(&again);
+    assert_eq!(again.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("already initialized (members 1, 2, 3)"),
+        "{err}"
+    );
+    // `nic list -o json`: one object per NIC, its host a field.
+    let nics = c.cli(&["-o", "json", "nic", "list"]).unwrap();
+    let nics: serde_json::Value = serde_json::from_slice(&nics.stdout).unwrap();
+    let first = &nics["nics"][0];
+    assert!(first["host"] == "h0" && first["name"].is_string(), "{nics}");
+    // A job that cannot be placed says why.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big.toml");
+    std::fs::write(
+        &file,
+        "name = \"big\"\nranks = 9\ncommand = [\"/bin/true\"]\ncheckpoint_dir = \"/tmp/big\"\n",
+    )
+    .unwrap();
+    let sub = c.cli(&["job", "submit", file.to_str().unwrap()]).unwrap();
+    assert!(sub.status.success(), "{:?}", text(&sub));
+    let (out, _) = text(&c.cli(&["job", "show", "big"]).unwrap());
+    assert!(
+        out.contains("waiting:     needs 9 hosts (9 ranks, 1 per host);"),
+        "{out}"
+    );
+
     let ok = c.cli(&["status"]).unwrap();
     let (out, err) = text(&ok);
     assert!(ok.status.success(), "{out}{err}");

@@ -124,7 +124,7 @@ pub async fn checkpoint(
         .call(AdminRequest::JobShow { job: job.clone() }, false)
         .await?
     {
-        AdminReply::Job { job } => job.latest_checkpoint,
+        AdminReply::Job { job, .. } => job.latest_checkpoint,
         other => bail!(ApiError::internal(format!("unexpected reply: {other:?}"))),
     };
     let op = AdminOp::Job(JobOp::Checkpoint { job: job.clone() });
@@ -139,7 +139,7 @@ pub async fn checkpoint(
             .call(AdminRequest::JobShow { job: job.clone() }, false)
             .await
         {
-            Ok(AdminReply::Job { job }) => *job,
+            Ok(AdminReply::Job { job, .. }) => *job,
             Ok(other) => bail!(ApiError::internal(format!("unexpected reply: {other:?}"))),
             Err(e) if e.kind == ErrorKind::Unavailable => {
                 if Instant::now() >= deadline {
@@ -217,7 +217,9 @@ pub fn print_jobs(jobs: &[Job]) {
     );
 }
 
-pub fn print_job(j: &Job) {
+/// `railguard job show`; `waiting`: why a pending or restarting job is
+/// not placed yet.
+pub fn print_job(j: &Job, waiting: Option<&str>) {
     println!("job:         {}", j.name);
     println!(
         "state:       {} since {}{}",
@@ -229,6 +231,9 @@ pub fn print_job(j: &Job) {
             format!(" ({})", j.reason)
         }
     );
+    if let Some(w) = waiting {
+        println!("waiting:     {w}");
+    }
     println!("submitted:   {}", fmt_ms(j.submitted_ms));
     println!("command:     {}", j.spec.command.join(" "));
     println!(

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use clap::{Subcommand, ValueEnum};
-use supervisor::api::{AdminReply, AdminRequest, ApiError, ErrorKind, QpView};
+use supervisor::api::{AdminReply, AdminRequest, ApiError, ErrorKind, NicView, QpView};
 use supervisor::client::AdminClient;
 use supervisor::model::{AdminOp, IntentStatus, Nic, NicState, Outcome};
 
@@ -169,7 +169,7 @@ pub async fn order(
     }
 }
 
-pub fn print_nics(nics: &[(String, Nic)]) {
+pub fn print_nics(nics: &[NicView]) {
     if nics.is_empty() {
         println!("no NICs");
         return;
@@ -178,8 +178,8 @@ pub fn print_nics(nics: &[(String, Nic)]) {
         "{:<14} {:<8} {:>4} {:<8} {:<15} {:<10} {:>6} {:>8}  LAST CHANGE",
         "HOST", "NIC", "RAIL", "BACKUP", "ADDR", "STATE", "FLAPS", "PENALTY"
     );
-    for (h, n) in nics {
-        println!("{h:<14} {}", nic_row(n));
+    for v in nics {
+        println!("{:<14} {}", v.host, nic_row(&v.nic));
     }
 }
 

@@ -46,7 +46,7 @@ pub fn render(reply: &AdminReply) {
             playbooks::print_plan(plan, matched_now.as_deref())
         }
         AdminReply::PlaybookRuns { runs, truncated } => playbooks::print_runs(runs, *truncated),
-        AdminReply::Job { job } => jobs::print_job(job),
+        AdminReply::Job { job, waiting } => jobs::print_job(job, waiting.as_deref()),
         AdminReply::JobLogs {
             host,
             incarnation,

@@ -193,6 +193,14 @@ pub struct StatusView {
     pub open_intents: Vec<Intent>,
 }
 
+/// A NIC with its host (`nic list`: one object per NIC).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct NicView {
+    pub host: String,
+    #[serde(flatten)]
+    pub nic: crate::model::Nic,
+}
+
 /// A connection placement with its host.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct QpView {
@@ -220,7 +228,7 @@ pub enum AdminReply {
         incidents: Vec<Incident>,
     },
     Nics {
-        nics: Vec<(String, crate::model::Nic)>,
+        nics: Vec<NicView>,
     },
     Events {
         events: Vec<ClusterEvent>,
@@ -271,6 +279,9 @@ pub enum AdminReply {
     /// Boxed: a job is by far the largest reply.
     Job {
         job: Box<crate::model::jobs::Job>,
+        /// Why a job waiting for placement is not placed yet.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        waiting: Option<String>,
     },
     JobLogs {
         host: String,

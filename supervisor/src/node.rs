@@ -328,6 +328,17 @@ impl Supervisor {
 
     /// Initialises a new cluster with this node and its configured peers.
     pub async fn initialize(&self) -> Result<(), ApiError> {
+        if self.raft.is_initialized().await.unwrap_or(false) {
+            let m = self.raft.metrics().borrow().membership_config.clone();
+            let ids: Vec<String> = m.membership().voter_ids().map(|i| i.to_string()).collect();
+            return Err(ApiError::new(
+                ErrorKind::FailedPrecondition,
+                format!(
+                    "the cluster is already initialized (members {}); nothing changed",
+                    ids.join(", ")
+                ),
+            ));
+        }
         let mut nodes = BTreeMap::new();
         nodes.insert(self.id, BasicNode { addr: self.addr() });
         for (id, addr) in &self.config.peers {

@@ -609,3 +609,25 @@ async fn supervisor_addresses_may_be_host_names() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("HOST:PORT"));
 }
+
+/// Logs written to a file are plain text (no ANSI colour codes), and
+/// `--log-format json` writes one JSON object per line.
+#[tokio::test]
+async fn logs_to_a_file_are_plain_text_or_json_lines() {
+    let text = Sup::start(&[]).await;
+    let log = std::fs::read_to_string(text.dir.path().join("sup.log")).unwrap();
+    assert!(log.contains("INFO"), "{log}");
+    assert!(
+        !log.contains('\u{1b}'),
+        "ANSI escapes in a log file:\n{log}"
+    );
+    let json = Sup::start(&["--log-format", "json"]).await;
+    let log = std::fs::read_to_string(json.dir.path().join("sup.log")).unwrap();
+    let lines: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!lines.is_empty());
+    for l in lines {
+        let v: serde_json::Value =
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert!(v["level"].is_string() && v["timestamp"].is_string(), "{l}");
+    }
+}

@@ -56,6 +56,10 @@ struct Args {
     /// evidence for this host).
     #[arg(long)]
     no_probes: bool,
+    /// Log format: text (coloured only on a terminal) or json (one object
+    /// per line).
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: telemetry::LogFormat,
     /// UDP port of the probe sockets, one per data NIC. Default 7947.
     #[arg(long)]
     probe_port: Option<u16>,
@@ -150,13 +154,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
 fn main() {
     let args = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,h2=warn,tower=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    telemetry::init(args.log_format, "info,h2=warn,tower=warn");
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     if let Err(e) = rt.block_on(run(args)) {
         eprintln!("error: {e:#}");

@@ -51,15 +51,10 @@ struct Args {
     /// (default: the system's /etc/ssl/certs/ca-certificates.crt).
     #[arg(long, value_name = "FILE")]
     webhook_ca: Option<PathBuf>,
-    /// Log format.
+    /// Log format: text (coloured only on a terminal) or json (one
+    /// object per line).
     #[arg(long, value_enum, default_value = "text")]
-    log_format: LogFormat,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug)]
-enum LogFormat {
-    Text,
-    Json,
+    log_format: telemetry::LogFormat,
 }
 
 /// Raises the soft limit on open files to the hard one: every agent, admin
@@ -102,20 +97,10 @@ fn main() {
 }
 
 async fn run(args: Args, fd_limit: Option<u64>) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,openraft=warn,sled=warn,h2=warn,tower=warn")
-    });
-    match args.log_format {
-        LogFormat::Text => tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .init(),
-        LogFormat::Json => tracing_subscriber::fmt()
-            .json()
-            .with_env_filter(filter)
-            .with_writer(std::io::stderr)
-            .init(),
-    }
+    telemetry::init(
+        args.log_format,
+        "info,openraft=warn,sled=warn,h2=warn,tower=warn",
+    );
     let config = SupervisorConfig::load(
         args.config.as_deref(),
         Overrides {

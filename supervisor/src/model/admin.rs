@@ -105,14 +105,40 @@ impl AdminOp {
                 spec.ranks,
                 spec.command.join(" ")
             ),
-            AdminOp::Job(op) => format!("job {op:?}"),
+            AdminOp::Job(JobOp::Cancel { job }) => format!("job cancel {job}"),
+            AdminOp::Job(JobOp::Restart { job, reason }) => format!("job restart {job}: {reason}"),
+            AdminOp::Job(JobOp::Checkpoint { job }) => format!("job checkpoint {job}"),
+            AdminOp::Cordon { host } => format!("node cordon {host}"),
+            AdminOp::Uncordon { host } => format!("node uncordon {host}"),
+            AdminOp::Drain {
+                host,
+                reason,
+                deadline_ms,
+            } => match deadline_ms {
+                Some(ms) => format!(
+                    "node drain {host}: {reason} (deadline {})",
+                    utc_seconds(*ms)
+                ),
+                None => format!("node drain {host}: {reason}"),
+            },
+            AdminOp::Undrain { host } => format!("node undrain {host}"),
+            AdminOp::SetLabels { host, set, remove } => {
+                let mut parts: Vec<String> = set.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                parts.extend(remove.iter().map(|k| format!("-{k}")));
+                format!("node label {host} {}", parts.join(" "))
+            }
+            AdminOp::NicFailover { host, nic, to } => match to {
+                Some(to) => format!("nic failover {host}/{nic} to {to}"),
+                None => format!("nic failover {host}/{nic}"),
+            },
+            AdminOp::NicFailback { host, nic } => format!("nic failback {host}/{nic}"),
+            AdminOp::ShapeClear { host } => format!("shape clear {host}"),
             AdminOp::Refused { request, needed } => {
                 format!("refused: {request} (needs role {needed})")
             }
             AdminOp::Revoke { serial, reason } => format!("pki revoke {serial}: {reason}"),
             AdminOp::MemberAdded { id, addr } => format!("cluster add-member {id} {addr}"),
             AdminOp::MemberRemoved { id } => format!("cluster remove-member {id}"),
-            op => format!("{op:?}"),
         }
     }
 
@@ -199,5 +225,49 @@ impl AdminOp {
             AdminOp::MemberRemoved { .. } => AdminAction::MemberRemoved,
             AdminOp::ShapeClear { .. } => AdminAction::ShapeClear,
         }
+    }
+}
+
+/// Unix ms as RFC 3339 to the second, UTC.
+fn utc_seconds(ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_admin_op_reads_as_a_command_not_debug_text() {
+        let ops = [
+            AdminOp::Drain {
+                host: "h3".into(),
+                reason: "bad fan".into(),
+                deadline_ms: Some(1_795_572_192_860),
+            },
+            AdminOp::SetLabels {
+                host: "h1".into(),
+                set: BTreeMap::from([("rack".to_string(), "a".to_string())]),
+                remove: vec!["old".into()],
+            },
+            AdminOp::NicFailover {
+                host: "h1".into(),
+                nic: "rail0".into(),
+                to: None,
+            },
+            AdminOp::Job(JobOp::Cancel { job: "llm".into() }),
+        ];
+        let lines: Vec<String> = ops.iter().map(AdminOp::summary).collect();
+        assert_eq!(
+            lines,
+            [
+                "node drain h3: bad fan (deadline 2026-11-25T02:03:12Z)",
+                "node label h1 rack=a -old",
+                "nic failover h1/rail0",
+                "job cancel llm",
+            ]
+        );
+        assert!(lines.iter().all(|l| !l.contains('{')));
     }
 }

@@ -269,8 +269,8 @@ impl std::fmt::Display for Event {
                 f,
                 "connection {job}/{rank}/{conn_id} not recorded: the host already has {limit}"
             ),
-            Event::IntentOpened { id, action } => write!(f, "intent {id} opened: {action:?}"),
-            Event::IntentClosed { id, outcome } => write!(f, "intent {id} closed: {outcome:?}"),
+            Event::IntentOpened { id, action } => write!(f, "intent {id} opened: {action}"),
+            Event::IntentClosed { id, outcome } => write!(f, "intent {id} closed: {outcome}"),
             Event::Drained { intent } => write!(f, "drained (intent {intent})"),
             Event::FailoverDone {
                 intent,

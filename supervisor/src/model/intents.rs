@@ -65,6 +65,67 @@ pub enum Action {
     Reroute { host: String, digest: u64 },
 }
 
+impl std::fmt::Display for Action {
+    /// What `railguard events` and `intents` show: a sentence, not the
+    /// structure.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Action::CompleteDrain { host } => write!(f, "complete the drain of {host}"),
+            Action::Failover { host, nic, to } => write!(f, "fail {host}/{nic} over to {to}"),
+            Action::Failback { host, nic } => write!(f, "fail {host} back to {nic}"),
+            Action::StartRank {
+                job,
+                incarnation,
+                rank,
+                host,
+            } => write!(f, "start rank {rank} of {job} #{incarnation} on {host}"),
+            Action::StopJob {
+                job,
+                incarnation,
+                host,
+            } => write!(f, "stop {job} #{incarnation} (and older) on {host}"),
+            Action::CheckpointJob {
+                job,
+                incarnation,
+                host,
+                halt,
+            } => write!(
+                f,
+                "checkpoint {job} #{incarnation} on {host}{}",
+                if *halt { " and halt" } else { "" }
+            ),
+            Action::PlaybookStep {
+                run,
+                step,
+                attempt,
+                host,
+                op,
+            } => write!(
+                f,
+                "playbook run {run} step {step} attempt {attempt} on {host}: {op}"
+            ),
+            Action::ShapeNic { host, nic, version } => {
+                write!(f, "shape {host}/{nic} (version {version})")
+            }
+            Action::ClearShape { host, nic } => write!(f, "clear the shapes of {host}/{nic}"),
+            Action::Reroute { host, digest: 0 } => write!(f, "remove the detour routes of {host}"),
+            Action::Reroute { host, digest } => {
+                write!(f, "set the detour routes of {host} (set {digest:016x})")
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Outcome::Done => write!(f, "done"),
+            Outcome::Cancelled { why } => write!(f, "cancelled: {why}"),
+            Outcome::Failed { error } => write!(f, "failed: {error}"),
+        }
+    }
+}
+
 impl Action {
     /// The host the action concerns.
     pub fn host(&self) -> &str {
@@ -133,4 +194,55 @@ pub struct Intent {
     pub closed_ms: Option<u64>,
     /// What the outcome's author said (an agent's order answer).
     pub detail: String,
+}
+
+#[cfg(test)]
+mod display_tests {
+    use super::*;
+
+    #[test]
+    fn actions_and_outcomes_read_as_sentences() {
+        let lines: Vec<String> = [
+            Action::Reroute {
+                host: "h1".into(),
+                digest: 0xabc,
+            },
+            Action::Reroute {
+                host: "h1".into(),
+                digest: 0,
+            },
+            Action::PlaybookStep {
+                run: 3,
+                step: 1,
+                attempt: 2,
+                host: "h2".into(),
+                op: StepOp::Failover {
+                    nic: "rail0".into(),
+                    to: "rail1".into(),
+                },
+            },
+            Action::CheckpointJob {
+                job: "llm".into(),
+                incarnation: 4,
+                host: "h0".into(),
+                halt: true,
+            },
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        assert_eq!(
+            lines,
+            [
+                "set the detour routes of h1 (set 0000000000000abc)",
+                "remove the detour routes of h1",
+                "playbook run 3 step 1 attempt 2 on h2: fail rail0 over to rail1",
+                "checkpoint llm #4 on h0 and halt",
+            ]
+        );
+        let failed = Outcome::Failed {
+            error: "no NIC".into(),
+        };
+        assert_eq!(failed.to_string(), "failed: no NIC");
+    }
 }

@@ -14,7 +14,9 @@ use proto::v1::admin_server::Admin;
 use proto::v1::{Blob, FollowRequest};
 use tonic::{Request, Response, Status};
 
-use crate::api::{AdminCall, AdminReply, AdminRequest, ApiError, ErrorKind, QpView, StatusView};
+use crate::api::{
+    AdminCall, AdminReply, AdminRequest, ApiError, ErrorKind, NicView, QpView, StatusView,
+};
 use crate::leader::services::Leader;
 use crate::model::{AdminOp, ClusterEvent, CmdOk, Command, IntentStatus};
 use crate::node::Supervisor;
@@ -126,8 +128,11 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
             nics: read!(|st| st
                 .hosts
                 .values()
-                .flat_map(|h| h.nics.values().map(move |n| (h.name.clone(), n.clone())))
-                .filter(|(_, n)| state.is_none_or(|s| n.state == s))
+                .flat_map(|h| h.nics.values().map(move |n| NicView {
+                    host: h.name.clone(),
+                    nic: n.clone(),
+                }))
+                .filter(|v| state.is_none_or(|s| v.nic.state == s))
                 .collect()),
         }),
         AdminRequest::Events {
@@ -303,11 +308,18 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
             jobs: read!(|st| st.jobs.values().cloned().collect()),
         }),
         AdminRequest::JobShow { job } => {
-            let j = read!(|st| st.jobs.get(&job).cloned());
-            let job = j.ok_or_else(|| {
+            let now = crate::node::now_ms();
+            let j = read!(|st| st.jobs.get(&job).map(|j| {
+                let waiting = crate::model::jobs::waiting_reason(st, j, now);
+                (j.clone(), waiting)
+            }));
+            let (job, waiting) = j.ok_or_else(|| {
                 ApiError::new(ErrorKind::NotFound, format!("job {job:?} not found"))
             })?;
-            Ok(AdminReply::Job { job: Box::new(job) })
+            Ok(AdminReply::Job {
+                job: Box::new(job),
+                waiting,
+            })
         }
         AdminRequest::JobLogs {
             job,

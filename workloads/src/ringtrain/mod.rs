@@ -143,15 +143,7 @@ pub fn main_entry() -> i32 {
             return EXIT_CONFIG;
         }
     };
-    use std::io::IsTerminal;
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
+    telemetry::init(telemetry::LogFormat::Text, "info");
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

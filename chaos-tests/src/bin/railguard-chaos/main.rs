@@ -781,13 +781,7 @@ fn finish<T: Serialize>(ok: bool, report: &T) -> ! {
 
 fn main() {
     let matches = cli().get_matches();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    telemetry::init(telemetry::LogFormat::Text, "warn");
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
     let result: Outcome = rt.block_on(async {
         // Ctrl-C or SIGTERM (e.g. `timeout`): kill what this run started

@@ -39,6 +39,7 @@ pub(crate) mod types;
 
 pub use decide::{job_order_obsolete, wanted_job_actions, wanted_job_commands};
 pub use place::place;
+pub use place::waiting_reason;
 pub use types::{
     port_of, Exit, Job, JobCommand, JobOp, JobSpec, JobState, Rank, MAX_BACKOFF_MS,
     MAX_CHECKPOINTS, MAX_COMMAND_BYTES, MAX_ENV, MAX_JOBS, MAX_RANKS, MAX_USER_NAME, PORT_BASE,

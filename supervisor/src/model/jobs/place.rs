@@ -8,16 +8,102 @@ use std::collections::BTreeSet;
 
 /// Whether a host may receive new ranks of `spec`.
 pub(in crate::model) fn eligible(st: &ClusterState, host: &str, spec: &JobSpec) -> bool {
+    ineligible(st, host, spec).is_none()
+}
+
+/// Why a host may not receive new ranks of `spec` (`None`: it may).
+pub fn ineligible(st: &ClusterState, host: &str, spec: &JobSpec) -> Option<String> {
     let Some(h) = st.hosts.get(host) else {
-        return false;
+        return Some("not registered".into());
     };
-    h.liveness == Liveness::Ready
-        && h.status() == HostStatus::Ready
-        && (spec.hosts.is_empty() || spec.hosts.iter().any(|x| x == host))
-        && spec.labels.iter().all(|(k, v)| h.labels.get(k) == Some(v))
-        && h.nics
-            .values()
-            .any(|n| n.rail.is_some() && n.addr.is_some())
+    if h.liveness != Liveness::Ready {
+        return Some(format!("{:?}", h.liveness).to_lowercase());
+    }
+    if h.status() != HostStatus::Ready {
+        return Some(h.status().to_string().to_lowercase());
+    }
+    if !spec.hosts.is_empty() && !spec.hosts.iter().any(|x| x == host) {
+        return Some("not in the job's hosts".into());
+    }
+    if let Some((k, v)) = spec
+        .labels
+        .iter()
+        .find(|(k, v)| h.labels.get(*k) != Some(*v))
+    {
+        return Some(format!("no label {k}={v}"));
+    }
+    if !h
+        .nics
+        .values()
+        .any(|n| n.rail.is_some() && n.addr.is_some())
+    {
+        return Some("no data NIC with an address".into());
+    }
+    None
+}
+
+/// Why a job waiting for placement is not placed (`None` when it can be at
+/// the leader's next decision), for `job show`: hosts still stopping the
+/// old incarnation, the restart backoff (`now_ms`), or too few eligible
+/// hosts with each other host's reason.
+pub fn waiting_reason(st: &ClusterState, job: &Job, now_ms: u64) -> Option<String> {
+    use crate::model::jobs::types::JobState;
+    if !matches!(job.state, JobState::Pending | JobState::Restarting) {
+        return None;
+    }
+    if !job.stopping.is_empty() {
+        let hosts: Vec<&str> = job.stopping.keys().map(String::as_str).collect();
+        return Some(format!(
+            "waiting for {} to stop the ranks of incarnation {}",
+            hosts.join(", "),
+            job.incarnation
+        ));
+    }
+    if job.not_before_ms > now_ms {
+        return Some(format!(
+            "restart backoff: {} ms left",
+            job.not_before_ms - now_ms
+        ));
+    }
+    let need = job.spec.host_count();
+    let mut ok = Vec::new();
+    let mut not = Vec::new();
+    let candidates: Vec<&str> = if job.spec.hosts.is_empty() {
+        st.hosts.keys().map(String::as_str).collect()
+    } else {
+        job.spec.hosts.iter().map(String::as_str).collect()
+    };
+    for h in candidates {
+        match ineligible(st, h, &job.spec) {
+            None => ok.push(h),
+            Some(why) => not.push(format!("{h} {why}")),
+        }
+    }
+    if ok.len() >= need {
+        return None;
+    }
+    const SHOWN: usize = 8;
+    let mut list = not
+        .iter()
+        .take(SHOWN)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if not.len() > SHOWN {
+        list.push_str(&format!(", {} more", not.len() - SHOWN));
+    }
+    let plural = if need == 1 { "" } else { "s" };
+    let mut why = format!(
+        "needs {need} host{plural} ({} ranks, {} per host); {} eligible",
+        job.spec.ranks,
+        job.spec.ranks_per_host,
+        ok.len()
+    );
+    if !list.is_empty() {
+        why.push_str("; not eligible: ");
+        why.push_str(&list);
+    }
+    Some(why)
 }
 
 /// Ranks of other live jobs on each host.

@@ -553,6 +553,35 @@ fn bad_job_operations_change_nothing() {
     assert_eq!(w.job().incarnation, 1);
 }
 
+/// `job show` says why a job is not placed: too few eligible hosts, each
+/// other host with its reason; nothing once it can be placed.
+#[test]
+fn a_pending_job_says_why_it_is_not_placed() {
+    use crate::model::jobs::waiting_reason;
+    let mut w = World::new(&["h0", "h1", "h2"]);
+    w.ok(Command::Admin {
+        actor: "t".into(),
+        op: AdminOp::Cordon { host: "h2".into() },
+        request: None,
+    });
+    let mut s = spec("j", 9);
+    s.labels = BTreeMap::from([("rack".to_string(), "a".to_string())]);
+    w.admin(JobOp::Submit { spec: s }).unwrap();
+    w.settle(obey);
+    assert_eq!(w.job().state, JobState::Pending);
+    let why = waiting_reason(&w.st, w.job(), w.t * 1000).expect("a reason");
+    assert!(
+        why.starts_with("needs 9 hosts (9 ranks, 1 per host); 0 eligible"),
+        "{why}"
+    );
+    assert!(why.contains("h0 no label rack=a"), "{why}");
+    assert!(why.contains("h2 cordoned"), "{why}");
+    // A job that fits has no reason to wait.
+    w.admin(JobOp::Submit { spec: spec("k", 2) }).unwrap();
+    let k = w.st.jobs["k"].clone();
+    assert_eq!(waiting_reason(&w.st, &k, w.t * 1000), None);
+}
+
 /// torchrun's `--nproc-per-node`: a host's ranks in a row, distinct
 /// hosts, one checkpoint order per host, and a lost host's whole group
 /// moves to one spare.
@@ -673,10 +702,11 @@ mod json {
         });
         let reply = crate::api::AdminReply::Job {
             job: Box::new(j.clone()),
+            waiting: None,
         };
         let text = serde_json::to_string(&reply).unwrap();
         let back: crate::api::AdminReply = serde_json::from_str(&text).unwrap();
-        let crate::api::AdminReply::Job { job } = back else {
+        let crate::api::AdminReply::Job { job, .. } = back else {
             panic!("{text}")
         };
         assert_eq!(*job, j);

@@ -142,6 +142,46 @@ pub enum StepOp {
     },
 }
 
+impl std::fmt::Display for StepOp {
+    /// What `railguard events` and `intents` show.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let jobs = |js: &[JobMark]| {
+            js.iter()
+                .map(|j| format!("{} #{}", j.job, j.incarnation))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match self {
+            StepOp::Failover { nic, to } => write!(f, "fail {nic} over to {to}"),
+            StepOp::Failback { nic } => write!(f, "fail back to {nic}"),
+            StepOp::CheckpointJobs { jobs: js } => write!(f, "checkpoint {}", jobs(js)),
+            StepOp::RestartJobs { jobs: js } => write!(f, "restart {}", jobs(js)),
+            StepOp::Cordon => write!(f, "cordon"),
+            StepOp::Drain { .. } => write!(f, "drain"),
+            StepOp::WaitUntil { condition } => write!(f, "wait until {condition}"),
+            StepOp::ExcludeFromOwd => write!(f, "exclude from one-way-delay detection"),
+            StepOp::IncludeInOwd => write!(f, "include in one-way-delay detection"),
+            StepOp::Notify { message, webhook } => match webhook {
+                Some(w) => write!(f, "notify {w}: {message}"),
+                None => write!(f, "notify: {message}"),
+            },
+            StepOp::ReshapeRate {
+                bits_per_sec,
+                edge_hold_us,
+            } => {
+                write!(f, "reshape")?;
+                if let Some(b) = bits_per_sec {
+                    write!(f, " to {b} bit/s")?;
+                }
+                if let Some(us) = edge_hold_us {
+                    write!(f, ", hold at the edge above {us} µs")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 impl StepOp {
     /// Whether the host's agent carries it out (an order).
     pub fn is_order(&self) -> bool {
