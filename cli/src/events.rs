@@ -4,9 +4,7 @@
 
 use supervisor::api::{AdminReply, AdminRequest};
 use supervisor::client::AdminClient;
-use supervisor::model::{
-    Action, AdminRecord, ClusterEvent, Incident, Intent, IntentStatus, Outcome,
-};
+use supervisor::model::{AdminRecord, ClusterEvent, Incident, Intent, IntentStatus, Outcome};
 
 use crate::output::{fmt_ms, table};
 
@@ -113,53 +111,6 @@ pub fn print_history(records: &[AdminRecord]) {
     }
 }
 
-pub fn describe_action(a: &Action) -> String {
-    match a {
-        Action::CompleteDrain { host } => format!("complete drain of {host}"),
-        Action::Failover { host, nic, to } => format!("failover of {host}/{nic} to {to}"),
-        Action::Failback { host, nic } => format!("failback to {host}/{nic}"),
-        Action::StartRank {
-            job,
-            incarnation,
-            rank,
-            host,
-        } => format!("start {job}#{incarnation} rank {rank} on {host}"),
-        Action::StopJob {
-            job,
-            incarnation,
-            host,
-        } => format!("stop {job}#{incarnation} (and older) on {host}"),
-        Action::CheckpointJob {
-            job,
-            incarnation,
-            host,
-            halt,
-        } => format!(
-            "checkpoint {job}#{incarnation} on {host}{}",
-            if *halt { " and halt" } else { "" }
-        ),
-        Action::ShapeNic { host, nic, version } => {
-            format!("shape {host}/{nic} (version {version})")
-        }
-        Action::ClearShape { host, nic } => format!("clear shapes of {host}/{nic}"),
-        Action::Reroute { host, digest: 0 } => format!("remove the detour routes of {host}"),
-        Action::Reroute { host, digest } => {
-            format!("detour routes of {host} (set #{digest:016x})")
-        }
-        Action::PlaybookStep {
-            run,
-            step,
-            attempt,
-            host,
-            op,
-        } => format!(
-            "run {run} step {} attempt {} on {host}: {op:?}",
-            step + 1,
-            attempt + 1
-        ),
-    }
-}
-
 pub fn intent_status(i: &Intent) -> String {
     match &i.status {
         IntentStatus::Open => "open".into(),
@@ -181,12 +132,7 @@ pub fn intent_line(i: &Intent) -> String {
     } else {
         format!(" ({why})")
     };
-    format!(
-        "intent {}: {}: {}{why}",
-        i.id,
-        describe_action(&i.action),
-        intent_status(i)
-    )
+    format!("intent {}: {}: {}{why}", i.id, i.action, intent_status(i))
 }
 
 /// What an intent's table row says last: why it failed or was cancelled,
@@ -210,7 +156,7 @@ pub fn print_intents(intents: &[Intent]) {
         ["ID", "ACTION", "STATUS", "OPENED", "CLOSED", "DETAIL"],
         |i| [
             i.id,
-            describe_action(&i.action),
+            i.action.to_string(),
             intent_status(i),
             fmt_ms(i.opened_ms),
             i.closed_ms.map(fmt_ms).unwrap_or_else(|| "-".into()),

@@ -67,23 +67,23 @@ pub enum Action {
 
 impl std::fmt::Display for Action {
     /// What `railguard events` and `intents` show: a sentence, not the
-    /// structure.
+    /// structure (playbook steps and attempts counted from 1).
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Action::CompleteDrain { host } => write!(f, "complete the drain of {host}"),
-            Action::Failover { host, nic, to } => write!(f, "fail {host}/{nic} over to {to}"),
-            Action::Failback { host, nic } => write!(f, "fail {host} back to {nic}"),
+            Action::CompleteDrain { host } => write!(f, "complete drain of {host}"),
+            Action::Failover { host, nic, to } => write!(f, "failover of {host}/{nic} to {to}"),
+            Action::Failback { host, nic } => write!(f, "failback to {host}/{nic}"),
             Action::StartRank {
                 job,
                 incarnation,
                 rank,
                 host,
-            } => write!(f, "start rank {rank} of {job} #{incarnation} on {host}"),
+            } => write!(f, "start {job}#{incarnation} rank {rank} on {host}"),
             Action::StopJob {
                 job,
                 incarnation,
                 host,
-            } => write!(f, "stop {job} #{incarnation} (and older) on {host}"),
+            } => write!(f, "stop {job}#{incarnation} (and older) on {host}"),
             Action::CheckpointJob {
                 job,
                 incarnation,
@@ -91,7 +91,7 @@ impl std::fmt::Display for Action {
                 halt,
             } => write!(
                 f,
-                "checkpoint {job} #{incarnation} on {host}{}",
+                "checkpoint {job}#{incarnation} on {host}{}",
                 if *halt { " and halt" } else { "" }
             ),
             Action::PlaybookStep {
@@ -102,15 +102,17 @@ impl std::fmt::Display for Action {
                 op,
             } => write!(
                 f,
-                "playbook run {run} step {step} attempt {attempt} on {host}: {op}"
+                "run {run} step {} attempt {} on {host}: {op}",
+                step + 1,
+                attempt + 1
             ),
             Action::ShapeNic { host, nic, version } => {
                 write!(f, "shape {host}/{nic} (version {version})")
             }
-            Action::ClearShape { host, nic } => write!(f, "clear the shapes of {host}/{nic}"),
+            Action::ClearShape { host, nic } => write!(f, "clear shapes of {host}/{nic}"),
             Action::Reroute { host, digest: 0 } => write!(f, "remove the detour routes of {host}"),
             Action::Reroute { host, digest } => {
-                write!(f, "set the detour routes of {host} (set {digest:016x})")
+                write!(f, "detour routes of {host} (set #{digest:016x})")
             }
         }
     }
@@ -234,10 +236,10 @@ mod display_tests {
         assert_eq!(
             lines,
             [
-                "set the detour routes of h1 (set 0000000000000abc)",
+                "detour routes of h1 (set #0000000000000abc)",
                 "remove the detour routes of h1",
-                "playbook run 3 step 1 attempt 2 on h2: fail rail0 over to rail1",
-                "checkpoint llm #4 on h0 and halt",
+                "run 3 step 2 attempt 3 on h2: fail rail0 over to rail1",
+                "checkpoint llm#4 on h0 and halt",
             ]
         );
         let failed = Outcome::Failed {
