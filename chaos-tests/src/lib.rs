@@ -38,5 +38,6 @@ pub mod qp;
 pub mod security;
 pub mod tcp_failover;
 pub mod torch;
+pub mod torch_baseline;
 pub mod torch_goodput;
 pub mod training;

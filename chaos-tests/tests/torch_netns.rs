@@ -96,3 +96,25 @@ async fn torch_nic_flap_short() {
         "{r:?}"
     );
 }
+
+/// Short form of `scenario torch-nic-flap --without-railguard`: without
+/// railguard the same job stalls for the whole 3 s outage (and longer: TCP's
+/// retransmission backoff), which the detours above cut to milliseconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torch_nic_flap_without_railguard_short() {
+    if !require_root("torch_nic_flap_without_railguard_short").unwrap() {
+        return;
+    }
+    let _one = ONE_AT_A_TIME.lock().await;
+    let r = chaos_tests::torch_baseline::run(chaos_tests::torch_baseline::BaselineRun {
+        hosts: 2,
+        steps: 200,
+        step_delay_ms: 10,
+        outages: vec![Some(Duration::from_secs(3))],
+    })
+    .await
+    .unwrap();
+    let p = &r.pulls[0];
+    assert!(p.finished && p.ranks_raised == 0, "{r:?}");
+    assert!(p.longest_stall_ms >= 2500.0, "{r:?}");
+}

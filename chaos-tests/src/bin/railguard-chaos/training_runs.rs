@@ -190,6 +190,10 @@ pub(crate) struct TorchNicFlap {
     /// `forever` (the cable is never put back).
     #[arg(long, value_delimiter = ',', default_value = "3000,60000,forever")]
     outages_ms: Vec<String>,
+    /// What users get today: the same job as plain processes on one rail
+    /// of a testbed with no railguard, one fresh job per outage.
+    #[arg(long)]
+    without_railguard: bool,
 }
 
 impl Runner for TorchNicFlap {
@@ -215,6 +219,16 @@ impl Runner for TorchNicFlap {
              --step-delay-ms 0..=1000, --outages-ms at most 20 values, only the last `forever`"
         );
         need_root(&what)?;
+        if self.without_railguard {
+            let r = chaos_tests::torch_baseline::run(chaos_tests::torch_baseline::BaselineRun {
+                hosts: self.hosts,
+                steps: self.steps,
+                step_delay_ms: self.step_delay_ms,
+                outages,
+            })
+            .await?;
+            return report(r.ok, &r);
+        }
         let total: Duration = outages.iter().flatten().sum();
         let r = chaos_tests::torch::run(chaos_tests::torch::TorchRun {
             hosts: self.hosts,
