@@ -203,9 +203,10 @@ impl AdminClient {
         }
     }
 
-    /// One pass over the supervisors.
+    /// One pass over the supervisors. When none can serve, the error names
+    /// every address tried and what each said.
     async fn attempt(&self, body: &[u8], is_write: bool) -> Result<AdminReply, ApiError> {
-        let mut last = ApiError::unavailable("no supervisor answered");
+        let mut tried: Vec<String> = Vec::new();
         for (addr, client) in &self.targets {
             let mut c = client.clone();
             let fut = c.call(Blob {
@@ -218,30 +219,28 @@ impl AdminClient {
                         self.timeout
                     )))
                 }
-                Err(_) => last = ApiError::unavailable(format!("{addr}: timed out")),
+                Err(_) => tried.push(format!("{addr}: no answer within {:?}", self.timeout)),
                 Ok(Ok(r)) => {
                     return serde_json::from_slice(&r.get_ref().body).map_err(|e| {
                         ApiError::internal(format!("malformed reply from {addr}: {e}"))
                     })
                 }
                 Ok(Err(s)) if crate::network::never_sent(&s) => {
-                    last = ApiError::unavailable(format!("{addr} unreachable: {}", s.message()))
+                    tried.push(format!("{addr} unreachable: {}", s.message()))
                 }
                 Ok(Err(s)) => {
                     let e = ApiError::from(s);
-                    if e.kind == ErrorKind::Unavailable {
-                        last = ApiError::unavailable(format!("{addr}: {}", e.message));
-                        continue;
-                    }
-                    if e.kind == ErrorKind::Unknown && !is_write {
-                        last = ApiError::unavailable(format!("{addr}: {}", e.message));
+                    if e.kind == ErrorKind::Unavailable
+                        || (e.kind == ErrorKind::Unknown && !is_write)
+                    {
+                        tried.push(format!("{addr}: {}", e.message));
                         continue;
                     }
                     return Err(e);
                 }
             }
         }
-        Err(last)
+        Err(none_could_serve(&tried))
     }
 
     /// Follows the cluster event log from `since`; `on_event` is called for
@@ -251,12 +250,12 @@ impl AdminClient {
         since: u64,
         mut on_event: impl FnMut(ClusterEvent) -> bool,
     ) -> Result<(), ApiError> {
-        let mut last = ApiError::unavailable("no supervisor answered");
+        let mut tried: Vec<String> = Vec::new();
         for (addr, client) in &self.targets {
             let mut c = client.clone();
             match c.follow(FollowRequest { since }).await {
                 Err(s) => {
-                    last = ApiError::unavailable(format!("{addr}: {}", s.message()));
+                    tried.push(format!("{addr}: {}", s.message()));
                     continue;
                 }
                 Ok(stream) => {
@@ -272,8 +271,21 @@ impl AdminClient {
                 }
             }
         }
-        Err(last)
+        Err(none_could_serve(&tried))
     }
+}
+
+/// The error of a pass in which no supervisor could serve: every address
+/// tried, with what it said.
+fn none_could_serve(tried: &[String]) -> ApiError {
+    if tried.is_empty() {
+        return ApiError::unavailable("no supervisor answered");
+    }
+    ApiError::unavailable(format!(
+        "no supervisor could serve the call ({} tried): {}",
+        tried.len(),
+        tried.join("; ")
+    ))
 }
 
 #[cfg(test)]

@@ -418,6 +418,15 @@ async fn cli_reports_errors_with_exit_codes() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Every address tried is named, with what each said.
+    let dead2 = format!("127.0.0.1:{}", common::free_port());
+    let out = common::cli(&format!("{dead},{dead2}"), &["node", "list"]);
+    assert_eq!(out.status.code(), Some(3));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("(2 tried)") && err.contains(&dead) && err.contains(&dead2),
+        "{err}"
+    );
     let out = common::cli("not-an-addr", &["status"]);
     assert_eq!(out.status.code(), Some(2));
     let out = sup.cli(&["-o", "json", "node", "list"]);
