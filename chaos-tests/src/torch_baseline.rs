@@ -10,7 +10,7 @@
 //! printed gloo's `Timed out`, and whether the job finished.
 
 use std::path::Path;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
@@ -83,10 +83,30 @@ pub fn longest_stall(times: &[f64], end_ms: Option<f64>) -> f64 {
     }
 }
 
-/// Kills what is left of one job's ranks when dropped.
-struct Ranks(Vec<Child>);
+/// Plain PyTorch processes started in the testbed's namespaces (gloo on
+/// rail0, one thread, output to a log file), killed when dropped.
+#[derive(Default)]
+pub(crate) struct Procs(pub(crate) Vec<Child>);
 
-impl Drop for Ranks {
+impl Procs {
+    /// Starts `cmd` with its stdout and stderr going to `log`.
+    pub(crate) fn spawn(&mut self, mut cmd: Command, log: &Path) -> anyhow::Result<()> {
+        let log = std::fs::File::create(log)?;
+        cmd.env("GLOO_SOCKET_IFNAME", "rail0")
+            .env("OMP_NUM_THREADS", "1")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        let child = cmd
+            .spawn()
+            .context("start python3 (is python3-torch installed?)")?;
+        testbed::register_pid(child.id());
+        self.0.push(child);
+        Ok(())
+    }
+}
+
+impl Drop for Procs {
     fn drop(&mut self) {
         for c in &mut self.0 {
             let _ = c.kill();
@@ -111,9 +131,8 @@ async fn one_pull(
         .prefix("railguard-baseline-")
         .tempdir()?;
     let script = install_python(dir.path())?;
-    let mut ranks = Ranks(Vec::new());
+    let mut ranks = Procs::default();
     for h in 0..r.hosts {
-        let log = std::fs::File::create(dir.path().join(format!("rank-{h}.log")))?;
         let mut cmd = tb.ns(Node::Host(h)).command("/usr/bin/python3")?;
         cmd.arg(&script)
             .args(["--steps", &r.steps.to_string()])
@@ -124,17 +143,8 @@ async fn one_pull(
             .env("RANK", h.to_string())
             .env("WORLD_SIZE", r.hosts.to_string())
             .env("MASTER_ADDR", rail_addr(0, 0).to_string())
-            .env("MASTER_PORT", "29500")
-            .env("GLOO_SOCKET_IFNAME", "rail0")
-            .env("OMP_NUM_THREADS", "1")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        let child = cmd
-            .spawn()
-            .context("start python3 (is python3-torch installed?)")?;
-        testbed::register_pid(child.id());
-        ranks.0.push(child);
+            .env("MASTER_PORT", "29500");
+        ranks.spawn(cmd, &dir.path().join(format!("rank-{h}.log")))?;
     }
     let steps0 = dir.path().join("steps-0.jsonl");
     let quarter = (r.steps / 4) as usize;

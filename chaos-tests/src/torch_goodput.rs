@@ -17,14 +17,15 @@
 //! the ratio of the two sides' useful steps/s.
 
 use std::path::Path;
-use std::process::{Child, Stdio};
+
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use testbed::{rail_addr, Node, Side, Testbed, TestbedSpec};
 
+use crate::torch_baseline::Procs;
 use crate::training::{install_python, last_step, TrainOpts, Training, Watch, Workload};
 
 /// The bench's settings.
@@ -332,19 +333,6 @@ async fn under_railguard(r: &GoodputRun, plan: &[CableChange]) -> anyhow::Result
     ))
 }
 
-/// Kills what is left of the baseline's processes when dropped.
-struct Procs(Vec<Child>);
-
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-            testbed::unregister_pid(c.id());
-        }
-    }
-}
-
 async fn under_torchrun(r: &GoodputRun, plan: &[CableChange]) -> anyhow::Result<SideFigures> {
     let mut tb = Testbed::build(TestbedSpec {
         supervisors: 0,
@@ -358,9 +346,8 @@ async fn under_torchrun(r: &GoodputRun, plan: &[CableChange]) -> anyhow::Result<
     let ckpt = dir.path().join("ckpt");
     std::fs::create_dir_all(&ckpt)?;
     let master = rail_addr(0, 0);
-    let mut procs = Procs(Vec::new());
+    let mut procs = Procs::default();
     for h in 0..r.hosts {
-        let log = std::fs::File::create(dir.path().join(format!("h{h}.log")))?;
         let mut cmd = tb.ns(Node::Host(h)).command("/usr/bin/python3")?;
         // torch 1.13's launcher spells its options with underscores.
         cmd.args(["-m", "torch.distributed.run"])
@@ -385,17 +372,8 @@ async fn under_torchrun(r: &GoodputRun, plan: &[CableChange]) -> anyhow::Result<
             .args(["--log-every", "1"])
             .arg("--checkpoint-dir")
             .arg(&ckpt)
-            .args(["--checkpoint-every", &r.checkpoint_every.to_string()])
-            .env("GLOO_SOCKET_IFNAME", "rail0")
-            .env("OMP_NUM_THREADS", "1")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        let child = cmd
-            .spawn()
-            .context("start torchrun (is python3-torch installed?)")?;
-        testbed::register_pid(child.id());
-        procs.0.push(child);
+            .args(["--checkpoint-every", &r.checkpoint_every.to_string()]);
+        procs.spawn(cmd, &dir.path().join(format!("h{h}.log")))?;
     }
     let log0 = dir.path().join("h0.log");
     let t0 = Instant::now();
