@@ -20,7 +20,7 @@ use serde::Serialize;
 use testbed::netcluster::NetCluster;
 use testbed::{Side, TestbedSpec};
 
-use crate::training::{digest_of, install_python, last_step, rank_log, JobFile};
+use crate::training::{digest_of, install_python, job_view, last_step, rank_log, JobFile};
 
 /// The scenario's settings.
 #[derive(Debug, Clone)]
@@ -95,16 +95,10 @@ fn submit(c: &NetCluster, name: &str, r: &TorchRun, script: &Path) -> anyhow::Re
     .submit(c)
 }
 
-fn job(c: &NetCluster, name: &str) -> Option<serde_json::Value> {
-    c.cli_json(&["job", "show", name])
-        .ok()
-        .map(|v| v["job"].clone())
-}
-
 /// Waits until the job ended; returns (state, incarnation).
 async fn wait_end(c: &NetCluster, name: &str, deadline: Instant) -> anyhow::Result<(String, u64)> {
     loop {
-        if let Some(j) = job(c, name) {
+        if let Some(j) = job_view(c, name) {
             let state = j["state"].as_str().unwrap_or("?").to_string();
             if matches!(state.as_str(), "succeeded" | "failed" | "cancelled") {
                 return Ok((state, j["incarnation"].as_u64().unwrap_or(0)));

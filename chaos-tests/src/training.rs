@@ -137,6 +137,14 @@ pub fn rank_log(c: &NetCluster, host: usize, job: &str, incarnation: u64, rank: 
     std::fs::read_to_string(p).unwrap_or_default()
 }
 
+/// Job `name` as `railguard job show` gives it (`None` while the cluster
+/// cannot answer).
+pub fn job_view(c: &NetCluster, name: &str) -> Option<serde_json::Value> {
+    c.cli_json(&["job", "show", name])
+        .ok()
+        .map(|v| v["job"].clone())
+}
+
 /// A job spec file as `railguard job submit` takes it.
 #[derive(Debug, Serialize)]
 pub struct JobFile<'a> {
@@ -284,10 +292,7 @@ impl Training {
 
     /// The job as the supervisor shows it (`None` while unreachable).
     pub fn job(&self, name: &str) -> Option<serde_json::Value> {
-        self.c
-            .cli_json(&["job", "show", name])
-            .ok()
-            .map(|v| v["job"].clone())
+        job_view(&self.c, name)
     }
 
     /// Host index of each rank of the current incarnation (of the last
