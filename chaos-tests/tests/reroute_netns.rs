@@ -4,7 +4,10 @@
 //! tagged so another's routes are never touched, flushed without a trace;
 //! and an established TCP connection between two hosts keeps moving data
 //! through the detours while one host's rail0 cable is pulled, with no
-//! reconnect.
+//! reconnect; the reflex installs a NIC's standby detours and holds them
+//! across orders while it is down; and in a real cluster whose only
+//! supervisor is dead, a host whose cable is pulled still installs its
+//! own part of the detours by itself.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -13,7 +16,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use nodeagent::reroute::{Rerouter, DETOUR_RTO_MIN_MS, RTPROT_RAILGUARD};
-use proto::agent::RouteVia;
+use proto::agent::{RouteVia, Standby};
+use testbed::netcluster::NetCluster;
 use testbed::{rail_addr, require_root, Node, Side, Testbed, TestbedSpec};
 
 async fn hosts(n: usize) -> Testbed {
@@ -96,7 +100,7 @@ async fn detour_routes_apply_idempotently_and_leave_nothing() {
     let e = r.apply(&bad).await.unwrap_err().to_string();
     assert!(e.contains("1 of 3") && e.contains("rail7"), "{e}");
     assert_eq!(r.current().await.unwrap(), both);
-    let (ok, detail) = r.execute(&[]).await;
+    let (ok, detail) = r.execute(&[], &[]).await;
     assert!(ok, "{detail}");
     assert!(r.current().await.unwrap().is_empty());
     r.apply(&both).await.unwrap();
@@ -258,6 +262,116 @@ async fn a_tcp_connection_carries_on_through_detours_while_its_cable_is_out() {
         "the connection carries on over rail0 again"
     );
     assert!(back.moves(Duration::from_secs(10)).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reflex_holds_standby_detours_while_the_nic_is_down() {
+    if !require_root("the_reflex_holds_standby_detours_while_the_nic_is_down").unwrap() {
+        return;
+    }
+    let tb = hosts(3).await;
+    let r = Rerouter::new(tb.ns(Node::Host(0)).netlink().unwrap());
+    let standby = vec![Standby {
+        nic: "rail0".into(),
+        routes: vec![detour(1), detour(2)],
+    }];
+    // No standby set for a NIC: the reflex does nothing.
+    assert!(r.reflex_down("rail0").await.is_none());
+    let (ok, detail) = r.execute(&[], &standby).await;
+    assert!(ok, "{detail}");
+    assert!(
+        r.current().await.unwrap().is_empty(),
+        "standby is not installed"
+    );
+    let a = r
+        .reflex_down("rail0")
+        .await
+        .expect("a standby set")
+        .unwrap();
+    assert_eq!(a.installed, 2);
+    assert_eq!(r.current().await.unwrap(), vec![detour(1), detour(2)]);
+    assert!(r.reflex_down("rail0").await.is_none(), "held already");
+    // An order computed before the leader knew (its set empty) keeps the
+    // held routes while the NIC is down; a set of its own joins them.
+    let (ok, detail) = r.execute(&[], &standby).await;
+    assert!(ok, "{detail}");
+    assert_eq!(r.current().await.unwrap(), vec![detour(1), detour(2)]);
+    // Up again: held until the next order, which then decides alone.
+    r.link_up("rail0").await;
+    assert_eq!(r.current().await.unwrap(), vec![detour(1), detour(2)]);
+    let (ok, detail) = r.execute(&[detour(2)], &standby).await;
+    assert!(ok, "{detail}");
+    assert_eq!(r.current().await.unwrap(), vec![detour(2)]);
+    let (ok, _) = r.execute(&[], &standby).await;
+    assert!(ok);
+    assert!(r.current().await.unwrap().is_empty());
+    // A flush forgets the standby sets too.
+    r.flush().await.unwrap();
+    assert!(r.reflex_down("rail0").await.is_none());
+}
+
+/// Whether every host's agent confirmed a detour order with standby sets.
+fn standby_confirmed(c: &NetCluster, hosts: usize) -> bool {
+    let Ok(v) = c.cli_json(&["intents", "--limit", "1000"]) else {
+        return false;
+    };
+    let Some(intents) = v["intents"].as_array() else {
+        panic!("`railguard intents -o json` is not a list of intents: {v}");
+    };
+    (0..hosts).all(|h| {
+        intents.iter().any(|i| {
+            i["action"]["Reroute"]["host"] == format!("h{h}")
+                && i["status"] != "open"
+                // Only a carried-out order says this.
+                && i["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.contains("standby for 2 NIC(s)"))
+        })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_installs_its_own_detours_when_its_cable_goes_without_a_leader() {
+    if !require_root("a_host_installs_its_own_detours_when_its_cable_goes_without_a_leader")
+        .unwrap()
+    {
+        return;
+    }
+    let mut c = NetCluster::start_all_up(
+        TestbedSpec {
+            supervisors: 1,
+            hosts: 3,
+        },
+        Duration::from_secs(90),
+    )
+    .await
+    .unwrap();
+    c.wait_until(
+        "every agent confirmed its standby detours",
+        Duration::from_secs(60),
+        |c| standby_confirmed(c, 3),
+    )
+    .await
+    .unwrap();
+    // No leader from now on: nobody can order anything.
+    c.tb.kill_node(Node::Supervisor(0));
+    let h1 = Rerouter::new(c.tb.ns(Node::Host(1)).netlink().unwrap());
+    assert!(h1.current().await.unwrap().is_empty());
+    c.tb.set_cable(1, 0, Side::Fabric, false).await.unwrap();
+    // h1 reaches its peers' rail0 addresses through their rail1 ones.
+    let t0 = Instant::now();
+    let mut routes = Vec::new();
+    while t0.elapsed() < Duration::from_secs(10) {
+        routes = h1.current().await.unwrap();
+        if !routes.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(routes, vec![detour(0), detour(2)], "the reflex's detours");
+    // The peers' part needs the leader: h0 has none.
+    let h0 = Rerouter::new(c.tb.ns(Node::Host(0)).netlink().unwrap());
+    assert!(h0.current().await.unwrap().is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

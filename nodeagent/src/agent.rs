@@ -51,7 +51,7 @@ use tonic::transport::Channel;
 pub use crate::config::{AgentConfig, NicConfig};
 use crate::control::{Control, ControlError, SupervisorOrder};
 use crate::jobs::{JobOrder, JobsConfig, JobsError, Launcher};
-use crate::link::{LinkTracker, LinkTransition, PortEvent};
+use crate::link::{LinkTracker, LinkTransition, NicHealth, PortEvent};
 use crate::outbox::{NicReport, OrderLog, Outbox, OutboxError, RecordedOrder, Report, StoredOrder};
 use crate::shaping::{ShapeOrder, Shaper};
 
@@ -319,11 +319,20 @@ pub async fn run(
     let ob = outbox.clone();
     let notify = fresh.clone();
     let reflex = control.clone();
+    let (detour_tx, detour_rx) = mpsc::channel::<(String, bool)>(MAX_DETOUR_REFLEX_BACKLOG);
+    let detour_reflex = tokio::spawn(detour_reflex_loop(rerouter.clone(), detour_rx));
     let recorder = tokio::spawn(async move {
         while let Some(t) = rx.recv().await {
             // The reflex first: jobs hear of a dead NIC before the disk
-            // write and the round trip to the supervisor.
+            // write and the round trip to the supervisor, and its standby
+            // detours go in (in their own task: netlink round trips).
             reflex.on_link(&t);
+            let down = matches!(t.health, NicHealth::Down | NicHealth::Flapping);
+            if down || matches!(t.health, NicHealth::Up | NicHealth::Recovering) {
+                if let Err(e) = detour_tx.try_send((t.nic.clone(), down)) {
+                    tracing::warn!(nic = %t.nic, error = %e, "detour reflex backlog full: left to the leader's order");
+                }
+            }
             let report = NicReport {
                 nic: t.nic.clone(),
                 health: t.health.into(),
@@ -368,6 +377,7 @@ pub async fn run(
     // No new orders; ranks do not outlive their agent. Their exits reach
     // the outbox (and are sent after the next start if not before).
     orders.abort();
+    detour_reflex.abort();
     launcher.shutdown().await;
     reporter.abort();
     heartbeats.abort();
@@ -392,6 +402,33 @@ pub async fn run(
         summary.abort();
     }
     result
+}
+
+/// NIC transitions waiting for the detour reflex (more are left to the
+/// leader's next order).
+const MAX_DETOUR_REFLEX_BACKLOG: usize = 64;
+
+/// The detour reflex, one transition at a time: a NIC down installs its
+/// standby detours, a NIC up marks them for the next order to judge.
+async fn detour_reflex_loop(
+    rerouter: Arc<crate::reroute::Rerouter>,
+    mut rx: mpsc::Receiver<(String, bool)>,
+) {
+    while let Some((nic, down)) = rx.recv().await {
+        if !down {
+            rerouter.link_up(&nic).await;
+            continue;
+        }
+        match rerouter.reflex_down(&nic).await {
+            None => {}
+            Some(Ok(a)) => {
+                tracing::info!(nic = %nic, installed = a.installed, kept = a.kept, "reflex: standby detours installed")
+            }
+            Some(Err(e)) => {
+                tracing::warn!(nic = %nic, error = %e, "reflex: standby detours not all installed")
+            }
+        }
+    }
 }
 
 type ProbeTasks = (tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>);
@@ -564,7 +601,7 @@ enum Work {
     Nic(SupervisorOrder),
     Job(JobOrder),
     Shape(ShapeOrder),
-    Reroute(Vec<proto::agent::RouteVia>),
+    Reroute(Vec<proto::agent::RouteVia>, Vec<proto::agent::Standby>),
 }
 
 /// A `TailLog` query's id has this bit set (the border's constant).
@@ -591,7 +628,7 @@ fn work(o: &Order) -> Option<Work> {
         }),
         Order::ShapeNic(s) => Work::Shape(ShapeOrder::Shape(s)),
         Order::ClearShape { nic } => Work::Shape(ShapeOrder::Clear(ClearShape { nic })),
-        Order::Reroute { routes } => Work::Reroute(routes),
+        Order::Reroute { routes, standby } => Work::Reroute(routes, standby),
         Order::TailLog { .. } => return None,
     })
 }
@@ -781,7 +818,9 @@ fn handle_order(ctx: &OrderCtx, o: AgentOrder) {
             Work::Nic(o) => outcome_of(ctx.control.execute(o).await),
             Work::Job(o) => ctx.launcher.execute(&ctx.control, o).await,
             Work::Shape(o) => outcome_of(ctx.shaper.execute(o).await),
-            Work::Reroute(routes) => outcome_of(ctx.rerouter.execute(routes).await),
+            Work::Reroute(routes, standby) => {
+                outcome_of(ctx.rerouter.execute(routes, standby).await)
+            }
         };
         tracing::info!(order_id = id, order = %desc, ok = outcome.ok(), detail = %outcome.detail(), step = ?outcome.step(), "order executed");
         let stored = StoredOrder {

@@ -10,6 +10,16 @@
 //! route carries `rto_min` ([`DETOUR_RTO_MIN_MS`]): a connection moved onto
 //! it retransmits within milliseconds once the new path works.
 //!
+//! **The reflex.** The order also carries standby sets: per NIC of this
+//! host, the routes of the host's own part should that NIC go down (its
+//! peers' addresses on the NIC's rail via their backup-rail addresses).
+//! When netlink reports the NIC down the agent adds them at once
+//! ([`Rerouter::reflex_down`]), without waiting for the leader, and holds
+//! them: every later order's set is installed together with the held
+//! standby routes of NICs still down. A held NIC that is up again is let go
+//! at the next order (the leader's set then says whether its detours stay,
+//! which is the failback held for the hold time).
+//!
 //! The agent flushes its routes when it starts (whatever a crashed run
 //! left; the registration that follows makes the supervisor send the set
 //! again) and when it stops cleanly, so nothing stays in the kernel.
@@ -42,7 +52,7 @@ use netlink_packet_route::route::{
     RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteMetric, RouteProtocol,
     RouteScope, RouteType,
 };
-use proto::agent::RouteVia;
+use proto::agent::{RouteVia, Standby};
 use rtnetlink::{Handle, RouteMessageBuilder};
 
 /// The route protocol number railguard's detour routes carry.
@@ -85,10 +95,38 @@ pub struct Applied {
 }
 
 /// Installs and removes the host's detour routes over one netlink handle.
-/// Calls are serialised (an order and a flush never interleave).
+/// Calls are serialised (an order, a reflex and a flush never interleave).
 pub struct Rerouter {
     handle: Handle,
-    one: tokio::sync::Mutex<()>,
+    one: tokio::sync::Mutex<Local>,
+}
+
+/// What the last order said, and the reflexes held since.
+#[derive(Debug, Default)]
+struct Local {
+    /// The last order's set.
+    ordered: Vec<RouteVia>,
+    /// The last order's standby sets, by NIC.
+    standby: BTreeMap<String, Vec<RouteVia>>,
+    /// NICs whose standby routes are installed: `true` while still down.
+    held: BTreeMap<String, bool>,
+}
+
+impl Local {
+    /// The set to install: the order's, then the held standby routes for
+    /// destinations it does not route (sorted, one per destination).
+    fn wanted(&self) -> Vec<RouteVia> {
+        let mut out = self.ordered.clone();
+        for nic in self.held.keys() {
+            for r in self.standby.get(nic).into_iter().flatten() {
+                if !out.iter().any(|o| o.dst == r.dst) {
+                    out.push(r.clone());
+                }
+            }
+        }
+        out.sort();
+        out
+    }
 }
 
 /// One of our routes as found in the kernel.
@@ -103,7 +141,7 @@ impl Rerouter {
     pub fn new(handle: Handle) -> Self {
         Self {
             handle,
-            one: tokio::sync::Mutex::new(()),
+            one: tokio::sync::Mutex::new(Local::default()),
         }
     }
 
@@ -180,6 +218,11 @@ impl Rerouter {
     /// next hop the kernel refuses).
     pub async fn apply(&self, want: &[RouteVia]) -> Result<Applied, RerouteError> {
         let _one = self.one.lock().await;
+        self.apply_locked(want).await
+    }
+
+    /// [`Rerouter::apply`] with the lock held.
+    async fn apply_locked(&self, want: &[RouteVia]) -> Result<Applied, RerouteError> {
         let index = self.link_indexes().await?;
         let wanted: Vec<(Ipv4Addr, Ipv4Addr, Option<u32>, &str)> = want
             .iter()
@@ -285,9 +328,11 @@ impl Rerouter {
         Ok(n)
     }
 
-    /// Removes every route of ours; returns how many.
+    /// Removes every route of ours and forgets the orders' sets and held
+    /// reflexes; returns how many routes went.
     pub async fn flush(&self) -> Result<usize, RerouteError> {
-        let _one = self.one.lock().await;
+        let mut local = self.one.lock().await;
+        *local = Local::default();
         let mut n = 0;
         for f in self.ours().await? {
             self.handle.route().del(f.msg).execute().await?;
@@ -376,20 +421,56 @@ impl Rerouter {
         Ok(n)
     }
 
-    /// Executes a `Reroute` order: (ok, detail).
-    pub async fn execute(&self, routes: &[RouteVia]) -> (bool, String) {
-        match self.apply(routes).await {
+    /// Executes a `Reroute` order: its set becomes the one installed
+    /// (with the held standby routes of NICs still down; held NICs that
+    /// are up again are let go), its standby sets the ones the reflex
+    /// uses. Returns (ok, detail).
+    pub async fn execute(&self, routes: &[RouteVia], standby: &[Standby]) -> (bool, String) {
+        let mut local = self.one.lock().await;
+        local.ordered = routes.to_vec();
+        local.standby = standby
+            .iter()
+            .map(|s| (s.nic.clone(), s.routes.clone()))
+            .collect();
+        local.held.retain(|_, down| *down);
+        let want = local.wanted();
+        match self.apply_locked(&want).await {
             Ok(a) => (
                 true,
                 format!(
-                    "{} detour routes: {} installed, {} removed, {} kept",
-                    routes.len(),
+                    "{} detour routes ({} held by the reflex): {} installed, {} removed, {} kept; standby for {} NIC(s)",
+                    want.len(),
+                    want.len() - routes.len(),
                     a.installed,
                     a.removed,
-                    a.kept
+                    a.kept,
+                    standby.len()
                 ),
             ),
             Err(e) => (false, e.to_string()),
+        }
+    }
+
+    /// The reflex: `nic` went down, so its standby routes go in now and
+    /// are held while it stays down. `None` when there is nothing to do (no
+    /// standby set for it, or already held).
+    pub async fn reflex_down(&self, nic: &str) -> Option<Result<Applied, RerouteError>> {
+        let mut local = self.one.lock().await;
+        if !local.standby.contains_key(nic) {
+            return None;
+        }
+        if local.held.insert(nic.to_owned(), true) == Some(true) {
+            return None;
+        }
+        let want = local.wanted();
+        Some(self.apply_locked(&want).await)
+    }
+
+    /// `nic` is up again: its held routes stay until the next order says
+    /// whether they still belong (the failback waits for the hold time).
+    pub async fn link_up(&self, nic: &str) {
+        if let Some(down) = self.one.lock().await.held.get_mut(nic) {
+            *down = false;
         }
     }
 }

@@ -26,7 +26,10 @@ mod report;
 
 pub use error::BorderError;
 pub use nic::{NicHealth, NicReport};
-pub use order::{Order, OrderOutcome, RouteVia, MAX_REROUTES, QUERY_BIT};
+pub use order::{
+    Order, OrderOutcome, RouteVia, Standby, MAX_REROUTES, MAX_STANDBY_NICS, MAX_STANDBY_ROUTES,
+    QUERY_BIT,
+};
 pub use report::{QpReport, RankCheckpointReport, RankExitReport, ReflexReport, Report};
 
 #[cfg(test)]

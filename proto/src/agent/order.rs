@@ -13,8 +13,15 @@ use super::error::BorderError;
 /// (the agent answers it with `Agent.LogTail` and remembers nothing).
 pub const QUERY_BIT: u64 = 1 << 63;
 
-/// Most routes one `Reroute` order may carry.
+/// Most routes one `Reroute` order may carry (in its set, and in each
+/// NIC's standby set).
 pub const MAX_REROUTES: usize = 1024;
+
+/// Most NICs one `Reroute` order may give standby sets for.
+pub const MAX_STANDBY_NICS: usize = 32;
+
+/// Most routes all of one `Reroute` order's standby sets may carry together.
+pub const MAX_STANDBY_ROUTES: usize = 4 * MAX_REROUTES;
 
 /// One detour route: `dst/32 via via dev dev`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -25,6 +32,17 @@ pub struct RouteVia {
     pub via: Ipv4Addr,
     /// This host's NIC on the backup's rail.
     pub dev: String,
+}
+
+/// The detours a host adds by itself, at once, should `nic` go down (the
+/// reflex): its peers' addresses on `nic`'s rail via their addresses on
+/// the backup's rail.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Standby {
+    /// This host's NIC.
+    pub nic: String,
+    /// The routes to add when it goes down (sorted, one per destination).
+    pub routes: Vec<RouteVia>,
 }
 
 /// What the leader orders an agent to do (one `AgentOrder`'s kind). Two
@@ -70,10 +88,14 @@ pub enum Order {
         nic: String,
     },
     /// Make railguard's detour routes on the host exactly `routes` (sorted,
-    /// no duplicates; empty removes them all).
+    /// no duplicates; empty removes them all), and keep `standby` for the
+    /// reflex.
     Reroute {
         /// The whole desired set.
         routes: Vec<RouteVia>,
+        /// Per NIC (sorted by NIC, each at most once): the routes to add
+        /// at once should it go down.
+        standby: Vec<Standby>,
     },
     /// A query (its id has [`QUERY_BIT`]): the end of a rank's log.
     TailLog {
@@ -120,10 +142,11 @@ impl Order {
                 fnv1a(format!("{s:?}").as_bytes())
             ),
             Order::ClearShape { nic } => format!("clear shaping on {nic}"),
-            Order::Reroute { routes } => format!(
-                "reroute: {} detour route(s), #{:016x}",
+            Order::Reroute { routes, standby } => format!(
+                "reroute: {} detour route(s), standby for {} NIC(s), #{:016x}",
                 routes.len(),
-                fnv1a(format!("{routes:?}").as_bytes())
+                standby.len(),
+                fnv1a(format!("{routes:?}{standby:?}").as_bytes())
             ),
             Order::TailLog {
                 job,
@@ -152,13 +175,13 @@ impl Order {
             }),
             Order::ShapeNic(s) => Kind::ShapeNic(s),
             Order::ClearShape { nic } => Kind::ClearShape(v1::ClearShape { nic }),
-            Order::Reroute { routes } => Kind::Reroute(v1::Reroute {
-                routes: routes
+            Order::Reroute { routes, standby } => Kind::Reroute(v1::Reroute {
+                routes: routes_to_wire(routes),
+                standby: standby
                     .into_iter()
-                    .map(|r| v1::RouteVia {
-                        dst: r.dst.to_string(),
-                        via: r.via.to_string(),
-                        dev: r.dev,
+                    .map(|s| v1::Standby {
+                        nic: s.nic,
+                        routes: routes_to_wire(s.routes),
                     })
                     .collect(),
             }),
@@ -205,9 +228,7 @@ impl TryFrom<&v1::AgentOrder> for Order {
             },
             Kind::ShapeNic(s) => Order::ShapeNic(s.clone()),
             Kind::ClearShape(c) => Order::ClearShape { nic: c.nic.clone() },
-            Kind::Reroute(r) => Order::Reroute {
-                routes: reroutes_from_wire(o.order_id, r)?,
-            },
+            Kind::Reroute(r) => reroute_from_wire(o.order_id, r)?,
             Kind::TailLog(t) => Order::TailLog {
                 job: t.job.clone(),
                 rank: t.rank,
@@ -217,30 +238,79 @@ impl TryFrom<&v1::AgentOrder> for Order {
     }
 }
 
-/// The routes of a wire `Reroute`, checked: at most [`MAX_REROUTES`],
-/// IPv4 addresses, a NIC name of 1..=15 bytes without `/`, whitespace or
-/// control characters; sorted and without duplicates.
-fn reroutes_from_wire(order_id: u64, r: &v1::Reroute) -> Result<Vec<RouteVia>, BorderError> {
+fn routes_to_wire(routes: Vec<RouteVia>) -> Vec<v1::RouteVia> {
+    routes
+        .into_iter()
+        .map(|r| v1::RouteVia {
+            dst: r.dst.to_string(),
+            via: r.via.to_string(),
+            dev: r.dev,
+        })
+        .collect()
+}
+
+/// Whether `s` can name a NIC: 1..=15 bytes without `/`, whitespace or
+/// control characters.
+fn nic_name_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 15
+        && !s.contains('/')
+        && !s.chars().any(|c| c.is_whitespace() || c.is_control())
+}
+
+/// A wire `Reroute`, checked: at most [`MAX_REROUTES`] routes in the set
+/// and in each standby set, at most [`MAX_STANDBY_NICS`] standby sets
+/// holding at most [`MAX_STANDBY_ROUTES`] routes together, each NIC at
+/// most once; IPv4 addresses and NIC names. Sets come out sorted without
+/// duplicates.
+fn reroute_from_wire(order_id: u64, r: &v1::Reroute) -> Result<Order, BorderError> {
     let bad = |why: String| BorderError::BadReroute { order_id, why };
-    if r.routes.len() > MAX_REROUTES {
+    if r.standby.len() > MAX_STANDBY_NICS {
         return Err(bad(format!(
-            "{} routes (at most {MAX_REROUTES})",
-            r.routes.len()
+            "standby sets for {} NICs (at most {MAX_STANDBY_NICS})",
+            r.standby.len()
         )));
     }
-    let mut out = Vec::with_capacity(r.routes.len());
-    for w in &r.routes {
-        let addr = |what: &str, s: &str| {
+    let total: usize = r.standby.iter().map(|s| s.routes.len()).sum();
+    if total > MAX_STANDBY_ROUTES {
+        return Err(bad(format!(
+            "{total} standby routes (at most {MAX_STANDBY_ROUTES})"
+        )));
+    }
+    let routes = routes_from_wire(&r.routes, "routes").map_err(&bad)?;
+    let mut standby = Vec::with_capacity(r.standby.len());
+    for s in &r.standby {
+        if !nic_name_ok(&s.nic) {
+            return Err(bad(format!("standby NIC {:?} is not a NIC name", s.nic)));
+        }
+        let routes =
+            routes_from_wire(&s.routes, &format!("standby routes of {}", s.nic)).map_err(&bad)?;
+        standby.push(Standby {
+            nic: s.nic.clone(),
+            routes,
+        });
+    }
+    standby.sort();
+    if let Some(w) = standby.windows(2).find(|w| w[0].nic == w[1].nic) {
+        return Err(bad(format!("two standby sets for NIC {}", w[0].nic)));
+    }
+    Ok(Order::Reroute { routes, standby })
+}
+
+/// One list of wire routes, checked (see [`reroute_from_wire`]).
+fn routes_from_wire(wire: &[v1::RouteVia], what: &str) -> Result<Vec<RouteVia>, String> {
+    if wire.len() > MAX_REROUTES {
+        return Err(format!("{} {what} (at most {MAX_REROUTES})", wire.len()));
+    }
+    let mut out = Vec::with_capacity(wire.len());
+    for w in wire {
+        let addr = |which: &str, s: &str| {
             s.parse::<Ipv4Addr>()
-                .map_err(|_| bad(format!("route {what} {s:?} is not an IPv4 address")))
+                .map_err(|_| format!("route {which} {s:?} is not an IPv4 address"))
         };
         let (dst, via) = (addr("destination", &w.dst)?, addr("next hop", &w.via)?);
-        let dev_ok = !w.dev.is_empty()
-            && w.dev.len() <= 15
-            && !w.dev.contains('/')
-            && !w.dev.chars().any(|c| c.is_whitespace() || c.is_control());
-        if !dev_ok {
-            return Err(bad(format!("route device {:?} is not a NIC name", w.dev)));
+        if !nic_name_ok(&w.dev) {
+            return Err(format!("route device {:?} is not a NIC name", w.dev));
         }
         out.push(RouteVia {
             dst,

@@ -70,8 +70,19 @@ fn orders() -> Vec<Order> {
                 via: "10.202.0.3".parse().unwrap(),
                 dev: "rail1".into(),
             }],
+            standby: vec![Standby {
+                nic: "rail0".into(),
+                routes: vec![RouteVia {
+                    dst: "10.201.0.4".parse().unwrap(),
+                    via: "10.202.0.4".parse().unwrap(),
+                    dev: "rail1".into(),
+                }],
+            }],
         },
-        Order::Reroute { routes: vec![] },
+        Order::Reroute {
+            routes: vec![],
+            standby: vec![],
+        },
         Order::TailLog {
             job: "train".into(),
             rank: 0,
@@ -347,7 +358,59 @@ fn reroute_wire(routes: Vec<(&str, &str, &str)>) -> v1::AgentOrder {
                     dev: dev.into(),
                 })
                 .collect(),
+            standby: vec![],
         })),
+    }
+}
+
+/// A wire `Reroute` with no routes of its own and these standby sets.
+fn standby_wire(sets: Vec<(&str, usize)>) -> v1::AgentOrder {
+    let route = v1::RouteVia {
+        dst: "10.201.0.2".into(),
+        via: "10.202.0.2".into(),
+        dev: "rail1".into(),
+    };
+    v1::AgentOrder {
+        order_id: 9,
+        kind: Some(v1::agent_order::Kind::Reroute(v1::Reroute {
+            routes: vec![],
+            standby: sets
+                .into_iter()
+                .map(|(nic, n)| v1::Standby {
+                    nic: nic.into(),
+                    routes: vec![route.clone(); n],
+                })
+                .collect(),
+        })),
+    }
+}
+
+#[test]
+fn standby_sets_are_checked_and_bounded() {
+    let o = Order::try_from(&standby_wire(vec![("rail1", 0), ("rail0", 3)])).unwrap();
+    let Order::Reroute { standby, .. } = o else {
+        panic!("not a reroute")
+    };
+    let nics: Vec<(&str, usize)> = standby
+        .iter()
+        .map(|s| (s.nic.as_str(), s.routes.len()))
+        .collect();
+    assert_eq!(nics, [("rail0", 1), ("rail1", 0)], "sorted, deduplicated");
+    let two = vec![("rail0", 1), ("rail0", 1)];
+    let many_nics: Vec<(&str, usize)> = vec![("rail0", 0); MAX_STANDBY_NICS + 1];
+    let per_nic = MAX_STANDBY_ROUTES / MAX_REROUTES + 1;
+    let names: Vec<String> = (0..per_nic).map(|i| format!("rail{i}")).collect();
+    let too_many_routes: Vec<(&str, usize)> =
+        names.iter().map(|n| (n.as_str(), MAX_REROUTES)).collect();
+    for (bad, says) in [
+        (two, "two standby sets for NIC rail0"),
+        (vec![("", 1)], "not a NIC name"),
+        (vec![("rail0", MAX_REROUTES + 1)], "standby routes of rail0"),
+        (many_nics, "standby sets for 33 NICs"),
+        (too_many_routes, "standby routes (at most"),
+    ] {
+        let e = Order::try_from(&standby_wire(bad)).unwrap_err();
+        assert!(e.to_string().contains(says), "{says}: {e}");
     }
 }
 
@@ -359,7 +422,7 @@ fn reroute_orders_are_checked_sorted_and_deduplicated() {
         ("10.201.0.9", "10.202.0.9", "rail1"),
     ]))
     .unwrap();
-    let Order::Reroute { routes } = o else {
+    let Order::Reroute { routes, .. } = o else {
         panic!("not a reroute")
     };
     let dsts: Vec<String> = routes.iter().map(|r| r.dst.to_string()).collect();

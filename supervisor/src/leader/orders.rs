@@ -128,11 +128,14 @@ pub fn order_of(st: &ClusterState, action: &Action) -> Option<(String, Order)> {
         }
         Action::ClearShape { nic, .. } => Order::ClearShape { nic: nic.clone() },
         Action::Reroute { host, digest } => {
-            let routes = crate::model::reroute::desired(st, host);
-            if crate::model::reroute::digest(&routes) != *digest {
+            let view = crate::model::reroute::Detours::new(st);
+            if view.digest(host) != *digest {
                 return None;
             }
-            Order::Reroute { routes }
+            Order::Reroute {
+                routes: view.desired(host),
+                standby: crate::model::reroute::standby(st, host),
+            }
         }
         Action::CompleteDrain { .. } => return None,
     };

@@ -96,3 +96,33 @@ pub(crate) fn checkpointed(step: u64) -> proto::agent::OrderOutcome {
         detail: format!("step={step}"),
     }
 }
+
+/// What the agents do after registering: each confirms the detour order
+/// (its standby sets) the leader sends it. `st` reads the world's state,
+/// `ok` commits a command in it (for tests whose worlds count orders).
+#[cfg(test)]
+pub(crate) fn confirm_reroutes_for_test<W>(
+    w: &mut W,
+    st: impl Fn(&W) -> &crate::model::ClusterState,
+    mut ok: impl FnMut(&mut W, crate::model::Command),
+) {
+    use crate::model::intents::Action;
+    for action in crate::model::reroute::wanted_reroute_actions(st(w)) {
+        ok(w, crate::model::Command::OpenIntent { action });
+    }
+    let open: Vec<(u64, String)> = st(w)
+        .open_intents()
+        .filter(|i| matches!(i.action, Action::Reroute { .. }))
+        .map(|i| (i.id, i.action.host().to_owned()))
+        .collect();
+    for (id, host) in open {
+        ok(
+            w,
+            crate::model::Command::OrderDone {
+                host,
+                id,
+                outcome: answer(true, "ok"),
+            },
+        );
+    }
+}

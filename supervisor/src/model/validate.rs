@@ -267,9 +267,7 @@ impl ClusterState {
                         Ok(())
                     }
                     Action::Reroute { host, digest } => {
-                        let want = crate::model::reroute::digest(&crate::model::reroute::desired(
-                            self, host,
-                        ));
+                        let want = crate::model::reroute::order_digest(self, host);
                         if want != *digest {
                             return Err(CmdError::FailedPrecondition(format!(
                                 "the detour routes of {host} are no longer the set #{digest:016x}"

@@ -112,6 +112,7 @@ impl World {
         for (i, h) in hosts.iter().enumerate() {
             w.ok(crate::model::testkit::register_two_rails_for_test(i, h));
         }
+        crate::model::testkit::confirm_reroutes_for_test(&mut w, |w| &w.st, |w, c| w.ok(c));
         // A new cluster's playbooks (host-down restarts the jobs).
         w.ok(Command::InstallShippedPlaybooks {
             files: crate::model::playbook_store::shipped_files(),

@@ -15,7 +15,20 @@
 //! ([`desired`]); the reconciler orders each agent to make its detour
 //! routes exactly that set (`Reroute`, the whole set, so an order is
 //! idempotent and a newer one supersedes an older) and records the digest
-//! each confirmed ([`RerouteRecord`]). A new leader computes the same sets
+//! each confirmed ([`RerouteRecord`]).
+//!
+//! **Standby sets: the failed host's part as a reflex.** With the set, an
+//! order carries, per NIC of the host, the routes of the host's own part
+//! should that NIC go down ([`standby`]). The agent installs them the
+//! moment netlink reports the NIC down, before any round trip; the
+//! leader's next order (computed with the NIC down) holds the same routes,
+//! so it confirms them. Standby sets depend only on the static topology
+//! (hosts, NICs, rails, addresses, backups), not on NIC states: a detour
+//! through a peer NIC that happens to be down is corrected by that next
+//! order. So they change only when a host registers with a different
+//! topology, and an order's digest covers them through a digest of that
+//! topology ([`Detours`]), which keeps the reconciler's tick linear in the
+//! number of NICs. A new leader computes the same sets
 //! and sends what is not confirmed. When the NIC is back up (its hold time
 //! passed, not damped) it drops out of the sets: the routes go, which is
 //! the failback. A registering agent has removed whatever it installed
@@ -23,9 +36,10 @@
 //! confirmed digest. A set an agent refuses is retried at most
 //! [`MAX_REROUTE_FAILURES`] times.
 
+use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
-use proto::agent::RouteVia;
+use proto::agent::{RouteVia, Standby, MAX_REROUTES, MAX_STANDBY_NICS, MAX_STANDBY_ROUTES};
 
 use crate::model::hosts::{Host, Liveness, Nic, NicState};
 use crate::model::intents::{Action, Outcome};
@@ -56,6 +70,14 @@ fn up_on_rail(h: &Host, rail: u32) -> Option<(&Nic, Ipv4Addr)> {
         .find_map(|n| Some((n, addr(n)?)))
 }
 
+/// A NIC's address on `rail` of `h`, whatever its state.
+fn addr_on_rail(h: &Host, rail: u32) -> Option<Ipv4Addr> {
+    h.nics
+        .values()
+        .filter(|n| n.rail == Some(rail))
+        .find_map(addr)
+}
+
 /// A detoured NIC's backup, if it is up with an address and a rail.
 fn usable_backup<'a>(h: &'a Host, x: &Nic) -> Option<(&'a Nic, Ipv4Addr, u32)> {
     let y = h.nics.get(x.backup.as_deref()?)?;
@@ -63,65 +85,67 @@ fn usable_backup<'a>(h: &'a Host, x: &Nic) -> Option<(&'a Nic, Ipv4Addr, u32)> {
     Some((y, addr(y)?, y.rail?))
 }
 
+/// `x`'s rail and its backup's NIC and rail, whatever their states.
+fn rails_of<'a>(h: &'a Host, x: &Nic) -> Option<(u32, &'a Nic, u32)> {
+    let y = h.nics.get(x.backup.as_deref()?)?;
+    Some((x.rail?, y, y.rail?))
+}
+
 /// The detour routes `host` should have now, sorted, one per destination.
 pub fn desired(st: &ClusterState, host: &str) -> Vec<RouteVia> {
+    Detours::new(st).desired(host)
+}
+
+/// The standby sets of `host`: per NIC with a backup, the routes of the
+/// host's own part should that NIC go down (its peers' addresses on the
+/// NIC's rail via their addresses on the backup's rail, through the
+/// backup), whatever the NICs' states now. Sorted by NIC; NICs with no
+/// route left out; bounded by the order's limits.
+pub fn standby(st: &ClusterState, host: &str) -> Vec<Standby> {
     let Some(me) = st.hosts.get(host) else {
         return Vec::new();
     };
-    let others = || {
-        st.hosts
-            .values()
-            .filter(move |h| h.name != host && h.liveness != Liveness::Down)
-    };
     let mut out = Vec::new();
-    // Another host's NIC is down: reach its address via its backup.
-    for a in others() {
-        for x in a.nics.values().filter(|n| detoured(n)) {
-            let (Some(dst), Some((_, via, rail))) = (addr(x), usable_backup(a, x)) else {
-                continue;
-            };
-            if let Some((dev, _)) = up_on_rail(me, rail) {
-                out.push(RouteVia {
-                    dst,
-                    via,
-                    dev: dev.name.clone(),
-                });
-            }
-        }
-    }
-    // One of this host's NICs is down: reach the others' addresses on its
-    // rail via their addresses on the backup's rail.
-    for x in me.nics.values().filter(|n| detoured(n)) {
-        let (Some(x_rail), Some((y, _, y_rail))) = (x.rail, usable_backup(me, x)) else {
+    let mut total = 0;
+    for x in me.nics.values() {
+        let Some((x_rail, y, y_rail)) = rails_of(me, x) else {
             continue;
         };
-        for b in others() {
-            let dst = b
-                .nics
-                .values()
-                .filter(|n| n.rail == Some(x_rail))
-                .find_map(addr);
-            if let (Some(dst), Some((_, via))) = (dst, up_on_rail(b, y_rail)) {
-                out.push(RouteVia {
-                    dst,
-                    via,
-                    dev: y.name.clone(),
-                });
-            }
+        if x_rail == y_rail {
+            continue;
         }
+        let mut routes: Vec<RouteVia> = st
+            .hosts
+            .values()
+            .filter(|b| b.name != host)
+            .filter_map(|b| {
+                Some(RouteVia {
+                    dst: addr_on_rail(b, x_rail)?,
+                    via: addr_on_rail(b, y_rail)?,
+                    dev: y.name.clone(),
+                })
+            })
+            .collect();
+        routes.sort();
+        routes.dedup_by(|a, b| a.dst == b.dst);
+        routes.truncate(MAX_REROUTES);
+        if routes.is_empty()
+            || out.len() == MAX_STANDBY_NICS
+            || total + routes.len() > MAX_STANDBY_ROUTES
+        {
+            continue;
+        }
+        total += routes.len();
+        out.push(Standby {
+            nic: x.name.clone(),
+            routes,
+        });
     }
-    out.sort();
-    out.dedup_by(|a, b| a.dst == b.dst);
     out
 }
 
-/// A set's digest: 0 for no routes, else FNV-1a of the sorted routes (never
-/// 0).
-pub fn digest(routes: &[RouteVia]) -> u64 {
-    if routes.is_empty() {
-        return 0;
-    }
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+/// FNV-1a from `h` over the routes.
+fn fnv_routes(mut h: u64, routes: &[RouteVia]) -> u64 {
     for r in routes {
         for b in r
             .dst
@@ -135,22 +159,179 @@ pub fn digest(routes: &[RouteVia]) -> u64 {
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
     }
-    h.max(1)
+    h
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+fn fnv_bytes(mut h: u64, bytes: &[u8]) -> u64 {
+    for b in bytes.iter().chain(&[0]) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The digest of `host`'s `Reroute` order now (see [`Detours::digest`]).
+pub fn order_digest(st: &ClusterState, host: &str) -> u64 {
+    Detours::new(st).digest(host)
+}
+
+/// The detour view of one state, computed once and asked per host: the
+/// detoured NICs of live hosts, and a digest of the static topology the
+/// standby sets derive from.
+pub struct Detours<'a> {
+    st: &'a ClusterState,
+    /// Detoured NICs of hosts not Down.
+    detoured: Vec<(&'a Host, &'a Nic)>,
+    /// Every host's name and, per NIC: name, rail, address, backup.
+    topology: u64,
+    /// Per ordered pair of distinct rails: how many hosts have an address
+    /// on both.
+    pairs: BTreeMap<(u32, u32), usize>,
+}
+
+impl<'a> Detours<'a> {
+    /// One pass over the hosts.
+    pub fn new(st: &'a ClusterState) -> Detours<'a> {
+        let mut down = Vec::new();
+        let mut topology = FNV_OFFSET;
+        let mut pairs = BTreeMap::new();
+        for h in st.hosts.values() {
+            topology = fnv_bytes(topology, h.name.as_bytes());
+            for n in h.nics.values() {
+                for part in [
+                    n.name.as_bytes(),
+                    &n.rail.map_or([0xff; 4], u32::to_be_bytes),
+                    n.addr.as_deref().unwrap_or("").as_bytes(),
+                    n.backup.as_deref().unwrap_or("").as_bytes(),
+                ] {
+                    topology = fnv_bytes(topology, part);
+                }
+                if h.liveness != Liveness::Down && detoured(n) {
+                    down.push((h, n));
+                }
+            }
+            for (a, b) in rail_pairs(h) {
+                *pairs.entry((a, b)).or_insert(0) += 1;
+            }
+        }
+        Detours {
+            st,
+            detoured: down,
+            topology,
+            pairs,
+        }
+    }
+
+    /// The detour routes `host` should have now, sorted, one per
+    /// destination.
+    pub fn desired(&self, host: &str) -> Vec<RouteVia> {
+        let Some(me) = self.st.hosts.get(host) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        // Another host's NIC is down: reach its address via its backup.
+        for (a, x) in self.detoured.iter().filter(|(a, _)| a.name != host) {
+            let (Some(dst), Some((_, via, rail))) = (addr(x), usable_backup(a, x)) else {
+                continue;
+            };
+            if let Some((dev, _)) = up_on_rail(me, rail) {
+                out.push(RouteVia {
+                    dst,
+                    via,
+                    dev: dev.name.clone(),
+                });
+            }
+        }
+        // One of this host's NICs is down: reach the others' addresses on
+        // its rail via their addresses on the backup's rail.
+        for x in me.nics.values().filter(|n| detoured(n)) {
+            let (Some(x_rail), Some((y, _, y_rail))) = (x.rail, usable_backup(me, x)) else {
+                continue;
+            };
+            let others = self
+                .st
+                .hosts
+                .values()
+                .filter(|h| h.name != host && h.liveness != Liveness::Down);
+            for b in others {
+                if let (Some(dst), Some((_, via))) =
+                    (addr_on_rail(b, x_rail), up_on_rail(b, y_rail))
+                {
+                    out.push(RouteVia {
+                        dst,
+                        via,
+                        dev: y.name.clone(),
+                    });
+                }
+            }
+        }
+        out.sort();
+        out.dedup_by(|a, b| a.dst == b.dst);
+        out
+    }
+
+    /// Whether [`standby`] of `host` has a route: a NIC of it with a
+    /// backup, and another host with addresses on both their rails.
+    fn has_standby(&self, host: &str) -> bool {
+        let Some(me) = self.st.hosts.get(host) else {
+            return false;
+        };
+        let mine = rail_pairs(me);
+        me.nics.values().any(|x| {
+            let Some((a, _, b)) = rails_of(me, x) else {
+                return false;
+            };
+            if a == b {
+                return false;
+            }
+            let here = usize::from(mine.contains(&(a, b)));
+            self.pairs.get(&(a, b)).copied().unwrap_or(0) > here
+        })
+    }
+
+    /// The digest of `host`'s order: 0 when it has no routes and no standby
+    /// set, else a digest of its set and (through the topology) of its
+    /// standby sets (never 0).
+    pub fn digest(&self, host: &str) -> u64 {
+        let routes = self.desired(host);
+        if routes.is_empty() && !self.has_standby(host) {
+            return 0;
+        }
+        let h = fnv_bytes(self.topology, host.as_bytes());
+        fnv_routes(h, &routes).max(1)
+    }
+}
+
+/// The ordered pairs of distinct rails `h` has addresses on.
+fn rail_pairs(h: &Host) -> Vec<(u32, u32)> {
+    let mut rails: Vec<u32> = h
+        .nics
+        .values()
+        .filter(|n| addr(n).is_some())
+        .filter_map(|n| n.rail)
+        .collect();
+    rails.sort_unstable();
+    rails.dedup();
+    let mut out = Vec::new();
+    for a in &rails {
+        for b in rails.iter().filter(|b| *b != a) {
+            out.push((*a, *b));
+        }
+    }
+    out
 }
 
 /// Orders the reconciler wants now: every live host whose desired set is
 /// not the one its agent confirmed (and has not failed too often).
 pub fn wanted_reroute_actions(st: &ClusterState) -> Vec<Action> {
-    // The common case, cheaply: no NIC detoured, no agent holding routes.
-    let any_detoured = st.hosts.values().any(|h| h.nics.values().any(detoured));
-    if !any_detoured && st.reroutes.values().all(|r| r.applied == 0) {
-        return Vec::new();
-    }
+    let view = Detours::new(st);
     st.hosts
         .values()
         .filter(|h| h.liveness != Liveness::Down)
         .filter_map(|h| {
-            let want = digest(&desired(st, &h.name));
+            let want = view.digest(&h.name);
             let rec = st.reroutes.get(&h.name).cloned().unwrap_or_default();
             let given_up = rec.failed == want && rec.failures >= MAX_REROUTE_FAILURES;
             (rec.applied != want && !given_up).then(|| Action::Reroute {
@@ -164,8 +345,9 @@ pub fn wanted_reroute_actions(st: &ClusterState) -> Vec<Action> {
 /// Whether an open reroute order is obsolete (`Some(why)` cancels it).
 pub fn reroute_order_obsolete(st: &ClusterState, action: &Action) -> Option<String> {
     match action {
-        Action::Reroute { host, digest: d } => (digest(&desired(st, host)) != *d)
-            .then(|| "the desired detour routes changed".to_string()),
+        Action::Reroute { host, digest: d } => {
+            (order_digest(st, host) != *d).then(|| "the desired detour routes changed".to_string())
+        }
         _ => None,
     }
 }

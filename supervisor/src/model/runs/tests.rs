@@ -46,6 +46,13 @@ impl World {
         for (i, h) in hosts.iter().enumerate() {
             w.ok(crate::model::testkit::register_two_rails_for_test(i, h));
         }
+        crate::model::testkit::confirm_reroutes_for_test(
+            &mut w,
+            |w| &w.st,
+            |w, c| {
+                w.ok(c);
+            },
+        );
         if with_playbooks {
             // What a new cluster's first leader does.
             w.ok(Command::InstallShippedPlaybooks {

@@ -1,9 +1,11 @@
 //! Detour routes: the desired sets follow NIC states, are ordered by
-//! digest, confirmed by the agents' answers, and forgotten at registration.
+//! digest, confirmed by the agents' answers, and forgotten at registration;
+//! standby sets (the failed host's part, for its reflex) follow the static
+//! topology and agree with what the order says once the NIC is down.
 
 use super::*;
 use crate::model::decide::decide;
-use crate::model::reroute::{desired, digest, MAX_REROUTE_FAILURES};
+use crate::model::reroute::{desired, order_digest, standby, MAX_REROUTE_FAILURES};
 use proto::agent::RouteVia;
 
 /// Hosts h0..h{n-1}, each with rail0 (10.0.0.i+1) and rail1 (10.1.0.i+1),
@@ -64,6 +66,30 @@ fn route(dst: &str, via: &str, dev: &str) -> RouteVia {
     }
 }
 
+/// Opens each action's intent and answers it done (the agents confirm).
+fn confirm(st: &mut ClusterState, seq: &mut u64, actions: Vec<Action>) {
+    for a in actions {
+        let r = one(st, *seq, *seq, Command::OpenIntent { action: a });
+        *seq += 1;
+        let Ok(CmdOk::IntentOpened { id }) = r else {
+            panic!("{r:?}")
+        };
+        let host = st.intents[&id].action.host().to_owned();
+        let r = one(
+            st,
+            *seq,
+            *seq,
+            Command::OrderDone {
+                host,
+                id,
+                outcome: crate::model::testkit::answer(true, "ok"),
+            },
+        );
+        assert_eq!(r, Ok(CmdOk::Done));
+        *seq += 1;
+    }
+}
+
 /// The reroute intents `decide` would open now.
 fn wanted(st: &ClusterState) -> Vec<Action> {
     decide(st, 10)
@@ -83,6 +109,10 @@ fn a_down_nic_gets_detours_on_every_host_and_loses_them_when_up() {
     for h in ["h0", "h1", "h2"] {
         assert!(desired(&st, h).is_empty(), "all NICs up: no detours");
     }
+    // Every host is ordered once for its standby sets, then nothing more.
+    let first = wanted(&st);
+    assert_eq!(first.len(), 3, "{first:?}");
+    confirm(&mut st, &mut seq, first);
     assert!(wanted(&st).is_empty());
     nic_health(&mut st, &mut seq, "h1", "rail0", NicHealth::Down);
     // Peers reach h1's rail0 address through its rail1 address, on their
@@ -106,45 +136,95 @@ fn a_down_nic_gets_detours_on_every_host_and_loses_them_when_up() {
     let actions = wanted(&st);
     assert_eq!(actions.len(), 3, "{actions:?}");
     // Opened, answered: confirmed, nothing more wanted.
-    let mut ids = Vec::new();
-    for a in actions {
-        let r = one(&mut st, seq, seq, Command::OpenIntent { action: a });
-        seq += 1;
-        let Ok(CmdOk::IntentOpened { id }) = r else {
-            panic!("{r:?}")
-        };
-        ids.push(id);
-    }
-    for id in &ids {
-        let host = st.intents[id].action.host().to_owned();
-        let r = one(
-            &mut st,
-            seq,
-            seq,
-            Command::OrderDone {
-                host,
-                id: *id,
-                outcome: crate::model::testkit::answer(true, "ok"),
-            },
-        );
-        assert_eq!(r, Ok(CmdOk::Done));
-        seq += 1;
-    }
+    confirm(&mut st, &mut seq, actions);
     assert!(
         wanted(&st).is_empty(),
         "confirmed sets are not ordered again"
     );
-    assert_eq!(st.reroutes["h0"].applied, digest(&desired(&st, "h0")));
+    assert_eq!(st.reroutes["h0"].applied, order_digest(&st, "h0"));
     // Recovering is not yet usable: the detours stay.
     nic_health(&mut st, &mut seq, "h1", "rail0", NicHealth::Recovering);
     assert!(wanted(&st).is_empty());
-    // Up (hold time passed): every host is ordered the empty set.
+    // Up (hold time passed): every host is ordered its set without the
+    // detours, which is the digest of the all-up state confirmed first.
     nic_health(&mut st, &mut seq, "h1", "rail0", NicHealth::Up);
     let back = wanted(&st);
     assert_eq!(back.len(), 3);
-    assert!(back
-        .iter()
-        .all(|a| matches!(a, Action::Reroute { digest: 0, .. })));
+    for a in &back {
+        let Action::Reroute { host, digest } = a else {
+            panic!("{a:?}")
+        };
+        assert!(desired(&st, host).is_empty());
+        assert_eq!(*digest, order_digest(&st, host));
+    }
+}
+
+#[test]
+fn standby_sets_are_the_failed_hosts_part_and_follow_the_topology_only() {
+    let (mut st, mut seq) = cluster(3);
+    let sets = standby(&st, "h1");
+    let nics: Vec<&str> = sets.iter().map(|s| s.nic.as_str()).collect();
+    assert_eq!(nics, ["rail0", "rail1"]);
+    assert_eq!(
+        sets[0].routes,
+        vec![
+            route("10.0.0.1", "10.1.0.1", "rail1"),
+            route("10.0.0.3", "10.1.0.3", "rail1"),
+        ]
+    );
+    assert_eq!(
+        sets[1].routes,
+        vec![
+            route("10.1.0.1", "10.0.0.1", "rail0"),
+            route("10.1.0.3", "10.0.0.3", "rail0"),
+        ]
+    );
+    // What the reflex installs is what the leader orders once the NIC is
+    // known down: the next order confirms the routes, never flips them.
+    nic_health(&mut st, &mut seq, "h1", "rail0", NicHealth::Down);
+    assert_eq!(desired(&st, "h1"), sets[0].routes);
+    // NIC states elsewhere do not change standby sets (no order storm).
+    nic_health(&mut st, &mut seq, "h2", "rail1", NicHealth::Down);
+    assert_eq!(standby(&st, "h1"), sets);
+    // A host registering changes every other host's standby sets, and so
+    // their digests: each is ordered again.
+    let (mut st, mut seq) = cluster(2);
+    let first = wanted(&st);
+    confirm(&mut st, &mut seq, first);
+    let before = order_digest(&st, "h0");
+    let r = one(
+        &mut st,
+        seq,
+        seq,
+        crate::model::testkit::register_two_rails_for_test(2, "h2"),
+    );
+    assert!(r.is_ok(), "{r:?}");
+    assert_ne!(order_digest(&st, "h0"), before);
+    assert_eq!(standby(&st, "h0")[0].routes.len(), 2);
+    let hosts: Vec<String> = wanted(&st).iter().map(|a| a.host().to_owned()).collect();
+    assert_eq!(hosts, ["h0", "h1", "h2"]);
+}
+
+#[test]
+fn a_host_alone_or_without_backups_is_not_ordered() {
+    let (st, _) = cluster(1);
+    assert!(standby(&st, "h0").is_empty());
+    assert_eq!(order_digest(&st, "h0"), 0);
+    assert!(wanted(&st).is_empty());
+    // Two hosts whose NICs name no backup: nothing to stand by for.
+    let mut st = ClusterState::default();
+    for (i, h) in ["h0", "h1"].into_iter().enumerate() {
+        let mut reg = crate::model::testkit::register_two_rails_for_test(i, h);
+        if let Command::RegisterHost { nics, .. } = &mut reg {
+            for n in nics {
+                n.backup = None;
+            }
+        }
+        assert!(one(&mut st, i as u64 + 1, i as u64 + 1, reg).is_ok());
+    }
+    assert!(standby(&st, "h0").is_empty());
+    assert_eq!(order_digest(&st, "h0"), 0);
+    assert!(wanted(&st).is_empty());
 }
 
 #[test]
