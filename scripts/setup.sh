@@ -15,9 +15,11 @@ set -euo pipefail
 # gloo; about a minute to install) runs the PyTorch example they train:
 # Debian's build needs no CUDA wheels, unlike PyPI's current torch.
 # iperf3 is the unmodified TCP program `bench tcp-failover` keeps alive.
+# systemd provides systemd-analyze, which checks the packaged units, and
+# hostname names the host the package test's agent registers.
 PACKAGES=(build-essential pkg-config iproute2 python3 passwd
   libibverbs-dev librdmacm-dev libclang-dev libclang-common-14-dev
-  python3-pytest python3-torch iperf3)
+  python3-pytest python3-torch iperf3 systemd hostname)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -15,6 +15,7 @@ mod clock;
 mod events;
 mod jobs;
 mod links;
+mod manual;
 mod members;
 mod nics;
 mod nodes;
@@ -182,6 +183,24 @@ enum Cmd {
     /// (offline; no supervisor is contacted).
     #[command(subcommand)]
     Pki(PkiCmd),
+    /// Print a shell completion script (offline).
+    ///
+    /// For example `railguard completion bash >
+    /// /usr/share/bash-completion/completions/railguard`.
+    Completion {
+        /// bash, zsh or fish.
+        #[arg(value_enum)]
+        shell: manual::Shell,
+    },
+    /// Write the man pages, railguard.1 and one per subcommand, into a
+    /// directory (offline).
+    ///
+    /// For example `railguard man --dir /usr/local/share/man/man1`.
+    Man {
+        /// Where the pages go (created if missing).
+        #[arg(long, value_name = "DIR")]
+        dir: std::path::PathBuf,
+    },
 }
 
 /// Like any Unix filter: a reader that goes away (`railguard events |
@@ -224,6 +243,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let cmd = match cli.cmd {
         Cmd::Pki(PkiCmd::Revoke { .. }) => cli.cmd,
         Cmd::Pki(cmd) => return certs::run(cmd, cli.output == Output::Json),
+        Cmd::Completion { shell } => return manual::completion::<Cli>(shell),
+        Cmd::Man { dir } => return manual::man::<Cli>(&dir),
         cmd => cmd,
     };
     let actor = cli
@@ -443,6 +464,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             },
         },
         Cmd::Pki(cmd) => return certs::run(cmd, json),
+        // Offline, like `pki`: handled above; never reached with a client.
+        Cmd::Completion { shell } => return manual::completion::<Cli>(shell),
+        Cmd::Man { dir } => return manual::man::<Cli>(&dir),
     };
     let reply = client.call(request, cli.stale).await?;
     render::show(&reply, json)?;
