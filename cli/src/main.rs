@@ -12,6 +12,7 @@
 
 mod certs;
 mod clock;
+mod contexts;
 mod events;
 mod jobs;
 mod links;
@@ -48,16 +49,20 @@ use crate::playbooks::PlaybookCmd;
 #[derive(Parser, Debug)]
 #[command(name = "railguard", version, about, long_about = None)]
 struct Cli {
-    /// Supervisor addresses (IP:port or host:port, comma-separated); tried in order.
+    /// Supervisor addresses (IP:port or host:port, comma-separated); tried
+    /// in order [default: the context's, else 127.0.0.1:7400].
     #[arg(
         long,
         short = 's',
         global = true,
         env = "RAILGUARD_SUPERVISORS",
-        value_delimiter = ',',
-        default_value = "127.0.0.1:7400"
+        value_delimiter = ','
     )]
-    supervisor: Vec<String>,
+    supervisor: Option<Vec<String>>,
+    /// The named context (supervisors and certificate) from the config
+    /// file [default: its `current`]; see `railguard context`.
+    #[arg(long, global = true, env = "RAILGUARD_CONTEXT")]
+    context: Option<String>,
     /// Output format.
     #[arg(long, short = 'o', global = true, value_enum, default_value = "table")]
     output: Output,
@@ -79,9 +84,21 @@ struct Cli {
     /// with certificates).
     #[arg(long, global = true, env = "RAILGUARD_INSECURE")]
     insecure: bool,
-    /// Time limit per call, e.g. 10s.
-    #[arg(long, global = true, default_value = "10s", value_parser = parse_duration)]
-    timeout: Duration,
+    /// Time limit per call, e.g. 10s [default: the context's, else 10s].
+    #[arg(long, global = true, value_parser = parse_duration)]
+    timeout: Option<Duration>,
+    /// Show the view again every INTERVAL (default 2s) until Ctrl-C, like
+    /// watch(1); for views only (lists, status, show), not for changes.
+    #[arg(
+        long,
+        short = 'w',
+        global = true,
+        value_name = "INTERVAL",
+        num_args = 0..=1,
+        default_missing_value = "2s",
+        value_parser = parse_watch_interval
+    )]
+    watch: Option<Duration>,
     /// Name recorded with writes on an --insecure cluster (default: $USER);
     /// with mutual TLS the certificate's user is recorded instead.
     #[arg(long = "as", global = true, env = "RAILGUARD_ACTOR")]
@@ -183,6 +200,15 @@ enum Cmd {
     /// (offline; no supervisor is contacted).
     #[command(subcommand)]
     Pki(PkiCmd),
+    /// Named contexts (supervisors and certificate) in the config file:
+    /// list, show, use (offline).
+    ///
+    /// The file is $RAILGUARD_CONFIG, else
+    /// $XDG_CONFIG_HOME/railguard/config.toml, else
+    /// ~/.config/railguard/config.toml. For example `railguard context use
+    /// prod`, then `railguard status` talks to prod's supervisors.
+    #[command(subcommand)]
+    Context(contexts::ContextCmd),
     /// Print a shell completion script (offline).
     ///
     /// For example `railguard completion bash >
@@ -201,6 +227,21 @@ enum Cmd {
         #[arg(long, value_name = "DIR")]
         dir: std::path::PathBuf,
     },
+}
+
+impl Cli {
+    /// The connection settings the flags (or their variables) gave.
+    fn flags(&self) -> contexts::Flags {
+        contexts::Flags {
+            supervisors: self.supervisor.clone(),
+            ca: self.ca.clone(),
+            cert: self.cert.clone(),
+            key: self.key.clone(),
+            insecure: self.insecure,
+            timeout: self.timeout,
+            context: self.context.clone(),
+        }
+    }
 }
 
 /// Like any Unix filter: a reader that goes away (`railguard events |
@@ -240,29 +281,29 @@ async fn main() {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     // Offline commands first, so no supervisor address is even parsed.
+    let flags = cli.flags();
     let cmd = match cli.cmd {
         Cmd::Pki(PkiCmd::Revoke { .. }) => cli.cmd,
         Cmd::Pki(cmd) => return certs::run(cmd, cli.output == Output::Json),
         Cmd::Completion { shell } => return manual::completion::<Cli>(shell),
         Cmd::Man { dir } => return manual::man::<Cli>(&dir),
+        Cmd::Context(c) => return contexts::run(c, &flags, cli.output == Output::Json),
         cmd => cmd,
     };
+    let target = contexts::resolve(&flags).map_err(|e| ApiError::invalid(format!("{e:#}")))?;
     let actor = cli
         .actor
         .clone()
         .or_else(|| std::env::var("USER").ok())
         .unwrap_or_else(|| "unknown".into());
-    let tls = pki::TlsArgs {
-        ca: cli.ca.clone(),
-        cert: cli.cert.clone(),
-        key: cli.key.clone(),
-        insecure: cli.insecure,
-    }
-    .resolve("railguard")
-    .map_err(|e| ApiError::invalid(e.to_string()))?;
+    let tls = target
+        .tls
+        .clone()
+        .resolve("railguard")
+        .map_err(|e| ApiError::invalid(e.to_string()))?;
     let tls = supervisor::client::ClientTls::from_mode(&tls)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
-    let client = AdminClient::new(&cli.supervisor, &actor, cli.timeout, &tls)?;
+    let client = AdminClient::new(&target.supervisors, &actor, target.timeout, &tls)?;
     let json = cli.output == Output::Json;
     let request = match cmd {
         Cmd::Status => AdminRequest::Status,
@@ -467,13 +508,68 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         // Offline, like `pki`: handled above; never reached with a client.
         Cmd::Completion { shell } => return manual::completion::<Cli>(shell),
         Cmd::Man { dir } => return manual::man::<Cli>(&dir),
+        Cmd::Context(c) => return contexts::run(c, &flags, json),
     };
+    if let Some(every) = cli.watch {
+        if request.is_write() {
+            return Err(
+                ApiError::invalid("--watch repeats a view; it cannot repeat a change").into(),
+            );
+        }
+        return watch(&client, request, every, cli.stale, json).await;
+    }
     let reply = client.call(request, cli.stale).await?;
     render::show(&reply, json)?;
     if matches!(reply, AdminReply::Status(_)) && !cli.stale {
-        cluster_available(&cli.supervisor, cli.timeout, &actor, &tls, json).await?;
+        cluster_available(&target.supervisors, target.timeout, &actor, &tls, json).await?;
     }
     Ok(())
+}
+
+/// The shortest `--watch` interval.
+const MIN_WATCH: Duration = Duration::from_millis(100);
+
+fn parse_watch_interval(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d < MIN_WATCH {
+        return Err(format!("{s:?} is shorter than {MIN_WATCH:?}"));
+    }
+    Ok(d)
+}
+
+/// `--watch`: the view again every `every` until interrupted, each under a
+/// line with the time (on a terminal the screen is cleared first). A call
+/// that fails prints its error and the next one is tried, like watch(1).
+async fn watch(
+    client: &AdminClient,
+    request: AdminRequest,
+    every: Duration,
+    stale: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    use std::io::{IsTerminal, Write};
+    let tty = std::io::stdout().is_terminal();
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tick.tick().await;
+        let reply = client.call(request.clone(), stale).await;
+        if tty {
+            print!("\x1b[H\x1b[2J");
+        }
+        if !json {
+            println!(
+                "every {}: {}",
+                humantime::format_duration(every),
+                humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+            );
+        }
+        match reply {
+            Ok(reply) => render::show(&reply, json)?,
+            Err(e) => eprintln!("error: {e:#}"),
+        }
+        std::io::stdout().flush()?;
+    }
 }
 
 /// After `status` (which any supervisor answers from its own memory, so it

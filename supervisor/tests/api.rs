@@ -640,3 +640,155 @@ async fn logs_to_a_file_are_plain_text_or_json_lines() {
         assert!(v["level"].is_string() && v["timestamp"].is_string(), "{l}");
     }
 }
+
+/// The CLI with only what the config file says: no connection flags or
+/// variables.
+fn cli_with_config(config: &std::path::Path, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(common::cli_bin())
+        .args(args)
+        .env("RAILGUARD_CONFIG", config)
+        .env("HOME", config.parent().unwrap())
+        .env_remove("RAILGUARD_SUPERVISORS")
+        .env_remove("RAILGUARD_CONTEXT")
+        .env_remove("RAILGUARD_CA")
+        .env_remove("RAILGUARD_CERT")
+        .env_remove("RAILGUARD_KEY")
+        .env_remove("RAILGUARD_INSECURE")
+        .output()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn cli_contexts_choose_the_supervisors_and_the_certificate() {
+    let sup = Sup::with_h0(&[]).await;
+    let admin = common::files(&common::admin_id());
+    let dir = tempfile::tempdir().unwrap();
+    // The certificate by a path relative to the file.
+    std::fs::copy(&admin.cert, dir.path().join("me.pem")).unwrap();
+    let dead = format!("127.0.0.1:{}", common::free_port());
+    let config = dir.path().join("config.toml");
+    let text = format!(
+        "# my clusters\ncurrent = \"dead\"\n\n[contexts.live]\nsupervisors = [\"{}\"]\nca = \"{}\"\ncert = \"me.pem\"\nkey = \"{}\"\n\n[contexts.dead]  # a decommissioned one\nsupervisors = [\"{dead}\"]\nca = \"{}\"\ncert = \"me.pem\"\nkey = \"{}\"\ntimeout = \"2s\"\n",
+        sup.addr,
+        admin.ca.display(),
+        admin.key.display(),
+        admin.ca.display(),
+        admin.key.display(),
+    );
+    std::fs::write(&config, &text).unwrap();
+    // The current context is used: its supervisor is the one tried.
+    let out = cli_with_config(&config, &["node", "list"]);
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&dead));
+    // --context picks another, whose supervisor and certificate work.
+    let out = cli_with_config(
+        &config,
+        &["--context", "live", "-o", "json", "node", "list"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["hosts"][0]["name"], "h0");
+    // A flag wins over the context's value, setting by setting.
+    let out = cli_with_config(&config, &["--supervisor", &sup.addr, "node", "list"]);
+    assert!(out.status.success(), "{out:?}");
+    // `context use` switches, keeping the file's comments.
+    let out = cli_with_config(&config, &["context", "use", "live"]);
+    assert!(out.status.success(), "{out:?}");
+    let now = std::fs::read_to_string(&config).unwrap();
+    assert!(
+        now.contains("current = \"live\"") && now.contains("# a decommissioned one"),
+        "{now}"
+    );
+    assert!(cli_with_config(&config, &["node", "list"]).status.success());
+    let out = cli_with_config(&config, &["context", "list"]);
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed.contains(&format!("* live\t{}", sup.addr)),
+        "{listed}"
+    );
+    let out = cli_with_config(&config, &["-o", "json", "context", "show"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["name"], "live");
+    assert_eq!(
+        v["context"]["cert"],
+        dir.path().join("me.pem").display().to_string(),
+        "relative paths are the file's"
+    );
+    // Bad choices and bad files are clear errors that change nothing.
+    for (args, says) in [
+        (
+            &["--context", "nope", "status"][..],
+            "context \"nope\" is not in",
+        ),
+        (&["context", "use", "nope"][..], "contexts: dead, live"),
+    ] {
+        let out = cli_with_config(&config, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), now, "unchanged");
+    std::fs::write(&config, "current = \"x\"\n[contexts.y]\nsupervisors = 7\n").unwrap();
+    let out = cli_with_config(&config, &["status"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("config.toml"));
+    // No file, no context: the built-in defaults, as before (and no
+    // certificate: the flags must give one, or --insecure).
+    std::fs::remove_file(&config).unwrap();
+    let out = cli_with_config(&config, &["status"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no certificates configured"));
+    let out = cli_with_config(&config, &["--insecure", "--timeout", "1s", "status"]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("127.0.0.1:7400"),
+        "{out:?}"
+    );
+}
+
+#[tokio::test]
+async fn cli_watch_shows_the_view_again_until_stopped() {
+    use std::io::Read;
+    let sup = Sup::with_h0(&[]).await;
+    let admin = common::files(&common::admin_id());
+    let mut child = std::process::Command::new(common::cli_bin())
+        .args([
+            "--supervisor",
+            &sup.addr,
+            "--watch",
+            "200ms",
+            "node",
+            "list",
+        ])
+        .env_remove("RAILGUARD_SUPERVISORS")
+        .envs(admin.cli_env())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        let _ = stdout.read_to_string(&mut all);
+        all
+    });
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let out = sup.cli(&["node", "cordon", "h0"]);
+    assert!(out.status.success(), "{out:?}");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // SAFETY: kill has no memory-safety preconditions; the child is ours.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    let all = reader.join().unwrap();
+    let views = all.matches("every 200ms: ").count();
+    assert!((4..=12).contains(&views), "{views} views: {all}");
+    let first = all.split("every 200ms: ").nth(1).unwrap();
+    let last = all.rsplit("every 200ms: ").next().unwrap();
+    assert!(!first.to_lowercase().contains("cordon"), "{first}");
+    assert!(last.to_lowercase().contains("cordon"), "{last}");
+    assert!(!status.success(), "stopped by the signal");
+    // A change cannot be watched; a too short interval is refused.
+    let out = sup.cli(&["--watch", "1s", "node", "cordon", "h0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot repeat a change"));
+    let out = sup.cli(&["--watch", "10ms", "node", "list"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("shorter than"));
+}
