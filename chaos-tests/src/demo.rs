@@ -162,6 +162,70 @@ fn ms_since(t_ns: u64, at_ns: u64) -> f64 {
     at_ns.saturating_sub(t_ns) as f64 / 1e6
 }
 
+/// The leader's event log as `railguard events --follow` receives it, each
+/// event stamped with its arrival (wall-clock ns, the clock the fault is
+/// stamped with). The leader streams an event the moment it applies the
+/// entry, so an arrival bounds the commit from above.
+struct EventTap {
+    child: std::process::Child,
+    rx: std::sync::mpsc::Receiver<(u64, ClusterEvent)>,
+}
+
+impl EventTap {
+    fn start(c: &testbed::netcluster::NetCluster, since: u64) -> anyhow::Result<EventTap> {
+        use std::io::BufRead;
+        let leader = c.sup_addrs()[c.leader_index()?].clone();
+        let since = since.to_string();
+        let mut child = c
+            .cli_command(
+                &[leader],
+                &["-o", "json", "events", "--follow", "--since", &since],
+            )?
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        testbed::register_pid(child.id());
+        let out = child
+            .stdout
+            .take()
+            .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+        let (tx, rx) = std::sync::mpsc::sync_channel(4096);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { return };
+                let at = nodeagent::link::unix_ns();
+                if let Ok(e) = serde_json::from_str::<ClusterEvent>(&line) {
+                    if tx.send((at, e)).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(EventTap { child, rx })
+    }
+
+    /// When the first event matching `f` arrived, waiting at most `within`.
+    fn arrival(&self, within: Duration, f: impl Fn(&ClusterEvent) -> bool) -> Option<u64> {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.checked_duration_since(Instant::now())?;
+            match self.rx.recv_timeout(left) {
+                Ok((at, e)) if f(&e) => return Some(at),
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+    }
+}
+
+impl Drop for EventTap {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        testbed::unregister_pid(self.child.id());
+    }
+}
+
 /// The netns NIC-flap demo.
 pub async fn nic_flap() -> anyhow::Result<NicFlapDemoReport> {
     use testbed::netcluster::NetCluster;
@@ -190,6 +254,7 @@ pub async fn nic_flap() -> anyhow::Result<NicFlapDemoReport> {
             .and_then(|v| serde_json::from_value(v["events"].clone()).ok())
             .unwrap_or_default()
     };
+    let tap = EventTap::start(&c, since)?;
     t.say(
         "FAULT: pulling the cable of h2/rail0 (fabric-side veth down: the host sees carrier loss)",
     );
@@ -209,13 +274,18 @@ pub async fn nic_flap() -> anyhow::Result<NicFlapDemoReport> {
         .and_then(|e| e.observed_unix_ns)
         .map(|o| ms_since(t_inj, o))
         .unwrap_or(f64::NAN);
-    let committed_ms = down
-        .map(|e| ms_since(t_inj, e.at_ms * 1_000_000).max(agent_saw_ms))
+    let committed_ms = tap
+        .arrival(Duration::from_secs(5), |e| {
+            e.host.as_deref() == Some("h2")
+                && matches!(&e.event, Event::NicLink { nic, up: false, .. } if nic == "rail0")
+        })
+        .map(|at| ms_since(t_inj, at))
         .unwrap_or(f64::NAN);
+    drop(tap);
     t.say(&format!(
         "  agent on h2 saw rail0 go down      +{agent_saw_ms:.3} ms after the netlink change"
     ));
-    t.say(&format!("  leader batched it into a Raft entry +{committed_ms:.1} ms (committed, seen by the CLI within {:.0} ms)", ms_since(t_inj, t_seen_committed)));
+    t.say(&format!("  committed in Raft and applied by the leader, streamed to `railguard events --follow` +{committed_ms:.1} ms (a CLI poll saw it within {:.0} ms)", ms_since(t_inj, t_seen_committed)));
     let opened = evs.iter().any(|e| {
         e.host.as_deref() == Some("h2")
             && matches!(
@@ -276,10 +346,32 @@ pub async fn nic_flap() -> anyhow::Result<NicFlapDemoReport> {
             e.what
         );
     }
-    c.wait_until("h3/rail1 reusable", Duration::from_secs(60), |c| {
-        c.nic_state("h3", "rail1").is_ok_and(|s| s == "up")
-    })
-    .await?;
+    // The penalty decays with its half-life: say so while it does, instead
+    // of a silent wait.
+    t.say("waiting for h3/rail1's damping penalty to decay before training (up to 60 s)");
+    let t_wait = Instant::now();
+    let mut said = Duration::ZERO;
+    loop {
+        let state = c.nic_state("h3", "rail1").unwrap_or_else(|e| e.to_string());
+        if state == "up" {
+            t.say(&format!(
+                "  h3/rail1 Up again after {:.0} s",
+                t_wait.elapsed().as_secs_f64()
+            ));
+            break;
+        }
+        if t_wait.elapsed() > Duration::from_secs(60) {
+            bail!("h3/rail1 not Up 60 s after the storm (it is {state})");
+        }
+        if t_wait.elapsed() >= said + Duration::from_secs(5) {
+            said = t_wait.elapsed();
+            t.say(&format!(
+                "  h3/rail1 still {state} after {:.0} s (damped: its penalty halves every half-life)",
+                said.as_secs_f64()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let mut tr = crate::training::Training::from_cluster(c, crate::training::Workload::Ringtrain)?;
     let opts = crate::training::TrainOpts {
         steps: 150,

@@ -14,6 +14,7 @@ mod certs;
 mod clock;
 mod contexts;
 mod events;
+mod examples;
 mod jobs;
 mod links;
 mod manual;
@@ -28,7 +29,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use supervisor::api::{AdminReply, AdminRequest, ApiError};
 use supervisor::client::AdminClient;
 use supervisor::model::jobs::JobOp;
@@ -87,18 +88,19 @@ struct Cli {
     /// Time limit per call, e.g. 10s [default: the context's, else 10s].
     #[arg(long, global = true, value_parser = parse_duration)]
     timeout: Option<Duration>,
-    /// Show the view again every INTERVAL (default 2s) until Ctrl-C, like
-    /// watch(1); for views only (lists, status, show), not for changes.
+    /// Show the view again every --interval until Ctrl-C, like watch(1);
+    /// for views only (lists, status, show), not for changes.
+    #[arg(long, short = 'w', global = true)]
+    watch: bool,
+    /// How often --watch shows the view, e.g. 500ms or 5s.
     #[arg(
         long,
-        short = 'w',
         global = true,
-        value_name = "INTERVAL",
-        num_args = 0..=1,
-        default_missing_value = "2s",
+        value_name = "DURATION",
+        default_value = "2s",
         value_parser = parse_watch_interval
     )]
-    watch: Option<Duration>,
+    interval: Duration,
     /// Name recorded with writes on an --insecure cluster (default: $USER);
     /// with mutual TLS the certificate's user is recorded instead.
     #[arg(long = "as", global = true, env = "RAILGUARD_ACTOR")]
@@ -268,7 +270,8 @@ fn quiet_when_stdout_closes() {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     quiet_when_stdout_closes();
-    let cli = Cli::parse();
+    let matches = examples::with_examples(Cli::command()).get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match run(cli).await {
         Ok(()) => {}
         Err(e) => {
@@ -285,8 +288,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let cmd = match cli.cmd {
         Cmd::Pki(PkiCmd::Revoke { .. }) => cli.cmd,
         Cmd::Pki(cmd) => return certs::run(cmd, cli.output == Output::Json),
-        Cmd::Completion { shell } => return manual::completion::<Cli>(shell),
-        Cmd::Man { dir } => return manual::man::<Cli>(&dir),
+        Cmd::Completion { shell } => {
+            return manual::completion(examples::with_examples(Cli::command()), shell)
+        }
+        Cmd::Man { dir } => return manual::man(examples::with_examples(Cli::command()), &dir),
         Cmd::Context(c) => return contexts::run(c, &flags, cli.output == Output::Json),
         cmd => cmd,
     };
@@ -506,11 +511,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         },
         Cmd::Pki(cmd) => return certs::run(cmd, json),
         // Offline, like `pki`: handled above; never reached with a client.
-        Cmd::Completion { shell } => return manual::completion::<Cli>(shell),
-        Cmd::Man { dir } => return manual::man::<Cli>(&dir),
+        Cmd::Completion { shell } => {
+            return manual::completion(examples::with_examples(Cli::command()), shell)
+        }
+        Cmd::Man { dir } => return manual::man(examples::with_examples(Cli::command()), &dir),
         Cmd::Context(c) => return contexts::run(c, &flags, json),
     };
-    if let Some(every) = cli.watch {
+    if cli.watch {
+        let every = cli.interval;
         if request.is_write() {
             return Err(
                 ApiError::invalid("--watch repeats a view; it cannot repeat a change").into(),

@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use clap::{Command, CommandFactory};
+use clap::Command;
 
 /// The shells `railguard completion` writes for.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -19,8 +19,7 @@ pub enum Shell {
 /// Prints the completion script for `shell` on stdout. A reader that goes
 /// away ends the process quietly with status 141, like every other
 /// command.
-pub fn completion<C: CommandFactory>(shell: Shell) -> anyhow::Result<()> {
-    let mut cmd = C::command();
+pub fn completion(mut cmd: Command, shell: Shell) -> anyhow::Result<()> {
     let shell = match shell {
         Shell::Bash => clap_complete::Shell::Bash,
         Shell::Zsh => clap_complete::Shell::Zsh,
@@ -39,9 +38,8 @@ pub fn completion<C: CommandFactory>(shell: Shell) -> anyhow::Result<()> {
 
 /// Writes `railguard.1` and one page per subcommand (`railguard-job-submit.1`)
 /// into `dir` (created if missing); prints each file written.
-pub fn man<C: CommandFactory>(dir: &Path) -> anyhow::Result<()> {
+pub fn man(mut cmd: Command, dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut cmd = C::command();
     cmd.build();
     let mut written = Vec::new();
     write_pages(&cmd, "railguard", dir, &mut written)?;

@@ -68,7 +68,7 @@ pub fn print_status(s: &StatusView) {
     if !s.open_intents.is_empty() {
         println!("open intents: {}", s.open_intents.len());
         for i in &s.open_intents {
-            println!("  #{} {:?}", i.id, i.action);
+            println!("  #{} {}", i.id, i.action);
         }
     }
 }

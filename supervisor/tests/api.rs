@@ -754,6 +754,7 @@ async fn cli_watch_shows_the_view_again_until_stopped() {
             "--supervisor",
             &sup.addr,
             "--watch",
+            "--interval",
             "200ms",
             "node",
             "list",
@@ -785,10 +786,10 @@ async fn cli_watch_shows_the_view_again_until_stopped() {
     assert!(last.to_lowercase().contains("cordon"), "{last}");
     assert!(!status.success(), "stopped by the signal");
     // A change cannot be watched; a too short interval is refused.
-    let out = sup.cli(&["--watch", "1s", "node", "cordon", "h0"]);
+    let out = sup.cli(&["-w", "node", "cordon", "h0"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot repeat a change"));
-    let out = sup.cli(&["--watch", "10ms", "node", "list"]);
+    let out = sup.cli(&["-w", "--interval", "10ms", "node", "list"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("shorter than"));
 }

@@ -9,7 +9,7 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -257,19 +257,10 @@ impl NetCluster {
     /// Runs `railguard ARGS` inside the first running supervisor namespace;
     /// returns stdout, or the error line.
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
-        let mut cmd = self.tb.command(
-            Node::Supervisor(0),
-            self.cli_bin.to_str().unwrap_or_default(),
-        )?;
-        cmd.args([
-            "--supervisor",
-            &self.sup_addrs().join(","),
-            "--timeout",
-            "3s",
-        ])
-        .envs(self.admin_files()?.cli_env())
-        .args(args);
-        let out = cmd.output().context("run railguard")?;
+        let out = self
+            .cli_command(&self.sup_addrs(), args)?
+            .output()
+            .context("run railguard")?;
         if !out.status.success() {
             bail!(
                 "railguard {}: {}",
@@ -278,6 +269,19 @@ impl NetCluster {
             );
         }
         Ok(String::from_utf8_lossy(&out.stdout).to_string())
+    }
+
+    /// `railguard ARGS` against `addrs`, prepared (in the first supervisor's
+    /// namespace, as the admin, 3 s per call) for the caller to run.
+    pub fn cli_command(&self, addrs: &[String], args: &[&str]) -> anyhow::Result<Command> {
+        let mut cmd = self.tb.command(
+            Node::Supervisor(0),
+            self.cli_bin.to_str().unwrap_or_default(),
+        )?;
+        cmd.args(["--supervisor", &addrs.join(","), "--timeout", "3s"])
+            .envs(self.admin_files()?.cli_env())
+            .args(args);
+        Ok(cmd)
     }
 
     /// Deletes the shipped `link-contention` playbook, so railguard does

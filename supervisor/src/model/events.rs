@@ -180,6 +180,8 @@ pub enum Event {
     /// A new cluster's install of the shipped playbooks: how many were
     /// stored (0: all were stored already, or the set did not validate).
     ShippedPlaybooks { installed: u32, what: String },
+    /// A NIC incident whose run completed stays open until its NIC is up.
+    NicIncidentStays { incident: u64 },
 }
 
 impl std::fmt::Display for Event {
@@ -350,6 +352,10 @@ impl std::fmt::Display for Event {
                 "incident {incident} stays open until its link is quiet (the contention detector closes it)"
             ),
             Event::ShippedPlaybooks { what, .. } => f.write_str(what),
+            Event::NicIncidentStays { incident } => write!(
+                f,
+                "incident {incident} stays open until its NIC is up again (its recovery closes it)"
+            ),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! incident's end does to its run.
 
 use crate::model::events::Event;
+use crate::model::hosts::NicState;
 use crate::model::intents::Outcome;
 use crate::model::result::{CmdError, CmdOk, CmdResult};
 use crate::model::runs::steps::Begun;
@@ -10,6 +11,7 @@ use crate::model::runs::types::{
     MAX_RUN_LOG,
 };
 use crate::model::state::ClusterState;
+use playbooks::IncidentKind;
 use std::collections::VecDeque;
 
 impl ClusterState {
@@ -373,6 +375,13 @@ impl ClusterState {
             self.log_event(at_ms, None, Event::LinkIncidentStays { incident });
             return;
         }
+        // Likewise a NIC's incident is over when the NIC is usable again,
+        // not when its playbook moved the work off it: the NIC's recovery
+        // closes it (`nic_recovered`).
+        if self.nic_still_unusable(incident) {
+            self.log_event(at_ms, None, Event::NicIncidentStays { incident });
+            return;
+        }
         self.resolve_incident(
             at_ms,
             incident,
@@ -416,6 +425,21 @@ impl ClusterState {
                 self.end_run(at_ms, run, RunState::Failed { why });
             }
         }
+    }
+
+    /// Whether `incident` is a NIC's (down or flapping) whose NIC is not
+    /// up now.
+    fn nic_still_unusable(&self, incident: u64) -> bool {
+        let Some(i) = self.incidents.get(&incident) else {
+            return false;
+        };
+        if !matches!(i.kind, IncidentKind::NicDown | IncidentKind::NicFlapping) {
+            return false;
+        }
+        i.nic
+            .as_ref()
+            .and_then(|n| self.hosts.get(&i.host)?.nics.get(n))
+            .is_some_and(|n| n.state != NicState::Up)
     }
 
     /// Closes an incident its playbook resolved (the NIC's or host's open

@@ -1,5 +1,6 @@
 //! Tests of runs.
 
+use crate::model::events::Event;
 use crate::model::hosts::{DrainPhase, Liveness};
 use crate::model::intents::{Action, Intent, Outcome};
 use crate::model::jobs::types::JobState;
@@ -250,9 +251,25 @@ fn a_nic_down_incident_runs_the_migrate_step_as_a_failover_order() {
     w.settle(obey);
     let run = w.run(1);
     assert_eq!(run.state, RunState::Completed);
+    // The work is off the NIC, but the NIC is still down: the incident
+    // stays open (and no second run starts) until the NIC is back.
+    assert!(
+        w.st.incidents[&1].closed_ms.is_none(),
+        "a NIC's incident outlives its completed run while the NIC is down"
+    );
+    assert!(w
+        .st
+        .events
+        .iter()
+        .any(|e| e.event == Event::NicIncidentStays { incident: 1 }));
+    assert!(
+        wanted_run_commands(&w.st).is_empty(),
+        "one run per incident"
+    );
+    w.nic("h0", "rail0", NicHealth::Up);
     assert!(
         w.st.incidents[&1].closed_ms.is_some(),
-        "a completed playbook resolves its incident"
+        "the NIC's recovery closes it"
     );
     assert!(w.st.hosts["h0"].nics["rail0"].open_incidents.is_empty());
     assert_eq!(
@@ -514,7 +531,10 @@ fn a_drain_beyond_the_limits_fails_the_step() {
     let d = w.st.hosts["h0"].drain.as_ref().unwrap();
     assert_eq!(d.phase, DrainPhase::Drained);
     assert_eq!(d.by, "playbook:nic-down");
-    assert!(w.st.incidents[&1].closed_ms.is_some());
+    assert!(
+        w.st.incidents[&1].closed_ms.is_none(),
+        "the host is drained, but its NIC is still down: the incident stays open"
+    );
 }
 
 #[test]
