@@ -39,11 +39,25 @@ impl ClusterState {
         match op {
             JobOp::Submit { spec } => {
                 spec.validate()?;
-                if self.jobs.contains_key(&spec.name) {
-                    return Err(CmdError::FailedPrecondition(format!(
-                        "a job named {:?} exists; cancel it or choose another name",
-                        spec.name
-                    )));
+                // An ended job's name may be used again once nothing of it
+                // runs; the new job replaces its record.
+                if let Some(old) = self.jobs.get(&spec.name) {
+                    if !old.state.is_final() {
+                        return Err(CmdError::FailedPrecondition(format!(
+                            "a job named {:?} is {:?}; cancel it or choose another name",
+                            spec.name, old.state
+                        )));
+                    }
+                    let busy = !old.stopping.is_empty()
+                        || self
+                            .open_intents()
+                            .any(|i| i.action.job() == Some(spec.name.as_str()));
+                    if busy {
+                        return Err(CmdError::FailedPrecondition(format!(
+                            "job {:?} ended but its ranks are still being stopped; submit again once they are",
+                            spec.name
+                        )));
+                    }
                 }
                 if let Some(h) = spec.hosts.iter().find(|h| !self.hosts.contains_key(*h)) {
                     return Err(CmdError::NotFound {
@@ -101,13 +115,19 @@ impl ClusterState {
     pub(crate) fn apply_job_op(&mut self, at_ms: u64, op: &JobOp, actor: &str) -> String {
         match op {
             JobOp::Submit { spec } => {
+                // A name used again continues its incarnations, so no order
+                // or record of the ended job can be taken for the new one.
+                let incarnation = self
+                    .jobs
+                    .remove(&spec.name)
+                    .map_or(0, |old| old.incarnation);
                 self.forget_finished_jobs();
                 self.next_job_number += 1;
                 let number = self.next_job_number;
                 let job = Job {
                     name: spec.name.clone(),
                     placement: Vec::new(),
-                    incarnation: 0,
+                    incarnation,
                     spec: spec.clone(),
                     state: JobState::Pending,
                     number,

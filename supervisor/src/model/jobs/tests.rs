@@ -691,6 +691,35 @@ fn cancel_stops_every_rank_and_start_orders_of_old_incarnations_are_cancelled() 
     assert!(w.job().stopping.is_empty(), "both stops answered");
 }
 
+#[test]
+fn an_ended_jobs_name_is_used_again_with_newer_incarnations() {
+    let mut w = World::new(&["h0", "h1"]);
+    w.admin(JobOp::Submit { spec: spec("j", 2) }).unwrap();
+    w.settle(obey);
+    assert_eq!(w.job().state, JobState::Running);
+    let running = w.admin(JobOp::Submit { spec: spec("j", 2) });
+    assert!(
+        matches!(&running, Err(CmdError::FailedPrecondition(m)) if m.contains("is Running")),
+        "{running:?}"
+    );
+    w.admin(JobOp::Cancel { job: "j".into() }).unwrap();
+    // Its ranks are being stopped: not yet.
+    let stopping = w.admin(JobOp::Submit { spec: spec("j", 2) });
+    assert!(
+        matches!(&stopping, Err(CmdError::FailedPrecondition(m)) if m.contains("still being stopped")),
+        "{stopping:?}"
+    );
+    w.settle(obey);
+    let old = w.job().incarnation;
+    w.admin(JobOp::Submit { spec: spec("j", 2) }).unwrap();
+    assert_eq!(w.job().state, JobState::Pending);
+    w.settle(obey);
+    let j = w.job();
+    assert_eq!(j.state, JobState::Running);
+    assert!(j.incarnation > old, "{} after {old}", j.incarnation);
+    assert_eq!(w.st.jobs.len(), 1, "the new job replaced the ended one");
+}
+
 mod json {
     #[test]
     fn a_job_with_checkpoints_and_exits_round_trips_through_the_admin_json() {
