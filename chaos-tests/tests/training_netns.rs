@@ -139,6 +139,54 @@ async fn checkpoint_logs_and_cancel_from_the_cli() {
     assert_eq!(logs["host"], "h1");
     let err = t.c.cli(&["job", "logs", "cli", "--rank", "7"]).unwrap_err();
     assert!(err.to_string().contains("rank 7"), "{err}");
+    // `job logs -f` goes on printing what the rank writes, in order.
+    let mut follow =
+        t.c.cli_command(
+            &t.c.sup_addrs(),
+            &["job", "logs", "cli", "--rank", "1", "--bytes", "2048", "-f"],
+        )
+        .unwrap()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    testbed::register_pid(follow.id());
+    let mut out = follow.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        use std::io::Read;
+        let mut all = String::new();
+        let _ = out.read_to_string(&mut all);
+        all
+    });
+    let before = t.max_step("cli", 1, 2, 2);
+    t.c.wait_until(
+        "more steps while following",
+        Duration::from_secs(30),
+        |_| t.max_step("cli", 1, 2, 2) >= before + 20,
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = follow.kill();
+    let _ = follow.wait();
+    testbed::unregister_pid(follow.id());
+    let followed = reader.join().unwrap();
+    let steps: Vec<u64> = followed
+        .lines()
+        .filter_map(|l| {
+            l.split_whitespace()
+                .next()?
+                .strip_prefix("step=")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert!(steps.len() >= 20, "{followed}");
+    assert!(
+        steps.windows(2).all(|w| w[1] == w[0] + 1),
+        "every step once, in order: {steps:?}"
+    );
+    assert!(*steps.last().unwrap() >= before + 20, "{steps:?}");
     t.c.cli(&["job", "cancel", "cli"]).unwrap();
     t.c.wait_until("ranks stopped", Duration::from_secs(30), |c| {
         c.cli_json(&["job", "show", "cli"]).is_ok_and(|v| {

@@ -29,7 +29,7 @@ pub const EXAMPLES: &[(&str, &[&str])] = &[
     ("job checkpoint", &["railguard job checkpoint llm-7b", "railguard job checkpoint llm-7b --wait 0s"]),
     ("job restart", &["railguard job restart llm-7b --reason \"bad loss spike\""]),
     ("job cancel", &["railguard job cancel llm-7b"]),
-    ("job logs", &["railguard job logs llm-7b", "railguard job logs llm-7b --rank 3 --bytes 65536"]),
+    ("job logs", &["railguard job logs llm-7b", "railguard job logs llm-7b --rank 3 --bytes 65536", "railguard job logs llm-7b -f"]),
     ("playbook list", &["railguard playbook list"]),
     ("playbook show", &["railguard playbook show nic-down"]),
     ("playbook apply", &["railguard playbook apply playbooks/library/*.toml"]),

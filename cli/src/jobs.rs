@@ -51,6 +51,11 @@ pub enum JobCmd {
         /// At most this many bytes (from the end; the agent caps it at 128 KiB).
         #[arg(long, default_value_t = 16 << 10)]
         bytes: u32,
+        /// Keep printing new output as the rank writes it, across restarts
+        /// (a new incarnation's log starts under its own header), until
+        /// Ctrl-C.
+        #[arg(long, short)]
+        follow: bool,
     },
 }
 
@@ -279,6 +284,87 @@ pub fn print_job(j: &Job, waiting: Option<&str>) {
 }
 
 /// `railguard job logs`: the tail of a rank's output (a header on stderr).
+/// How often `job logs --follow` asks for more.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// `job logs --follow`: the tail, then every new byte in order, like
+/// `tail -f`. When the rank's newest log is a newer incarnation's (a
+/// restart, maybe on another host), it goes on with that one from its
+/// start. A call that fails is said on stderr and tried again.
+pub async fn follow_logs(
+    client: &supervisor::client::AdminClient,
+    job: String,
+    rank: u32,
+    bytes: u32,
+    json: bool,
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    use supervisor::api::{AdminReply, AdminRequest, LogPosition};
+    let mut from: Option<LogPosition> = None;
+    let mut shown: Option<(String, u64)> = None;
+    let mut failing = false;
+    loop {
+        let req = AdminRequest::JobLogs {
+            job: job.clone(),
+            rank,
+            max_bytes: bytes,
+            from,
+        };
+        let reply = match client.call(req, false).await {
+            Ok(r) => r,
+            Err(e) => {
+                if !failing {
+                    eprintln!("error: {e:#} (trying again)");
+                }
+                failing = true;
+                tokio::time::sleep(FOLLOW_EVERY).await;
+                continue;
+            }
+        };
+        failing = false;
+        let AdminReply::JobLogs {
+            host,
+            incarnation,
+            text,
+            end_offset,
+            newest_incarnation,
+        } = reply
+        else {
+            anyhow::bail!("unexpected reply to a log read: {reply:?}");
+        };
+        if json {
+            if !text.is_empty() {
+                println!(
+                    "{}",
+                    serde_json::json!({"host": host, "incarnation": incarnation, "offset": end_offset, "text": text})
+                );
+            }
+        } else {
+            if shown.as_ref() != Some(&(host.clone(), incarnation)) {
+                eprintln!("--- {host}, incarnation {incarnation} ---");
+                shown = Some((host.clone(), incarnation));
+            }
+            print!("{text}");
+        }
+        std::io::stdout().flush()?;
+        from = Some(if text.is_empty() && newest_incarnation > incarnation {
+            LogPosition {
+                incarnation: newest_incarnation,
+                offset: 0,
+            }
+        } else {
+            LogPosition {
+                incarnation,
+                offset: end_offset,
+            }
+        });
+        // More is waiting when a read came back full; else wait a little.
+        if text.len() < bytes as usize / 2 {
+            tokio::time::sleep(FOLLOW_EVERY).await;
+        }
+    }
+}
+
 pub fn print_job_logs(host: &str, incarnation: u64, text: &str) {
     eprintln!("--- {host}, incarnation {incarnation} ---");
     print!("{text}");

@@ -412,14 +412,23 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             JobCmd::Cancel { job } => AdminRequest::Write {
                 op: AdminOp::Job(JobOp::Cancel { job }),
             },
-            JobCmd::Logs { job, rank, bytes } => {
+            JobCmd::Logs {
+                job,
+                rank,
+                bytes,
+                follow,
+            } => {
                 if bytes == 0 {
                     bail!(ApiError::invalid("--bytes must be at least 1"));
+                }
+                if follow {
+                    return jobs::follow_logs(&client, job, rank, bytes, json).await;
                 }
                 AdminRequest::JobLogs {
                     job,
                     rank,
                     max_bytes: bytes,
+                    from: None,
                 }
             }
         },

@@ -51,6 +51,7 @@ pub fn render(reply: &AdminReply) {
             host,
             incarnation,
             text,
+            ..
         } => jobs::print_job_logs(host, *incarnation, text),
     }
 }

@@ -716,7 +716,11 @@ fn handle_tail(ctx: &OrderCtx, id: u64, t: &proto::v1::TailLog) {
     }
     let (ctx, t) = (ctx.clone(), t.clone());
     tokio::spawn(async move {
-        let tail = ctx.launcher.tail_log(&t.job, t.rank, t.max_bytes).await;
+        let from = t.from_offset.map(|o| (t.incarnation, o));
+        let tail = ctx
+            .launcher
+            .tail_log(&t.job, t.rank, t.max_bytes, from)
+            .await;
         tracing::info!(order_id = id, job = %t.job, rank = t.rank, ok = tail.ok, incarnation = tail.incarnation, bytes = tail.text.len(), "log tail read");
         let msg = LogTailResult {
             host: ctx.cfg.host.clone(),
@@ -724,6 +728,8 @@ fn handle_tail(ctx: &OrderCtx, id: u64, t: &proto::v1::TailLog) {
             ok: tail.ok,
             text: tail.text,
             incarnation: tail.incarnation,
+            end_offset: tail.end_offset,
+            newest_incarnation: tail.newest,
         };
         offer(&ctx.cfg, &ctx.hint, id, "log tail", move |mut c| {
             let msg = msg.clone();
@@ -747,12 +753,15 @@ fn handle_order(ctx: &OrderCtx, o: AgentOrder) {
         job,
         rank,
         max_bytes,
+        from,
     } = &order
     {
         let t = proto::v1::TailLog {
             job: job.clone(),
             rank: *rank,
             max_bytes: *max_bytes,
+            from_offset: from.map(|(_, o)| o),
+            incarnation: from.map_or(0, |(i, _)| i),
         };
         handle_tail(ctx, id, &t);
         return;

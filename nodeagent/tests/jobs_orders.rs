@@ -286,12 +286,34 @@ async fn the_agent_starts_ranks_reports_their_exits_and_answers_log_tails() {
                 job: "train".into(),
                 rank: 0,
                 max_bytes: 1 << 20,
+                from_offset: None,
+                incarnation: 0,
             })),
         })
         .unwrap();
     let t = next(&mut tails, "log tail").await;
     assert_eq!((t.order_id, t.ok, t.incarnation), (qid, true, 1), "{t:?}");
     assert_eq!(t.text, "hello-from-rank\n");
+    assert_eq!((t.end_offset, t.newest_incarnation), (16, 1), "{t:?}");
+    // Read on from byte 6 of incarnation 1: the rest, and where it ends.
+    orders
+        .send(AgentOrder {
+            order_id: qid + 1,
+            kind: Some(agent_order::Kind::TailLog(TailLog {
+                job: "train".into(),
+                rank: 0,
+                max_bytes: 1 << 20,
+                from_offset: Some(6),
+                incarnation: 1,
+            })),
+        })
+        .unwrap();
+    let t = next(&mut tails, "log read").await;
+    assert_eq!(
+        (t.text.as_str(), t.end_offset),
+        ("from-rank\n", 16),
+        "{t:?}"
+    );
 
     // A stale incarnation is refused once a newer one was seen.
     orders.send(start(2, 3, "exec sleep 100")).unwrap();

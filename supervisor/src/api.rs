@@ -118,6 +118,9 @@ pub enum AdminRequest {
         job: String,
         rank: u32,
         max_bytes: u32,
+        /// Read on from this position instead of the log's end (follow).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<LogPosition>,
     },
     PlaybookList,
     PlaybookShow {
@@ -162,6 +165,13 @@ impl AdminRequest {
                 | AdminRequest::Links
         )
     }
+}
+
+/// A place in a rank's log: a byte offset of one incarnation's log.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LogPosition {
+    pub incarnation: u64,
+    pub offset: u64,
 }
 
 /// A supervisor as seen in `status` and `cluster members`.
@@ -287,6 +297,12 @@ pub enum AdminReply {
         host: String,
         incarnation: u64,
         text: String,
+        /// The byte of that incarnation's log just after `text`.
+        #[serde(default)]
+        end_offset: u64,
+        /// The newest incarnation with a log of the rank on the host.
+        #[serde(default)]
+        newest_incarnation: u64,
     },
     Playbooks {
         playbooks: Vec<PlaybookView>,

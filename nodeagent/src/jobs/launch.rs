@@ -16,7 +16,7 @@ use rdma::contract::{Hello, OrderKind};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use super::fence::{Fence, FenceStore};
-use super::logs::{copy_log, prune_logs, read_tail};
+use super::logs::{copy_log, prune_logs, read_log};
 use super::model::*;
 use super::process::{in_rank, kill_group, proc_stat, signal_name, wait_exited};
 use super::records::{RankRecord, RankStore};
@@ -703,23 +703,28 @@ impl Launcher {
     }
 
     /// The last `max_bytes` (0 or more than [`MAX_TAIL`]: [`MAX_TAIL`]) of
-    /// the newest incarnation's log of `job`'s `rank`.
-    pub async fn tail_log(&self, job: &str, rank: u32, max_bytes: u32) -> LogTail {
+    /// the newest incarnation's log of `job`'s `rank`, or (`from`) the
+    /// bytes after an offset of one incarnation's log ([`read_log`]).
+    pub async fn tail_log(
+        &self,
+        job: &str,
+        rank: u32,
+        max_bytes: u32,
+        from: Option<(u64, u64)>,
+    ) -> LogTail {
         if let Err(e) = check_job_name(job) {
             return LogTail {
-                ok: false,
                 text: e,
-                incarnation: 0,
+                ..LogTail::default()
             };
         }
         let dir = self.jobs_dir.join(job_dir_name(job));
         let (job, n) = (job.to_owned(), max_bytes as usize);
         let n = if n == 0 { MAX_TAIL } else { n.min(MAX_TAIL) };
-        let read = tokio::task::spawn_blocking(move || read_tail(&dir, &job, rank, n)).await;
+        let read = tokio::task::spawn_blocking(move || read_log(&dir, &job, rank, n, from)).await;
         read.unwrap_or_else(|e| LogTail {
-            ok: false,
             text: format!("reading the log failed: {e}"),
-            incarnation: 0,
+            ..LogTail::default()
         })
     }
 

@@ -78,26 +78,38 @@ pub(crate) fn prune_logs(jobs_dir: &Path, job: &str, incarnation: u64) {
 }
 
 /// The last `n` bytes of the newest incarnation's log of `rank` under
-/// `dir` (the job's log directory), as lossy UTF-8.
-pub(crate) fn read_tail(dir: &Path, job: &str, rank: u32, n: usize) -> LogTail {
+/// `dir` (the job's log directory), as lossy UTF-8; or, with `from`
+/// (incarnation, offset), up to `n` bytes after that offset of that
+/// incarnation's log (the newest's from its start when that log is gone),
+/// ending on a whole UTF-8 character.
+pub(crate) fn read_log(
+    dir: &Path,
+    job: &str,
+    rank: u32,
+    n: usize,
+    from: Option<(u64, u64)>,
+) -> LogTail {
     let name = format!("rank-{rank}.log");
     let mut incs = incarnation_dirs(dir);
+    incs.retain(|i| dir.join(i.to_string()).join(&name).exists());
     incs.sort_unstable_by(|a, b| b.cmp(a));
-    let Some(inc) = incs
-        .into_iter()
-        .find(|i| dir.join(i.to_string()).join(&name).exists())
-    else {
+    let Some(newest) = incs.first().copied() else {
         return LogTail {
-            ok: false,
             text: format!("no log of job {job} rank {rank} on this host"),
-            incarnation: 0,
+            ..LogTail::default()
         };
+    };
+    let (inc, start) = match from {
+        Some((inc, off)) if incs.contains(&inc) => (inc, Some(off)),
+        Some(_) => (newest, Some(0)),
+        None => (newest, None),
     };
     let path = dir.join(inc.to_string()).join(&name);
     let fail = |e: std::io::Error| LogTail {
-        ok: false,
         text: format!("cannot read {}: {e}", path.display()),
         incarnation: inc,
+        newest,
+        ..LogTail::default()
     };
     let mut f = match File::open(&path) {
         Ok(f) => f,
@@ -107,16 +119,17 @@ pub(crate) fn read_tail(dir: &Path, job: &str, rank: u32, n: usize) -> LogTail {
         Ok(m) => m.len(),
         Err(e) => return fail(e),
     };
-    let from = len.saturating_sub(n as u64);
-    let mut buf = Vec::with_capacity(n.min(len as usize));
+    let from_byte = start.map_or(len.saturating_sub(n as u64), |o| o.min(len));
+    let mut buf = Vec::with_capacity(n.min(len.saturating_sub(from_byte) as usize));
     if let Err(e) = f
-        .seek(SeekFrom::Start(from))
+        .seek(SeekFrom::Start(from_byte))
         .and_then(|_| f.take(n as u64).read_to_end(&mut buf))
     {
         return fail(e);
     }
-    // Do not start in the middle of a UTF-8 sequence.
-    let skip = if from > 0 {
+    // A tail does not start in the middle of a UTF-8 sequence; a forward
+    // read does not end in one (the rest comes with the next read).
+    let skip = if start.is_none() && from_byte > 0 {
         buf.iter()
             .take(3)
             .take_while(|b| (**b & 0xC0) == 0x80)
@@ -124,9 +137,19 @@ pub(crate) fn read_tail(dir: &Path, job: &str, rank: u32, n: usize) -> LogTail {
     } else {
         0
     };
+    let mut end = buf.len();
+    if start.is_some() {
+        if let Err(e) = std::str::from_utf8(&buf) {
+            if e.error_len().is_none() {
+                end = e.valid_up_to();
+            }
+        }
+    }
     LogTail {
         ok: true,
-        text: String::from_utf8_lossy(&buf[skip..]).into_owned(),
+        text: String::from_utf8_lossy(&buf[skip..end]).into_owned(),
         incarnation: inc,
+        end_offset: from_byte + end as u64,
+        newest,
     }
 }

@@ -147,14 +147,18 @@ pub struct RankExit {
     pub detail: String,
 }
 
-/// The end of a rank's log.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The end of a rank's log, or the bytes after an offset of it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct LogTail {
     pub ok: bool,
-    /// The log's last bytes (ok) or why there are none.
+    /// The log's bytes (ok) or why there are none.
     pub text: String,
     /// The incarnation whose log it is (0 when none was found).
     pub incarnation: u64,
+    /// The byte of that log just after `text`.
+    pub end_offset: u64,
+    /// The newest incarnation with a log of the rank here.
+    pub newest: u64,
 }
 
 /// A job name: 1 to [`MAX_JOB_NAME`] bytes without control characters (the

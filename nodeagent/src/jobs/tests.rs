@@ -282,7 +282,7 @@ async fn a_signal_is_reported_and_a_bad_start_fails_with_the_os_error() {
     let (ok, detail) = r.launcher.start(&order("../x/y", 1, 0, "pwd")).await;
     assert!(ok, "{detail}");
     r.wait_exit(&key("../x/y", 1, 0)).await;
-    let t = r.launcher.tail_log("../x/y", 0, 1000).await;
+    let t = r.launcher.tail_log("../x/y", 0, 1000, None).await;
     assert!(t.ok, "{t:?}");
     assert!(t.text.trim_end().ends_with("/jobs/%2E.%2Fx%2Fy/1"), "{t:?}");
     assert_eq!(job_dir_name("a.b-c_D9"), "a.b-c_D9");
@@ -465,16 +465,40 @@ async fn the_log_tail_is_the_end_of_the_newest_incarnations_log_and_logs_are_cap
     assert!(ok, "{d}");
     r.wait_exit(&key("j", 2, 0)).await;
     r.wait_log("j", 2, 0, "line-19").await;
-    let t = r.launcher.tail_log("j", 0, 16).await;
+    let t = r.launcher.tail_log("j", 0, 16, None).await;
     assert!(t.ok, "{t:?}");
     assert_eq!(t.incarnation, 2);
     assert_eq!(t.text, "line-18\nline-19\n");
-    let t = r.launcher.tail_log("j", 0, 0).await;
+    let t = r.launcher.tail_log("j", 0, 0, None).await;
     assert!(t.text.starts_with("line-0\n"), "0 means the cap: {t:?}");
-    let t = r.launcher.tail_log("j", 5, 100).await;
+    let t = r.launcher.tail_log("j", 5, 100, None).await;
     assert!(!t.ok && t.text.contains("no log"), "{t:?}");
-    let t = r.launcher.tail_log("nope", 0, 100).await;
+    let t = r.launcher.tail_log("nope", 0, 100, None).await;
     assert!(!t.ok, "{t:?}");
+    // Following: the tail says where it ended; reads from there go on
+    // in order, and an offset at the end reads nothing new.
+    let tail = r.launcher.tail_log("j", 0, 16, None).await;
+    assert_eq!((tail.incarnation, tail.newest), (2, 2));
+    let whole = r.launcher.tail_log("j", 0, 0, None).await;
+    assert_eq!(tail.end_offset, whole.text.len() as u64);
+    let mut read = String::new();
+    let mut at = (2, 0);
+    for _ in 0..100 {
+        let t = r.launcher.tail_log("j", 0, 10, Some(at)).await;
+        assert!(t.ok, "{t:?}");
+        if t.text.is_empty() {
+            break;
+        }
+        read.push_str(&t.text);
+        at = (t.incarnation, t.end_offset);
+    }
+    assert_eq!(read, whole.text, "ten bytes at a time, the whole log");
+    // The log of an incarnation no longer kept: the newest from its start.
+    let t = r.launcher.tail_log("j", 0, 7, Some((1_000, 5))).await;
+    assert_eq!(
+        (t.incarnation, t.text.as_str(), t.end_offset),
+        (2, "line-0\n", 7)
+    );
     // Output beyond the cap is discarded with a note; the rank is not
     // blocked by it.
     let script = "i=0; while [ $i -lt 500 ]; do echo 0123456789; i=$((i+1)); done; echo done >&2";

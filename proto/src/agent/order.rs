@@ -97,7 +97,8 @@ pub enum Order {
         /// at once should it go down.
         standby: Vec<Standby>,
     },
-    /// A query (its id has [`QUERY_BIT`]): the end of a rank's log.
+    /// A query (its id has [`QUERY_BIT`]): the end of a rank's log, or
+    /// (`from`) the bytes after an offset of one incarnation's log.
     TailLog {
         /// The job.
         job: String,
@@ -105,6 +106,8 @@ pub enum Order {
         rank: u32,
         /// Most bytes to return.
         max_bytes: u32,
+        /// Read on from (incarnation, byte offset) instead of the end.
+        from: Option<(u64, u64)>,
     },
 }
 
@@ -152,7 +155,16 @@ impl Order {
                 job,
                 rank,
                 max_bytes,
+                from: None,
             } => format!("tail log of job {job} rank {rank} ({max_bytes} bytes)"),
+            Order::TailLog {
+                job,
+                rank,
+                max_bytes,
+                from: Some((inc, off)),
+            } => format!(
+                "read log of job {job} rank {rank} incarnation {inc} from byte {off} ({max_bytes} bytes)"
+            ),
         }
     }
 
@@ -189,10 +201,13 @@ impl Order {
                 job,
                 rank,
                 max_bytes,
+                from,
             } => Kind::TailLog(v1::TailLog {
                 job,
                 rank,
                 max_bytes,
+                from_offset: from.map(|(_, o)| o),
+                incarnation: from.map_or(0, |(i, _)| i),
             }),
         };
         v1::AgentOrder {
@@ -233,6 +248,7 @@ impl TryFrom<&v1::AgentOrder> for Order {
                 job: t.job.clone(),
                 rank: t.rank,
                 max_bytes: t.max_bytes,
+                from: t.from_offset.map(|o| (t.incarnation, o)),
             },
         })
     }

@@ -87,6 +87,13 @@ fn orders() -> Vec<Order> {
             job: "train".into(),
             rank: 0,
             max_bytes: 4096,
+            from: None,
+        },
+        Order::TailLog {
+            job: "train".into(),
+            rank: 3,
+            max_bytes: 4096,
+            from: Some((2, 81_920)),
         },
     ]
 }

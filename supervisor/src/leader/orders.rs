@@ -229,6 +229,7 @@ impl OrderHub {
         job: &str,
         rank: u32,
         max_bytes: u32,
+        from: Option<(u64, u64)>,
         within: Duration,
     ) -> Result<proto::v1::LogTailResult, crate::api::ApiError> {
         use crate::api::{ApiError, ErrorKind};
@@ -248,6 +249,7 @@ impl OrderHub {
             job: job.to_owned(),
             rank,
             max_bytes,
+            from,
         }
         .to_wire(id);
         let sent = {

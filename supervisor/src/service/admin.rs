@@ -325,6 +325,7 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
             job,
             rank,
             max_bytes,
+            from,
         } => {
             let host = sup.read(|st| {
                 let j = st.jobs.get(&job).ok_or_else(|| {
@@ -344,7 +345,14 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
             })?;
             let r = leader
                 .orders
-                .tail_log(&host, &job, rank, max_bytes, Duration::from_secs(5))
+                .tail_log(
+                    &host,
+                    &job,
+                    rank,
+                    max_bytes,
+                    from.map(|p| (p.incarnation, p.offset)),
+                    Duration::from_secs(5),
+                )
                 .await?;
             if !r.ok {
                 return Err(ApiError::new(
@@ -356,6 +364,8 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
                 host,
                 incarnation: r.incarnation,
                 text: r.text,
+                end_offset: r.end_offset,
+                newest_incarnation: r.newest_incarnation,
             })
         }
         AdminRequest::PlaybookList => {
