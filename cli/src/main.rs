@@ -287,12 +287,12 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let flags = cli.flags();
     let cmd = match cli.cmd {
         Cmd::Pki(PkiCmd::Revoke { .. }) => cli.cmd,
-        Cmd::Pki(cmd) => return certs::run(cmd, cli.output == Output::Json),
+        Cmd::Pki(cmd) => return certs::run(cmd, cli.output.structured()),
         Cmd::Completion { shell } => {
             return manual::completion(examples::with_examples(Cli::command()), shell)
         }
         Cmd::Man { dir } => return manual::man(examples::with_examples(Cli::command()), &dir),
-        Cmd::Context(c) => return contexts::run(c, &flags, cli.output == Output::Json),
+        Cmd::Context(c) => return contexts::run(c, &flags, cli.output.structured()),
         cmd => cmd,
     };
     let target = contexts::resolve(&flags).map_err(|e| ApiError::invalid(format!("{e:#}")))?;
@@ -309,7 +309,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let tls = supervisor::client::ClientTls::from_mode(&tls)
         .map_err(|e| ApiError::invalid(e.to_string()))?;
     let client = AdminClient::new(&target.supervisors, &actor, target.timeout, &tls)?;
-    let json = cli.output == Output::Json;
+    let json = cli.output.structured();
     let request = match cmd {
         Cmd::Status => AdminRequest::Status,
         Cmd::Cluster(c) => match c {

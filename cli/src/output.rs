@@ -11,8 +11,24 @@ use supervisor::api::{ApiError, ErrorKind};
 /// How replies are printed.
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Output {
+    /// Tables and sentences for people.
     Table,
+    /// JSON (pretty; streams such as `events --follow`: one object a line).
     Json,
+    /// YAML, the same data as JSON (streams stay JSON lines).
+    Yaml,
+}
+
+/// Set once at start when `--output yaml`: [`print_json`] writes YAML.
+static YAML: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl Output {
+    /// Whether replies are printed as data (JSON or YAML), and makes
+    /// [`print_json`] write the chosen one.
+    pub fn structured(self) -> bool {
+        YAML.store(self == Output::Yaml, std::sync::atomic::Ordering::Relaxed);
+        self != Output::Table
+    }
 }
 
 /// Prints a table: a header line, then one line per row (`|row| [cells]`),
@@ -29,9 +45,78 @@ macro_rules! table {
 }
 pub(crate) use table;
 
+/// Prints `v` as pretty JSON, or as YAML under `--output yaml`.
 pub fn print_json<T: Serialize>(v: &T) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
+    if YAML.load(std::sync::atomic::Ordering::Relaxed) {
+        print!("{}", to_yaml(&serde_json::to_value(v)?));
+    } else {
+        println!("{}", serde_json::to_string_pretty(v)?);
+    }
     Ok(())
+}
+
+/// A JSON value as YAML (block style). Strings and keys are written as
+/// YAML double-quoted scalars, which share JSON's escapes, so any text
+/// reads back exactly; numbers, booleans and null are plain.
+pub fn to_yaml(v: &serde_json::Value) -> String {
+    let mut out = String::new();
+    yaml_value(v, 0, &mut out);
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out
+}
+
+fn yaml_scalar(v: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    match v {
+        Value::Null => Some("null".into()),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Number(n) => Some(n.to_string()),
+        Value::String(s) => Some(Value::String(s.clone()).to_string()),
+        Value::Array(a) if a.is_empty() => Some("[]".into()),
+        Value::Object(o) if o.is_empty() => Some("{}".into()),
+        _ => None,
+    }
+}
+
+/// Writes `v` at `indent` (the caller has written what precedes it on
+/// the line: nothing, `- ` or `key:`).
+fn yaml_value(v: &serde_json::Value, indent: usize, out: &mut String) {
+    use serde_json::Value;
+    let pad = " ".repeat(indent);
+    match v {
+        Value::Object(o) if !o.is_empty() => {
+            for (k, x) in o {
+                let key = Value::String(k.clone()).to_string();
+                match yaml_scalar(x) {
+                    Some(s) => out.push_str(&format!("{pad}{key}: {s}\n")),
+                    None => {
+                        out.push_str(&format!("{pad}{key}:\n"));
+                        yaml_value(x, indent + 2, out);
+                    }
+                }
+            }
+        }
+        Value::Array(a) if !a.is_empty() => {
+            for x in a {
+                match yaml_scalar(x) {
+                    Some(s) => out.push_str(&format!("{pad}- {s}\n")),
+                    None => {
+                        // The item's first line goes after the dash.
+                        let mut item = String::new();
+                        yaml_value(x, indent + 2, &mut item);
+                        let item = item.trim_start_matches(' ');
+                        out.push_str(&format!("{pad}- {item}"));
+                    }
+                }
+            }
+        }
+        scalar => {
+            let s = yaml_scalar(scalar).unwrap_or_default();
+            out.push_str(&format!("{pad}{s}\n"));
+        }
+    }
 }
 
 /// A Unix-milliseconds timestamp as RFC 3339 (`-` for 0).
@@ -87,4 +172,26 @@ pub fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod yaml_tests {
+    use super::to_yaml;
+
+    #[test]
+    fn values_nest_in_block_style_with_quoted_strings() {
+        let v = serde_json::json!({
+            "hosts": [{"name": "h0", "labels": {}, "nics": ["rail0", "rail1"]}],
+            "leader": 1,
+            "note": "a: b # not a comment\n\"quoted\"",
+            "none": null,
+            "grid": [[1, 2], []],
+        });
+        let y = to_yaml(&v);
+        assert_eq!(
+            y,
+            "\"grid\":\n  - - 1\n    - 2\n  - []\n\"hosts\":\n  - \"labels\": {}\n    \"name\": \"h0\"\n    \"nics\":\n      - \"rail0\"\n      - \"rail1\"\n\"leader\": 1\n\"none\": null\n\"note\": \"a: b # not a comment\\n\\\"quoted\\\"\"\n"
+        );
+        assert_eq!(to_yaml(&serde_json::json!([])), "[]\n");
+    }
 }
