@@ -145,18 +145,47 @@ fn intent_detail(i: &Intent) -> &str {
     }
 }
 
+/// The widest the intents table's action column gets (longer sentences
+/// are cut with `…`; `-o json` has them whole).
+const MAX_ACTION_WIDTH: usize = 72;
+
 pub fn print_intents(intents: &[Intent]) {
     if intents.is_empty() {
         println!("no intents");
         return;
     }
+    // The action column is as wide as its longest sentence (up to a
+    // bound), so no row pushes the others out of line.
+    let width = intents
+        .iter()
+        .map(|i| i.action.to_string().chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(6, MAX_ACTION_WIDTH);
+    let action = |s: String| {
+        let mut s: String = if s.chars().count() > width {
+            s.chars().take(width - 1).chain(['…']).collect()
+        } else {
+            s
+        };
+        let pad = width.saturating_sub(s.chars().count());
+        s.extend(std::iter::repeat_n(' ', pad));
+        s
+    };
     table!(
         intents,
-        "{:>5}  {:<36} {:<9} {:<26} {:<26} {}",
-        ["ID", "ACTION", "STATUS", "OPENED", "CLOSED", "DETAIL"],
+        "{:>5}  {} {:<9} {:<26} {:<26} {}",
+        [
+            "ID",
+            action("ACTION".into()),
+            "STATUS",
+            "OPENED",
+            "CLOSED",
+            "DETAIL"
+        ],
         |i| [
             i.id,
-            i.action.to_string(),
+            action(i.action.to_string()),
             intent_status(i),
             fmt_ms(i.opened_ms),
             i.closed_ms.map(fmt_ms).unwrap_or_else(|| "-".into()),
