@@ -19,6 +19,7 @@ pub const EXAMPLES: &[(&str, &[&str])] = &[
     ("node uncordon", &["railguard node uncordon gpu-017"]),
     ("node drain", &["railguard node drain gpu-017 --reason \"replace optics\" --deadline 30m"]),
     ("node undrain", &["railguard node undrain gpu-017"]),
+    ("node remove", &["railguard node remove gpu-017"]),
     ("node label", &["railguard node label gpu-017 rack=r12 zone=a", "railguard node label gpu-017 --remove zone"]),
     ("nic list", &["railguard nic list", "railguard nic list --state down", "railguard -o json nic list"]),
     ("nic failover", &["railguard nic failover gpu-017 rail0", "railguard nic failover gpu-017 rail0 --to rail1 --no-wait"]),

@@ -348,6 +348,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             NodeCmd::Undrain { host } => AdminRequest::Write {
                 op: AdminOp::Undrain { host },
             },
+            NodeCmd::Remove { host } => AdminRequest::Write {
+                op: AdminOp::RemoveHost { host },
+            },
             NodeCmd::Label { host, set, remove } => {
                 let mut map = BTreeMap::new();
                 for kv in set {

@@ -31,6 +31,10 @@ pub enum NodeCmd {
     },
     /// Return a draining or drained host to service.
     Undrain { host: String },
+    /// Forget a decommissioned host: it must be Drained (or Down) with
+    /// nothing on it. Stop its agent first, or it registers again (as a
+    /// new host).
+    Remove { host: String },
     /// Set (KEY=VALUE) or remove (--remove KEY) host labels.
     Label {
         host: String,

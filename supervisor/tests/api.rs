@@ -793,3 +793,32 @@ async fn cli_watch_shows_the_view_again_until_stopped() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("shorter than"));
 }
+
+#[tokio::test]
+async fn a_drained_host_is_removed_from_the_cli() {
+    let sup = Sup::with_h0(&[]).await;
+    let out = sup.cli(&["node", "remove", "h0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("drain it first"));
+    let out = sup.cli(&["node", "drain", "h0", "--reason", "decommission"]);
+    assert!(out.status.success(), "{out:?}");
+    let mut drained = false;
+    for _ in 0..50 {
+        let out = sup.cli(&["node", "show", "h0"]);
+        if String::from_utf8_lossy(&out.stdout).contains("status:     Drained") {
+            drained = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(drained, "h0 never Drained");
+    let out = sup.cli(&["node", "remove", "h0"]);
+    assert!(out.status.success(), "{out:?}");
+    let out = sup.cli(&["node", "list"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no hosts registered"));
+    let out = sup.cli(&["history"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("node remove h0"));
+    let out = sup.cli(&["node", "remove", "h0"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
+}

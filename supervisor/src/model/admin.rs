@@ -83,6 +83,12 @@ pub enum AdminOp {
     MemberRemoved {
         id: u64,
     },
+    /// Forget a decommissioned host: only a Drained or Down host with no
+    /// job, rank or open order on it. Its open incidents close; an agent
+    /// of that name that registers later is a new host.
+    RemoveHost {
+        host: String,
+    },
 }
 
 impl AdminOp {
@@ -139,6 +145,7 @@ impl AdminOp {
             AdminOp::Revoke { serial, reason } => format!("pki revoke {serial}: {reason}"),
             AdminOp::MemberAdded { id, addr } => format!("cluster add-member {id} {addr}"),
             AdminOp::MemberRemoved { id } => format!("cluster remove-member {id}"),
+            AdminOp::RemoveHost { host } => format!("node remove {host}"),
         }
     }
 
@@ -152,7 +159,8 @@ impl AdminOp {
             | AdminOp::SetLabels { host, .. }
             | AdminOp::NicFailover { host, .. }
             | AdminOp::NicFailback { host, .. }
-            | AdminOp::ShapeClear { host } => Some(host),
+            | AdminOp::ShapeClear { host }
+            | AdminOp::RemoveHost { host } => Some(host),
             AdminOp::Job(_)
             | AdminOp::PlaybookApply { .. }
             | AdminOp::PlaybookDelete { .. }
@@ -203,6 +211,7 @@ pub enum AdminAction {
     Revoke,
     MemberAdded,
     MemberRemoved,
+    RemoveHost,
 }
 
 impl AdminOp {
@@ -224,6 +233,7 @@ impl AdminOp {
             AdminOp::MemberAdded { .. } => AdminAction::MemberAdded,
             AdminOp::MemberRemoved { .. } => AdminAction::MemberRemoved,
             AdminOp::ShapeClear { .. } => AdminAction::ShapeClear,
+            AdminOp::RemoveHost { .. } => AdminAction::RemoveHost,
         }
     }
 }

@@ -154,6 +154,33 @@ impl ProbeGraph {
         seen.len() == self.adj.len()
     }
 
+    /// Removes host `gone` and gives its place to its neighbours: they are
+    /// joined in pairs (in id order, skipping pairs already adjacent), so
+    /// each keeps its degree where it can; one left without a partner
+    /// keeps one edge less. Removing an unknown host changes nothing.
+    pub fn leave(&mut self, gone: u32) -> JoinChange {
+        let mut change = JoinChange::default();
+        let Some(neighbours) = self.adj.remove(&gone) else {
+            return change;
+        };
+        for &n in &neighbours {
+            if let Some(set) = self.adj.get_mut(&n) {
+                set.remove(&gone);
+            }
+            change.removed.push(edge(gone, n));
+        }
+        let mut waiting: Vec<u32> = neighbours.into_iter().collect();
+        while let Some(a) = waiting.first().copied() {
+            waiting.remove(0);
+            if let Some(pos) = waiting.iter().position(|&b| !self.adjacent(a, b)) {
+                let b = waiting.remove(pos);
+                self.connect(a, b);
+                change.added.push(edge(a, b));
+            }
+        }
+        change
+    }
+
     /// Adds host `new` with degree `k` (see the module docs), drawing every
     /// random choice from `seed`. Adding a host already present changes
     /// nothing.
@@ -331,6 +358,42 @@ mod tests {
                 join_seed(&format!("gpu-{h:04}"), h as usize),
             );
             check(&g, PROBE_DEGREE).unwrap_or_else(|e| panic!("after {h}: {e}"));
+        }
+    }
+
+    proptest! {
+        /// Hosts leaving a random graph: no edge to them is left, the rest
+        /// stays symmetric and connected, and nobody gains degree or loses
+        /// more than the edge to the host that left.
+        #[test]
+        fn leaving_gives_the_place_to_the_neighbours(
+            n in 8u32..60,
+            salt in any::<u64>(),
+            gone in proptest::collection::vec(any::<u32>(), 1..5),
+        ) {
+            let k = PROBE_DEGREE;
+            let mut g = build(n, k, salt);
+            for x in gone {
+                let ids: Vec<u32> = g.adj.keys().copied().collect();
+                let h = ids[x as usize % ids.len()];
+                let before: BTreeMap<u32, usize> = ids.iter().map(|&i| (i, g.degree(i))).collect();
+                let change = g.leave(h);
+                prop_assert!(!g.contains(h));
+                prop_assert_eq!(change.removed.len(), before[&h]);
+                for (&i, nb) in &g.adj {
+                    prop_assert!(!nb.contains(&h));
+                    for &m in nb {
+                        prop_assert!(g.adj[&m].contains(&i));
+                    }
+                    prop_assert!(g.degree(i) <= before[&i]);
+                    prop_assert!(g.degree(i) + 1 >= before[&i], "{} lost more than one edge", i);
+                }
+                prop_assert!(g.is_connected());
+            }
+            // Unknown hosts change nothing.
+            let copy = g.clone();
+            g.leave(u32::MAX);
+            prop_assert_eq!(g, copy);
         }
     }
 

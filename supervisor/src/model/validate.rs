@@ -158,6 +158,7 @@ impl ClusterState {
                         failover_target(host, nic, to.as_deref()).map(|_| ())
                     }
                     AdminOp::NicFailback { nic, .. } => check_failback(host, nic),
+                    AdminOp::RemoveHost { .. } => self.check_removable(host),
                     _ => Ok(()),
                 }
             }

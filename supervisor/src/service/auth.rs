@@ -160,7 +160,8 @@ pub fn role_needed(r: &AdminRequest) -> Role {
             | AdminOp::Refused { .. }
             | AdminOp::Revoke { .. }
             | AdminOp::MemberAdded { .. }
-            | AdminOp::MemberRemoved { .. } => Role::Admin,
+            | AdminOp::MemberRemoved { .. }
+            | AdminOp::RemoveHost { .. } => Role::Admin,
             AdminOp::Cordon { .. }
             | AdminOp::Uncordon { .. }
             | AdminOp::Drain { .. }

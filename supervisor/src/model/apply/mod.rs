@@ -4,6 +4,7 @@
 mod agent_events;
 mod incidents;
 mod intents;
+mod remove;
 
 use crate::model::admin::{AdminOp, AdminRecord};
 use crate::model::command::Command;
@@ -140,6 +141,22 @@ impl ClusterState {
                     self.log_event(at_ms, None, event);
                     return Ok(CmdOk::Done);
                 };
+                if let AdminOp::RemoveHost { host } = op {
+                    let closed = self.remove_host(at_ms, host);
+                    self.record_admin(index, at_ms, actor, op);
+                    self.log_event(
+                        at_ms,
+                        Some(host),
+                        Event::Admin {
+                            action: op.action(),
+                            what: format!(
+                                "removed from the cluster ({closed} open incidents closed)"
+                            ),
+                            by: actor.clone(),
+                        },
+                    );
+                    return Ok(CmdOk::Done);
+                }
                 if let AdminOp::ShapeClear { host } = op {
                     let dropped = self.clear_host_shapes(host);
                     let applied = self.applied_shapes.get(host).map_or(0, |m| m.len());
@@ -225,7 +242,9 @@ impl ClusterState {
                     | AdminOp::MemberRemoved { .. } => {
                         unreachable!("cluster-wide operations have no host")
                     }
-                    AdminOp::ShapeClear { .. } => unreachable!("applied above"),
+                    AdminOp::ShapeClear { .. } | AdminOp::RemoveHost { .. } => {
+                        unreachable!("applied above")
+                    }
                 };
                 let host_name = host_name.to_owned();
                 self.record_admin(index, at_ms, actor, op);

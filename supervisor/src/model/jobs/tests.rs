@@ -742,3 +742,60 @@ mod json {
         assert_eq!(*job, j);
     }
 }
+
+#[test]
+fn a_drained_host_without_work_can_be_removed_and_comes_back_as_new() {
+    let mut w = World::new(&["h0", "h1", "h2"]);
+    w.admin(JobOp::Submit { spec: spec("j", 2) }).unwrap();
+    w.settle(obey);
+    let on = w.job().placement.clone();
+    let busy = on[0].clone();
+    let remove = |host: &str| Command::Admin {
+        actor: "t".into(),
+        op: AdminOp::RemoveHost { host: host.into() },
+        request: None,
+    };
+    // A Ready host serving a rank is refused, naming why.
+    let r = w.apply(remove(&busy));
+    assert!(
+        matches!(&r, Err(CmdError::FailedPrecondition(m)) if m.contains("drain it first")),
+        "{r:?}"
+    );
+    w.ok(Command::Admin {
+        actor: "t".into(),
+        op: AdminOp::Drain {
+            host: busy.clone(),
+            reason: "decommission".into(),
+            deadline_ms: None,
+        },
+        request: None,
+    });
+    w.settle(obey);
+    assert_eq!(
+        w.st.hosts[&busy].drain.as_ref().map(|d| d.phase),
+        Some(crate::model::hosts::DrainPhase::Drained)
+    );
+    assert!(!w.job().placement.contains(&busy), "the job moved off");
+    let id = w.st.hosts[&busy].id;
+    let graph_before = w.st.probe_graph.len();
+    w.ok(remove(&busy));
+    assert!(!w.st.hosts.contains_key(&busy));
+    assert!(!w.st.host_ids.contains_key(&id));
+    assert!(!w.st.probe_graph.contains(id));
+    assert_eq!(w.st.probe_graph.len(), graph_before - 1);
+    assert!(w
+        .st
+        .admin_history
+        .iter()
+        .any(|r| r.op == AdminOp::RemoveHost { host: busy.clone() }));
+    // Gone: a second removal is "not found"; the job runs on.
+    assert!(matches!(
+        w.apply(remove(&busy)),
+        Err(CmdError::NotFound { .. })
+    ));
+    assert_eq!(w.job().state, JobState::Running);
+    // Its agent registering again makes a new host, with a new id.
+    w.ok(crate::model::testkit::register_two_rails_for_test(7, &busy));
+    assert_ne!(w.st.hosts[&busy].id, id);
+    assert!(w.st.hosts[&busy].drain.is_none());
+}
