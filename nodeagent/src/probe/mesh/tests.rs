@@ -332,8 +332,14 @@ fn a_nic_whose_probes_die_is_found_and_revived() {
     let from0 = on_rail1("h0");
     assert_eq!(from0.received, 0, "{from0:?}");
     assert!((40..=60).contains(&from0.expected), "{from0:?}");
+    // No loss on the healthy path: everything expected arrived (a probe
+    // sent at the window's edge may count on either side of it, so one
+    // more or less is no loss).
     let from2 = on_rail1("h2");
-    assert_eq!(from2.received, from2.expected, "{from2:?}");
+    assert!(
+        from2.received + 1 >= from2.expected && from2.received <= from2.expected + 1,
+        "{from2:?}"
+    );
     sim.dead = None;
     sim.run(t0, 50);
     let now = sim.now(t0);
