@@ -192,6 +192,41 @@ pub fn print_jobs(jobs: &[Job]) {
         println!("no jobs");
         return;
     }
+    if crate::output::wide() {
+        table!(
+            jobs,
+            "{:<20} {:<13} {:>5} {:>5} {:>8} {:>10} {:>6} {:<25} {:<25} {:<20} {}",
+            [
+                "JOB",
+                "STATE",
+                "RANKS",
+                "INC",
+                "RESTARTS",
+                "CHECKPOINT",
+                "PORT",
+                "SUBMITTED",
+                "STATE SINCE",
+                "HOSTS",
+                "PREVIOUS HOSTS"
+            ],
+            |j| [
+                j.name,
+                format!("{:?}", j.state).to_lowercase(),
+                j.spec.ranks,
+                j.incarnation,
+                j.restarts,
+                j.latest_checkpoint
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                j.port,
+                fmt_ms(j.submitted_ms),
+                fmt_ms(j.state_since_ms),
+                hosts_or_dash(&j.placement),
+                hosts_or_dash(&j.previous_placement)
+            ],
+        );
+        return;
+    }
     table!(
         jobs,
         "{:<20} {:<13} {:>5} {:>5} {:>8} {:>10}  {}",
@@ -220,6 +255,14 @@ pub fn print_jobs(jobs: &[Job]) {
             }
         ],
     );
+}
+
+fn hosts_or_dash(hosts: &[String]) -> String {
+    if hosts.is_empty() {
+        "-".to_string()
+    } else {
+        hosts.join(",")
+    }
 }
 
 /// `railguard job show`; `waiting`: why a pending or restarting job is

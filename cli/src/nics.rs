@@ -174,12 +174,40 @@ pub fn print_nics(nics: &[NicView]) {
         println!("no NICs");
         return;
     }
-    println!(
-        "{:<14} {:<8} {:>4} {:<8} {:<15} {:<10} {:>6} {:>8}  LAST CHANGE",
-        "HOST", "NIC", "RAIL", "BACKUP", "ADDR", "STATE", "FLAPS", "PENALTY"
+    let wide = crate::output::wide();
+    print!(
+        "{:<14} {:<8} {:>4} {:<8} {:<15} {:<10} {:>6} {:>8}  {:<24}",
+        "HOST", "NIC", "RAIL", "BACKUP", "ADDR", "STATE", "FLAPS", "PENALTY", "LAST CHANGE"
     );
+    if wide {
+        print!(
+            " {:<8} {:>7} {:>7} {:<5} {}",
+            "RDMA", "CARRIER", "LINKCHG", "LINK", "INCIDENTS"
+        );
+    }
+    println!();
     for v in nics {
-        println!("{:<14} {}", v.host, nic_row(&v.nic));
+        print!("{:<14} {}", v.host, nic_row(&v.nic));
+        if wide {
+            let n = &v.nic;
+            print!(
+                " {:<8} {:>7} {:>7} {:<5} {}",
+                n.rdma_device.as_deref().unwrap_or("-"),
+                n.carrier_changes,
+                n.link_transitions,
+                n.link_up.map_or("-", |u| if u { "up" } else { "down" }),
+                if n.open_incidents.is_empty() {
+                    "-".to_string()
+                } else {
+                    n.open_incidents
+                        .iter()
+                        .map(|(k, id)| format!("{id}:{k}"))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                }
+            );
+        }
+        println!();
     }
 }
 
@@ -187,7 +215,7 @@ pub fn print_nics(nics: &[NicView]) {
 /// last change.
 pub fn nic_row(n: &Nic) -> String {
     format!(
-        "{:<8} {:>4} {:<8} {:<15} {:<10} {:>6} {:>8.0}  {}",
+        "{:<8} {:>4} {:<8} {:<15} {:<10} {:>6} {:>8.0}  {:<24}",
         n.name,
         n.rail.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
         n.backup.as_deref().unwrap_or("-"),

@@ -51,6 +51,39 @@ pub fn print_hosts(hosts: &[Host]) {
         println!("no hosts registered");
         return;
     }
+    if crate::output::wide() {
+        table!(
+            hosts,
+            "{:<14} {:<10} {:<9} {:<9} {:>5} {:<25} {:<9} {:<30} {}",
+            [
+                "HOST",
+                "STATUS",
+                "LIVENESS",
+                "CLOCK",
+                "ID",
+                "REGISTERED",
+                "INCIDENT",
+                "NICS",
+                "LABELS"
+            ],
+            |h| [
+                h.name,
+                h.status().to_string(),
+                format!("{:?}", h.liveness),
+                format!("{:?}", h.clock.state),
+                h.id,
+                fmt_ms(h.registered_ms),
+                h.open_incident.map_or("-".into(), |i| i.to_string()),
+                h.nics
+                    .values()
+                    .map(|n| format!("{}:{:?}", n.name, n.state))
+                    .collect::<Vec<_>>()
+                    .join(","),
+                pairs(&h.labels, ",", "")
+            ],
+        );
+        return;
+    }
     table!(
         hosts,
         "{:<14} {:<10} {:<9} {:<9} {:>5}  {}",

@@ -17,18 +17,29 @@ pub enum Output {
     Json,
     /// YAML, the same data as JSON (streams stay JSON lines).
     Yaml,
+    /// Tables with more columns (host, NIC and job lists); other views
+    /// print as `table`.
+    Wide,
 }
 
 /// Set once at start when `--output yaml`: [`print_json`] writes YAML.
 static YAML: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Set once at start when `--output wide`: see [`wide`].
+static WIDE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl Output {
     /// Whether replies are printed as data (JSON or YAML), and makes
-    /// [`print_json`] write the chosen one.
+    /// [`print_json`] write the chosen one (and tables the wide ones).
     pub fn structured(self) -> bool {
         YAML.store(self == Output::Yaml, std::sync::atomic::Ordering::Relaxed);
-        self != Output::Table
+        WIDE.store(self == Output::Wide, std::sync::atomic::Ordering::Relaxed);
+        matches!(self, Output::Json | Output::Yaml)
     }
+}
+
+/// Whether tables print their extra columns (`--output wide`).
+pub fn wide() -> bool {
+    WIDE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Prints a table: a header line, then one line per row (`|row| [cells]`),

@@ -822,3 +822,26 @@ async fn a_drained_host_is_removed_from_the_cli() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not found"));
 }
+
+#[tokio::test]
+async fn wide_tables_add_columns() {
+    let sup = Sup::with_h0(&[]).await;
+    let narrow = String::from_utf8(sup.cli(&["node", "list"]).stdout).unwrap();
+    let wide = String::from_utf8(sup.cli(&["-o", "wide", "node", "list"]).stdout).unwrap();
+    assert!(!narrow.contains("REGISTERED"), "{narrow}");
+    assert!(
+        wide.contains("REGISTERED") && wide.contains("rail0:"),
+        "{wide}"
+    );
+    let wide = String::from_utf8(sup.cli(&["-o", "wide", "nic", "list"]).stdout).unwrap();
+    let header = wide.lines().next().unwrap();
+    assert!(
+        header.contains("CARRIER") && header.contains("INCIDENTS"),
+        "{wide}"
+    );
+    assert_eq!(wide.lines().count(), 3, "h0's two NICs: {wide}");
+    // Views without a wide form print as tables.
+    let out = sup.cli(&["-o", "wide", "status"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("leader:"));
+}
