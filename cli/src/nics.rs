@@ -181,8 +181,8 @@ pub fn print_nics(nics: &[NicView]) {
     );
     if wide {
         print!(
-            " {:<8} {:>7} {:>7} {:<5} {}",
-            "RDMA", "CARRIER", "LINKCHG", "LINK", "INCIDENTS"
+            " {:<8} {:>7} {:>7} {:<5} INCIDENTS",
+            "RDMA", "CARRIER", "LINKCHG", "LINK"
         );
     }
     println!();
