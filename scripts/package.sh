@@ -44,9 +44,10 @@ depends_of() {
     | cut -d: -f1 | sort -u | paste -sd, - | sed 's/,/, /g'
 }
 
-# pkg NAME BINARY SUMMARY: stages $stage/NAME (already filled) into NAME_VERSION_ARCH.deb.
+# pkg NAME BINARY SUMMARY [DEPENDS]: stages $stage/NAME (already filled)
+# into NAME_VERSION_ARCH.deb; DEPENDS adds to the libraries' packages.
 pkg() {
-  local name=$1 bin=$2 summary=$3 root=$stage/$1
+  local name=$1 bin=$2 summary=$3 extra=${4:-} root=$stage/$1
   mkdir -p "$root/DEBIAN" "$root/usr/share/doc/$name"
   printf 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\nUpstream-Name: railguard\n\nFiles: *\nCopyright: railguard developers\nLicense: Apache-2.0\n On Debian systems the license is in /usr/share/common-licenses/Apache-2.0.\n' \
     > "$root/usr/share/doc/$name/copyright"
@@ -59,7 +60,7 @@ Architecture: $arch
 Maintainer: railguard developers <railguard@localhost>
 Section: admin
 Priority: optional
-Depends: ${deps:-libc6}
+Depends: ${deps:-libc6}${extra:+, $extra}
 Description: $summary
  railguard keeps GPU training jobs alive through NIC and cable faults:
  node agents watch links and carry out orders, a Raft-replicated
@@ -86,39 +87,28 @@ install -d "$r/usr/share/bash-completion/completions" "$r/usr/share/zsh/vendor-c
 "$bins/railguard" completion fish > "$r/usr/share/fish/vendor_completions.d/railguard.fish"
 pkg railguard "$bins/railguard" "railguard admin CLI (status, drain, failover, jobs)"
 
+# daemon NAME CONFIG SUMMARY POSTINST [DEPENDS]: a service's package — its
+# binary, unit and config — whose postinst runs POSTINST at configure,
+# then reloads systemd if it runs.
+daemon() {
+  local name=$1 config=$2 summary=$3 body=$4 extra=${5:-} r=$stage/$1
+  install -D -m 0755 "$bins/$name" "$r/usr/bin/$name"
+  install -D -m 0644 "packaging/systemd/$name.service" "$r/lib/systemd/system/$name.service"
+  install -D -m 0644 "packaging/etc/$config" "$r/etc/railguard/$config"
+  mkdir -p "$r/DEBIAN"
+  printf '#!/bin/sh\nset -e\nif [ "$1" = configure ]; then\n%s\n  if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi\nfi\n' \
+    "$body" > "$r/DEBIAN/postinst"
+  chmod 0755 "$r/DEBIAN/postinst"
+  pkg "$name" "$bins/$name" "$summary" "$extra"
+}
+
 # The supervisor: runs as the unprivileged system user railguard.
-r=$stage/railguard-supervisor
-install -D -m 0755 "$bins/railguard-supervisor" "$r/usr/bin/railguard-supervisor"
-install -D -m 0644 packaging/systemd/railguard-supervisor.service "$r/lib/systemd/system/railguard-supervisor.service"
-install -D -m 0644 packaging/etc/supervisor.toml "$r/etc/railguard/supervisor.toml"
-mkdir -p "$r/DEBIAN"
-cat > "$r/DEBIAN/postinst" <<'POSTINST'
-#!/bin/sh
-set -e
-if [ "$1" = configure ]; then
-  if ! getent passwd railguard >/dev/null; then
+daemon railguard-supervisor supervisor.toml "railguard supervisor (replicated with Raft)" \
+'  if ! getent passwd railguard >/dev/null; then
     adduser --system --group --home /var/lib/railguard --no-create-home railguard >/dev/null
   fi
-  install -d -m 0750 -o root -g railguard /etc/railguard/tls
-  if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
-fi
-POSTINST
-chmod 0755 "$r/DEBIAN/postinst"
-pkg railguard-supervisor "$bins/railguard-supervisor" "railguard supervisor (replicated with Raft)"
+  install -d -m 0750 -o root -g railguard /etc/railguard/tls' adduser
 
 # The agent: runs as root with a bounded set of capabilities.
-r=$stage/railguard-agent
-install -D -m 0755 "$bins/railguard-agent" "$r/usr/bin/railguard-agent"
-install -D -m 0644 packaging/systemd/railguard-agent.service "$r/lib/systemd/system/railguard-agent.service"
-install -D -m 0644 packaging/etc/agent.toml "$r/etc/railguard/agent.toml"
-mkdir -p "$r/DEBIAN"
-cat > "$r/DEBIAN/postinst" <<'POSTINST'
-#!/bin/sh
-set -e
-if [ "$1" = configure ]; then
-  install -d -m 0750 /etc/railguard/tls
-  if [ -d /run/systemd/system ]; then systemctl daemon-reload || true; fi
-fi
-POSTINST
-chmod 0755 "$r/DEBIAN/postinst"
-pkg railguard-agent "$bins/railguard-agent" "railguard node agent (links, probes, orders, ranks)"
+daemon railguard-agent agent.toml "railguard node agent (links, probes, orders, ranks)" \
+'  install -d -m 0750 /etc/railguard/tls'

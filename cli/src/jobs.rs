@@ -192,69 +192,63 @@ pub fn print_jobs(jobs: &[Job]) {
         println!("no jobs");
         return;
     }
+    // The columns both forms show.
+    let rows: Vec<([String; 6], &Job)> = jobs
+        .iter()
+        .map(|j| {
+            let c = [
+                j.name.clone(),
+                format!("{:?}", j.state).to_lowercase(),
+                j.spec.ranks.to_string(),
+                j.incarnation.to_string(),
+                j.restarts.to_string(),
+                j.latest_checkpoint
+                    .map_or_else(|| "-".into(), |s| s.to_string()),
+            ];
+            (c, j)
+        })
+        .collect();
+    const HEAD: [&str; 6] = ["JOB", "STATE", "RANKS", "INC", "RESTARTS", "CHECKPOINT"];
+    let [a, b, c, d, e, f] = HEAD;
     if crate::output::wide() {
         table!(
-            jobs,
+            rows,
             "{:<20} {:<13} {:>5} {:>5} {:>8} {:>10} {:>6} {:<25} {:<25} {:<20} {}",
             [
-                "JOB",
-                "STATE",
-                "RANKS",
-                "INC",
-                "RESTARTS",
-                "CHECKPOINT",
+                a,
+                b,
+                c,
+                d,
+                e,
+                f,
                 "PORT",
                 "SUBMITTED",
                 "STATE SINCE",
                 "HOSTS",
                 "PREVIOUS HOSTS"
             ],
-            |j| [
-                j.name,
-                format!("{:?}", j.state).to_lowercase(),
-                j.spec.ranks,
-                j.incarnation,
-                j.restarts,
-                j.latest_checkpoint
-                    .map(|s| s.to_string())
-                    .unwrap_or_else(|| "-".into()),
-                j.port,
+            |([c0, c1, c2, c3, c4, c5], j)| [
+                c0,
+                c1,
+                c2,
+                c3,
+                c4,
+                c5,
+                j.port.to_string(),
                 fmt_ms(j.submitted_ms),
                 fmt_ms(j.state_since_ms),
                 hosts_or_dash(&j.placement),
                 hosts_or_dash(&j.previous_placement)
             ],
         );
-        return;
+    } else {
+        table!(
+            rows,
+            "{:<20} {:<13} {:>5} {:>5} {:>8} {:>10}  {}",
+            [a, b, c, d, e, f, "HOSTS"],
+            |([c0, c1, c2, c3, c4, c5], j)| [c0, c1, c2, c3, c4, c5, hosts_or_dash(&j.placement)],
+        );
     }
-    table!(
-        jobs,
-        "{:<20} {:<13} {:>5} {:>5} {:>8} {:>10}  {}",
-        [
-            "JOB",
-            "STATE",
-            "RANKS",
-            "INC",
-            "RESTARTS",
-            "CHECKPOINT",
-            "HOSTS"
-        ],
-        |j| [
-            j.name,
-            format!("{:?}", j.state).to_lowercase(),
-            j.spec.ranks,
-            j.incarnation,
-            j.restarts,
-            j.latest_checkpoint
-                .map(|s| s.to_string())
-                .unwrap_or_else(|| "-".into()),
-            if j.placement.is_empty() {
-                "-".to_string()
-            } else {
-                j.placement.join(",")
-            }
-        ],
-    );
 }
 
 fn hosts_or_dash(hosts: &[String]) -> String {
