@@ -272,6 +272,7 @@ async fn main() {
     quiet_when_stdout_closes();
     let matches = examples::with_examples(Cli::command()).get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    cli.output.choose();
     match run(cli).await {
         Ok(()) => {}
         Err(e) => {

@@ -28,11 +28,15 @@ static YAML: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(
 static WIDE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 impl Output {
-    /// Whether replies are printed as data (JSON or YAML), and makes
-    /// [`print_json`] write the chosen one (and tables the wide ones).
-    pub fn structured(self) -> bool {
+    /// Makes this the process's output, once at start: [`print_json`]
+    /// writes YAML for `yaml`, tables add their columns for `wide`.
+    pub fn choose(self) {
         YAML.store(self == Output::Yaml, std::sync::atomic::Ordering::Relaxed);
         WIDE.store(self == Output::Wide, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether replies are printed as data (JSON or YAML).
+    pub fn structured(self) -> bool {
         matches!(self, Output::Json | Output::Yaml)
     }
 }
