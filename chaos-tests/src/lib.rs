@@ -25,6 +25,7 @@
 
 pub mod admin_history;
 pub mod bench;
+pub mod capture;
 pub mod clock_sync;
 pub mod contention;
 pub mod demo;

@@ -9,24 +9,23 @@
 //! baseline, h1's rail0 cable is pulled (fabric side: h1 sees carrier
 //! loss) for `down`, put back, and the run waits until the NIC is up
 //! again and its detours are gone (the failback), `pulls` times. Inside
-//! h1's namespace a netlink poller reads the received bytes of both rails
-//! every 2 ms; a **gap** is the longest time without progress (a poll
-//! that saw ≥ 4 KiB more) from the pull until the next pull: it covers the
-//! failover and the failback. Figures: each pull's gap, their p50/p99/max
+//! h1's namespace a packet socket records when the stream's data arrived,
+//! by the kernel's receive timestamps ([`crate::capture`]: the figures do
+//! not depend on when the bench process is scheduled); a **gap** is the
+//! longest time without a data packet from the pull until the next pull:
+//! it covers the failover and the failback. Figures: each pull's gap, their p50/p99/max
 //! (goal: p99 ≤ 50 ms over ≥ 20 pulls), the throughput over the pulls
 //! against the baseline, and whether iperf3 finished without an error
 //! (one connection throughout: iperf3 never reconnects).
 
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use futures::TryStreamExt;
-use rtnetlink::packet_route::link::LinkAttribute;
 use serde::Serialize;
 use testbed::netcluster::NetCluster;
+
+use crate::capture::Capturer;
 
 use crate::bench::percentile_ms;
 use testbed::{rail_addr, Node, Side, TestbedSpec};
@@ -40,6 +39,10 @@ pub struct TcpFailoverRun {
     /// iperf3's sending rate (Mbit/s).
     pub mbit: u32,
     pub supervisors: usize,
+    /// The fault-free stretch before the first pull.
+    pub baseline: Duration,
+    /// Keep the run directory (every process's log) and say where.
+    pub keep_logs: bool,
 }
 
 /// The bench's report.
@@ -60,9 +63,20 @@ pub struct TcpFailoverReport {
     /// gap began, and when h0's detour was seen gone (polled every few ms).
     pub failback_gap_began_ms: Vec<f64>,
     pub detour_gone_ms: Vec<f64>,
+    /// Per pull, when its longest gap began (Unix ms): to find it in the
+    /// logs of a run kept with `--keep-logs`.
+    pub gap_began_unix_ms: Vec<u64>,
+    /// Per pull, what ended its longest gap: "<interface>" or
+    /// "<interface> retransmit" (a segment sent again), or "-" when the
+    /// window ended silent.
+    pub gap_ended_by: Vec<String>,
     pub gap_p50_ms: f64,
     pub gap_p99_ms: f64,
     pub gap_max_ms: f64,
+    /// The longest gap in the fault-free baseline (the machine's own
+    /// noise: what no failover caused).
+    pub baseline_ms: u64,
+    pub baseline_gap_max_ms: f64,
     /// Received rate over the fault-free baseline and over the pulls.
     pub baseline_mbit_s: f64,
     pub pulls_mbit_s: f64,
@@ -74,94 +88,7 @@ pub struct TcpFailoverReport {
     pub goal_met: bool,
 }
 
-/// Progress: a poll that saw at least this many more bytes.
-const PROGRESS_BYTES: u64 = 4096;
-const POLL: Duration = Duration::from_millis(2);
-const BASELINE: Duration = Duration::from_secs(4);
 const IPERF_PORT: u16 = 5201;
-
-/// Received bytes of h1's rails, polled until `stop`.
-fn spawn_poller(
-    handle: rtnetlink::Handle,
-    stop: Arc<AtomicBool>,
-    samples: Arc<Mutex<Vec<(Instant, u64)>>>,
-) -> tokio::task::JoinHandle<anyhow::Result<()>> {
-    tokio::spawn(async move {
-        // Bounded: at most an hour of polls.
-        let max = (3_600_000 / POLL.as_millis()) as usize;
-        while !stop.load(Ordering::Relaxed) {
-            let mut total = 0u64;
-            let mut links = handle.link().get().execute();
-            while let Some(m) = links.try_next().await? {
-                let rail = m
-                    .attributes
-                    .iter()
-                    .any(|a| matches!(a, LinkAttribute::IfName(n) if n.starts_with("rail")));
-                if !rail {
-                    continue;
-                }
-                for a in &m.attributes {
-                    if let LinkAttribute::Stats64(s) = a {
-                        total += s.rx_bytes;
-                    }
-                }
-            }
-            let full = {
-                let mut v = samples.lock().unwrap_or_else(|p| p.into_inner());
-                v.push((Instant::now(), total));
-                v.len() >= max
-            };
-            anyhow::ensure!(!full, "poller ran for over an hour");
-            tokio::time::sleep(POLL).await;
-        }
-        Ok(())
-    })
-}
-
-/// The longest time without progress in `[from, to)`, counted from `from`.
-pub fn longest_gap(samples: &[(Instant, u64)], from: Instant, to: Instant) -> Duration {
-    longest_gap_at(samples, from, to).0
-}
-
-/// The longest time without progress in `[from, to)` and when it began.
-pub fn longest_gap_at(
-    samples: &[(Instant, u64)],
-    from: Instant,
-    to: Instant,
-) -> (Duration, Instant) {
-    let mut last_progress = from;
-    let mut longest = (Duration::ZERO, from);
-    let mut prev: Option<u64> = None;
-    for &(t, bytes) in samples.iter().filter(|(t, _)| *t <= to) {
-        if let Some(p) = prev {
-            if bytes >= p + PROGRESS_BYTES && t >= from {
-                let gap = t.saturating_duration_since(last_progress);
-                if gap > longest.0 {
-                    longest = (gap, last_progress);
-                }
-                last_progress = t;
-            }
-        }
-        prev = Some(bytes);
-    }
-    let tail = to.saturating_duration_since(last_progress);
-    if tail > longest.0 {
-        longest = (tail, last_progress);
-    }
-    longest
-}
-
-/// Received bytes between two instants (the samples nearest inside).
-fn bytes_between(samples: &[(Instant, u64)], from: Instant, to: Instant) -> (u64, Duration) {
-    let inside: Vec<&(Instant, u64)> = samples
-        .iter()
-        .filter(|(t, _)| *t >= from && *t <= to)
-        .collect();
-    match (inside.first(), inside.last()) {
-        (Some(a), Some(b)) => (b.1.saturating_sub(a.1), b.0.saturating_duration_since(a.0)),
-        _ => (0, Duration::ZERO),
-    }
-}
 
 /// Runs the bench.
 pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
@@ -174,6 +101,19 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
         Duration::from_secs(90),
     )
     .await?;
+    if r.keep_logs {
+        c.keep_run_dir();
+    }
+    // Instants to the kernel's timestamps (ns since the Unix epoch).
+    let epoch = (Instant::now(), std::time::SystemTime::now());
+    let unix_ns = |t: Instant| {
+        let wall = match t.checked_duration_since(epoch.0) {
+            Some(d) => epoch.1 + d,
+            None => epoch.1 - epoch.0.duration_since(t),
+        };
+        wall.duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    };
     let server: Ipv4Addr = rail_addr(1, 0);
     let client: Ipv4Addr = rail_addr(0, 0);
     let mut srv =
@@ -192,7 +132,7 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
     // again is damped: up to 60 s suppressed, then its hold time); ended
     // early otherwise.
     let per_pull_max = r.down + Duration::from_secs(90);
-    let secs = (BASELINE + per_pull_max * r.pulls as u32).as_secs() + 5;
+    let secs = (r.baseline + per_pull_max * r.pulls as u32).as_secs() + 5;
     let cli =
         c.tb.ns(Node::Host(0))
             .command("iperf3")?
@@ -211,15 +151,9 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
     let cli_pid = cli.id();
     let output = tokio::task::spawn_blocking(move || cli.wait_with_output());
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let samples = Arc::new(Mutex::new(Vec::new()));
-    let poller = spawn_poller(
-        c.tb.ns(Node::Host(1)).netlink()?,
-        stop.clone(),
-        samples.clone(),
-    );
+    let capture = Capturer::start(c.tb.ns(Node::Host(1)), IPERF_PORT)?;
     let base_from = Instant::now() + Duration::from_millis(500);
-    tokio::time::sleep(BASELINE + Duration::from_millis(500)).await;
+    tokio::time::sleep(r.baseline + Duration::from_millis(500)).await;
     let base_to = Instant::now();
     let mut windows = Vec::new();
     let mut restores = Vec::new();
@@ -251,24 +185,44 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
     testbed::unregister_pid(cli_pid);
     let _ = srv.wait();
     testbed::unregister_pid(srv.id());
-    stop.store(true, Ordering::Relaxed);
-    poller.await??;
-
-    let samples = samples.lock().unwrap_or_else(|p| p.into_inner()).clone();
-    let gaps: Vec<f64> = windows
+    let cap = capture.finish()?;
+    let gap = |a: Instant, b: Instant| cap.longest_gap(unix_ns(a), unix_ns(b));
+    let longest: Vec<(Duration, u64)> = windows.iter().map(|(a, b)| gap(*a, *b)).collect();
+    let names = interface_names(&c)?;
+    let gap_ended_by: Vec<String> = windows
         .iter()
-        .map(|(a, b)| longest_gap(&samples, *a, *b).as_secs_f64() * 1000.0)
+        .map(
+            |(a, b)| match cap.longest_gap_edge(unix_ns(*a), unix_ns(*b)).2 {
+                None => "-".to_string(),
+                Some(e) => {
+                    let n = names
+                        .get(&e.ifindex_after)
+                        .cloned()
+                        .unwrap_or_else(|| e.ifindex_after.to_string());
+                    if e.retransmit_after {
+                        format!("{n} retransmit")
+                    } else {
+                        n
+                    }
+                }
+            },
+        )
         .collect();
+    let gaps: Vec<f64> = longest
+        .iter()
+        .map(|(g, _)| g.as_secs_f64() * 1000.0)
+        .collect();
+    let gap_began_unix_ms: Vec<u64> = longest.iter().map(|(_, at)| at / 1_000_000).collect();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let failover_gaps: Vec<f64> = windows
         .iter()
         .zip(&restores)
-        .map(|((a, _), back)| ms(longest_gap(&samples, *a, *back)))
+        .map(|((a, _), back)| ms(gap(*a, *back).0))
         .collect();
-    let failback: Vec<(Duration, Instant)> = windows
+    let failback: Vec<(Duration, u64)> = windows
         .iter()
         .zip(&restores)
-        .map(|((_, b), back)| longest_gap_at(&samples, *back, *b))
+        .map(|((_, b), back)| gap(*back, *b))
         .collect();
     let failback_gaps: Vec<f64> = failback.iter().map(|(g, _)| ms(*g)).collect();
     // When, after the cable was put back, the failback's longest gap began
@@ -278,7 +232,7 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
     let failback_gap_began_ms: Vec<f64> = failback
         .iter()
         .zip(&restores)
-        .map(|((_, at), back)| ms(at.saturating_duration_since(*back)))
+        .map(|((_, at), back)| at.saturating_sub(unix_ns(*back)) as f64 / 1e6)
         .collect();
     let detour_gone_ms: Vec<f64> = gone
         .iter()
@@ -294,9 +248,9 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
             bytes as f64 * 8.0 / d.as_secs_f64() / 1e6
         }
     };
-    let baseline = rate(bytes_between(&samples, base_from, base_to));
-    let during = rate(bytes_between(
-        &samples,
+    let between = |a: Instant, b: Instant| cap.bytes_between(unix_ns(a), unix_ns(b));
+    let baseline = rate(between(base_from, base_to));
+    let during = rate(between(
         windows.first().map_or(base_to, |w| w.0),
         windows.last().map_or(base_to, |w| w.1),
     ));
@@ -320,11 +274,15 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
         gap_p50_ms: percentile_ms(&sorted_us, 50.0),
         gap_p99_ms: p99,
         gap_max_ms: gaps.iter().copied().fold(0.0, f64::max),
+        baseline_ms: r.baseline.as_millis() as u64,
+        baseline_gap_max_ms: ms(gap(base_from, base_to).0),
         gaps_ms: gaps,
         failover_gaps_ms: failover_gaps,
         failback_gaps_ms: failback_gaps,
         failback_gap_began_ms,
         detour_gone_ms,
+        gap_began_unix_ms,
+        gap_ended_by,
         baseline_mbit_s: baseline,
         pulls_mbit_s: during,
         throughput_ratio: if baseline > 0.0 {
@@ -337,6 +295,24 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
         goal: "longest zero-throughput gap p99 <= 50 ms over >= 20 pulls, one connection",
         goal_met: iperf3_ok && r.pulls >= 20 && p99 <= 50.0,
     })
+}
+
+/// h1's interface names by index.
+fn interface_names(c: &NetCluster) -> anyhow::Result<std::collections::HashMap<i32, String>> {
+    let out =
+        c.tb.ns(Node::Host(1))
+            .command("ip")?
+            .args(["-o", "link"])
+            .output()?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split(':');
+            let i = f.next()?.trim().parse().ok()?;
+            let name = f.next()?.trim().split('@').next()?.to_string();
+            Some((i, name))
+        })
+        .collect())
 }
 
 /// Waits (up to 30 s) until `ip route` in the namespace shows no route of
@@ -355,40 +331,5 @@ async fn wait_no_detours(mut ip: std::process::Command) -> anyhow::Result<()> {
             "detour routes still present after 30 s"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_gap_counts_from_the_pull_to_progress_and_to_the_window_end() {
-        let t0 = Instant::now();
-        let at = |ms: u64, bytes: u64| (t0 + Duration::from_millis(ms), bytes);
-        let s = vec![
-            at(0, 0),
-            at(10, 10_000),
-            at(20, 20_000),
-            // stalled from 20 to 90
-            at(50, 20_100),
-            at(90, 30_000),
-            at(100, 40_000),
-        ];
-        let g = longest_gap(
-            &s,
-            t0 + Duration::from_millis(15),
-            t0 + Duration::from_millis(100),
-        );
-        assert_eq!(g, Duration::from_millis(70));
-        // No progress at all after the pull: the whole window.
-        let g = longest_gap(
-            &s,
-            t0 + Duration::from_millis(95),
-            t0 + Duration::from_millis(200),
-        );
-        assert_eq!(g, Duration::from_millis(100));
-        let (b, d) = bytes_between(&s, t0, t0 + Duration::from_millis(100));
-        assert_eq!((b, d), (40_000, Duration::from_millis(100)));
     }
 }

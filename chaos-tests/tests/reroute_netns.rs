@@ -388,6 +388,8 @@ async fn tcp_failover_short() {
         down: Duration::from_secs(3),
         mbit: 100,
         supervisors: 1,
+        baseline: Duration::from_secs(2),
+        keep_logs: false,
     })
     .await
     .unwrap();

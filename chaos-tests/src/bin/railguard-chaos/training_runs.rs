@@ -321,6 +321,13 @@ pub(crate) struct TcpFailover {
     mbit: u32,
     #[arg(long, default_value_t = 3)]
     supervisors: usize,
+    /// The fault-free stretch before the first pull, in seconds (its
+    /// longest gap is reported: the machine's own noise).
+    #[arg(long, default_value_t = 4)]
+    baseline_s: u64,
+    /// Keep the run directory (every process's log) and print where.
+    #[arg(long)]
+    keep_logs: bool,
 }
 
 impl Runner for TcpFailover {
@@ -329,8 +336,10 @@ impl Runner for TcpFailover {
             (1..=1000).contains(&self.pulls)
                 && (100..=120_000).contains(&self.down_ms)
                 && (1..=10_000).contains(&self.mbit)
-                && (1..=7).contains(&self.supervisors),
-            "--pulls takes 1..=1000, --down-ms 100..=120000, --mbit 1..=10000, --supervisors 1..=7"
+                && (1..=7).contains(&self.supervisors)
+                && (1..=3600).contains(&self.baseline_s),
+            "--pulls takes 1..=1000, --down-ms 100..=120000, --mbit 1..=10000, --supervisors 1..=7, \
+             --baseline-s 1..=3600"
         );
         need_root(&what)?;
         let r = chaos_tests::tcp_failover::run(chaos_tests::tcp_failover::TcpFailoverRun {
@@ -338,6 +347,8 @@ impl Runner for TcpFailover {
             down: Duration::from_millis(self.down_ms),
             mbit: self.mbit,
             supervisors: self.supervisors,
+            baseline: Duration::from_secs(self.baseline_s),
+            keep_logs: self.keep_logs,
         })
         .await?;
         report(r.ok, &r)

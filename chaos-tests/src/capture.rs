@@ -1,0 +1,373 @@
+//! When a TCP stream's data arrived, by the kernel's receive timestamps.
+//!
+//! A packet socket (`AF_PACKET`, cooked, every interface) opened inside a
+//! namespace sees each IPv4 packet the namespace receives; the kernel
+//! stamps it on arrival (`SO_TIMESTAMPNS`, `CLOCK_REALTIME`), so the times
+//! do not depend on when this process gets to read them: a reader that is
+//! descheduled for 50 ms on a busy machine finds the packets queued with
+//! their true times (the receive buffer holds seconds of the stream). Only
+//! the packets carrying payload to the stream's destination port count.
+//!
+//! What is kept is bounded whatever the run's length: payload bytes per
+//! [`BIN`], and every silence longer than [`MIN_GAP`] between two data
+//! packets (at most [`MAX_GAPS`]).
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+/// Width of a throughput bin.
+pub const BIN: Duration = Duration::from_millis(10);
+/// Silences at least this long are recorded.
+pub const MIN_GAP: Duration = Duration::from_millis(1);
+/// Most silences recorded (later ones are counted, not kept).
+pub const MAX_GAPS: usize = 1 << 20;
+/// Most bins (over 11 hours at 10 ms).
+pub const MAX_BINS: usize = 4 << 20;
+
+/// What a capture saw (times in ns since the Unix epoch).
+#[derive(Debug, Clone, Default)]
+pub struct Capture {
+    /// Time of the first data packet (the start of bin 0).
+    pub first_ns: u64,
+    /// Time of the last data packet.
+    pub last_ns: u64,
+    /// Payload bytes per [`BIN`] from `first_ns`.
+    pub bins: Vec<u64>,
+    /// Silences longer than [`MIN_GAP`]: (last packet before, first after).
+    pub gaps: Vec<(u64, u64)>,
+    /// Per silence: what ended it (the interface it arrived on and
+    /// whether it was a retransmission, sequence below one seen before)
+    /// and the interface of the packet before.
+    pub gap_edges: Vec<GapEdge>,
+    /// Silences that did not fit in `gaps`.
+    pub gaps_dropped: u64,
+    pub packets: u64,
+}
+
+impl Capture {
+    /// The longest time without data in `[from, to]` (ns since the
+    /// epoch), and when it began: silences clipped to the window, and the
+    /// silence from the last data packet to `to` if the stream was silent
+    /// at the window's end.
+    pub fn longest_gap(&self, from: u64, to: u64) -> (Duration, u64) {
+        let (g, at, _) = self.longest_gap_edge(from, to);
+        (g, at)
+    }
+
+    /// [`Self::longest_gap`] and the packets around it (None: the window's
+    /// silent end, or no silence).
+    pub fn longest_gap_edge(&self, from: u64, to: u64) -> (Duration, u64, Option<GapEdge>) {
+        let mut best = (0u64, from, None);
+        for (i, &(a, b)) in self.gaps.iter().enumerate() {
+            if b <= from || a >= to {
+                continue;
+            }
+            let (s, e) = (a.max(from), b.min(to));
+            if e - s > best.0 {
+                best = (e - s, s, self.gap_edges.get(i).copied());
+            }
+        }
+        if self.last_ns < to {
+            let s = self.last_ns.max(from);
+            if to - s > best.0 {
+                best = (to - s, s, None);
+            }
+        }
+        (Duration::from_nanos(best.0), best.1, best.2)
+    }
+
+    /// Payload bytes received in `[from, to)` (whole bins) and the time
+    /// they cover.
+    pub fn bytes_between(&self, from: u64, to: u64) -> (u64, Duration) {
+        let bin = BIN.as_nanos() as u64;
+        let idx = |t: u64| (t.saturating_sub(self.first_ns) / bin) as usize;
+        let (a, b) = (idx(from), idx(to).min(self.bins.len()));
+        if a >= b {
+            return (0, Duration::ZERO);
+        }
+        let bytes = self.bins[a..b].iter().sum();
+        (bytes, Duration::from_nanos((b - a) as u64 * bin))
+    }
+}
+
+/// The packets around a silence.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GapEdge {
+    pub ifindex_before: i32,
+    pub ifindex_after: i32,
+    pub retransmit_after: bool,
+}
+
+/// A running capture; [`Capturer::finish`] stops it and returns what it saw.
+pub struct Capturer {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<anyhow::Result<Capture>>,
+}
+
+impl Capturer {
+    /// Starts capturing, inside `ns`, the payload of TCP packets received
+    /// for destination port `port`.
+    pub fn start(ns: &testbed::netns::Netns, port: u16) -> anyhow::Result<Capturer> {
+        let fd = ns.run(open_socket)??;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || read_loop(fd, port, &s));
+        Ok(Capturer { stop, thread })
+    }
+
+    /// Stops the capture (within its 100 ms read timeout).
+    pub fn finish(self) -> anyhow::Result<Capture> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the capture thread panicked"))?
+    }
+}
+
+/// A cooked packet socket for IPv4 on every interface, with kernel
+/// receive timestamps, a large receive buffer and a 100 ms read timeout.
+fn open_socket() -> anyhow::Result<OwnedFd> {
+    let proto = (libc::ETH_P_IP as u16).to_be() as i32;
+    // SAFETY: plain socket call; the result is checked before use.
+    let raw = unsafe {
+        libc::socket(
+            libc::AF_PACKET,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            proto,
+        )
+    };
+    if raw < 0 {
+        return Err(std::io::Error::last_os_error()).context("packet socket (needs root)");
+    }
+    // SAFETY: `raw` is a new descriptor owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let set = |level, name, value: &[u8]| -> anyhow::Result<()> {
+        // SAFETY: `value` outlives the call and its length is passed.
+        let r = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                level,
+                name,
+                value.as_ptr().cast(),
+                value.len() as libc::socklen_t,
+            )
+        };
+        if r < 0 {
+            return Err(std::io::Error::last_os_error()).context("setsockopt on the packet socket");
+        }
+        Ok(())
+    };
+    set(libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, &1i32.to_ne_bytes())?;
+    // Seconds of the stream at the bench's rates, whatever the scheduler does.
+    set(
+        libc::SOL_SOCKET,
+        libc::SO_RCVBUFFORCE,
+        &(64i32 << 20).to_ne_bytes(),
+    )?;
+    let tv = libc::timeval {
+        tv_sec: 0,
+        tv_usec: 100_000,
+    };
+    // SAFETY: a timeval's bytes, read by the kernel for its length.
+    let tv_bytes = unsafe {
+        std::slice::from_raw_parts(
+            (&tv as *const libc::timeval).cast::<u8>(),
+            std::mem::size_of::<libc::timeval>(),
+        )
+    };
+    set(libc::SOL_SOCKET, libc::SO_RCVTIMEO, tv_bytes)?;
+    Ok(fd)
+}
+
+/// The TCP payload length and sequence number of an IPv4 packet's first
+/// bytes when it goes to `port`; None for anything else.
+pub fn tcp_payload_to(pkt: &[u8], wire_len: usize, port: u16) -> Option<(usize, u32)> {
+    if pkt.len() < 20 || pkt[0] >> 4 != 4 || pkt[9] != libc::IPPROTO_TCP as u8 {
+        return None;
+    }
+    let ihl = usize::from(pkt[0] & 0x0f) * 4;
+    let total = usize::from(u16::from_be_bytes([pkt[2], pkt[3]])).min(wire_len);
+    let tcp = pkt.get(ihl..ihl + 14)?;
+    if u16::from_be_bytes([tcp[2], tcp[3]]) != port {
+        return None;
+    }
+    let doff = usize::from(tcp[12] >> 4) * 4;
+    let seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
+    // A GSO packet's IP length may be 0: the wire length tells.
+    let total = if total == 0 { wire_len } else { total };
+    Some((total.saturating_sub(ihl + doff), seq))
+}
+
+fn read_loop(fd: OwnedFd, port: u16, stop: &AtomicBool) -> anyhow::Result<Capture> {
+    let mut cap = Capture::default();
+    let bin = BIN.as_nanos() as u64;
+    let min_gap = MIN_GAP.as_nanos() as u64;
+    let mut buf = [0u8; 128];
+    let mut ctl = [0u64; 16];
+    // The end of the highest sequence seen (wrapping), and the interface
+    // of the last data packet.
+    let mut high: Option<u32> = None;
+    let mut last_if = 0i32;
+    while !stop.load(Ordering::Relaxed) {
+        let mut from: libc::sockaddr_ll = {
+            // SAFETY: sockaddr_ll is plain data; all-zero is valid.
+            unsafe { std::mem::zeroed() }
+        };
+        let mut iov = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        // SAFETY: msghdr is plain data; all-zero is valid.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = (&mut from as *mut libc::sockaddr_ll).cast();
+        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = ctl.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&ctl);
+        // SAFETY: every pointer in `msg` points at live buffers of the
+        // lengths given.
+        let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_TRUNC) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                std::io::ErrorKind::WouldBlock
+                | std::io::ErrorKind::TimedOut
+                | std::io::ErrorKind::Interrupted => continue,
+                _ => return Err(e).context("reading the packet socket"),
+            }
+        }
+        if from.sll_pkttype == libc::PACKET_OUTGOING {
+            continue;
+        }
+        let wire_len = n as usize;
+        let got = wire_len.min(buf.len());
+        let Some((payload, seq)) = tcp_payload_to(&buf[..got], wire_len, port) else {
+            continue;
+        };
+        if payload == 0 {
+            continue;
+        }
+        let Some(t) = timestamp(&msg) else { continue };
+        if cap.packets == 0 {
+            cap.first_ns = t;
+            cap.last_ns = t;
+        }
+        cap.packets += 1;
+        let end = seq.wrapping_add(payload as u32);
+        let retransmit = high.is_some_and(|h| (h.wrapping_sub(end) as i32) >= 0);
+        if high.is_none_or(|h| (end.wrapping_sub(h) as i32) > 0) {
+            high = Some(end);
+        }
+        if t > cap.last_ns {
+            if t - cap.last_ns >= min_gap {
+                if cap.gaps.len() < MAX_GAPS {
+                    cap.gaps.push((cap.last_ns, t));
+                    cap.gap_edges.push(GapEdge {
+                        ifindex_before: last_if,
+                        ifindex_after: from.sll_ifindex,
+                        retransmit_after: retransmit,
+                    });
+                } else {
+                    cap.gaps_dropped += 1;
+                }
+            }
+            cap.last_ns = t;
+        }
+        last_if = from.sll_ifindex;
+        let i = (t.saturating_sub(cap.first_ns) / bin) as usize;
+        if i < MAX_BINS {
+            if cap.bins.len() <= i {
+                cap.bins.resize(i + 1, 0);
+            }
+            cap.bins[i] += payload as u64;
+        }
+    }
+    Ok(cap)
+}
+
+/// The `SCM_TIMESTAMPNS` of a received message (ns since the epoch).
+fn timestamp(msg: &libc::msghdr) -> Option<u64> {
+    // SAFETY: the CMSG macros walk the control buffer the kernel filled,
+    // within msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let ts = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<libc::timespec>());
+                return Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+            }
+            c = libc::CMSG_NXTHDR(msg, c);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ipv4_tcp(dport: u16, payload: u16) -> Vec<u8> {
+        let mut p = vec![0u8; 40];
+        p[0] = 0x45;
+        p[2..4].copy_from_slice(&(40 + payload).to_be_bytes());
+        p[9] = 6;
+        p[22..24].copy_from_slice(&dport.to_be_bytes());
+        p[32] = 5 << 4;
+        p
+    }
+
+    #[test]
+    fn payload_is_counted_only_for_the_port_and_tcp() {
+        assert_eq!(
+            tcp_payload_to(&ipv4_tcp(5201, 1448), 1488, 5201),
+            Some((1448, 0))
+        );
+        assert_eq!(tcp_payload_to(&ipv4_tcp(5201, 0), 40, 5201), Some((0, 0)));
+        assert_eq!(tcp_payload_to(&ipv4_tcp(22, 100), 140, 5201), None);
+        let mut udp = ipv4_tcp(5201, 100);
+        udp[9] = 17;
+        assert_eq!(tcp_payload_to(&udp, 140, 5201), None);
+        assert_eq!(tcp_payload_to(&[0x45; 10], 10, 5201), None);
+        // A GSO packet: IP length 0, the wire length tells.
+        let mut gso = ipv4_tcp(5201, 0);
+        gso[2..4].copy_from_slice(&0u16.to_be_bytes());
+        assert_eq!(tcp_payload_to(&gso, 40 + 60_000, 5201), Some((60_000, 0)));
+    }
+
+    #[test]
+    fn the_longest_gap_is_clipped_to_the_window_and_counts_a_silent_end() {
+        let ms = 1_000_000u64;
+        let cap = Capture {
+            first_ns: 0,
+            last_ns: 500 * ms,
+            bins: vec![1000; 50],
+            gaps: vec![(100 * ms, 130 * ms), (200 * ms, 280 * ms)],
+            gap_edges: vec![GapEdge::default(); 2],
+            gaps_dropped: 0,
+            packets: 10,
+        };
+        assert_eq!(
+            cap.longest_gap(0, 500 * ms),
+            (Duration::from_millis(80), 200 * ms)
+        );
+        // Clipped: only 30 ms of the 80 ms silence is inside.
+        assert_eq!(
+            cap.longest_gap(250 * ms, 400 * ms).0,
+            Duration::from_millis(30)
+        );
+        // The stream silent from 500 ms to the window's end at 600 ms.
+        assert_eq!(
+            cap.longest_gap(450 * ms, 600 * ms),
+            (Duration::from_millis(100), 500 * ms)
+        );
+        assert_eq!(
+            cap.bytes_between(0, 100 * ms),
+            (10_000, Duration::from_millis(100))
+        );
+    }
+}
