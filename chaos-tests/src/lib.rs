@@ -23,6 +23,7 @@
 //!   `bench goodput`); [`contention`]: the leaf-split contention scenario
 //!   and bench.
 
+pub mod admin_failover;
 pub mod admin_history;
 pub mod bench;
 pub mod capture;

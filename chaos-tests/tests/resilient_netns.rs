@@ -239,3 +239,99 @@ async fn pacing_limits_the_rate_and_bad_input_is_refused() {
     );
     assert!(got >= RATE, "paced connection delivered only {got} bytes");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nic_held_out_of_service_is_left_and_not_failed_back_to_until_released() {
+    if !require_root("resilient_netns::held_out").unwrap() {
+        return;
+    }
+    let tb = two_hosts().await;
+    const PORT: u16 = 7910;
+    let hold = Duration::from_millis(300);
+    let cfg = move |side, peer| {
+        let mut c = ConnConfig::new(11, side, rails(peer, PORT));
+        if let rdma::resilient::Failback::WhenReusable { hold: h, .. } = &mut c.failback {
+            *h = hold;
+        }
+        c
+    };
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let b = qp::spawn_in(tb.ns(Node::Host(1)), move || async move {
+        let ep = Arc::new(Endpoint::bind(qp::host_nics(1), PORT).await?);
+        let mut conn = ResilientConnection::open(ep, cfg(rdma::resilient::Side::B, 0))?;
+        let mut got = 0u64;
+        while stop_rx.try_recv().is_err() {
+            if let Ok(m) = tokio::time::timeout(Duration::from_millis(100), conn.recv()).await {
+                m?;
+                got += 1;
+            }
+        }
+        anyhow::Ok(got)
+    })
+    .unwrap();
+    let a = qp::spawn_in(tb.ns(Node::Host(0)), move || async move {
+        let ep = Arc::new(Endpoint::bind(qp::host_nics(0), PORT).await?);
+        let (held_tx, held_rx) = tokio::sync::watch::channel(std::collections::BTreeSet::new());
+        ep.follow_held(held_rx);
+        let conn = ResilientConnection::open(ep, cfg(rdma::resilient::Side::A, 1))?;
+        let stats = conn.watch_stats();
+        let sender = tokio::spawn(async move {
+            let mut sent = 0u64;
+            loop {
+                if conn.send(Bytes::from_static(b"step")).await.is_err() {
+                    return sent;
+                }
+                sent += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        });
+        let rail = || stats.borrow().rail;
+        let wait_rail = |want: usize, within: Duration| {
+            let stats = stats.clone();
+            async move {
+                let end = Instant::now() + within;
+                while stats.borrow().rail != Some(want) && Instant::now() < end {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                stats.borrow().rail == Some(want)
+            }
+        };
+        anyhow::ensure!(
+            wait_rail(0, Duration::from_secs(10)).await,
+            "never on rail 0"
+        );
+        // An admin holds rail0 out of service: the connection leaves it,
+        // and after many failback holds it is still off it.
+        held_tx.send_replace(["rail0".to_string()].into());
+        anyhow::ensure!(
+            wait_rail(1, Duration::from_secs(5)).await,
+            "did not leave rail0"
+        );
+        let reason = stats.borrow().last_reason;
+        anyhow::ensure!(reason == Some(MoveReason::Order), "moved for {reason:?}");
+        let end = Instant::now() + 10 * hold;
+        while Instant::now() < end {
+            anyhow::ensure!(rail() == Some(1), "failed back to a held NIC: {:?}", rail());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // Released: the connection fails back to its primary by itself
+        // (this side's failback, or the peer's, whichever dials first).
+        held_tx.send_replace(Default::default());
+        anyhow::ensure!(
+            wait_rail(0, Duration::from_secs(5)).await,
+            "no failback after release"
+        );
+        let reason = stats.borrow().last_reason;
+        anyhow::ensure!(
+            matches!(reason, Some(MoveReason::Failback | MoveReason::PeerMoved)),
+            "moved for {reason:?}"
+        );
+        sender.abort();
+        anyhow::Ok(())
+    })
+    .unwrap();
+    let r = qp::join(a);
+    let _ = stop_tx.send(());
+    r.unwrap();
+    assert!(qp::join(b).unwrap() > 0, "messages flowed");
+}

@@ -201,3 +201,22 @@ async fn checkpoint_logs_and_cancel_from_the_cli() {
     let err = t.c.cli(&["job", "cancel", "cli"]).unwrap_err();
     assert!(err.to_string().contains("already ended"), "{err}");
 }
+
+/// Short form of `scenario admin-failover`: an admin's failover holds
+/// through a leader kill and two recoveries of the NIC, until `nic
+/// failback`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admins_failover_holds_until_the_admin_fails_back() {
+    if !require_root("training_netns::admin_failover").unwrap() {
+        return;
+    }
+    let r = chaos_tests::admin_failover::run(chaos_tests::admin_failover::AdminFailoverRun {
+        hold: Duration::from_secs(12),
+        pull: Duration::from_millis(1500),
+    })
+    .await
+    .unwrap();
+    assert!(r.ok, "{r:?}");
+    assert_eq!(r.samples_on_held_nic, 0, "{r:?}");
+    assert!(r.conns_held > 0 && r.samples >= 10, "{r:?}");
+}

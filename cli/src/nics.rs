@@ -24,6 +24,8 @@ pub enum NicCmd {
     /// Move every connection of HOST off NIC (e.g. before maintenance).
     ///
     /// Commits a Failover intent, prints its id and waits for the outcome unless --no-wait.
+    /// The NIC stays out of service for connections (SERVICE `held by` in
+    /// `nic list`) until `nic failback`: automatic failback leaves it alone.
     Failover {
         /// The host whose NIC is failed over.
         host: String,
@@ -38,6 +40,7 @@ pub enum NicCmd {
     /// Move the connections whose home is NIC on HOST back to it.
     ///
     /// Commits a Failback intent, prints its id and waits for the outcome unless --no-wait.
+    /// Puts a NIC held out by `nic failover` back in service.
     Failback {
         /// The host.
         host: String,
@@ -176,8 +179,17 @@ pub fn print_nics(nics: &[NicView]) {
     }
     let wide = crate::output::wide();
     print!(
-        "{:<14} {:<8} {:>4} {:<8} {:<15} {:<10} {:>6} {:>8}  {:<24}",
-        "HOST", "NIC", "RAIL", "BACKUP", "ADDR", "STATE", "FLAPS", "PENALTY", "LAST CHANGE"
+        "{:<14} {:<8} {:>4} {:<8} {:<15} {:<10} {:>6} {:>8}  {:<24} {:<16}",
+        "HOST",
+        "NIC",
+        "RAIL",
+        "BACKUP",
+        "ADDR",
+        "STATE",
+        "FLAPS",
+        "PENALTY",
+        "LAST CHANGE",
+        "SERVICE"
     );
     if wide {
         print!(
@@ -212,10 +224,11 @@ pub fn print_nics(nics: &[NicView]) {
 }
 
 /// One NIC's columns: name, rail, backup, address, state, flaps, penalty,
-/// last change.
+/// last change, service (`in`, or `held by WHO`: an admin's failover holds
+/// it out of service for connections until `nic failback`).
 pub fn nic_row(n: &Nic) -> String {
     format!(
-        "{:<8} {:>4} {:<8} {:<15} {:<10} {:>6} {:>8.0}  {:<24}",
+        "{:<8} {:>4} {:<8} {:<15} {:<10} {:>6} {:>8.0}  {:<24} {:<16}",
         n.name,
         n.rail.map(|r| r.to_string()).unwrap_or_else(|| "-".into()),
         n.backup.as_deref().unwrap_or("-"),
@@ -223,7 +236,11 @@ pub fn nic_row(n: &Nic) -> String {
         format!("{:?}", n.state),
         n.flaps,
         n.damping_penalty,
-        fmt_ms(n.last_change_ms)
+        fmt_ms(n.last_change_ms),
+        match &n.held_out {
+            Some(h) => format!("held by {}", h.by),
+            None => "in".to_string(),
+        }
     )
 }
 

@@ -138,8 +138,8 @@ pub fn print_host(host: &Host, jobs: &[String]) {
     println!("events:     applied through seq {}", host.last_event_seq);
     println!("NICS:");
     println!(
-        "  {:<8} {:>4} {:<8} {:<15} {:<10} {:>6} {:>8}  LAST CHANGE",
-        "NIC", "RAIL", "BACKUP", "ADDR", "STATE", "FLAPS", "PENALTY"
+        "  {:<8} {:>4} {:<8} {:<15} {:<10} {:>6} {:>8}  {:<24} SERVICE",
+        "NIC", "RAIL", "BACKUP", "ADDR", "STATE", "FLAPS", "PENALTY", "LAST CHANGE"
     );
     for n in host.nics.values() {
         println!("  {}", nic_row(n));

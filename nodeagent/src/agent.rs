@@ -49,7 +49,7 @@ use tokio::sync::{mpsc, Mutex, Notify};
 use tonic::transport::Channel;
 
 pub use crate::config::{AgentConfig, NicConfig};
-use crate::control::{Control, ControlError, SupervisorOrder};
+use crate::control::{Control, ControlError, HeldChange, SupervisorOrder};
 use crate::jobs::{JobOrder, JobsConfig, JobsError, Launcher};
 use crate::link::{LinkTracker, LinkTransition, NicHealth, PortEvent};
 use crate::outbox::{NicReport, OrderLog, Outbox, OutboxError, RecordedOrder, Report, StoredOrder};
@@ -357,7 +357,7 @@ pub async fn run(
         fresh.clone(),
         hint.clone(),
     ));
-    let heartbeats = tokio::spawn(heartbeat_loop(cfg.clone(), hint.clone()));
+    let heartbeats = tokio::spawn(heartbeat_loop(cfg.clone(), hint.clone(), control.clone()));
 
     let result = tokio::select! {
         _ = shutdown => Ok(()),
@@ -599,6 +599,8 @@ async fn placement_loop(
 /// An order the agent executes at most once per id.
 enum Work {
     Nic(SupervisorOrder),
+    /// An admin's failover or failback: the NIC's hold changes first.
+    Held(HeldChange, SupervisorOrder),
     Job(JobOrder),
     Shape(ShapeOrder),
     Reroute(Vec<proto::agent::RouteVia>, Vec<proto::agent::Standby>),
@@ -615,6 +617,22 @@ fn work(o: &Order) -> Option<Work> {
     Some(match o.clone() {
         Order::Failover { nic, to } => Work::Nic(SupervisorOrder::Failover { nic, to }),
         Order::Failback { nic } => Work::Nic(SupervisorOrder::Failback { nic }),
+        Order::HoldOut { nic, to, version } => Work::Held(
+            HeldChange {
+                nic: nic.clone(),
+                version,
+                held: true,
+            },
+            SupervisorOrder::Failover { nic, to },
+        ),
+        Order::Release { nic, version } => Work::Held(
+            HeldChange {
+                nic: nic.clone(),
+                version,
+                held: false,
+            },
+            SupervisorOrder::Failback { nic },
+        ),
         Order::StartRank(s) => Work::Job(JobOrder::Start(s)),
         Order::StopJob { job, incarnation } => Work::Job(JobOrder::Stop { job, incarnation }),
         Order::CheckpointJob {
@@ -825,6 +843,10 @@ fn handle_order(ctx: &OrderCtx, o: AgentOrder) {
         }
         let outcome = match &work {
             Work::Nic(o) => outcome_of(ctx.control.execute(o).await),
+            Work::Held(change, o) => {
+                ctx.control.change_held(change);
+                outcome_of(ctx.control.execute(o).await)
+            }
             Work::Job(o) => ctx.launcher.execute(&ctx.control, o).await,
             Work::Shape(o) => outcome_of(ctx.shaper.execute(o).await),
             Work::Reroute(routes, standby) => {
@@ -903,7 +925,10 @@ where
     }
 }
 
-async fn heartbeat_loop(cfg: Arc<AgentConfig>, hint: Arc<LeaderHint>) {
+/// Heartbeats the leader every [`HEARTBEAT`]; each reply also carries the
+/// host's NICs held out of service, which the control plane keeps (when
+/// not older than what it has) and passes on to the jobs.
+async fn heartbeat_loop(cfg: Arc<AgentConfig>, hint: Arc<LeaderHint>, control: Arc<Control>) {
     let mut tick = tokio::time::interval(HEARTBEAT);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rotate = 0usize;
@@ -918,7 +943,11 @@ async fn heartbeat_loop(cfg: Arc<AgentConfig>, hint: Arc<LeaderHint>) {
             sent_unix_ms: crate::link::unix_ns() / 1_000_000,
         };
         match tokio::time::timeout(HEARTBEAT * 2, c.heartbeat(req)).await {
-            Ok(Ok(_)) => hint.set(Some(addr)),
+            Ok(Ok(reply)) => {
+                hint.set(Some(addr));
+                let r = reply.into_inner();
+                control.set_held_out(r.held_version, r.held_out);
+            }
             Ok(Err(s)) => {
                 tracing::debug!(addr = %addr, status = %s.message(), "heartbeat refused");
                 hint.learn(&s);

@@ -39,6 +39,16 @@
 //! itself first; the order is the backstop. The outcome is logged and
 //! reported (a `ReflexDone` event).
 //!
+//! **NICs held out of service.** An admin's failover holds its NIC out of
+//! service for connections until an admin's failback: the leader says so
+//! in the order and in every heartbeat reply, each with the Raft log index
+//! of the set ([`Control::set_held_out`], [`Control::change_held`]; the
+//! newest wins). Every job socket hears the whole set after its hello and
+//! after each change (`held_out`) once the leader has told the agent (a
+//! restarted agent says nothing until then: the jobs keep what they last
+//! heard); the transport then leaves those NICs and does not fail back to
+//! them.
+//!
 //! **Supervisor orders.** [`Control::execute`] carries out a failover (every
 //! connection on the NIC moves to the target) or a failback (connections
 //! whose home is the NIC and that are elsewhere move back), after giving
@@ -174,6 +184,15 @@ pub struct PaceOutcome {
     pub failed: Vec<String>,
 }
 
+/// A change of one NIC's hold out of service, from an admin's failover
+/// (`held`) or failback, as of Raft log index `version`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldChange {
+    pub nic: String,
+    pub version: u64,
+    pub held: bool,
+}
+
 /// An order from the supervisor, as the agent executes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SupervisorOrder {
@@ -184,6 +203,8 @@ pub enum SupervisorOrder {
 struct Session {
     hello: Hello,
     tx: mpsc::Sender<AgentMessage>,
+    /// The held-out set this socket last took (None: not yet).
+    held_sent: Option<BTreeSet<String>>,
     /// Connection ids registered on this socket.
     conns: BTreeMap<u64, ConnKey>,
 }
@@ -209,6 +230,9 @@ struct Inventory {
     /// Last state of closed connections not yet reported.
     graveyard: BTreeMap<ConnKey, ConnUp>,
     reflexes: VecDeque<ReflexReport>,
+    /// NICs held out of service, as of Raft log index `held_version`.
+    held: BTreeSet<String>,
+    held_version: u64,
 }
 
 impl Inventory {
@@ -317,6 +341,73 @@ impl Control {
         }
     }
 
+    /// The NICs held out of service and the version of that set.
+    pub fn held_out(&self) -> (u64, BTreeSet<String>) {
+        let inv = self.lock();
+        (inv.held_version, inv.held.clone())
+    }
+
+    /// Takes the leader's whole set of NICs held out of service as of
+    /// `version`, unless the agent already has a newer one (names of NICs
+    /// this agent does not have are left out), and passes it on to every
+    /// job socket that has not taken it yet. Whether the set changed.
+    pub fn set_held_out(&self, version: u64, nics: Vec<String>) -> bool {
+        let mut inv = self.lock();
+        let mut changed = false;
+        if version >= inv.held_version {
+            let set: BTreeSet<String> =
+                nics.into_iter().filter(|n| self.nic(n).is_some()).collect();
+            changed = set != inv.held;
+            if changed {
+                tracing::info!(version, held_out = ?set, "NICs held out of service changed");
+            }
+            inv.held = set;
+            inv.held_version = version;
+        }
+        Self::tell_held(&mut inv);
+        changed
+    }
+
+    /// Applies one NIC's hold change from an order, unless the agent
+    /// already has the set as of `version` or newer.
+    pub fn change_held(&self, c: &HeldChange) {
+        let mut inv = self.lock();
+        if c.version <= inv.held_version || self.nic(&c.nic).is_none() {
+            return;
+        }
+        let changed = if c.held {
+            inv.held.insert(c.nic.clone())
+        } else {
+            inv.held.remove(&c.nic)
+        };
+        inv.held_version = c.version;
+        if changed {
+            tracing::info!(nic = %c.nic, held = c.held, version = c.version, "NIC hold changed by order");
+        }
+        Self::tell_held(&mut inv);
+    }
+
+    /// Sends the held-out set to every socket that has not taken it (a
+    /// socket whose queue is full takes it at the next heartbeat); nothing
+    /// before the leader has said what is held.
+    fn tell_held(inv: &mut Inventory) {
+        if inv.held_version == 0 {
+            return;
+        }
+        let held = inv.held.clone();
+        for s in inv.sessions.values_mut() {
+            if s.held_sent.as_ref() == Some(&held) {
+                continue;
+            }
+            let msg = AgentMessage::HeldOut {
+                nics: held.iter().cloned().collect(),
+            };
+            if s.tx.try_send(msg).is_ok() {
+                s.held_sent = Some(held.clone());
+            }
+        }
+    }
+
     /// Resolves when placements or reflex outcomes wait to be reported.
     pub async fn changed(&self) {
         self.changed.notified().await
@@ -386,25 +477,38 @@ impl Control {
                     ));
                 }
                 let id = self.next_session.fetch_add(1, Ordering::Relaxed);
+                // Until the leader has said (version 0), a job keeps what
+                // it last heard: an agent that has just restarted must not
+                // tell it that nothing is held.
+                let known = inv.held_version > 0;
+                let held_sent = known.then(|| inv.held.clone());
                 inv.sessions.insert(
                     id,
                     Session {
                         hello: h.clone(),
                         tx: tx.clone(),
+                        held_sent,
                         conns: BTreeMap::new(),
                     },
                 );
                 *sid = Some(id);
                 tracing::info!(session = id, job = %h.job, rank = h.rank, pid = h.pid, "job connected");
-                // Orders this job has not answered yet go to the new socket.
-                let again = inv
-                    .pending
-                    .values_mut()
-                    .filter(|p| p.job == h.job && p.rank == h.rank)
-                    .map(|p| {
-                        p.delivered = true;
-                        AgentMessage::Order(p.order.clone())
-                    })
+                // The NICs held out of service first, then the orders this
+                // job has not answered yet (to the new socket).
+                let held = known.then(|| AgentMessage::HeldOut {
+                    nics: inv.held.iter().cloned().collect(),
+                });
+                let again = held
+                    .into_iter()
+                    .chain(
+                        inv.pending
+                            .values_mut()
+                            .filter(|p| p.job == h.job && p.rank == h.rank)
+                            .map(|p| {
+                                p.delivered = true;
+                                AgentMessage::Order(p.order.clone())
+                            }),
+                    )
                     .collect();
                 return Ok(again);
             }
@@ -899,7 +1003,7 @@ impl Control {
         let to = self
             .nic(&t.nic)
             .and_then(|n| n.backup.clone())
-            .filter(|b| Self::usable(&inv, b).is_ok());
+            .filter(|b| Self::usable(&inv, b).is_ok() && !inv.held.contains(b));
         let sent = self.send_migrate(&mut inv, &keys, to.as_deref());
         drop(inv);
         let what = match &to {

@@ -41,7 +41,10 @@ impl Agent for Fake {
         &self,
         _: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatReply>, Status> {
-        Ok(Response::new(HeartbeatReply { leader_id: 1 }))
+        Ok(Response::new(HeartbeatReply {
+            leader_id: 1,
+            ..Default::default()
+        }))
     }
     type ReportStream = Boxed<EventAck>;
     async fn report(

@@ -61,6 +61,7 @@ from .contract import (
     Checkpointed,
     ContractError,
     Error,
+    HeldOut,
     Hello,
     Order,
     OrderDone,
@@ -244,6 +245,7 @@ class JobClient:
         self._seen: Set[int] = set()
         self._deferred: Deque[OrderDone] = collections.deque()
         self._newest_checkpoint: Optional[int] = None
+        self._held_out: frozenset = frozenset()
         self._first = threading.Event()
         self._first_error: Optional[ContractError] = None
         self._thread: Optional[threading.Thread] = None
@@ -313,6 +315,14 @@ class JobClient:
     def wait_connected(self, timeout: float) -> bool:
         """Waits at most ``timeout`` seconds until connected."""
         return self._connected.wait(_seconds(timeout))
+
+    @property
+    def held_out(self) -> frozenset:
+        """The host's NICs an admin holds out of service for connections,
+        as the agent last said (kept across reconnects until it says
+        otherwise). A job with its own transport keeps off them."""
+        with self._lock:
+            return self._held_out
 
     # --- orders -----------------------------------------------------------
 
@@ -598,6 +608,12 @@ class JobClient:
         if isinstance(msg, Order):
             self._take_order(msg)
             return
+        if isinstance(msg, HeldOut):
+            with self._lock:
+                if frozenset(msg.nics) != self._held_out:
+                    log.info("NICs held out of service: %s", ", ".join(msg.nics) or "none")
+                self._held_out = frozenset(msg.nics)
+            return
         refused = msg.message if isinstance(msg, Error) else None
         with self._lock:
             if not self._pending:
@@ -649,6 +665,7 @@ class NullClient:
     connected = False
     last_error: Optional[str] = None
     path: Optional[str] = None
+    held_out: frozenset = frozenset()
 
     def __init__(self, env: Optional[JobEnv] = None):
         self.env = env

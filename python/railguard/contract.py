@@ -31,7 +31,9 @@ Job -> agent (:data:`JOB_MESSAGE_TYPES`): :class:`Hello`, :class:`ConnUp`,
 
 Agent -> job (:data:`AGENT_MESSAGE_TYPES`): :class:`Ok`, :class:`Error`,
 :class:`Order`, whose ``kind`` is one of :class:`Migrate`, :class:`Pace`,
-:class:`Checkpoint`, :class:`Stop`.
+:class:`Checkpoint`, :class:`Stop`; and :class:`HeldOut` (the host's NICs
+an admin holds out of service, after every accepted ``hello`` and on each
+change; not answered).
 
 What happens on error
 ---------------------
@@ -71,6 +73,7 @@ __all__ = [
     "MAX_DETAIL_LEN",
     "MAX_MIGRATE_CONNS",
     "MAX_CONNS_PER_CLIENT",
+    "MAX_HELD_OUT_NICS",
     "JOB_MESSAGE_TYPES",
     "AGENT_MESSAGE_TYPES",
     "ORDER_KIND_TYPES",
@@ -89,6 +92,7 @@ __all__ = [
     "Ok",
     "Error",
     "Order",
+    "HeldOut",
     "Migrate",
     "Pace",
     "Checkpoint",
@@ -122,6 +126,8 @@ MAX_DETAIL_LEN = 1024
 MAX_MIGRATE_CONNS = 1024
 #: Most connections one client registers.
 MAX_CONNS_PER_CLIENT = 4096
+#: Most NICs a ``held_out`` message names.
+MAX_HELD_OUT_NICS = 64
 
 JOB_MESSAGE_TYPES: Tuple[str, ...] = (
     "hello",
@@ -131,7 +137,7 @@ JOB_MESSAGE_TYPES: Tuple[str, ...] = (
     "order_done",
     "checkpointed",
 )
-AGENT_MESSAGE_TYPES: Tuple[str, ...] = ("ok", "error", "order")
+AGENT_MESSAGE_TYPES: Tuple[str, ...] = ("ok", "error", "order", "held_out")
 ORDER_KIND_TYPES: Tuple[str, ...] = ("migrate", "pace", "checkpoint", "stop")
 
 _U32 = (1 << 32) - 1
@@ -256,6 +262,12 @@ def _opt(read):
         return None if v is None else read(v)
 
     return f
+
+
+def _str_list(v: Any) -> List[str]:
+    if not isinstance(v, list):
+        raise _FieldError(f"invalid type: {_type_name(v)}, expected a sequence")
+    return [_str(x) for x in v]
 
 
 def _u64_list(v: Any) -> List[int]:
@@ -552,10 +564,31 @@ class Order:
         return cls(order_id=_get(o, "order_id", _u64), kind=_get(o, "kind", _kind))
 
 
+@dataclass(frozen=True)
+class HeldOut:
+    """The host's NICs an admin holds out of service for connections
+    (``railguard nic failover`` until ``nic failback``): the whole set.
+    Not an order; nothing answers it. A job with its own transport keeps
+    its connections off these NICs."""
+
+    nics: Tuple[str, ...] = ()
+    TYPE = "held_out"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "nics", tuple(self.nics))
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"type": self.TYPE, "nics": list(self.nics)}
+
+    @classmethod
+    def _from(cls, o: Dict[str, Any]) -> "HeldOut":
+        return cls(nics=tuple(_get(o, "nics", _str_list)))
+
+
 JobMessage = Union[Hello, ConnUp, ConnMoved, ConnClosed, OrderDone, Checkpointed]
-AgentMessage = Union[Ok, Error, Order]
+AgentMessage = Union[Ok, Error, Order, HeldOut]
 _JOB = {m.TYPE: m for m in (Hello, ConnUp, ConnMoved, ConnClosed, OrderDone, Checkpointed)}
-_AGENT = {m.TYPE: m for m in (Ok, Error, Order)}
+_AGENT = {m.TYPE: m for m in (Ok, Error, Order, HeldOut)}
 
 
 # --- checks the types cannot express ----------------------------------------
@@ -702,9 +735,16 @@ def decode_job(line: bytes) -> JobMessage:
 
 
 def decode_agent(line: bytes) -> AgentMessage:
-    """Decodes an agent's line (without its newline). Raises
-    :class:`LineTooLong`, :class:`Malformed` or :class:`UnknownType`."""
-    return _decode_obj(_parse(line), _AGENT)
+    """Decodes an agent's line (without its newline) and checks it.
+    Raises :class:`LineTooLong`, :class:`Malformed`, :class:`UnknownType`
+    or :class:`Invalid`."""
+    msg = _decode_obj(_parse(line), _AGENT)
+    if isinstance(msg, HeldOut):
+        if len(msg.nics) > MAX_HELD_OUT_NICS:
+            raise Invalid(f"held_out names {len(msg.nics)} NICs; at most {MAX_HELD_OUT_NICS}")
+        for n in msg.nics:
+            check_name("nic", n)
+    return msg
 
 
 class LineReader:

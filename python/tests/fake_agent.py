@@ -11,8 +11,9 @@
   hello get ``error`` (the Rust error's text) and the connection stays;
 * an oversized line, or one begun and not finished within
   ``line_timeout``, gets ``error`` "<why>; closing the connection", closed;
-* after hello is accepted, the rank's orders not yet answered are sent
-  again to the new connection (the client delivers an id once);
+* after hello is accepted, the NICs held out of service (``held_out``,
+  the whole set) and then the rank's orders not yet answered are sent to
+  the new connection (the client delivers an id once);
 * ``order_done`` must answer a pending order of the same job and rank;
   ``checkpointed`` is recorded.
 
@@ -35,6 +36,7 @@ from railguard.contract import (
     ConnUp,
     ContractError,
     Error,
+    HeldOut,
     Hello,
     LineReader,
     LineTimeout,
@@ -89,6 +91,7 @@ class FakeAgent:
         self.pending: Dict[int, Tuple[str, int, Order]] = {}
         self.answers: Dict[int, OrderDone] = {}
         self.checkpoints: List[Tuple[str, int, int]] = []
+        self.held: Tuple[str, ...] = ()
         self._next_sid = 1
         self._next_order = int(time.time() * 1e6)
         self._closed = False
@@ -115,6 +118,15 @@ class FakeAgent:
         for s in targets:
             s.send(o)
         return oid
+
+    def hold_out(self, *nics: str) -> None:
+        """Makes ``nics`` the set held out of service and tells every
+        connection, as the agent does."""
+        with self.cond:
+            self.held = tuple(nics)
+            targets = [s for s in self.sessions.values() if s.hello]
+        for s in targets:
+            s.send(HeldOut(nics=self.held))
 
     def push(self, job: str, rank: int, msg) -> None:
         """Writes any message to the connections of (job, rank)."""
@@ -288,7 +300,8 @@ class FakeAgent:
                 sess.hello = msg
                 self.sessions[sess.sid] = sess
                 self.cond.notify_all()
-                again = [o for (j, r, o) in self.pending.values() if (j, r) == (msg.job, msg.rank)]
+                again = [HeldOut(nics=self.held)]
+                again += [o for (j, r, o) in self.pending.values() if (j, r) == (msg.job, msg.rank)]
                 return None, again
             if sess.hello is None:
                 return "say hello first", []

@@ -166,6 +166,25 @@ def test_without_reconnect_a_closed_connection_is_a_clear_error(agent):
         client.close()
 
 
+def test_held_out_nics_follow_the_agent_and_survive_a_reconnect(agent):
+    client = connect(agent)
+    try:
+        assert client.held_out == frozenset()
+        agent.hold_out("rail0")
+        wait_until(lambda: client.held_out == {"rail0"}, what="the held-out set")
+        # Orders still flow beside it, and a reconnect keeps the set (the
+        # agent says it again after the hello).
+        agent.drop_connections()
+        wait_until(lambda: agent.connected("train", 0) == 1, what="reconnect")
+        oid = agent.order("train", 0, c.Stop())
+        assert client.poll_order(2.0).order_id == oid
+        assert client.held_out == {"rail0"}
+        agent.hold_out()
+        wait_until(lambda: client.held_out == frozenset(), what="the empty set")
+    finally:
+        client.close()
+
+
 def test_the_client_survives_an_agent_restart(sockdir):
     path = os.path.join(sockdir, "agent.sock")
     a1 = FakeAgent(path)

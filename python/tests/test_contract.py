@@ -46,6 +46,8 @@ AGENT_SHAPES = [
         '{"type":"order","order_id":1730000000000004,"kind":{"type":"checkpoint","step":null,"halt":true}}',
     ),
     (c.Order(order_id=4, kind=c.Stop()), '{"type":"order","order_id":4,"kind":{"type":"stop"}}'),
+    (c.HeldOut(nics=["rail0"]), '{"type":"held_out","nics":["rail0"]}'),
+    (c.HeldOut(), '{"type":"held_out","nics":[]}'),
 ]
 
 
@@ -123,6 +125,18 @@ def test_unknown_types_name_what_is_known():
     with pytest.raises(c.Malformed) as e:
         c.decode_agent(b'{"type":"error"}')
     assert "missing field `message`" in str(e.value)
+
+
+def test_a_held_out_set_is_bounded_and_its_names_checked_like_the_rust_side():
+    with pytest.raises(c.Invalid, match="whitespace"):
+        c.decode_agent(b'{"type":"held_out","nics":["rail 0"]}')
+    many = json.dumps({"type": "held_out", "nics": [f"n{i}" for i in range(c.MAX_HELD_OUT_NICS + 1)]})
+    with pytest.raises(c.Invalid, match="at most"):
+        c.decode_agent(many.encode())
+    with pytest.raises(c.Malformed, match="missing field `nics`"):
+        c.decode_agent(b'{"type":"held_out"}')
+    with pytest.raises(c.Malformed):
+        c.decode_agent(b'{"type":"held_out","nics":[1]}')
 
 
 def test_validation_matches_the_rust_checks():

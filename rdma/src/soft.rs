@@ -10,7 +10,7 @@
 //! Paths for connections not created yet are held briefly (bounded), so the
 //! two ends of a connection may start in any order.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -81,6 +81,17 @@ pub struct NicStatus {
     /// Times the NIC went down (a quick down-up that a reader of the latest
     /// state missed still shows here).
     pub downs: u64,
+    /// An admin took the NIC out of service for connections (`railguard
+    /// nic failover`): connections leave it and use it only when no NIC in
+    /// service is up, until it is released.
+    pub held: bool,
+}
+
+impl NicStatus {
+    /// Up and in service: a NIC a connection should be on.
+    pub fn in_service(&self) -> bool {
+        self.up && !self.held
+    }
 }
 
 struct Routes {
@@ -219,7 +230,11 @@ impl Endpoint {
         }));
         let status = nics
             .iter()
-            .map(|_| NicStatus { up: true, downs: 0 })
+            .map(|_| NicStatus {
+                up: true,
+                downs: 0,
+                held: false,
+            })
             .collect();
         let (links, _) = watch::channel(status);
         let mut tasks: Vec<tokio::task::JoinHandle<()>> = Vec::new();
@@ -276,6 +291,42 @@ impl Endpoint {
                     s.downs += 1;
                 }
                 s.up = up;
+            }
+        });
+    }
+
+    /// Takes NIC `nic` out of service for connections (`held`) or returns
+    /// it; every connection sees it at once. Whether that changed it.
+    pub fn set_held(&self, nic: usize, held: bool) -> bool {
+        self.links.send_if_modified(|v| match v.get_mut(nic) {
+            Some(s) if s.held != held => {
+                s.held = held;
+                true
+            }
+            _ => false,
+        })
+    }
+
+    /// Follows the set of NICs an admin holds out of service (from the
+    /// agent, [`crate::contract::ContractClient::held_out`]) for as long
+    /// as the endpoint is used: a NIC named in the set is held, every other
+    /// is in service.
+    pub fn follow_held(self: &Arc<Self>, mut held: watch::Receiver<BTreeSet<String>>) {
+        let ep = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let names = held.borrow_and_update().clone();
+                let Some(ep) = ep.upgrade() else { return };
+                for (i, nic) in ep.nics.iter().enumerate() {
+                    let h = names.contains(&nic.name);
+                    if ep.set_held(i, h) {
+                        tracing::info!(nic = %nic.name, held = h, "NIC service changed");
+                    }
+                }
+                drop(ep);
+                if held.changed().await.is_err() {
+                    return;
+                }
             }
         });
     }

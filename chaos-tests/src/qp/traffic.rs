@@ -351,6 +351,7 @@ async fn host_main(
         };
         match job.register(link, &ids, &controls).await {
             Ok((client, orders)) => {
+                endpoint.follow_held(client.held_out());
                 let stop = stop.clone();
                 tasks.spawn(job.run(client, orders, ids, controls, stop));
             }

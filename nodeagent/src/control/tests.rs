@@ -452,3 +452,62 @@ async fn a_flood_of_connections_and_of_one_ranks_sessions_is_capped() {
     // Another rank is not affected.
     let (_j, _orders) = job(&sock).await;
 }
+
+#[tokio::test]
+async fn held_out_nics_reach_every_job_and_the_newest_set_wins() {
+    let (c, _dir, sock) = start().await;
+    let (j, _orders) = job(&sock).await;
+    let mut held = j.held_out();
+    let wait = |rx: &mut tokio::sync::watch::Receiver<BTreeSet<String>>| {
+        let mut rx = rx.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(5), rx.changed())
+                .await
+                .expect("the job hears the set")
+                .unwrap();
+            rx.borrow_and_update().clone()
+        }
+    };
+    assert!(held.borrow_and_update().is_empty());
+    // Nothing is said before the leader has spoken: a job that heard a set
+    // from an agent before its restart keeps it.
+    c.change_held(&HeldChange {
+        nic: "rail0".into(),
+        version: 0,
+        held: true,
+    });
+    assert_eq!(c.held_out(), (0, BTreeSet::new()));
+    // The leader's set as of version 10; unknown NIC names are left out.
+    assert!(c.set_held_out(10, vec!["rail0".into(), "eth9".into()]));
+    assert_eq!(wait(&mut held).await, BTreeSet::from(["rail0".to_string()]));
+    held.borrow_and_update();
+    // An older set (a heartbeat reply computed before) changes nothing.
+    assert!(!c.set_held_out(9, vec![]));
+    assert_eq!(c.held_out(), (10, BTreeSet::from(["rail0".to_string()])));
+    // An order's change applies only when newer than what the agent has.
+    c.change_held(&HeldChange {
+        nic: "rail1".into(),
+        version: 10,
+        held: true,
+    });
+    assert_eq!(c.held_out().1.len(), 1, "version 10 is already known");
+    c.change_held(&HeldChange {
+        nic: "rail0".into(),
+        version: 12,
+        held: false,
+    });
+    assert_eq!(c.held_out(), (12, BTreeSet::new()));
+    assert!(wait(&mut held).await.is_empty());
+    // A job that connects later hears the set right after its hello.
+    assert!(c.set_held_out(13, vec!["rail1".into()]));
+    let (j2, _o2) = ContractClient::connect_rank(&sock, "train", 1, ClientOptions::default())
+        .await
+        .unwrap();
+    let mut h2 = j2.held_out();
+    let got = if h2.borrow_and_update().is_empty() {
+        wait(&mut h2).await
+    } else {
+        h2.borrow().clone()
+    };
+    assert_eq!(got, BTreeSet::from(["rail1".to_string()]));
+}

@@ -109,6 +109,27 @@ pub enum Order {
         /// Read on from (incarnation, byte offset) instead of the end.
         from: Option<(u64, u64)>,
     },
+    /// An admin's failover (`railguard nic failover`): move the
+    /// connections on `nic` to `to`, and hold `nic` out of service for
+    /// connections (as of Raft log index `version`) until an admin's
+    /// failback: automatic failback does not undo it. (Variants are only
+    /// ever added last: the agent's order log keeps its bincode.)
+    HoldOut {
+        /// The NIC to leave and hold.
+        nic: String,
+        /// The NIC to move to.
+        to: String,
+        /// The Raft log index of the admin's command.
+        version: u64,
+    },
+    /// An admin's failback (`railguard nic failback`): `nic` is back in
+    /// service as of Raft log index `version`; move connections back to it.
+    Release {
+        /// The NIC to return to.
+        nic: String,
+        /// The Raft log index of the admin's command.
+        version: u64,
+    },
 }
 
 impl Order {
@@ -122,6 +143,12 @@ impl Order {
         match self {
             Order::Failover { nic, to } => format!("failover {nic} -> {to}"),
             Order::Failback { nic } => format!("failback -> {nic}"),
+            Order::HoldOut { nic, to, version } => {
+                format!("failover {nic} -> {to}, {nic} held out of service as of {version}")
+            }
+            Order::Release { nic, version } => {
+                format!("failback -> {nic}, back in service as of {version}")
+            }
             Order::StartRank(s) => format!(
                 "start job {} incarnation {} rank {}",
                 s.job, s.incarnation, s.rank
@@ -172,8 +199,24 @@ impl Order {
     pub fn to_wire(&self, order_id: u64) -> v1::AgentOrder {
         use v1::agent_order::Kind;
         let kind = match self.clone() {
-            Order::Failover { nic, to } => Kind::Failover(v1::NicFailover { nic, to }),
-            Order::Failback { nic } => Kind::Failback(v1::NicFailback { nic }),
+            Order::Failover { nic, to } => Kind::Failover(v1::NicFailover {
+                nic,
+                to,
+                hold_version: 0,
+            }),
+            Order::Failback { nic } => Kind::Failback(v1::NicFailback {
+                nic,
+                release_version: 0,
+            }),
+            Order::HoldOut { nic, to, version } => Kind::Failover(v1::NicFailover {
+                nic,
+                to,
+                hold_version: version,
+            }),
+            Order::Release { nic, version } => Kind::Failback(v1::NicFailback {
+                nic,
+                release_version: version,
+            }),
             Order::StartRank(s) => Kind::StartRank(s),
             Order::StopJob { job, incarnation } => Kind::StopJob(v1::StopJob { job, incarnation }),
             Order::CheckpointJob {
@@ -226,9 +269,18 @@ impl TryFrom<&v1::AgentOrder> for Order {
             order_id: o.order_id,
         })?;
         Ok(match kind {
+            Kind::Failover(f) if f.hold_version != 0 => Order::HoldOut {
+                nic: f.nic.clone(),
+                to: f.to.clone(),
+                version: f.hold_version,
+            },
             Kind::Failover(f) => Order::Failover {
                 nic: f.nic.clone(),
                 to: f.to.clone(),
+            },
+            Kind::Failback(f) if f.release_version != 0 => Order::Release {
+                nic: f.nic.clone(),
+                version: f.release_version,
             },
             Kind::Failback(f) => Order::Failback { nic: f.nic.clone() },
             Kind::StartRank(s) => Order::StartRank(s.clone()),

@@ -95,7 +95,37 @@ fn orders() -> Vec<Order> {
             max_bytes: 4096,
             from: Some((2, 81_920)),
         },
+        Order::HoldOut {
+            nic: "rail0".into(),
+            to: "rail1".into(),
+            version: 42,
+        },
+        Order::Release {
+            nic: "rail0".into(),
+            version: 43,
+        },
     ]
+}
+
+#[test]
+fn orders_stored_before_the_admins_hold_keep_their_bincode() {
+    // The agent's order log holds bincode of `Order`: the variants that
+    // existed before `HoldOut`/`Release` keep their index and layout.
+    let o = Order::Failback {
+        nic: "rail0".into(),
+    };
+    let bytes = bincode::serialize(&o).unwrap();
+    assert_eq!(&bytes[..4], &1u32.to_le_bytes());
+    let tail = Order::TailLog {
+        job: "j".into(),
+        rank: 0,
+        max_bytes: 1,
+        from: None,
+    };
+    assert_eq!(
+        &bincode::serialize(&tail).unwrap()[..4],
+        &8u32.to_le_bytes()
+    );
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! is away with [`Delivery::Deferred`], and hands each order once to the
 //! [`OrderStream`].
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -104,6 +104,8 @@ struct Shared {
     /// The newest checkpoint this rank reported: re-sent after a reconnect.
     checkpointed: Mutex<Option<u64>>,
     connected: watch::Sender<bool>,
+    /// The NICs the agent last said an admin holds out of service.
+    held_out: watch::Sender<BTreeSet<String>>,
 }
 
 /// The job side of the contract. Cheap to clone; the background connection
@@ -158,6 +160,7 @@ impl ContractClient {
             deferred: Mutex::new(VecDeque::new()),
             checkpointed: Mutex::new(None),
             connected: watch::channel(false).0,
+            held_out: watch::channel(BTreeSet::new()).0,
         });
         tokio::spawn(run_client(shared.clone(), calls_rx, orders_tx, first_tx));
         match first_rx.await {
@@ -181,6 +184,14 @@ impl ContractClient {
         tokio::time::timeout(within, rx.wait_for(|c| *c))
             .await
             .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Follows the NICs of this host an admin holds out of service for
+    /// connections (the agent's `held_out`); feed it to the endpoint with
+    /// [`crate::soft::Endpoint::follow_held`]. Kept across reconnects
+    /// until the agent says otherwise.
+    pub fn held_out(&self) -> watch::Receiver<BTreeSet<String>> {
+        self.shared.held_out.subscribe()
     }
 
     /// The connections registered now (what a reconnect re-sends).
@@ -537,6 +548,17 @@ async fn session(
                                 }
                             }
                         }
+                        AgentMessage::HeldOut { nics } => {
+                            let nics: BTreeSet<String> = nics.into_iter().collect();
+                            shared.held_out.send_if_modified(|h| {
+                                let changed = *h != nics;
+                                if changed {
+                                    tracing::info!(held_out = ?nics, "the agent's NICs held out of service changed");
+                                    *h = nics;
+                                }
+                                changed
+                            });
+                        }
                         AgentMessage::Order(o) => {
                             if !seen.first(o.order_id) {
                                 tracing::debug!(order_id = o.order_id, "order repeated by the agent; already delivered");
@@ -751,6 +773,62 @@ mod tests {
             .unwrap();
         assert_eq!(orders.next().await.unwrap().order_id, 6);
         assert!(orders.try_next().is_none());
+    }
+
+    #[tokio::test]
+    async fn held_out_nics_follow_the_agent_and_a_bad_set_ends_the_session() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("agent.sock");
+        let (got_tx, mut got) = mpsc::unbounded_channel();
+        let (push_tx, push_rx) = mpsc::unbounded_channel();
+        let _agent = tokio::spawn(fake_agent(
+            UnixListener::bind(&sock).unwrap(),
+            got_tx,
+            push_rx,
+            99,
+        ));
+        let hello = Hello {
+            job: "j".into(),
+            rank: 0,
+            pid: std::process::id(),
+        };
+        let (c, _orders) = ContractClient::connect_with(&sock, hello, ClientOptions::default())
+            .await
+            .unwrap();
+        got.recv().await.unwrap();
+        let mut held = c.held_out();
+        assert!(held.borrow_and_update().is_empty());
+        let set = |n: &[&str]| AgentMessage::HeldOut {
+            nics: n.iter().map(|s| s.to_string()).collect(),
+        };
+        push_tx.send(set(&["rail0"])).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), held.changed())
+            .await
+            .expect("the set arrives")
+            .unwrap();
+        assert_eq!(
+            *held.borrow_and_update(),
+            BTreeSet::from(["rail0".to_string()])
+        );
+        // The same set again is not a change; a new one is.
+        push_tx.send(set(&["rail0"])).unwrap();
+        push_tx.send(set(&[])).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), held.changed())
+            .await
+            .expect("the empty set arrives")
+            .unwrap();
+        assert!(held.borrow_and_update().is_empty());
+        // A NIC name with whitespace is a malformed line: the client drops
+        // the session (and keeps the last good set).
+        push_tx.send(set(&["rail 0"])).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while c.is_connected() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the session ends on a bad held_out");
+        assert!(held.borrow().is_empty());
     }
 
     #[tokio::test]

@@ -141,12 +141,42 @@ pub struct Order {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum AgentMessage {
     Ok,
-    Error { message: String },
+    Error {
+        message: String,
+    },
     Order(Order),
+    /// The host's NICs an admin holds out of service for connections
+    /// (`railguard nic failover`, until `nic failback`): the whole set,
+    /// sent after every accepted hello and whenever it changes. Not an
+    /// order: nothing answers it.
+    HeldOut {
+        nics: Vec<String>,
+    },
 }
 
 /// The `type` tags of [`AgentMessage`].
-pub const AGENT_MESSAGE_TYPES: &[&str] = &["ok", "error", "order"];
+pub const AGENT_MESSAGE_TYPES: &[&str] = &["ok", "error", "order", "held_out"];
+
+/// Most NICs a `held_out` message names.
+pub const MAX_HELD_OUT_NICS: usize = 64;
+
+impl AgentMessage {
+    /// Checks what the types cannot (names, lengths).
+    pub fn validate(&self) -> Result<(), ContractError> {
+        match self {
+            AgentMessage::HeldOut { nics } => {
+                if nics.len() > MAX_HELD_OUT_NICS {
+                    return Err(ContractError::Invalid(format!(
+                        "held_out names {} NICs; at most {MAX_HELD_OUT_NICS}",
+                        nics.len()
+                    )));
+                }
+                nics.iter().try_for_each(|n| check_name("nic", n))
+            }
+            AgentMessage::Ok | AgentMessage::Error { .. } | AgentMessage::Order(_) => Ok(()),
+        }
+    }
+}
 
 /// Checks a name (job, NIC, host): 1..=253 bytes, no whitespace or control
 /// characters.

@@ -31,6 +31,11 @@
 //! they can all reach); with `halt` the rank computes nothing after it and
 //! waits to be stopped (a drain moves the job without losing a step). Its
 //! `order_done` names the step in `step`; the detail is only for people.
+//! Also `held_out {nics}`: the host's NICs an admin holds out of service
+//! for connections (`railguard nic failover` until `nic failback`), the
+//! whole set, after an accepted hello once the agent knows it and on every
+//! change; not answered. A transport leaves those NICs and does not fail
+//! back to them ([`crate::soft::Endpoint::follow_held`]).
 //!
 //! Example: `{"type":"conn_moved","conn_id":7,"nic":"rail1"}`.
 //!

@@ -49,9 +49,11 @@ pub fn decode_job(line: &[u8]) -> Result<JobMessage, ContractError> {
     decode_tagged(line, JOB_MESSAGE_TYPES)
 }
 
-/// Decodes an agent's line (without its newline).
+/// Decodes an agent's line (without its newline) and checks it.
 pub fn decode_agent(line: &[u8]) -> Result<AgentMessage, ContractError> {
-    decode_tagged(line, AGENT_MESSAGE_TYPES)
+    let m: AgentMessage = decode_tagged(line, AGENT_MESSAGE_TYPES)?;
+    m.validate()?;
+    Ok(m)
 }
 
 /// Reads bounded lines from a stream.
@@ -223,6 +225,10 @@ pub(crate) mod tests {
                 order_id: 4,
                 kind: OrderKind::Stop,
             }),
+            AgentMessage::HeldOut {
+                nics: vec!["rail0".into()],
+            },
+            AgentMessage::HeldOut { nics: vec![] },
         ];
         for m in orders {
             let line = encode(&m).unwrap();
@@ -248,6 +254,18 @@ pub(crate) mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_held_out_set_is_bounded_and_names_are_checked() {
+        let e = decode_agent(br#"{"type":"held_out","nics":["rail 0"]}"#).unwrap_err();
+        assert!(e.to_string().contains("whitespace"), "{e}");
+        let many: Vec<String> = (0..=MAX_HELD_OUT_NICS).map(|i| format!("n{i}")).collect();
+        let line = serde_json::json!({"type": "held_out", "nics": many}).to_string();
+        let e = decode_agent(line.as_bytes()).unwrap_err();
+        assert!(e.to_string().contains("at most"), "{e}");
+        let e = decode_agent(br#"{"type":"held_out"}"#).unwrap_err();
+        assert!(e.to_string().contains("nics"), "{e}");
     }
 
     #[test]

@@ -320,7 +320,7 @@ impl Driver {
     /// Whether this side would use a new path on local NIC `nic` now.
     fn nic_usable(&mut self, rail: usize) -> bool {
         let nic = self.cfg.rails[rail].nic;
-        let up = self.seen.get(nic).is_some_and(|s| s.up);
+        let up = self.seen.get(nic).is_some_and(NicStatus::in_service);
         let suppressed = self
             .dampers
             .get_mut(rail)
@@ -571,18 +571,31 @@ impl Driver {
     }
 
     fn dial_now(&mut self, avoid: Option<usize>, first: Option<usize>) {
+        let status = |r: usize| {
+            self.seen
+                .get(self.cfg.rails[r].nic)
+                .cloned()
+                .unwrap_or_default()
+        };
         let mut order: Vec<usize> = (0..self.cfg.rails.len())
             .filter(|r| Some(*r) != avoid && Some(*r) != first)
+            .filter(|r| status(*r).in_service())
             .collect();
-        order.retain(|r| self.seen.get(self.cfg.rails[*r].nic).is_some_and(|s| s.up));
         if let Some(f) = first.filter(|f| *f < self.cfg.rails.len()) {
             order.insert(0, f);
         }
         if let Some(a) = avoid.filter(|a| Some(*a) != first) {
-            if self.seen.get(self.cfg.rails[a].nic).is_some_and(|s| s.up) {
+            if status(a).in_service() {
                 order.push(a);
             }
         }
+        // NICs an admin holds out of service: a last resort, better than
+        // no path at all (the connection leaves once one in service is up).
+        let last_resort: Vec<usize> = (0..self.cfg.rails.len())
+            .filter(|r| !order.contains(r))
+            .filter(|r| status(*r).up && !status(*r).in_service())
+            .collect();
+        order.extend(last_resort);
         if order.is_empty() {
             self.next_dial = Instant::now() + self.dial_backoff;
             return;
@@ -668,6 +681,21 @@ impl Driver {
             let st = &self.seen[nic];
             if !st.up || st.downs > p.nic_downs {
                 self.start_move(MoveReason::LinkDown, None);
+                return;
+            }
+            // Held out of service by an admin, and a NIC in service is up:
+            // leave (an admin's move, so an order).
+            let elsewhere =
+                self.cfg.rails.iter().any(|r| {
+                    r.nic != nic && self.seen.get(r.nic).is_some_and(NicStatus::in_service)
+                });
+            if st.held && elsewhere {
+                tracing::info!(
+                    conn_id = self.cfg.conn_id,
+                    rail = p.rail,
+                    "NIC held out of service; moving"
+                );
+                self.start_move(MoveReason::Order, None);
                 return;
             }
         }

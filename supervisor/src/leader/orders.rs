@@ -61,11 +61,17 @@ pub struct OrderHub {
 /// reconciler cancels its intents).
 pub fn order_of(st: &ClusterState, action: &Action) -> Option<(String, Order)> {
     let order = match action {
-        Action::Failover { nic, to, .. } => Order::Failover {
+        Action::Failover {
+            nic, to, version, ..
+        } => Order::HoldOut {
             nic: nic.clone(),
             to: to.clone(),
+            version: *version,
         },
-        Action::Failback { nic, .. } => Order::Failback { nic: nic.clone() },
+        Action::Failback { nic, version, .. } => Order::Release {
+            nic: nic.clone(),
+            version: *version,
+        },
         Action::StartRank {
             job,
             incarnation,
@@ -370,6 +376,7 @@ mod tests {
                 host: host.into(),
                 nic: "rail0".into(),
                 to: "rail1".into(),
+                version: 7,
             },
         )
         .unwrap();

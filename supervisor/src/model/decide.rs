@@ -108,7 +108,7 @@ pub fn evaluate(st: &ClusterState, intent: &Intent, now_ms: u64) -> Option<Outco
                 None => unanswered(intent, now_ms),
             }
         }
-        Action::Failover { host, nic, .. } | Action::Failback { host, nic } => {
+        Action::Failover { host, nic, .. } | Action::Failback { host, nic, .. } => {
             let Some(h) = st.hosts.get(host) else {
                 return Some(Outcome::Cancelled {
                     why: "host no longer exists".into(),

@@ -148,9 +148,21 @@ pub struct Host {
     pub owd_excluded: bool,
     /// The open `clock_unsynced` incident, if any.
     pub clock_incident: Option<u64>,
+    /// The Raft log index at which the set of this host's NICs held out of
+    /// service last changed (the agent keeps the newest set it hears).
+    pub held_version: u64,
 }
 
 impl Host {
+    /// The NICs an admin holds out of service for connections.
+    pub fn held_out_nics(&self) -> Vec<String> {
+        self.nics
+            .values()
+            .filter(|n| n.held_out.is_some())
+            .map(|n| n.name.clone())
+            .collect()
+    }
+
     /// The admin-facing status.
     pub fn status(&self) -> HostStatus {
         match (&self.liveness, &self.drain) {
@@ -183,6 +195,17 @@ pub struct Nic {
     pub link_up: Option<bool>,
     /// How many link up/down changes were committed.
     pub link_transitions: u64,
+    /// Held out of service for connections by an admin's failover, until
+    /// an admin's failback (automatic failback leaves it alone).
+    pub held_out: Option<HeldOut>,
+}
+
+/// An admin's hold of a NIC out of service (`railguard nic failover`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HeldOut {
+    /// Who failed it over (from their certificate).
+    pub by: String,
+    pub since_ms: u64,
 }
 
 impl From<NicHealth> for NicState {
@@ -285,10 +308,15 @@ pub(crate) fn failover_target(
             ))
         })?,
     };
-    match host.nics.get(&target).map(|t| t.state) {
-        Some(s @ (NicState::Down | NicState::Flapping)) => Err(CmdError::FailedPrecondition(
+    match host.nics.get(&target).map(|t| (t.state, &t.held_out)) {
+        Some((s @ (NicState::Down | NicState::Flapping), _)) => Err(CmdError::FailedPrecondition(
             format!("target NIC {}/{target} is {s:?}", host.name),
         )),
+        Some((_, Some(h))) => Err(CmdError::FailedPrecondition(format!(
+            "target NIC {}/{target} is held out of service (failed over by {}); \
+             `railguard nic failback {} {target}` returns it",
+            host.name, h.by, host.name
+        ))),
         Some(_) => Ok(target),
         None => Err(not_found("NIC", &format!("{}/{target}", host.name))),
     }

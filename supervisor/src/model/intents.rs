@@ -9,15 +9,24 @@ pub enum Action {
     /// Finish draining a host once no work remains on it (or its deadline
     /// passed and the remaining work was stopped).
     CompleteDrain { host: String },
-    /// Order the host's agent to move every connection off `nic` to `to`
-    /// (resolved when the intent opens: `--to` or the NIC's backup).
+    /// An admin's failover: order the host's agent to move every
+    /// connection off `nic` to `to` (resolved when the intent opens: `--to`
+    /// or the NIC's backup) and to hold `nic` out of service for
+    /// connections as of Raft log index `version`.
     Failover {
         host: String,
         nic: String,
         to: String,
+        version: u64,
     },
-    /// Order the host's agent to move connections whose home is `nic` back.
-    Failback { host: String, nic: String },
+    /// An admin's failback: order the host's agent to put `nic` back in
+    /// service (as of Raft log index `version`) and move connections whose
+    /// home is `nic` back.
+    Failback {
+        host: String,
+        nic: String,
+        version: u64,
+    },
     /// Order the host's agent to launch one rank of a job's incarnation.
     StartRank {
         job: String,
@@ -71,8 +80,10 @@ impl std::fmt::Display for Action {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Action::CompleteDrain { host } => write!(f, "complete drain of {host}"),
-            Action::Failover { host, nic, to } => write!(f, "failover of {host}/{nic} to {to}"),
-            Action::Failback { host, nic } => write!(f, "failback to {host}/{nic}"),
+            Action::Failover { host, nic, to, .. } => {
+                write!(f, "failover of {host}/{nic} to {to}")
+            }
+            Action::Failback { host, nic, .. } => write!(f, "failback to {host}/{nic}"),
             Action::StartRank {
                 job,
                 incarnation,

@@ -47,8 +47,8 @@ pub use command::{Command, NodeId, Proposal, RequestId, Session, TypeConfig};
 pub use events::{AgentEvent, ClusterEvent, Event};
 pub(crate) use hosts::{check_failback, failover_target};
 pub use hosts::{
-    ClockChange, ClockState, Drain, DrainPhase, Host, HostClockRecord, HostStatus, Liveness, Nic,
-    NicSpec, NicState,
+    ClockChange, ClockState, Drain, DrainPhase, HeldOut, Host, HostClockRecord, HostStatus,
+    Liveness, Nic, NicSpec, NicState,
 };
 pub use incidents::{Incident, IncidentKind};
 pub use intents::{Action, Intent, IntentStatus, Outcome};

@@ -26,7 +26,9 @@ use std::collections::VecDeque;
 /// 2: agent events carry `proto::agent::Report`; `JobSpec.user`;
 /// `AdminOp::Refused`, `AdminOp::Revoke`; `revoked`.
 /// 4: `JobSpec.ranks_per_host`.
-pub const MODEL_FORMAT_VERSION: u8 = 4;
+/// 5: NICs held out of service (`Nic.held_out`, `Host.held_version`, the
+/// versions of `Action::Failover`/`Failback`).
+pub const MODEL_FORMAT_VERSION: u8 = 5;
 
 /// The whole replicated model.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -182,12 +182,16 @@ impl Agent for AgentService {
         require_agent(&self.sup, &req, &req.get_ref().host)?;
         self.require_leader()?;
         let host = req.into_inner().host;
-        if !self.sup.read(|st| st.hosts.contains_key(&host)) {
+        let Some((held_out, held_version)) = self.sup.read(|st| {
+            st.hosts
+                .get(&host)
+                .map(|h| (h.held_out_nics(), h.held_version))
+        }) else {
             return Err(Status::from(ApiError::new(
                 crate::api::ErrorKind::NotFound,
                 format!("host {host:?} is not registered; register first"),
             )));
-        }
+        };
         self.leader
             .heartbeats
             .lock()
@@ -195,6 +199,8 @@ impl Agent for AgentService {
             .insert(host, Instant::now());
         Ok(Response::new(HeartbeatReply {
             leader_id: self.sup.id,
+            held_out,
+            held_version,
         }))
     }
 

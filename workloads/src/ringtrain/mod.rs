@@ -210,6 +210,11 @@ pub async fn run(cfg: Config) -> Result<(), Failure> {
             let (client, stream) = job::connect(&cfg, sock, &conns)
                 .await
                 .map_err(|e| Failure::new(EXIT_OTHER, format!("{e:#}")))?;
+            // NICs an admin holds out of service: the connections leave
+            // them and do not fail back to them.
+            if let Some(n) = &net {
+                n.endpoint.follow_held(client.held_out());
+            }
             tokio::spawn(job::serve(
                 cfg.clone(),
                 client.clone(),

@@ -158,6 +158,14 @@ const SCENARIOS: &[Entry] = &[
          (3 s and 60 s by default): restarts, the final digest against a fault-free run's, and \
          each rank's longest step stall. Needs root and python3-torch",
     ),
+    entry::<AdminFailover>(
+        "admin-failover",
+        "ringtrain on three hosts; `railguard nic failover h1 rail0` must hold for the hold \
+         period (60 s by default) through a leader SIGKILL and two pulls of rail0's cable (the \
+         NIC recovers each time): no connection back on rail0 in any `qp list` sample, the NIC \
+         shown held in `nic list`, training going on; then `nic failback` brings them home. \
+         Needs root",
+    ),
     entry::<Security>(
         "security",
         "A mutual-TLS netns cluster attacked from a GPU host: strangers, wrong roles, an agent \
@@ -344,6 +352,36 @@ impl Runner for NicFlap {
             flaps: self.flaps,
             seed: self.seed,
             wait_quiet: !self.no_quiet,
+        })
+        .await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct AdminFailover {
+    /// How long the failover must hold, in seconds.
+    #[arg(long, default_value_t = 60)]
+    hold_s: u64,
+    /// How long each of the two cable pulls lasts, in ms.
+    #[arg(long, default_value_t = 3000)]
+    pull_ms: u64,
+}
+
+impl Runner for AdminFailover {
+    async fn run(self, what: String) -> Outcome {
+        ensure!(
+            (4..=3600).contains(&self.hold_s) && (100..=60_000).contains(&self.pull_ms),
+            "--hold-s takes 4..=3600 and --pull-ms 100..=60000"
+        );
+        ensure!(
+            self.pull_ms < self.hold_s * 1000 / 5,
+            "--pull-ms must be under a fifth of the hold (both pulls end inside it)"
+        );
+        need_root(&what)?;
+        let r = chaos_tests::admin_failover::run(chaos_tests::admin_failover::AdminFailoverRun {
+            hold: Duration::from_secs(self.hold_s),
+            pull: Duration::from_millis(self.pull_ms),
         })
         .await?;
         report(r.ok, &r)

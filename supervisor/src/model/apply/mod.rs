@@ -10,7 +10,8 @@ use crate::model::admin::{AdminOp, AdminRecord};
 use crate::model::command::Command;
 use crate::model::events::Event;
 use crate::model::hosts::{
-    failover_target, probe_view, Drain, DrainPhase, Host, HostClockRecord, Liveness, Nic, NicState,
+    failover_target, probe_view, Drain, DrainPhase, HeldOut, Host, HostClockRecord, Liveness, Nic,
+    NicState,
 };
 use crate::model::incidents::IncidentKind;
 use crate::model::intents::{Action, Outcome};
@@ -44,6 +45,9 @@ impl ClusterState {
                     clock: HostClockRecord::default(),
                     owd_excluded: false,
                     clock_incident: None,
+                    // Newer than any set an agent of an earlier host of
+                    // this name may still hold.
+                    held_version: index,
                 });
                 let probe_view_before = existing.as_ref().map(probe_view);
                 let mut new_nics = BTreeMap::new();
@@ -62,6 +66,7 @@ impl ClusterState {
                         open_incidents: BTreeMap::new(),
                         link_up: None,
                         link_transitions: 0,
+                        held_out: None,
                     });
                     nic.rail = spec.rail;
                     nic.backup = spec.backup.clone();
@@ -69,7 +74,11 @@ impl ClusterState {
                     nic.addr = spec.addr.clone();
                     new_nics.insert(spec.name.clone(), nic);
                 }
+                let held_before = h.held_out_nics();
                 h.nics = new_nics;
+                if h.held_out_nics() != held_before {
+                    h.held_version = index;
+                }
                 // The agent flushed its detour routes when it started.
                 self.reroutes.remove(host);
                 for (k, v) in labels {
@@ -218,20 +227,42 @@ impl ClusterState {
                     }
                     AdminOp::NicFailover { nic, to, .. } => {
                         let target = failover_target(host, nic, to.as_deref()).expect("validated");
-                        let what = format!("failover of NIC {nic} to {target} ordered");
+                        let n = host.nics.get_mut(nic).expect("validated");
+                        if n.held_out.is_none() {
+                            n.held_out = Some(HeldOut {
+                                by: actor.clone(),
+                                since_ms: at_ms,
+                            });
+                            host.held_version = index;
+                        }
+                        let what = format!(
+                            "failover of NIC {nic} to {target} ordered; {nic} held out of \
+                             service until `nic failback`"
+                        );
                         order = Some(Action::Failover {
                             host: host.name.clone(),
                             nic: nic.clone(),
                             to: target,
+                            version: host.held_version,
                         });
                         what
                     }
                     AdminOp::NicFailback { nic, .. } => {
+                        let n = host.nics.get_mut(nic).expect("validated");
+                        let released = n.held_out.take().is_some();
+                        if released {
+                            host.held_version = index;
+                        }
                         order = Some(Action::Failback {
                             host: host.name.clone(),
                             nic: nic.clone(),
+                            version: host.held_version,
                         });
-                        format!("failback to NIC {nic} ordered")
+                        if released {
+                            format!("failback to NIC {nic} ordered; {nic} back in service")
+                        } else {
+                            format!("failback to NIC {nic} ordered")
+                        }
                     }
                     AdminOp::Job(_)
                     | AdminOp::PlaybookApply { .. }

@@ -168,7 +168,20 @@ impl ClusterState {
         );
         // Model effects, in the entry that commits the intent.
         let ended: Option<Result<String, String>> = match &op {
-            StepOp::Failover { .. } | StepOp::Failback { .. } => None,
+            StepOp::Failback { nic } => self
+                .hosts
+                .get(&host)
+                .and_then(|h| h.nics.get(nic))
+                .and_then(|n| n.held_out.as_ref())
+                .map(|h| {
+                    // Automatic failback never undoes an admin's failover.
+                    Ok(format!(
+                        "not failing back: {nic} is held out of service (failed over by {}) \
+                         until `railguard nic failback`",
+                        h.by
+                    ))
+                }),
+            StepOp::Failover { .. } => None,
             StepOp::CheckpointJobs { jobs } => {
                 let mut bad = None;
                 for m in jobs {

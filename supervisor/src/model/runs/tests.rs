@@ -488,6 +488,114 @@ fn a_waiting_run_outlives_its_cleared_incident_and_fails_back() {
 }
 
 #[test]
+fn an_admins_failover_holds_the_nic_until_the_admins_failback() {
+    let mut w = World::new(&["h0", "h1"], true);
+    w.nic("h0", "rail0", NicHealth::Up);
+    w.nic("h0", "rail1", NicHealth::Up);
+    let registered = w.st.hosts["h0"].held_version;
+    assert!(
+        registered > 0,
+        "a host's held set has a version from its registration"
+    );
+    let failover = AdminOp::NicFailover {
+        host: "h0".into(),
+        nic: "rail0".into(),
+        to: None,
+    };
+    let CmdOk::IntentOpened { id } = w.admin(failover.clone()) else {
+        panic!("no intent")
+    };
+    let h = &w.st.hosts["h0"];
+    assert_eq!(h.held_out_nics(), vec!["rail0".to_string()]);
+    assert!(h.held_version > registered);
+    let version = h.held_version;
+    // The order tells the agent to hold it, as of that version.
+    let order = crate::leader::orders::order_of(&w.st, &w.st.intents[&id].action).map(|(_, o)| o);
+    assert_eq!(
+        order,
+        Some(proto::agent::Order::HoldOut {
+            nic: "rail0".into(),
+            to: "rail1".into(),
+            version,
+        })
+    );
+    // The same failover again is the same intent and the same version.
+    assert_eq!(w.admin(failover), CmdOk::IntentOpened { id });
+    assert_eq!(w.st.hosts["h0"].held_version, version);
+    w.settle(obey);
+    // Nothing fails over onto a held NIC.
+    let onto = w.apply(Command::Admin {
+        actor: "t".into(),
+        op: AdminOp::NicFailover {
+            host: "h0".into(),
+            nic: "rail1".into(),
+            to: None,
+        },
+        request: None,
+    });
+    assert!(
+        matches!(&onto, Err(CmdError::FailedPrecondition(m)) if m.contains("held out")),
+        "{onto:?}"
+    );
+    // rail0 flaps and recovers: the nic-flapping playbook's failback step
+    // ends at once without an order, and the NIC stays held.
+    w.nic("h0", "rail0", NicHealth::Flapping);
+    w.settle(obey);
+    w.nic("h0", "rail0", NicHealth::Up);
+    w.settle(obey);
+    let run = w.st.runs.keys().next_back().copied().expect("a run");
+    assert_eq!(
+        w.run(run).state,
+        RunState::Completed,
+        "{:?}",
+        w.run(run).log
+    );
+    let step = w
+        .step_intents(run)
+        .into_iter()
+        .find(|i| {
+            matches!(
+                &i.action,
+                Action::PlaybookStep {
+                    op: StepOp::Failback { .. },
+                    ..
+                }
+            )
+        })
+        .expect("a failback step")
+        .clone();
+    assert_eq!(step.status, IntentStatus::Closed(Outcome::Done));
+    assert!(
+        step.detail.contains("held out of service"),
+        "{}",
+        step.detail
+    );
+    assert!(
+        !w.delivered.contains(&step.id),
+        "no failback order reached the agent"
+    );
+    assert_eq!(w.st.hosts["h0"].held_out_nics(), vec!["rail0".to_string()]);
+    // The admin's failback releases it, as of a newer version.
+    let CmdOk::IntentOpened { id: back } = w.admin(AdminOp::NicFailback {
+        host: "h0".into(),
+        nic: "rail0".into(),
+    }) else {
+        panic!("no intent")
+    };
+    let h = &w.st.hosts["h0"];
+    assert!(h.held_out_nics().is_empty());
+    assert!(h.held_version > version);
+    let order = crate::leader::orders::order_of(&w.st, &w.st.intents[&back].action).map(|(_, o)| o);
+    assert_eq!(
+        order,
+        Some(proto::agent::Order::Release {
+            nic: "rail0".into(),
+            version: h.held_version,
+        })
+    );
+}
+
+#[test]
 fn a_drain_beyond_the_limits_fails_the_step() {
     // rail1 never reported: no healthy backup, so nic-down skips the
     // migration, checkpoints (no jobs) and drains.

@@ -21,7 +21,8 @@ fn failover_and_failback_open_intents_closed_by_the_hosts_answer() {
         Action::Failover {
             host: "h0".into(),
             nic: "rail0".into(),
-            to: "rail1".into()
+            to: "rail1".into(),
+            version: 2,
         },
         "the target resolves to the NIC's backup"
     );

@@ -97,12 +97,14 @@ fn every_command_roundtrips_through_bincode() {
                 host: "h".into(),
                 nic: "n".into(),
                 to: "m".into(),
+                version: 3,
             },
         },
         Command::OpenIntent {
             action: Action::Failback {
                 host: "h".into(),
                 nic: "n".into(),
+                version: 4,
             },
         },
         Command::OrderDone {
