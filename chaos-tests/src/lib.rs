@@ -29,6 +29,7 @@ pub mod bench;
 pub mod capture;
 pub mod clock_sync;
 pub mod contention;
+pub mod cut_off;
 pub mod demo;
 pub mod detect;
 pub mod linearizability;

@@ -60,6 +60,9 @@ pub struct TrainOpts {
     pub fragile: bool,
     pub max_restarts: u32,
     pub backoff: Duration,
+    /// ringtrain: sleep this long after each step (so faults land at a
+    /// chosen step); the PyTorch example has its own in `Workload`.
+    pub ringtrain_step_delay_ms: u64,
     /// Longest the whole job may take.
     pub deadline: Duration,
 }
@@ -86,6 +89,7 @@ impl Default for TrainOpts {
             fragile: false,
             max_restarts: 50,
             backoff: Duration::from_millis(200),
+            ringtrain_step_delay_ms: 0,
             deadline: Duration::from_secs(600),
         }
     }
@@ -255,6 +259,12 @@ impl Training {
         ]);
         if let Some(h) = o.hidden {
             argv.extend(["--hidden".into(), h.to_string()]);
+        }
+        if self.workload == Workload::Ringtrain && o.ringtrain_step_delay_ms > 0 {
+            argv.extend([
+                "--step-delay-ms".into(),
+                o.ringtrain_step_delay_ms.to_string(),
+            ]);
         }
         if o.fragile {
             anyhow::ensure!(

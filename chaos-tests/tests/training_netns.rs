@@ -220,3 +220,30 @@ async fn an_admins_failover_holds_until_the_admin_fails_back() {
     assert_eq!(r.samples_on_held_nic, 0, "{r:?}");
     assert!(r.conns_held > 0 && r.samples >= 10, "{r:?}");
 }
+
+/// Short form of `scenario cut-off-host`: both rails of a rank's host cut
+/// just after a checkpoint; the job moves to the spare from its latest
+/// complete checkpoint, never back to the cut-off host while it is cut
+/// off, and the incident stays open until the rails return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_host_loses_its_ranks_to_a_spare_until_its_rails_return() {
+    if !require_root("training_netns::cut_off_host").unwrap() {
+        return;
+    }
+    let mut o = short(4);
+    o.ringtrain_step_delay_ms = 20;
+    let r = chaos_tests::cut_off::run(chaos_tests::cut_off::CutOffRun {
+        train: o,
+        offsets: vec![3],
+        cut: Duration::from_secs(4),
+    })
+    .await
+    .unwrap();
+    assert!(r.ok, "{r:?}");
+    let run = &r.runs[0];
+    assert!(
+        !run.placed_on_cut_host && run.incident_open_before_repair,
+        "{r:?}"
+    );
+    assert!(run.resumed_ms.is_some_and(|ms| ms < 20_000), "{r:?}");
+}

@@ -1003,7 +1003,9 @@ impl Control {
         let to = self
             .nic(&t.nic)
             .and_then(|n| n.backup.clone())
-            .filter(|b| Self::usable(&inv, b).is_ok() && !inv.held.contains(b));
+            // A held backup still takes them: better than no NIC (their
+            // transport leaves it once a NIC in service is up).
+            .filter(|b| Self::usable(&inv, b).is_ok());
         let sent = self.send_migrate(&mut inv, &keys, to.as_deref());
         drop(inv);
         let what = match &to {
@@ -1052,8 +1054,12 @@ impl Control {
                             format!("target {to:?} is not another data NIC of this host"),
                         );
                     }
+                    // A target whose link is back and settling
+                    // (Recovering) takes them: better than a dead NIC.
                     if let Err(h) = Self::usable(&inv, to) {
-                        return (false, format!("target NIC {to} is {h:?}"));
+                        if h != NicHealth::Recovering {
+                            return (false, format!("target NIC {to} is {h:?}"));
+                        }
                     }
                     let keys: Vec<ConnKey> = inv
                         .conns

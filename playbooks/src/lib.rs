@@ -33,7 +33,7 @@ pub use types::{
 /// The shipped library (`playbooks/library/`), as (file name, text). A new
 /// cluster installs it once (the supervisor's leader does); operators
 /// replace or delete its playbooks like any other.
-pub const SHIPPED: [(&str, &str); 6] = [
+pub const SHIPPED: [(&str, &str); 7] = [
     ("nic-down.toml", include_str!("../library/nic-down.toml")),
     (
         "nic-flapping.toml",
@@ -44,6 +44,10 @@ pub const SHIPPED: [(&str, &str); 6] = [
         include_str!("../library/nic-flapping-stuck.toml"),
     ),
     ("host-down.toml", include_str!("../library/host-down.toml")),
+    (
+        "host-cut-off.toml",
+        include_str!("../library/host-cut-off.toml"),
+    ),
     (
         "clock-unsynced.toml",
         include_str!("../library/clock-unsynced.toml"),

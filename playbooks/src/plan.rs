@@ -189,8 +189,12 @@ fn evaluate_check(check: &Check, inc: &IncidentView, view: &ClusterView) -> (boo
                 None => (false, format!("{name} has no backup")),
                 Some(b) => match host.and_then(|h| h.nics.get(b)) {
                     None => (false, format!("backup {b} of {name} is unknown")),
+                    // Recovering is a link back up and settling: a better
+                    // home for the connections than a dead NIC (their
+                    // transport leaves it if it fails again); waiting for
+                    // Up would drain a host whose backup returns in 500 ms.
                     Some(bn) => (
-                        bn.health == NicHealth::Up,
+                        matches!(bn.health, NicHealth::Up | NicHealth::Recovering),
                         format!("backup {b} is {:?}", bn.health),
                     ),
                 },

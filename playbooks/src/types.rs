@@ -60,15 +60,18 @@ pub enum IncidentKind {
     HostDown,
     ClockUnsynced,
     LinkContention,
+    /// Every data NIC of a host is down while its agent still answers.
+    HostCutOff,
 }
 
 impl IncidentKind {
-    pub const ALL: [IncidentKind; 5] = [
+    pub const ALL: [IncidentKind; 6] = [
         IncidentKind::NicDown,
         IncidentKind::NicFlapping,
         IncidentKind::HostDown,
         IncidentKind::ClockUnsynced,
         IncidentKind::LinkContention,
+        IncidentKind::HostCutOff,
     ];
 
     /// The name used in playbooks and in the supervisor's incidents.
@@ -79,6 +82,7 @@ impl IncidentKind {
             IncidentKind::HostDown => "host_down",
             IncidentKind::ClockUnsynced => "clock_unsynced",
             IncidentKind::LinkContention => "link_contention",
+            IncidentKind::HostCutOff => "host_cut_off",
         }
     }
 
@@ -148,7 +152,8 @@ pub enum Check {
     NicUp,
     /// The incident's NIC is Up and its flap damper says it is reusable.
     NicReusable,
-    /// The incident's NIC has a backup and the backup is reusable (Up).
+    /// The incident's NIC has a backup whose link is up (Up, or
+    /// Recovering: back and settling).
     BackupNicHealthy,
     /// The incident's host clock is Synced.
     ClockSynced,

@@ -94,6 +94,7 @@ fn library_is_a_valid_set() {
         "host_down",
         "clock_unsynced",
         "link_contention",
+        "host_cut_off",
     ] {
         let pb = matching(&set, &incident(kind)).unwrap_or_else(|| panic!("nothing for {kind}"));
         assert_eq!(pb.name, kind.replace('_', "-"));

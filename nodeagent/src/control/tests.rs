@@ -511,3 +511,26 @@ async fn held_out_nics_reach_every_job_and_the_newest_set_wins() {
     };
     assert_eq!(got, BTreeSet::from(["rail1".to_string()]));
 }
+
+#[tokio::test]
+async fn a_failover_may_land_on_a_nic_back_and_settling_but_not_on_a_dead_one() {
+    let (c, _dir, sock) = start().await;
+    let (j, orders) = job(&sock).await;
+    j.conn_up(up(1, "rail0", 0)).await.unwrap();
+    let _seen = obey(j.clone(), orders);
+    let fo = SupervisorOrder::Failover {
+        nic: "rail0".into(),
+        to: "rail1".into(),
+    };
+    let mut t = transition("rail1", false);
+    c.on_link(&t);
+    let (ok, detail) = c.execute(&fo).await;
+    assert!(!ok && detail.contains("Down"), "{detail}");
+    // rail1 is back and settling (its failback hold): it takes them.
+    t.link_up = true;
+    t.health = NicHealth::Recovering;
+    c.on_link(&t);
+    let (ok, detail) = c.execute(&fo).await;
+    assert!(ok, "{detail}");
+    assert!(c.conns().iter().all(|r| r.conn.nic == "rail1"));
+}

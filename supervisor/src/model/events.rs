@@ -182,6 +182,9 @@ pub enum Event {
     ShippedPlaybooks { installed: u32, what: String },
     /// A NIC incident whose run completed stays open until its NIC is up.
     NicIncidentStays { incident: u64 },
+    /// A `host_cut_off` incident's run completed while the host is still
+    /// cut off: the incident stays open until a data rail works again.
+    HostIncidentStays { incident: u64 },
 }
 
 impl std::fmt::Display for Event {
@@ -355,6 +358,10 @@ impl std::fmt::Display for Event {
             Event::NicIncidentStays { incident } => write!(
                 f,
                 "incident {incident} stays open until its NIC is up again (its recovery closes it)"
+            ),
+            Event::HostIncidentStays { incident } => write!(
+                f,
+                "incident {incident} stays open until a data rail of its host works again"
             ),
         }
     }

@@ -151,9 +151,21 @@ pub struct Host {
     /// The Raft log index at which the set of this host's NICs held out of
     /// service last changed (the agent keeps the newest set it hears).
     pub held_version: u64,
+    /// The open `host_cut_off` incident, if any.
+    pub cut_off_incident: Option<u64>,
 }
 
 impl Host {
+    /// Cut off: the host has data NICs and every one of them is Down or
+    /// Flapping (known unusable; a NIC not yet reported does not count as
+    /// down). Its ranks can reach no peer: it gets no new ranks, and its
+    /// `host_cut_off` incident moves its jobs.
+    pub fn cut_off(&self) -> bool {
+        let mut data = self.nics.values().filter(|n| n.rail.is_some()).peekable();
+        data.peek().is_some()
+            && data.all(|n| matches!(n.state, NicState::Down | NicState::Flapping))
+    }
+
     /// The NICs an admin holds out of service for connections.
     pub fn held_out_nics(&self) -> Vec<String> {
         self.nics

@@ -24,8 +24,8 @@ mod training_runs;
 
 use runner::{need_root, report, value_report, Outcome, Runner};
 use training_runs::{
-    Drain, Goodput, HostLoss, TcpFailover, TorchDrain, TorchGoodput, TorchHostLoss, TorchNicFlap,
-    TrainNicFlap,
+    CutOffHost, Drain, Goodput, HostLoss, TcpFailover, TorchDrain, TorchGoodput, TorchHostLoss,
+    TorchNicFlap, TrainNicFlap,
 };
 
 #[global_allocator]
@@ -157,6 +157,14 @@ const SCENARIOS: &[Entry] = &[
         "An unmodified PyTorch DDP job (gloo, python/examples/torch_ddp.py) under pulled cables \
          (3 s and 60 s by default): restarts, the final digest against a fault-free run's, and \
          each rank's longest step stall. Needs root and python3-torch",
+    ),
+    entry::<CutOffHost>(
+        "cut-off-host",
+        "ringtrain on four hosts and a spare; both data rails of h1 are cut (its agent and \
+         management link alive) at offsets around a checkpoint, once per offset: h1 must be \
+         cut off (its own incident, open until a rail returns), the job resumed on the spare \
+         from its latest complete checkpoint (never on h1) within 3 s p99 without spending its \
+         restart budget, and end with the fault-free digest. Needs root",
     ),
     entry::<AdminFailover>(
         "admin-failover",

@@ -153,6 +153,59 @@ pub(crate) struct AtStep<const DRAIN: bool, const TORCH: bool> {
     at_step: u64,
 }
 
+/// `cut-off-host`: both data rails of a rank's host cut around a
+/// checkpoint, once per offset.
+#[derive(Args, Debug)]
+pub(crate) struct CutOffHost {
+    #[command(flatten)]
+    train: TrainArgs,
+    /// Cut this many steps after the second checkpoint (negative: before
+    /// it), one run each.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        allow_hyphen_values = true,
+        default_value = "-10,-3,0,3,10"
+    )]
+    offsets: Vec<i64>,
+    /// How long both rails stay cut (ms).
+    #[arg(long, default_value_t = 60_000)]
+    cut_ms: u64,
+}
+
+impl Runner for CutOffHost {
+    async fn run(self, what: String) -> Outcome {
+        let mut o = self.train.opts(true, false)?;
+        o.ringtrain_step_delay_ms = self.train.step_delay_ms;
+        ensure!(
+            (1..=20).contains(&self.offsets.len()),
+            "--offsets takes 1..=20 offsets"
+        );
+        ensure!(
+            self.offsets
+                .iter()
+                .all(|x| (1..o.steps as i64).contains(&(2 * o.checkpoint_every as i64 + x))),
+            "each offset must cut within the run (after step 0, before --steps), counted from the second checkpoint"
+        );
+        ensure!(
+            (1000..=600_000).contains(&self.cut_ms),
+            "--cut-ms takes 1000..=600000"
+        );
+        ensure!(
+            o.hosts >= 3,
+            "--hosts must be at least 3 (h1 runs a rank; a spare)"
+        );
+        need_root(&what)?;
+        let r = chaos_tests::cut_off::run(chaos_tests::cut_off::CutOffRun {
+            train: o,
+            offsets: self.offsets,
+            cut: Duration::from_millis(self.cut_ms),
+        })
+        .await?;
+        report(r.ok, &r)
+    }
+}
+
 pub(crate) type HostLoss = AtStep<false, false>;
 pub(crate) type Drain = AtStep<true, false>;
 pub(crate) type TorchHostLoss = AtStep<false, true>;

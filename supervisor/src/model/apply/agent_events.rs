@@ -185,5 +185,8 @@ impl ClusterState {
                 .open_incidents
                 .insert(kind, id);
         }
+        if t.from != t.to {
+            self.cut_off_incidents(at_ms, host);
+        }
     }
 }

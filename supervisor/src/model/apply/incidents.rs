@@ -77,6 +77,49 @@ impl ClusterState {
         }
     }
 
+    /// A host whose data NICs are all Down or Flapping while its agent
+    /// still reports ([`crate::model::Host::cut_off`]) opens a
+    /// `host_cut_off` incident, distinct from Down; the first data NIC
+    /// usable again closes it. While it is open, its NICs' incidents wait:
+    /// their runs that are acting are cancelled (to start again once the
+    /// host is reachable) and new ones do not start.
+    pub(in crate::model) fn cut_off_incidents(&mut self, at_ms: u64, host: &str) {
+        let Some(h) = self.hosts.get(host) else {
+            return;
+        };
+        match (h.cut_off(), h.cut_off_incident) {
+            (true, None) => {
+                let nics: Vec<String> = h
+                    .nics
+                    .values()
+                    .filter(|n| n.rail.is_some())
+                    .map(|n| format!("{} {:?}", n.name, n.state))
+                    .collect();
+                let id = self.open_incident(
+                    at_ms,
+                    IncidentKind::HostCutOff,
+                    host,
+                    None,
+                    format!("no working data rail: {}", nics.join(", ")),
+                );
+                self.hosts.get_mut(host).expect("exists").cut_off_incident = Some(id);
+                let nic_incidents: Vec<u64> = self.hosts[host]
+                    .nics
+                    .values()
+                    .flat_map(|n| n.open_incidents.values().copied())
+                    .collect();
+                for i in nic_incidents {
+                    self.set_aside_run(at_ms, i, id);
+                }
+            }
+            (false, Some(id)) => {
+                self.hosts.get_mut(host).expect("exists").cut_off_incident = None;
+                self.close_incident(at_ms, id, "a data rail works again");
+            }
+            _ => {}
+        }
+    }
+
     pub(crate) fn close_incident(&mut self, at_ms: u64, id: u64, why: &str) {
         let Some(i) = self.incidents.get_mut(&id) else {
             return;

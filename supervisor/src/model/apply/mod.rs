@@ -48,6 +48,7 @@ impl ClusterState {
                     // Newer than any set an agent of an earlier host of
                     // this name may still hold.
                     held_version: index,
+                    cut_off_incident: None,
                 });
                 let probe_view_before = existing.as_ref().map(probe_view);
                 let mut new_nics = BTreeMap::new();

@@ -39,6 +39,9 @@ pub fn ineligible(st: &ClusterState, host: &str, spec: &JobSpec) -> Option<Strin
     {
         return Some("no data NIC with an address".into());
     }
+    if h.cut_off() {
+        return Some("cut off: no working data rail".into());
+    }
     None
 }
 

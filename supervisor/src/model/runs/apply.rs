@@ -73,6 +73,18 @@ impl ClusterState {
                         "incident {incident} already has run {r}"
                     )));
                 }
+                // Decided before its host was cut off: its NIC incidents
+                // wait until it is reachable again.
+                if let Some(cut) = i
+                    .nic
+                    .as_ref()
+                    .and_then(|_| self.hosts.get(&i.host)?.cut_off_incident)
+                {
+                    return Err(CmdError::FailedPrecondition(format!(
+                        "incident {incident}: host {} is cut off (incident {cut})",
+                        i.host
+                    )));
+                }
                 let stored = self
                     .playbooks
                     .get(playbook)
@@ -378,6 +390,15 @@ impl ClusterState {
         // Likewise a NIC's incident is over when the NIC is usable again,
         // not when its playbook moved the work off it: the NIC's recovery
         // closes it (`nic_recovered`).
+        // A cut-off host's incident is over when a data rail works again.
+        let cut_off = self.incidents.get(&incident).is_some_and(|i| {
+            i.kind == IncidentKind::HostCutOff
+                && self.hosts.get(&i.host).is_some_and(|h| h.cut_off())
+        });
+        if cut_off {
+            self.log_event(at_ms, None, Event::HostIncidentStays { incident });
+            return;
+        }
         if self.nic_still_unusable(incident) {
             self.log_event(at_ms, None, Event::NicIncidentStays { incident });
             return;
@@ -469,6 +490,29 @@ impl ClusterState {
     }
 
     /// The incident's condition cleared: cancel its run unless it waits.
+    /// A NIC incident whose host is cut off (incident `by`): a run acting
+    /// on it is cancelled and the incident left without a run, so a new one
+    /// starts once the host is reachable again (a waiting run goes on).
+    pub(in crate::model) fn set_aside_run(&mut self, at_ms: u64, incident: u64, by: u64) {
+        let Some(run) = self.active_run_of(incident).map(|r| r.id) else {
+            return;
+        };
+        let r = &self.runs[&run];
+        if matches!(r.state, RunState::Waiting { .. }) {
+            return;
+        }
+        let open = r.step_intent;
+        let why = format!("the host is cut off (incident {by}); its playbook moves the jobs");
+        self.run_log(at_ms, run, format!("set aside: {why}"));
+        self.end_run(at_ms, run, RunState::Cancelled { why: why.clone() });
+        if let Some(id) = open {
+            self.close_intent_now(at_ms, id, Outcome::Cancelled { why });
+        }
+        if let Some(i) = self.incidents.get_mut(&incident) {
+            i.run = None;
+        }
+    }
+
     pub(crate) fn incident_cleared(&mut self, at_ms: u64, incident: u64) {
         let Some(run) = self.active_run_of(incident).map(|r| r.id) else {
             return;

@@ -14,6 +14,14 @@ pub fn wanted_run_commands(st: &ClusterState) -> Vec<RunCommand> {
         .incidents
         .values()
         .filter(|i| i.closed_ms.is_none() && i.run.is_none())
+        // A cut-off host's NIC incidents wait for it to be reachable.
+        .filter(|i| {
+            i.nic.is_none()
+                || st
+                    .hosts
+                    .get(&i.host)
+                    .is_none_or(|h| h.cut_off_incident.is_none())
+        })
         .map(|i| i.id)
         .collect();
     if candidates.is_empty() || st.playbooks.is_empty() {

@@ -815,6 +815,75 @@ fn job_world(with_playbooks: bool) -> World {
 }
 
 #[test]
+fn a_cut_off_host_gets_its_own_incident_and_its_jobs_move_without_it() {
+    let mut w = job_world(true);
+    for h in ["h0", "h1", "h2"] {
+        w.nic(h, "rail0", NicHealth::Up);
+        w.nic(h, "rail1", NicHealth::Up);
+    }
+    w.settle(obey);
+    let incidents_before = w.st.incidents.len();
+    // One rail down: h1 still has a working rail.
+    w.nic("h1", "rail0", NicHealth::Down);
+    assert!(w.st.hosts["h1"].cut_off_incident.is_none());
+    // Both down (its agent still answers: not Down, cut off).
+    w.nic("h1", "rail1", NicHealth::Down);
+    let id = w.st.hosts["h1"]
+        .cut_off_incident
+        .expect("a cut-off incident");
+    assert_eq!(w.st.incidents[&id].kind, IncidentKind::HostCutOff);
+    assert_eq!(w.st.hosts["h1"].liveness, Liveness::Ready);
+    assert_eq!(
+        crate::model::jobs::place::ineligible(&w.st, "h1", &w.st.jobs["j"].spec).as_deref(),
+        Some("cut off: no working data rail")
+    );
+    // A NIC playbook decided before the host was cut off does not start.
+    let rail0 = w.st.hosts["h1"].nics["rail0"].open_incidents[&IncidentKind::NicDown];
+    let start = w.apply(Command::Playbook(RunCommand::Start {
+        incident: rail0,
+        playbook: "nic-down".into(),
+        version: w.st.playbooks["nic-down"].version,
+    }));
+    assert!(
+        matches!(&start, Err(CmdError::FailedPrecondition(m)) if m.contains("cut off")),
+        "{start:?}"
+    );
+    w.settle(obey);
+    // Its playbook restarted the job on the spare, as a planned move.
+    let j = &w.st.jobs["j"];
+    assert_eq!(j.incarnation, 2);
+    assert_eq!(j.state, JobState::Running);
+    assert_eq!(j.placement, vec!["h0", "h2"]);
+    assert_eq!(j.restarts, 0, "no restart budget spent");
+    let run =
+        w.st.runs
+            .values()
+            .find(|r| r.incident == id)
+            .expect("a host-cut-off run");
+    assert_eq!(run.playbook, "host-cut-off");
+    assert_eq!(run.state, RunState::Completed, "{:?}", run.log);
+    // The NICs' own playbooks did not drain it; the incident stays open
+    // while the host is still cut off.
+    assert_eq!(w.st.hosts["h1"].status(), crate::model::HostStatus::Ready);
+    assert!(w.st.incidents[&id].closed_ms.is_none());
+    assert_eq!(w.events_of(&Event::HostIncidentStays { incident: id }), 1);
+    assert!(w.st.incidents.len() >= incidents_before + 3);
+    // One rail back: the condition is gone, the incident closes; the other
+    // NIC's incident gets its playbook now (rail0 is its healthy backup).
+    w.nic("h1", "rail0", NicHealth::Up);
+    assert!(w.st.incidents[&id].closed_ms.is_some());
+    assert!(w.st.hosts["h1"].cut_off_incident.is_none());
+    w.settle(obey);
+    let rail1 = w.st.hosts["h1"].nics["rail1"].open_incidents[&IncidentKind::NicDown];
+    assert!(
+        w.st.runs
+            .values()
+            .any(|r| r.incident == rail1 && r.playbook == "nic-down"),
+        "the NIC's incident was handled once the host was reachable"
+    );
+}
+
+#[test]
 fn host_down_goes_through_the_host_down_playbook_when_one_is_stored() {
     let mut w = job_world(true);
     w.ok(Command::SetLiveness {
