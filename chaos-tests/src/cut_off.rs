@@ -87,6 +87,21 @@ fn cut_off_open(t: &Training, host: &str) -> Option<bool> {
     )
 }
 
+/// Whether job view `j`'s current placement has a rank on `host`.
+fn runs_on(j: &serde_json::Value, host: &str) -> bool {
+    j["placement"]
+        .as_array()
+        .is_some_and(|p| p.iter().any(|h| *h == host))
+}
+
+/// Both data cables of the victim in (`up`) or out (fabric side).
+async fn set_rails(t: &mut Training, up: bool) -> anyhow::Result<()> {
+    for rail in 0..2 {
+        t.c.tb.set_cable(VICTIM, rail, Side::Fabric, up).await?;
+    }
+    Ok(())
+}
+
 /// Runs the scenario.
 pub async fn run(r: CutOffRun) -> anyhow::Result<CutOffReport> {
     anyhow::ensure!(
@@ -128,16 +143,12 @@ async fn run_in(t: &mut Training, r: &CutOffRun) -> anyhow::Result<CutOffReport>
             let done = w.poll(t, o)?;
             let inc = w.last()["incarnation"].as_u64().unwrap_or(0);
             if cut.is_none() && inc == 1 && t.max_step(&name, 1, o.hosts, o.ranks) >= cut_at {
-                let on_victim = w.last()["placement"]
-                    .as_array()
-                    .is_some_and(|p| p.iter().any(|h| *h == host.as_str()));
                 anyhow::ensure!(
-                    on_victim,
+                    runs_on(w.last(), &host),
                     "job {name} runs no rank on {host} (placement {}); is it drained?",
                     w.last()["placement"]
                 );
-                t.c.tb.set_cable(VICTIM, 0, Side::Fabric, false).await?;
-                t.c.tb.set_cable(VICTIM, 1, Side::Fabric, false).await?;
+                set_rails(t, false).await?;
                 cut = Some(Instant::now());
                 eprintln!(
                     "  {:>7.1}s  both rails of {host} cut",
@@ -145,13 +156,7 @@ async fn run_in(t: &mut Training, r: &CutOffRun) -> anyhow::Result<CutOffReport>
                 );
             }
             if let (Some(at), None) = (cut, repaired) {
-                if inc >= 2
-                    && w.last()["placement"]
-                        .as_array()
-                        .is_some_and(|p| p.iter().any(|h| *h == host.as_str()))
-                {
-                    placed_on_cut = true;
-                }
+                placed_on_cut |= inc >= 2 && runs_on(w.last(), &host);
                 let resume = w.last()["resume_step"].as_u64().unwrap_or(0);
                 if resumed.is_none()
                     && inc >= 2
@@ -165,8 +170,7 @@ async fn run_in(t: &mut Training, r: &CutOffRun) -> anyhow::Result<CutOffReport>
                 }
                 if at.elapsed() >= r.cut && (done.is_some() || resumed.is_some()) {
                     open_before = cut_off_open(t, &host) == Some(true);
-                    t.c.tb.set_cable(VICTIM, 0, Side::Fabric, true).await?;
-                    t.c.tb.set_cable(VICTIM, 1, Side::Fabric, true).await?;
+                    set_rails(t, true).await?;
                     repaired = Some(Instant::now());
                     eprintln!(
                         "  {:>7.1}s  rails of {host} back",

@@ -193,6 +193,10 @@ pub struct HeldChange {
     pub held: bool,
 }
 
+/// Heartbeat replies in a row with an older held-set version after which
+/// the agent takes theirs (2 s at the 250 ms heartbeat).
+pub const HELD_OLDER_TAKEN: u32 = 8;
+
 /// An order from the supervisor, as the agent executes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SupervisorOrder {
@@ -233,6 +237,8 @@ struct Inventory {
     /// NICs held out of service, as of Raft log index `held_version`.
     held: BTreeSet<String>,
     held_version: u64,
+    /// Heartbeat replies in a row with an older version than ours.
+    held_older_in_a_row: u32,
 }
 
 impl Inventory {
@@ -354,7 +360,15 @@ impl Control {
     pub fn set_held_out(&self, version: u64, nics: Vec<String>) -> bool {
         let mut inv = self.lock();
         let mut changed = false;
-        if version >= inv.held_version {
+        // Older versions again and again: the supervisors' log began anew
+        // (a rebuilt cluster), not a stale reply; take theirs.
+        if version < inv.held_version {
+            inv.held_older_in_a_row += 1;
+        } else {
+            inv.held_older_in_a_row = 0;
+        }
+        if version >= inv.held_version || inv.held_older_in_a_row >= HELD_OLDER_TAKEN {
+            inv.held_older_in_a_row = 0;
             let set: BTreeSet<String> =
                 nics.into_iter().filter(|n| self.nic(n).is_some()).collect();
             changed = set != inv.held;
@@ -372,7 +386,9 @@ impl Control {
     /// already has the set as of `version` or newer.
     pub fn change_held(&self, c: &HeldChange) {
         let mut inv = self.lock();
-        if c.version <= inv.held_version || self.nic(&c.nic).is_none() {
+        // Before the leader's whole set (a restarted agent) one change
+        // would make a partial set: the next heartbeat brings it all.
+        if inv.held_version == 0 || c.version <= inv.held_version || self.nic(&c.nic).is_none() {
             return;
         }
         let changed = if c.held {
@@ -481,7 +497,9 @@ impl Control {
                 // it last heard: an agent that has just restarted must not
                 // tell it that nothing is held.
                 let known = inv.held_version > 0;
-                let held_sent = known.then(|| inv.held.clone());
+                // Not marked as taken: the next heartbeat sends the set
+                // again, so a change racing this hello is not lost.
+                let held_sent = None;
                 inv.sessions.insert(
                     id,
                     Session {

@@ -458,16 +458,13 @@ async fn held_out_nics_reach_every_job_and_the_newest_set_wins() {
     let (c, _dir, sock) = start().await;
     let (j, _orders) = job(&sock).await;
     let mut held = j.held_out();
-    let wait = |rx: &mut tokio::sync::watch::Receiver<BTreeSet<String>>| {
-        let mut rx = rx.clone();
-        async move {
-            tokio::time::timeout(Duration::from_secs(5), rx.changed())
-                .await
-                .expect("the job hears the set")
-                .unwrap();
-            rx.borrow_and_update().clone()
-        }
-    };
+    async fn wait(rx: &mut tokio::sync::watch::Receiver<BTreeSet<String>>) -> BTreeSet<String> {
+        tokio::time::timeout(Duration::from_secs(5), rx.changed())
+            .await
+            .expect("the job hears the set")
+            .unwrap();
+        rx.borrow_and_update().clone()
+    }
     assert!(held.borrow_and_update().is_empty());
     // Nothing is said before the leader has spoken: a job that heard a set
     // from an agent before its restart keeps it.
@@ -480,10 +477,18 @@ async fn held_out_nics_reach_every_job_and_the_newest_set_wins() {
     // The leader's set as of version 10; unknown NIC names are left out.
     assert!(c.set_held_out(10, vec!["rail0".into(), "eth9".into()]));
     assert_eq!(wait(&mut held).await, BTreeSet::from(["rail0".to_string()]));
-    held.borrow_and_update();
     // An older set (a heartbeat reply computed before) changes nothing.
     assert!(!c.set_held_out(9, vec![]));
     assert_eq!(c.held_out(), (10, BTreeSet::from(["rail0".to_string()])));
+    // Older ones again and again are a rebuilt cluster: taken.
+    for _ in 1..HELD_OLDER_TAKEN - 1 {
+        assert!(!c.set_held_out(9, vec![]));
+    }
+    assert!(c.set_held_out(9, vec![]));
+    assert_eq!(c.held_out(), (9, BTreeSet::new()));
+    assert!(wait(&mut held).await.is_empty());
+    assert!(c.set_held_out(10, vec!["rail0".into()]));
+    assert_eq!(wait(&mut held).await, BTreeSet::from(["rail0".to_string()]));
     // An order's change applies only when newer than what the agent has.
     c.change_held(&HeldChange {
         nic: "rail1".into(),

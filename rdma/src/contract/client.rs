@@ -658,18 +658,33 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn client_survives_an_agent_restart_and_delivers_orders_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let sock = dir.path().join("agent.sock");
-        let (got_tx, mut got) = mpsc::unbounded_channel();
+    /// A fake agent on `sock`: its task, the sender it records with (for
+    /// a later agent), what it got, and where to push to it.
+    #[allow(clippy::type_complexity)]
+    fn spawn_fake_agent(
+        sock: &Path,
+    ) -> (
+        tokio::task::JoinHandle<()>,
+        mpsc::UnboundedSender<JobMessage>,
+        mpsc::UnboundedReceiver<JobMessage>,
+        mpsc::UnboundedSender<AgentMessage>,
+    ) {
+        let (got_tx, got) = mpsc::unbounded_channel();
         let (push_tx, push_rx) = mpsc::unbounded_channel();
-        let agent1 = tokio::spawn(fake_agent(
-            UnixListener::bind(&sock).unwrap(),
+        let task = tokio::spawn(fake_agent(
+            UnixListener::bind(sock).unwrap(),
             got_tx.clone(),
             push_rx,
             99,
         ));
+        (task, got_tx, got, push_tx)
+    }
+
+    #[tokio::test]
+    async fn client_survives_an_agent_restart_and_delivers_orders_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("agent.sock");
+        let (agent1, got_tx, mut got, push_tx) = spawn_fake_agent(&sock);
         let hello = Hello {
             job: "j".into(),
             rank: 0,
@@ -779,14 +794,7 @@ mod tests {
     async fn held_out_nics_follow_the_agent_and_a_bad_set_ends_the_session() {
         let dir = tempfile::tempdir().unwrap();
         let sock = dir.path().join("agent.sock");
-        let (got_tx, mut got) = mpsc::unbounded_channel();
-        let (push_tx, push_rx) = mpsc::unbounded_channel();
-        let _agent = tokio::spawn(fake_agent(
-            UnixListener::bind(&sock).unwrap(),
-            got_tx,
-            push_rx,
-            99,
-        ));
+        let (_agent, _, mut got, push_tx) = spawn_fake_agent(&sock);
         let hello = Hello {
             job: "j".into(),
             rank: 0,

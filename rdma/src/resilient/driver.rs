@@ -48,6 +48,8 @@ pub(super) struct Driver {
     links: watch::Receiver<Vec<NicStatus>>,
     seen: Vec<NicStatus>,
     up_since: Vec<Option<Instant>>,
+    /// When the connection last tried to leave a NIC held out of service.
+    held_tried: Instant,
     dampers: Vec<FlapDamper>,
     pace: Option<Pacer>,
     stats: watch::Sender<ConnStats>,
@@ -93,6 +95,7 @@ impl Driver {
             pending_reason: MoveReason::Initial,
             seen,
             up_since: vec![Some(now); endpoint.nics().len()],
+            held_tried: now,
             links,
             dampers,
             pace: None,
@@ -724,6 +727,7 @@ impl Driver {
             let through = self.recv.flush_ack();
             self.send_ack(through);
             self.maybe_fail_back(now);
+            self.maybe_leave_held(now);
             return Ok(());
         }
         let stalled = now.saturating_duration_since(self.stalled_since);
@@ -734,6 +738,44 @@ impl Driver {
             self.dial_now(None, None);
         }
         Ok(())
+    }
+
+    /// On a NIC held out of service (taken as a last resort, or a path
+    /// the peer opened there) while a NIC in service is up: dial the rails
+    /// in service beside the current path, at most once per failback hold.
+    /// The path carries on until one is established; a refused or failed
+    /// dial leaves it where it is.
+    fn maybe_leave_held(&mut self, now: Instant) {
+        let Some(p) = &self.path else { return };
+        if self.dial.is_some() {
+            return;
+        }
+        let status = |r: usize| {
+            self.seen
+                .get(self.cfg.rails[r].nic)
+                .cloned()
+                .unwrap_or_default()
+        };
+        if !status(p.rail).held {
+            return;
+        }
+        let hold = match self.cfg.failback {
+            Failback::WhenReusable { hold, .. } => hold,
+            Failback::Never => Duration::from_secs(1),
+        };
+        if now.saturating_duration_since(self.held_tried) < hold {
+            return;
+        }
+        let here = p.rail;
+        let others: Vec<usize> = (0..self.cfg.rails.len())
+            .filter(|r| *r != here && status(*r).in_service())
+            .collect();
+        if others.is_empty() {
+            return;
+        }
+        self.held_tried = now;
+        self.pending_reason = MoveReason::Order;
+        self.dial_rails(others);
     }
 
     fn maybe_fail_back(&mut self, now: Instant) {

@@ -166,6 +166,15 @@ impl Host {
             && data.all(|n| matches!(n.state, NicState::Down | NicState::Flapping))
     }
 
+    /// Reachable again after being cut off: a data NIC is Up (a NIC back
+    /// but still settling or damped does not end it, so a host whose rails
+    /// flap does not open an incident per flap).
+    pub fn reconnected(&self) -> bool {
+        self.nics
+            .values()
+            .any(|n| n.rail.is_some() && n.state == NicState::Up)
+    }
+
     /// The NICs an admin holds out of service for connections.
     pub fn held_out_nics(&self) -> Vec<String> {
         self.nics

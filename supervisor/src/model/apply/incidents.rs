@@ -88,6 +88,16 @@ impl ClusterState {
             return;
         };
         match (h.cut_off(), h.cut_off_incident) {
+            (_, Some(id))
+                if self
+                    .incidents
+                    .get(&id)
+                    .is_none_or(|i| i.closed_ms.is_some()) =>
+            {
+                // Its incident was closed elsewhere: forget it.
+                self.hosts.get_mut(host).expect("exists").cut_off_incident = None;
+                self.cut_off_incidents(at_ms, host);
+            }
             (true, None) => {
                 let nics: Vec<String> = h
                     .nics
@@ -112,7 +122,7 @@ impl ClusterState {
                     self.set_aside_run(at_ms, i, id);
                 }
             }
-            (false, Some(id)) => {
+            (false, Some(id)) if h.reconnected() || !h.nics.values().any(|n| n.rail.is_some()) => {
                 self.hosts.get_mut(host).expect("exists").cut_off_incident = None;
                 self.close_incident(at_ms, id, "a data rail works again");
             }

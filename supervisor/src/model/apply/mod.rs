@@ -87,6 +87,7 @@ impl ClusterState {
                 }
                 let last = h.last_event_seq;
                 let changed = existing.as_ref() != Some(&h);
+                let host_name = host.clone();
                 let id = h.id;
                 if probe_view_before.as_ref() != Some(&probe_view(&h)) {
                     self.probe_plan_version += 1;
@@ -110,6 +111,8 @@ impl ClusterState {
                 } else if changed {
                     self.log_event(at_ms, Some(host), Event::HostReRegistered);
                 }
+                // Its data NICs may have changed.
+                self.cut_off_incidents(at_ms, &host_name);
                 Ok(CmdOk::Registered {
                     last_applied_seq: last,
                 })

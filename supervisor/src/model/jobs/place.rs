@@ -39,7 +39,7 @@ pub fn ineligible(st: &ClusterState, host: &str, spec: &JobSpec) -> Option<Strin
     {
         return Some("no data NIC with an address".into());
     }
-    if h.cut_off() {
+    if h.cut_off() || h.cut_off_incident.is_some() {
         return Some("cut off: no working data rail".into());
     }
     None

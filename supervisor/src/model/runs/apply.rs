@@ -393,7 +393,7 @@ impl ClusterState {
         // A cut-off host's incident is over when a data rail works again.
         let cut_off = self.incidents.get(&incident).is_some_and(|i| {
             i.kind == IncidentKind::HostCutOff
-                && self.hosts.get(&i.host).is_some_and(|h| h.cut_off())
+                && self.hosts.get(&i.host).is_some_and(|h| !h.reconnected())
         });
         if cut_off {
             self.log_event(at_ms, None, Event::HostIncidentStays { incident });
@@ -477,6 +477,9 @@ impl ClusterState {
             if h.open_incident == Some(id) {
                 h.open_incident = None;
             }
+            if h.cut_off_incident == Some(id) {
+                h.cut_off_incident = None;
+            }
             if h.clock_incident == Some(id) {
                 h.clock_incident = None;
             }
@@ -489,7 +492,6 @@ impl ClusterState {
         self.close_incident(at_ms, id, why);
     }
 
-    /// The incident's condition cleared: cancel its run unless it waits.
     /// A NIC incident whose host is cut off (incident `by`): a run acting
     /// on it is cancelled and the incident left without a run, so a new one
     /// starts once the host is reachable again (a waiting run goes on).
@@ -513,6 +515,7 @@ impl ClusterState {
         }
     }
 
+    /// The incident's condition cleared: cancel its run unless it waits.
     pub(crate) fn incident_cleared(&mut self, at_ms: u64, incident: u64) {
         let Some(run) = self.active_run_of(incident).map(|r| r.id) else {
             return;

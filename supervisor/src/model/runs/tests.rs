@@ -868,6 +868,20 @@ fn a_cut_off_host_gets_its_own_incident_and_its_jobs_move_without_it() {
     assert!(w.st.incidents[&id].closed_ms.is_none());
     assert_eq!(w.events_of(&Event::HostIncidentStays { incident: id }), 1);
     assert!(w.st.incidents.len() >= incidents_before + 3);
+    // A rail back but settling, then flapping again: the same incident.
+    w.nic("h1", "rail0", NicHealth::Recovering);
+    assert!(
+        w.st.incidents[&id].closed_ms.is_none(),
+        "settling does not end it"
+    );
+    w.nic("h1", "rail0", NicHealth::Flapping);
+    assert_eq!(
+        w.st.hosts["h1"].cut_off_incident,
+        Some(id),
+        "no incident per flap"
+    );
+    w.nic("h1", "rail0", NicHealth::Down);
+    w.settle(obey);
     // One rail back: the condition is gone, the incident closes; the other
     // NIC's incident gets its playbook now (rail0 is its healthy backup).
     w.nic("h1", "rail0", NicHealth::Up);
