@@ -157,6 +157,13 @@ impl ClusterState {
                     AdminOp::NicFailover { nic, to, .. } => {
                         failover_target(host, nic, to.as_deref()).map(|_| ())
                     }
+                    // A held NIC may be released whatever its state (the
+                    // agent moves nothing back to a NIC that is down).
+                    AdminOp::NicFailback { nic, .. }
+                        if host.nics.get(nic).is_some_and(|n| n.held_out.is_some()) =>
+                    {
+                        Ok(())
+                    }
                     AdminOp::NicFailback { nic, .. } => check_failback(host, nic),
                     AdminOp::RemoveHost { .. } => self.check_removable(host),
                     _ => Ok(()),

@@ -596,6 +596,35 @@ fn an_admins_failover_holds_the_nic_until_the_admins_failback() {
 }
 
 #[test]
+fn a_held_nic_that_is_down_can_still_be_released() {
+    let mut w = World::new(&["h0", "h1"], true);
+    w.nic("h0", "rail0", NicHealth::Up);
+    w.nic("h0", "rail1", NicHealth::Up);
+    w.admin(AdminOp::NicFailover {
+        host: "h0".into(),
+        nic: "rail0".into(),
+        to: None,
+    });
+    w.settle(obey);
+    w.nic("h0", "rail0", NicHealth::Down);
+    w.settle(obey);
+    let failback = || Command::Admin {
+        actor: "t".into(),
+        op: AdminOp::NicFailback {
+            host: "h0".into(),
+            nic: "rail0".into(),
+        },
+        request: None,
+    };
+    let r = w.apply(failback());
+    assert!(matches!(r, Ok(CmdOk::IntentOpened { .. })), "{r:?}");
+    assert!(w.st.hosts["h0"].held_out_nics().is_empty());
+    // Not held any more: a failback to a NIC that is down is refused.
+    let r = w.apply(failback());
+    assert!(matches!(r, Err(CmdError::FailedPrecondition(_))), "{r:?}");
+}
+
+#[test]
 fn a_drain_beyond_the_limits_fails_the_step() {
     // rail1 never reported: no healthy backup, so nic-down skips the
     // migration, checkpoints (no jobs) and drains.
