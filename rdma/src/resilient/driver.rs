@@ -573,13 +573,16 @@ impl Driver {
         self.dial_now(avoid, to);
     }
 
+    /// The link state of rail `r`'s local NIC as last seen.
+    fn rail_status(&self, r: usize) -> NicStatus {
+        self.seen
+            .get(self.cfg.rails[r].nic)
+            .cloned()
+            .unwrap_or_default()
+    }
+
     fn dial_now(&mut self, avoid: Option<usize>, first: Option<usize>) {
-        let status = |r: usize| {
-            self.seen
-                .get(self.cfg.rails[r].nic)
-                .cloned()
-                .unwrap_or_default()
-        };
+        let status = |r: usize| self.rail_status(r);
         let mut order: Vec<usize> = (0..self.cfg.rails.len())
             .filter(|r| Some(*r) != avoid && Some(*r) != first)
             .filter(|r| status(*r).in_service())
@@ -750,12 +753,7 @@ impl Driver {
         if self.dial.is_some() {
             return;
         }
-        let status = |r: usize| {
-            self.seen
-                .get(self.cfg.rails[r].nic)
-                .cloned()
-                .unwrap_or_default()
-        };
+        let status = |r: usize| self.rail_status(r);
         if !status(p.rail).held {
             return;
         }

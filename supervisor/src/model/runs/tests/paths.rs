@@ -1,0 +1,224 @@
+//! Paths in the playbook world: an admin's failover that holds a NIC out
+//! of service, and a host cut off from every data rail.
+
+use super::*;
+
+#[test]
+fn an_admins_failover_holds_the_nic_until_the_admins_failback() {
+    let mut w = World::new(&["h0", "h1"], true);
+    w.nic("h0", "rail0", NicHealth::Up);
+    w.nic("h0", "rail1", NicHealth::Up);
+    let registered = w.st.hosts["h0"].held_version;
+    assert!(
+        registered > 0,
+        "a host's held set has a version from its registration"
+    );
+    let failover = AdminOp::NicFailover {
+        host: "h0".into(),
+        nic: "rail0".into(),
+        to: None,
+    };
+    let CmdOk::IntentOpened { id } = w.admin(failover.clone()) else {
+        panic!("no intent")
+    };
+    let h = &w.st.hosts["h0"];
+    assert_eq!(h.held_out_nics(), vec!["rail0".to_string()]);
+    assert!(h.held_version > registered);
+    let version = h.held_version;
+    // The order tells the agent to hold it, as of that version.
+    let order = crate::leader::orders::order_of(&w.st, &w.st.intents[&id].action).map(|(_, o)| o);
+    assert_eq!(
+        order,
+        Some(proto::agent::Order::HoldOut {
+            nic: "rail0".into(),
+            to: "rail1".into(),
+            version,
+        })
+    );
+    // The same failover again is the same intent and the same version.
+    assert_eq!(w.admin(failover), CmdOk::IntentOpened { id });
+    assert_eq!(w.st.hosts["h0"].held_version, version);
+    w.settle(obey);
+    // Nothing fails over onto a held NIC.
+    let onto = w.apply(Command::Admin {
+        actor: "t".into(),
+        op: AdminOp::NicFailover {
+            host: "h0".into(),
+            nic: "rail1".into(),
+            to: None,
+        },
+        request: None,
+    });
+    assert!(
+        matches!(&onto, Err(CmdError::FailedPrecondition(m)) if m.contains("held out")),
+        "{onto:?}"
+    );
+    // rail0 flaps and recovers: the nic-flapping playbook's failback step
+    // ends at once without an order, and the NIC stays held.
+    w.nic("h0", "rail0", NicHealth::Flapping);
+    w.settle(obey);
+    w.nic("h0", "rail0", NicHealth::Up);
+    w.settle(obey);
+    let run = w.st.runs.keys().next_back().copied().expect("a run");
+    assert_eq!(
+        w.run(run).state,
+        RunState::Completed,
+        "{:?}",
+        w.run(run).log
+    );
+    let step = w
+        .step_intents(run)
+        .into_iter()
+        .find(|i| {
+            matches!(
+                &i.action,
+                Action::PlaybookStep {
+                    op: StepOp::Failback { .. },
+                    ..
+                }
+            )
+        })
+        .expect("a failback step")
+        .clone();
+    assert_eq!(step.status, IntentStatus::Closed(Outcome::Done));
+    assert!(
+        step.detail.contains("held out of service"),
+        "{}",
+        step.detail
+    );
+    assert!(
+        !w.delivered.contains(&step.id),
+        "no failback order reached the agent"
+    );
+    assert_eq!(w.st.hosts["h0"].held_out_nics(), vec!["rail0".to_string()]);
+    // The admin's failback releases it, as of a newer version.
+    let CmdOk::IntentOpened { id: back } = w.admin(AdminOp::NicFailback {
+        host: "h0".into(),
+        nic: "rail0".into(),
+    }) else {
+        panic!("no intent")
+    };
+    let h = &w.st.hosts["h0"];
+    assert!(h.held_out_nics().is_empty());
+    assert!(h.held_version > version);
+    let order = crate::leader::orders::order_of(&w.st, &w.st.intents[&back].action).map(|(_, o)| o);
+    assert_eq!(
+        order,
+        Some(proto::agent::Order::Release {
+            nic: "rail0".into(),
+            version: h.held_version,
+        })
+    );
+}
+
+#[test]
+fn a_held_nic_that_is_down_can_still_be_released() {
+    let mut w = World::new(&["h0", "h1"], true);
+    w.nic("h0", "rail0", NicHealth::Up);
+    w.nic("h0", "rail1", NicHealth::Up);
+    w.admin(AdminOp::NicFailover {
+        host: "h0".into(),
+        nic: "rail0".into(),
+        to: None,
+    });
+    w.settle(obey);
+    w.nic("h0", "rail0", NicHealth::Down);
+    w.settle(obey);
+    let failback = || Command::Admin {
+        actor: "t".into(),
+        op: AdminOp::NicFailback {
+            host: "h0".into(),
+            nic: "rail0".into(),
+        },
+        request: None,
+    };
+    let r = w.apply(failback());
+    assert!(matches!(r, Ok(CmdOk::IntentOpened { .. })), "{r:?}");
+    assert!(w.st.hosts["h0"].held_out_nics().is_empty());
+    // Not held any more: a failback to a NIC that is down is refused.
+    let r = w.apply(failback());
+    assert!(matches!(r, Err(CmdError::FailedPrecondition(_))), "{r:?}");
+}
+
+#[test]
+fn a_cut_off_host_gets_its_own_incident_and_its_jobs_move_without_it() {
+    let mut w = job_world(true);
+    for h in ["h0", "h1", "h2"] {
+        w.nic(h, "rail0", NicHealth::Up);
+        w.nic(h, "rail1", NicHealth::Up);
+    }
+    w.settle(obey);
+    let incidents_before = w.st.incidents.len();
+    // One rail down: h1 still has a working rail.
+    w.nic("h1", "rail0", NicHealth::Down);
+    assert!(w.st.hosts["h1"].cut_off_incident.is_none());
+    // Both down (its agent still answers: not Down, cut off).
+    w.nic("h1", "rail1", NicHealth::Down);
+    let id = w.st.hosts["h1"]
+        .cut_off_incident
+        .expect("a cut-off incident");
+    assert_eq!(w.st.incidents[&id].kind, IncidentKind::HostCutOff);
+    assert_eq!(w.st.hosts["h1"].liveness, Liveness::Ready);
+    assert_eq!(
+        crate::model::jobs::place::ineligible(&w.st, "h1", &w.st.jobs["j"].spec).as_deref(),
+        Some("cut off: no working data rail")
+    );
+    // A NIC playbook decided before the host was cut off does not start.
+    let rail0 = w.st.hosts["h1"].nics["rail0"].open_incidents[&IncidentKind::NicDown];
+    let start = w.apply(Command::Playbook(RunCommand::Start {
+        incident: rail0,
+        playbook: "nic-down".into(),
+        version: w.st.playbooks["nic-down"].version,
+    }));
+    assert!(
+        matches!(&start, Err(CmdError::FailedPrecondition(m)) if m.contains("cut off")),
+        "{start:?}"
+    );
+    w.settle(obey);
+    // Its playbook restarted the job on the spare, as a planned move.
+    let j = &w.st.jobs["j"];
+    assert_eq!(j.incarnation, 2);
+    assert_eq!(j.state, JobState::Running);
+    assert_eq!(j.placement, vec!["h0", "h2"]);
+    assert_eq!(j.restarts, 0, "no restart budget spent");
+    let run =
+        w.st.runs
+            .values()
+            .find(|r| r.incident == id)
+            .expect("a host-cut-off run");
+    assert_eq!(run.playbook, "host-cut-off");
+    assert_eq!(run.state, RunState::Completed, "{:?}", run.log);
+    // The NICs' own playbooks did not drain it; the incident stays open
+    // while the host is still cut off.
+    assert_eq!(w.st.hosts["h1"].status(), crate::model::HostStatus::Ready);
+    assert!(w.st.incidents[&id].closed_ms.is_none());
+    assert_eq!(w.events_of(&Event::HostIncidentStays { incident: id }), 1);
+    assert!(w.st.incidents.len() >= incidents_before + 3);
+    // A rail back but settling, then flapping again: the same incident.
+    w.nic("h1", "rail0", NicHealth::Recovering);
+    assert!(
+        w.st.incidents[&id].closed_ms.is_none(),
+        "settling does not end it"
+    );
+    w.nic("h1", "rail0", NicHealth::Flapping);
+    assert_eq!(
+        w.st.hosts["h1"].cut_off_incident,
+        Some(id),
+        "no incident per flap"
+    );
+    w.nic("h1", "rail0", NicHealth::Down);
+    w.settle(obey);
+    // One rail back: the condition is gone, the incident closes; the other
+    // NIC's incident gets its playbook now (rail0 is its healthy backup).
+    w.nic("h1", "rail0", NicHealth::Up);
+    assert!(w.st.incidents[&id].closed_ms.is_some());
+    assert!(w.st.hosts["h1"].cut_off_incident.is_none());
+    w.settle(obey);
+    let rail1 = w.st.hosts["h1"].nics["rail1"].open_incidents[&IncidentKind::NicDown];
+    assert!(
+        w.st.runs
+            .values()
+            .any(|r| r.incident == rail1 && r.playbook == "nic-down"),
+        "the NIC's incident was handled once the host was reachable"
+    );
+}
