@@ -230,9 +230,27 @@ async fn a_cut_off_host_loses_its_ranks_to_a_spare_until_its_rails_return() {
     if !require_root("training_netns::cut_off_host").unwrap() {
         return;
     }
+    rail_cuts(chaos_tests::rail_cuts::Cut::Host).await;
+}
+
+/// Short form of `scenario no-common-rail`: ring neighbours h1 and h2 lose
+/// different rails just after a checkpoint; a path incident names both,
+/// the job resumes with a spare in place of one of them (no crash loop,
+/// no restart spent), and the incident stays open until the cables
+/// return.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn neighbours_without_a_common_rail_are_parted_until_their_rails_return() {
+    if !require_root("training_netns::no_common_rail").unwrap() {
+        return;
+    }
+    rail_cuts(chaos_tests::rail_cuts::Cut::NoCommonRail).await;
+}
+
+async fn rail_cuts(cut_kind: chaos_tests::rail_cuts::Cut) {
     let mut o = short(4);
     o.ringtrain_step_delay_ms = 20;
-    let r = chaos_tests::cut_off::run(chaos_tests::cut_off::CutOffRun {
+    let r = chaos_tests::rail_cuts::run(chaos_tests::rail_cuts::RailCutRun {
+        cut_kind,
         train: o,
         offsets: vec![3],
         cut: Duration::from_secs(4),
@@ -242,7 +260,7 @@ async fn a_cut_off_host_loses_its_ranks_to_a_spare_until_its_rails_return() {
     assert!(r.ok, "{r:?}");
     let run = &r.runs[0];
     assert!(
-        !run.placed_on_cut_host && run.incident_open_before_repair,
+        !run.forbidden_placement && run.incident_open_before_repair && run.restarts == 0,
         "{r:?}"
     );
     assert!(run.resumed_ms.is_some_and(|ms| ms < 20_000), "{r:?}");

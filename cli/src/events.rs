@@ -84,12 +84,16 @@ pub fn print_incidents(incidents: &[Incident]) {
     }
     table!(
         incidents,
-        "{:>5}  {:<14} {:<10} {:<8} {:<26} {:<26} {}",
+        "{:>5}  {:<14} {:<11} {:<8} {:<26} {:<26} {}",
         ["ID", "KIND", "HOST", "NIC", "OPENED", "CLOSED", "DETAIL"],
         |i| [
             i.id,
             i.kind,
-            i.host,
+            // A path incident names two hosts.
+            match &i.peer {
+                Some(p) => format!("{},{p}", i.host),
+                None => i.host.clone(),
+            },
             i.nic.as_deref().unwrap_or("-"),
             fmt_ms(i.opened_ms),
             i.closed_ms.map(fmt_ms).unwrap_or_else(|| "open".into()),

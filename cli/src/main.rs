@@ -466,6 +466,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 host,
                 nic,
                 job,
+                peer,
             } => AdminRequest::PlaybookPlan {
                 file: playbooks::read_playbook_file(&file)?,
                 incident: PlanIncident {
@@ -473,6 +474,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     host,
                     nic,
                     job,
+                    peer,
                 },
             },
         },

@@ -43,6 +43,9 @@ pub enum PlaybookCmd {
         nic: Option<String>,
         #[arg(long)]
         job: Option<String>,
+        /// The other host of a path incident (no_common_rail).
+        #[arg(long)]
+        peer: Option<String>,
     },
 }
 

@@ -33,7 +33,7 @@ pub use types::{
 /// The shipped library (`playbooks/library/`), as (file name, text). A new
 /// cluster installs it once (the supervisor's leader does); operators
 /// replace or delete its playbooks like any other.
-pub const SHIPPED: [(&str, &str); 7] = [
+pub const SHIPPED: [(&str, &str); 8] = [
     ("nic-down.toml", include_str!("../library/nic-down.toml")),
     (
         "nic-flapping.toml",
@@ -47,6 +47,10 @@ pub const SHIPPED: [(&str, &str); 7] = [
     (
         "host-cut-off.toml",
         include_str!("../library/host-cut-off.toml"),
+    ),
+    (
+        "no-common-rail.toml",
+        include_str!("../library/no-common-rail.toml"),
     ),
     (
         "clock-unsynced.toml",

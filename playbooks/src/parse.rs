@@ -108,7 +108,9 @@ pub struct Located {
 }
 
 /// Placeholders a notify message may use.
-pub const PLACEHOLDERS: [&str; 7] = ["host", "nic", "rail", "job", "kind", "incident", "playbook"];
+pub const PLACEHOLDERS: [&str; 8] = [
+    "host", "nic", "rail", "job", "peer", "kind", "incident", "playbook",
+];
 
 /// Bounds of `reshape_rate`'s `edge_hold` queueing threshold.
 pub const MIN_EDGE_HOLD: Duration = Duration::from_micros(100);
@@ -835,6 +837,7 @@ impl Ctx<'_> {
             "checkpoint_job" => Action::CheckpointJob,
             "restart_job" => Action::RestartJob,
             "cordon" => Action::Cordon,
+            "return_to_service" => Action::ReturnToService,
             "drain" => {
                 need(self, "deadline", &st.deadline);
                 let d = st.deadline.as_ref()?;
@@ -951,7 +954,7 @@ fn param_hint(p: &str) -> &'static str {
         "deadline" => "deadline = \"10m\": how long work may take to leave before it is stopped",
         "condition" => "condition = \"nic_reusable\" (any condition, optionally with `not`)",
         "message" => {
-            "message = \"text, may use {host} {nic} {rail} {job} {kind} {incident} {playbook}\""
+            "message = \"text, may use {host} {nic} {rail} {job} {peer} {kind} {incident} {playbook}\""
         }
         _ => "see playbooks/README.md",
     }

@@ -17,6 +17,9 @@ pub struct IncidentView {
     pub nic: Option<String>,
     pub rail: Option<u32>,
     pub job: Option<String>,
+    /// The other host of a path incident (`no_common_rail`).
+    #[serde(default)]
+    pub peer: Option<String>,
     /// The host's labels.
     pub labels: BTreeMap<String, String>,
     /// The incident is closed (its condition cleared).
@@ -127,15 +130,26 @@ pub struct ConditionCheck {
     pub reason: String,
 }
 
-/// The jobs an incident concerns: its job, else every job on its host.
+/// The jobs an incident concerns: its job, else every job on its host (a
+/// path incident: every job on both of its hosts).
 pub fn incident_jobs(incident: &IncidentView, view: &ClusterView) -> Vec<String> {
     match &incident.job {
         Some(j) => vec![j.clone()],
-        None => view
-            .hosts
-            .get(&incident.host)
-            .map(|h| h.jobs.iter().cloned().collect())
-            .unwrap_or_default(),
+        None => {
+            let jobs_of = |h: &str| view.hosts.get(h).map(|h| &h.jobs);
+            let Some(mine) = jobs_of(&incident.host) else {
+                return Vec::new();
+            };
+            match &incident.peer {
+                // A path incident: the jobs the two hosts share.
+                Some(p) => mine
+                    .iter()
+                    .filter(|j| jobs_of(p).is_some_and(|theirs| theirs.contains(*j)))
+                    .cloned()
+                    .collect(),
+                None => mine.iter().cloned().collect(),
+            }
+        }
     }
 }
 
@@ -415,6 +429,10 @@ fn describe(
         Action::CheckpointJob => (format!("host {host}: checkpoint {}", jobs()), None),
         Action::RestartJob => (format!("restart {} (from host {host})", jobs()), None),
         Action::Cordon => (format!("cordon host {host}"), None),
+        Action::ReturnToService => (
+            format!("host {host} back in service if a playbook drained it"),
+            None,
+        ),
         Action::Drain { deadline } => {
             let total = view.hosts.len();
             let already = host_view
@@ -460,6 +478,7 @@ pub fn render_message(message: &str, pb: &Playbook, inc: &IncidentView) -> Strin
         .replace("{nic}", inc.nic.as_deref().unwrap_or("-"))
         .replace("{rail}", &rail)
         .replace("{job}", inc.job.as_deref().unwrap_or("-"))
+        .replace("{peer}", inc.peer.as_deref().unwrap_or("-"))
         .replace("{kind}", &inc.kind)
         .replace("{incident}", &format!("{} on {}", inc.kind, inc.host))
         .replace("{playbook}", &pb.name)

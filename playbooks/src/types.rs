@@ -62,16 +62,19 @@ pub enum IncidentKind {
     LinkContention,
     /// Every data NIC of a host is down while its agent still answers.
     HostCutOff,
+    /// Two hosts sharing a job have no working data rail in common.
+    NoCommonRail,
 }
 
 impl IncidentKind {
-    pub const ALL: [IncidentKind; 6] = [
+    pub const ALL: [IncidentKind; 7] = [
         IncidentKind::NicDown,
         IncidentKind::NicFlapping,
         IncidentKind::HostDown,
         IncidentKind::ClockUnsynced,
         IncidentKind::LinkContention,
         IncidentKind::HostCutOff,
+        IncidentKind::NoCommonRail,
     ];
 
     /// The name used in playbooks and in the supervisor's incidents.
@@ -83,6 +86,7 @@ impl IncidentKind {
             IncidentKind::ClockUnsynced => "clock_unsynced",
             IncidentKind::LinkContention => "link_contention",
             IncidentKind::HostCutOff => "host_cut_off",
+            IncidentKind::NoCommonRail => "no_common_rail",
         }
     }
 
@@ -286,6 +290,9 @@ pub enum Action {
     Cordon,
     /// Cordon, then move work off; stop what remains at the deadline.
     Drain { deadline: Duration },
+    /// Undo a playbook's drain of the incident's host (and the cordon that
+    /// came with it); an admin's drain or cordon stays.
+    ReturnToService,
     /// Wait (up to the step timeout) until the condition holds.
     WaitUntil { condition: Condition },
     /// Leave the host's one-way delays out of contention decisions.
@@ -301,7 +308,7 @@ pub enum Action {
 
 impl Action {
     /// Action names as written in playbooks.
-    pub const NAMES: [&'static str; 11] = [
+    pub const NAMES: [&'static str; 12] = [
         "migrate_qps",
         "failback",
         "reshape_rate",
@@ -309,6 +316,7 @@ impl Action {
         "restart_job",
         "cordon",
         "drain",
+        "return_to_service",
         "wait_until",
         "exclude_from_owd",
         "include_in_owd",
@@ -324,6 +332,7 @@ impl Action {
             Action::RestartJob => "restart_job",
             Action::Cordon => "cordon",
             Action::Drain { .. } => "drain",
+            Action::ReturnToService => "return_to_service",
             Action::WaitUntil { .. } => "wait_until",
             Action::ExcludeFromOwd => "exclude_from_owd",
             Action::IncludeInOwd => "include_in_owd",

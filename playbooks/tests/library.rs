@@ -95,6 +95,7 @@ fn library_is_a_valid_set() {
         "clock_unsynced",
         "link_contention",
         "host_cut_off",
+        "no_common_rail",
     ] {
         let pb = matching(&set, &incident(kind)).unwrap_or_else(|| panic!("nothing for {kind}"));
         assert_eq!(pb.name, kind.replace('_', "-"));
@@ -130,8 +131,14 @@ fn nic_down_without_backup_checkpoints_and_drains() {
             ("migrate", false),
             ("checkpoint", true),
             ("drain", true),
+            ("wait-reusable", true),
+            ("return", true),
             ("announce", true)
         ]
+    );
+    assert_eq!(
+        p.steps[4].target,
+        "host h1 back in service if a playbook drained it"
     );
     assert_eq!(p.steps[1].target, "host h1: checkpoint train");
     assert_eq!(
@@ -222,4 +229,40 @@ fn readme_examples_are_the_shipped_files() {
         checked += 1;
     }
     assert!(checked >= 1);
+}
+
+/// A path incident restarts only the jobs both of its hosts run, and its
+/// announcement names both.
+#[test]
+fn no_common_rail_restarts_the_jobs_the_two_hosts_share() {
+    let mut view = cluster(NicHealth::Up);
+    view.hosts.get_mut("h1").unwrap().jobs.insert("solo".into());
+    view.hosts.get_mut("h3").unwrap().jobs.clear();
+    let inc = IncidentView {
+        peer: Some("h2".into()),
+        ..host_incident("no_common_rail")
+    };
+    let p = planned(&inc, &view);
+    assert_eq!(p.playbook, "no-common-rail");
+    assert!(p.starts);
+    let ids: Vec<&str> = p.steps.iter().map(|s| s.id.as_str()).collect();
+    assert_eq!(ids, ["restart", "announce"]);
+    assert_eq!(p.steps[0].action, Action::RestartJob);
+    assert_eq!(p.steps[0].target, "restart train (from host h1)");
+    assert!(
+        p.steps[1]
+            .target
+            .contains("h1 and h2 share no working data rail"),
+        "{}",
+        p.steps[1].target
+    );
+    // With a peer that shares none of h1's jobs: nothing to restart.
+    let inc = IncidentView {
+        peer: Some("h3".into()),
+        ..inc
+    };
+    assert_eq!(
+        planned(&inc, &view).steps[0].target,
+        "restart no jobs (from host h1)"
+    );
 }

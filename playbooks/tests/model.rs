@@ -71,6 +71,7 @@ fn every_variant_round_trips_through_bincode() {
         Action::Drain {
             deadline: Duration::from_secs(300),
         },
+        Action::ReturnToService,
         Action::WaitUntil {
             condition: Condition {
                 negated: true,
@@ -254,6 +255,7 @@ fn matching_picks_highest_priority_then_smallest_name() {
         nic: Some("eth1".into()),
         rail: Some(1),
         job: None,
+        peer: None,
         labels: [("rack".to_string(), "r1".to_string())].into(),
         closed: false,
     };

@@ -185,6 +185,9 @@ pub enum Event {
     /// A `host_cut_off` incident's run completed while the host is still
     /// cut off: the incident stays open until a data rail works again.
     HostIncidentStays { incident: u64 },
+    /// A `no_common_rail` incident's run completed while its two hosts
+    /// still share no working rail: it stays open until they do.
+    PathIncidentStays { incident: u64 },
 }
 
 impl std::fmt::Display for Event {
@@ -362,6 +365,10 @@ impl std::fmt::Display for Event {
             Event::HostIncidentStays { incident } => write!(
                 f,
                 "incident {incident} stays open until a data rail of its host works again"
+            ),
+            Event::PathIncidentStays { incident } => write!(
+                f,
+                "incident {incident} stays open until its two hosts share a working rail again"
             ),
         }
     }

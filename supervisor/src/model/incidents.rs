@@ -17,4 +17,7 @@ pub struct Incident {
     pub run: Option<u64>,
     /// A `link_contention` incident's link, sides and evidence.
     pub link: Option<crate::model::shaping::LinkContention>,
+    /// The other host of a path incident (`no_common_rail`; `host` is the
+    /// first of the two by name).
+    pub peer: Option<String>,
 }

@@ -12,7 +12,8 @@
 //! # Layout
 //! Types by area, each a leaf: [`command`] (the Raft entry and commands),
 //! [`result`] (results, refusals, shared name checks), [`limits`],
-//! [`admin`], [`hosts`], [`events`], [`intents`], [`incidents`], [`qps`];
+//! [`admin`], [`hosts`], [`events`], [`intents`], [`incidents`], [`qps`],
+//! [`paths`] (which hosts share a working data rail);
 //! the areas with their own rooms: [`jobs`], [`runs`] (playbook runs),
 //! [`shaping`] (link contention), [`playbook_store`], [`probe_graph`].
 //! Behaviour: [`state`] (`ClusterState` and Raft apply's entry point),
@@ -28,6 +29,7 @@ pub mod incidents;
 pub mod intents;
 pub mod jobs;
 pub mod limits;
+pub mod paths;
 pub mod playbook_store;
 pub mod probe_graph;
 pub mod qps;

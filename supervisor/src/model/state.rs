@@ -28,7 +28,8 @@ use std::collections::VecDeque;
 /// 4: `JobSpec.ranks_per_host`.
 /// 5: NICs held out of service (`Nic.held_out`, `Host.held_version`, the
 /// versions of `Action::Failover`/`Failback`).
-pub const MODEL_FORMAT_VERSION: u8 = 5;
+/// 6: path incidents (`Incident.peer`, `Event::PathIncidentStays`).
+pub const MODEL_FORMAT_VERSION: u8 = 6;
 
 /// The whole replicated model.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -24,8 +24,8 @@ mod training_runs;
 
 use runner::{need_root, report, value_report, Outcome, Runner};
 use training_runs::{
-    CutOffHost, Drain, Goodput, HostLoss, TcpFailover, TorchDrain, TorchGoodput, TorchHostLoss,
-    TorchNicFlap, TrainNicFlap,
+    CutOffHost, Drain, Goodput, HostLoss, NoCommonRail, TcpFailover, TorchDrain, TorchGoodput,
+    TorchHostLoss, TorchNicFlap, TrainNicFlap,
 };
 
 #[global_allocator]
@@ -165,6 +165,16 @@ const SCENARIOS: &[Entry] = &[
          cut off (its own incident, open until a rail returns), the job resumed on the spare \
          from its latest complete checkpoint (never on h1) within 3 s p99 without spending its \
          restart budget, and end with the fault-free digest. Needs root",
+    ),
+    entry::<NoCommonRail>(
+        "no-common-rail",
+        "ringtrain on four hosts and a spare; ring neighbours h1 and h2 lose different rails \
+         (h1 rail0, h2 rail1; agents alive) at offsets around a checkpoint, once per offset: \
+         each keeps a local backup but they share no working rail, so a path incident naming \
+         both must open (and stay open until the cables return), the job resume from its \
+         latest complete checkpoint with the two no longer neighbours (a spare takes one) \
+         within 3 s p99, 0 restarts spent (no crash loop), and end with the fault-free \
+         digest. Needs root",
     ),
     entry::<AdminFailover>(
         "admin-failover",

@@ -153,10 +153,11 @@ pub(crate) struct AtStep<const DRAIN: bool, const TORCH: bool> {
     at_step: u64,
 }
 
-/// `cut-off-host`: both data rails of a rank's host cut around a
+/// `cut-off-host` (both data rails of a rank's host) and `no-common-rail`
+/// (different rails of two ring neighbours): cables cut around a
 /// checkpoint, once per offset.
 #[derive(Args, Debug)]
-pub(crate) struct CutOffHost {
+pub(crate) struct RailCuts<const PATH: bool> {
     #[command(flatten)]
     train: TrainArgs,
     /// Cut this many steps after the second checkpoint (negative: before
@@ -168,12 +169,15 @@ pub(crate) struct CutOffHost {
         default_value = "-10,-3,0,3,10"
     )]
     offsets: Vec<i64>,
-    /// How long both rails stay cut (ms).
+    /// How long the cables stay cut (ms).
     #[arg(long, default_value_t = 60_000)]
     cut_ms: u64,
 }
 
-impl Runner for CutOffHost {
+pub(crate) type CutOffHost = RailCuts<false>;
+pub(crate) type NoCommonRail = RailCuts<true>;
+
+impl<const PATH: bool> Runner for RailCuts<PATH> {
     async fn run(self, what: String) -> Outcome {
         let mut o = self.train.opts(true, false)?;
         o.ringtrain_step_delay_ms = self.train.step_delay_ms;
@@ -192,11 +196,13 @@ impl Runner for CutOffHost {
             "--cut-ms takes 1000..=600000"
         );
         ensure!(
-            o.hosts >= 3,
-            "--hosts must be at least 3 (h1 runs a rank; a spare)"
+            o.rank_hosts().len() >= 3 && o.hosts > o.rank_hosts().len(),
+            "the ranks must fill at least 3 hosts (h1 and h2 run ranks) and --hosts leave a spare"
         );
         need_root(&what)?;
-        let r = chaos_tests::cut_off::run(chaos_tests::cut_off::CutOffRun {
+        use chaos_tests::rail_cuts::{run, Cut, RailCutRun};
+        let r = run(RailCutRun {
+            cut_kind: if PATH { Cut::NoCommonRail } else { Cut::Host },
             train: o,
             offsets: self.offsets,
             cut: Duration::from_millis(self.cut_ms),

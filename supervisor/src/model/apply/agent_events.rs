@@ -187,6 +187,7 @@ impl ClusterState {
         }
         if t.from != t.to {
             self.cut_off_incidents(at_ms, host);
+            self.path_incidents(at_ms, host);
         }
     }
 }

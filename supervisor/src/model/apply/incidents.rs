@@ -4,6 +4,7 @@ use crate::model::events::Event;
 use crate::model::hosts::{ClockState, Liveness};
 use crate::model::incidents::Incident;
 use crate::model::incidents::IncidentKind;
+use crate::model::jobs::types::JobState;
 use crate::model::limits::MAX_CLOSED_RECORDS;
 use crate::model::state::ClusterState;
 
@@ -30,6 +31,7 @@ impl ClusterState {
                 detail,
                 run: None,
                 link: None,
+                peer: None,
             },
         );
         self.log_event(at_ms, Some(host), Event::IncidentOpened { id, kind });
@@ -127,6 +129,75 @@ impl ClusterState {
                 self.close_incident(at_ms, id, "a data rail works again");
             }
             _ => {}
+        }
+    }
+
+    /// Path incidents around `host`, whose NICs may have changed
+    /// ([`crate::model::paths`]): an open `no_common_rail` incident of a
+    /// pair with `host` closes when the two share an Up rail again (or
+    /// either is gone); a pair of `host` and another host of one of its
+    /// live jobs that shares no working rail opens one (once per pair).
+    /// Linear in the sizes of `host`'s jobs.
+    pub(in crate::model) fn path_incidents(&mut self, at_ms: u64, host: &str) {
+        use crate::model::paths::{describe, path_cut, path_restored};
+        let open: Vec<(u64, String, String)> = self
+            .incidents
+            .values()
+            .filter(|i| i.kind == IncidentKind::NoCommonRail && i.closed_ms.is_none())
+            .filter_map(|i| Some((i.id, i.host.clone(), i.peer.clone()?)))
+            .filter(|(_, a, b)| a == host || b == host)
+            .collect();
+        let mut known = std::collections::BTreeSet::new();
+        for (id, a, b) in open {
+            match (self.hosts.get(&a), self.hosts.get(&b)) {
+                (Some(ha), Some(hb)) if !path_restored(ha, hb) => {
+                    known.insert(if a == host { b } else { a });
+                }
+                (Some(_), Some(_)) => {
+                    self.close_incident(at_ms, id, "a common data rail works again")
+                }
+                _ => self.close_incident(at_ms, id, "a host of the pair is gone"),
+            }
+        }
+        let Some(me) = self.hosts.get(host) else {
+            return;
+        };
+        if me.liveness == Liveness::Down {
+            return;
+        }
+        let mut peers: Vec<(String, String)> = Vec::new();
+        for j in self.jobs.values().filter(|j| {
+            matches!(j.state, JobState::Running | JobState::Checkpointing)
+                && j.placement.iter().any(|h| h == host)
+        }) {
+            for other in j.hosts() {
+                if other == host || known.contains(other) {
+                    continue;
+                }
+                let Some(them) = self.hosts.get(other) else {
+                    continue;
+                };
+                if them.liveness != Liveness::Down && path_cut(me, them) {
+                    known.insert(other.to_owned());
+                    peers.push((other.to_owned(), j.name.clone()));
+                }
+            }
+        }
+        for (other, job) in peers {
+            let (a, b) = if host < other.as_str() {
+                (host.to_owned(), other)
+            } else {
+                (other, host.to_owned())
+            };
+            let detail = format!(
+                "{a} and {b} share no working data rail (job {job}): {}; {}",
+                describe(&self.hosts[&a]),
+                describe(&self.hosts[&b])
+            );
+            let id = self.open_incident(at_ms, IncidentKind::NoCommonRail, &a, None, detail);
+            if let Some(i) = self.incidents.get_mut(&id) {
+                i.peer = Some(b);
+            }
         }
     }
 

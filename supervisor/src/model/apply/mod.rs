@@ -113,6 +113,7 @@ impl ClusterState {
                 }
                 // Its data NICs may have changed.
                 self.cut_off_incidents(at_ms, &host_name);
+                self.path_incidents(at_ms, &host_name);
                 Ok(CmdOk::Registered {
                     last_applied_seq: last,
                 })

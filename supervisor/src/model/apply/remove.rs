@@ -49,7 +49,9 @@ impl ClusterState {
         let open: Vec<u64> = self
             .incidents
             .values()
-            .filter(|i| i.host == name && i.closed_ms.is_none())
+            .filter(|i| {
+                (i.host == name || i.peer.as_deref() == Some(name)) && i.closed_ms.is_none()
+            })
             .map(|i| i.id)
             .collect();
         for id in &open {

@@ -4,7 +4,7 @@
 use crate::model::events::Event;
 use crate::model::hosts::Liveness;
 use crate::model::intents::{Action, IntentStatus};
-use crate::model::jobs::place::{eligible, well_formed};
+use crate::model::jobs::place::{eligible, placement_cut, well_formed};
 use crate::model::jobs::types::{
     port_of, Exit, Job, JobCommand, JobOp, JobState, Rank, MAX_BACKOFF_MS, MAX_JOBS,
 };
@@ -235,6 +235,11 @@ impl ClusterState {
                             "host {h:?} cannot take a rank of job {job:?}"
                         )));
                     }
+                }
+                if let Some((a, b)) = placement_cut(self, placement) {
+                    return Err(CmdError::FailedPrecondition(format!(
+                        "hosts {a:?} and {b:?} share no working data rail; job {job:?} cannot span them"
+                    )));
                 }
                 Ok(())
             }
@@ -483,7 +488,17 @@ impl ClusterState {
                 },
             );
         } else if !ok {
-            self.restart_job(at_ms, job, incarnation, &what, false);
+            // A rank of a placement whose hosts can no longer all talk
+            // failed because of the path, not of itself: a planned move
+            // (the placement comes out of known paths), no budget spent.
+            let placement = &self.jobs[job].placement;
+            match placement_cut(self, placement) {
+                Some((a, b)) => {
+                    let why = format!("{what}; {a} and {b} share no working data rail");
+                    self.restart_job(at_ms, job, incarnation, &why, true);
+                }
+                None => self.restart_job(at_ms, job, incarnation, &what, false),
+            }
         }
     }
 

@@ -83,7 +83,14 @@ pub fn waiting_reason(st: &ClusterState, job: &Job, now_ms: u64) -> Option<Strin
         }
     }
     if ok.len() >= need {
-        return None;
+        if place(st, job).is_some() {
+            return None;
+        }
+        return Some(format!(
+            "needs {need} hosts that pairwise share a working data rail; {} eligible, but {}",
+            ok.len(),
+            cut_pairs(st, &ok)
+        ));
     }
     const SHOWN: usize = 8;
     let mut list = not
@@ -109,6 +116,72 @@ pub fn waiting_reason(st: &ClusterState, job: &Job, now_ms: u64) -> Option<Strin
     Some(why)
 }
 
+/// Two hosts of `placement` that share no working data rail, if any.
+pub(in crate::model) fn placement_cut(
+    st: &ClusterState,
+    placement: &[String],
+) -> Option<(String, String)> {
+    let hosts: Vec<&String> = placement
+        .iter()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let rails: Vec<_> = hosts
+        .iter()
+        .map(|h| st.hosts.get(*h).and_then(crate::model::paths::judged_rails))
+        .collect();
+    for i in 0..hosts.len() {
+        for j in i + 1..hosts.len() {
+            if crate::model::paths::rails_cut(&rails[i], &rails[j]) {
+                return Some((hosts[i].clone(), hosts[j].clone()));
+            }
+        }
+    }
+    None
+}
+
+/// Why the job's current ranks cannot all talk, so cannot write a new
+/// checkpoint (`None`: as far as the NIC states tell, they can): a host
+/// of its placement is cut off, or two share no working rail.
+pub(in crate::model) fn ring_cut(st: &ClusterState, job: &Job) -> Option<String> {
+    if let Some(h) = job
+        .hosts()
+        .into_iter()
+        .find(|h| st.hosts.get(*h).is_some_and(|h| h.cut_off()))
+    {
+        return Some(format!("{h} is cut off"));
+    }
+    placement_cut(st, &job.placement)
+        .map(|(a, b)| format!("{a} and {b} share no working data rail"))
+}
+
+/// The pairs of `hosts` that share no working rail, for a reason:
+/// "h1 and h2 share none, …" (at most a few shown).
+fn cut_pairs(st: &ClusterState, hosts: &[&str]) -> String {
+    const SHOWN: usize = 4;
+    let rails: Vec<_> = hosts
+        .iter()
+        .map(|h| st.hosts.get(*h).and_then(crate::model::paths::judged_rails))
+        .collect();
+    let mut pairs = Vec::new();
+    'all: for (i, a) in hosts.iter().enumerate() {
+        for (j, b) in hosts.iter().enumerate().skip(i + 1) {
+            if crate::model::paths::rails_cut(&rails[i], &rails[j]) {
+                if pairs.len() == SHOWN {
+                    pairs.push("more".to_owned());
+                    break 'all;
+                }
+                pairs.push(format!("{a} and {b} share none"));
+            }
+        }
+    }
+    if pairs.is_empty() {
+        "no choice of them does".into()
+    } else {
+        pairs.join(", ")
+    }
+}
+
 /// Ranks of other live jobs on each host.
 fn load<'a>(st: &'a ClusterState, except: &str) -> BTreeMap<&'a str, usize> {
     let mut l = BTreeMap::new();
@@ -120,16 +193,56 @@ fn load<'a>(st: &'a ClusterState, except: &str) -> BTreeMap<&'a str, usize> {
     l
 }
 
+/// Hosts' working rails, each computed once per placement
+/// ([`crate::model::paths::judged_rails`]).
+struct Rails<'a> {
+    st: &'a ClusterState,
+    known: BTreeMap<String, Option<BTreeSet<u32>>>,
+}
+
+impl Rails<'_> {
+    fn of(&mut self, host: &str) -> Option<BTreeSet<u32>> {
+        if let Some(r) = self.known.get(host) {
+            return r.clone();
+        }
+        let r = self
+            .st
+            .hosts
+            .get(host)
+            .and_then(crate::model::paths::judged_rails);
+        self.known.insert(host.to_owned(), r.clone());
+        r
+    }
+
+    /// Whether `host` shares a working data rail with every host in
+    /// `with` ([`crate::model::paths`]): a job's collectives may connect
+    /// any two of its ranks (gloo and NCCL build rings and trees across
+    /// all of them), so every pair of its hosts must be able to talk.
+    fn reaches_all(&mut self, host: &str, with: &BTreeSet<String>) -> bool {
+        let mine = self.of(host);
+        with.iter()
+            .all(|o| o == host || !crate::model::paths::rails_cut(&mine, &self.of(o)))
+    }
+}
+
 /// Where the job's next incarnation would run, one host per rank (each
-/// host `ranks_per_host` times in a row): hosts of the previous placement
-/// that are still eligible keep their ranks; the others go to eligible
-/// hosts with the fewest ranks of other jobs (spares first), then in the
-/// spec's host order, then by name. `None` when there are not enough.
+/// host `ranks_per_host` times in a row), such that every two of its hosts
+/// share a working data rail: hosts of the previous placement that are
+/// still eligible keep their ranks, in order, each unless it shares no
+/// rail with one kept before it (of two that lost different rails, the
+/// later one moves); the others go to eligible hosts that reach every host
+/// chosen so far, with the fewest ranks of other jobs (spares first), then
+/// in the spec's host order, then by name. `None` when there are not
+/// enough (greedy: it does not search every combination).
 pub fn place(st: &ClusterState, job: &Job) -> Option<Vec<String>> {
     let per = job.spec.ranks_per_host.max(1) as usize;
     let n = job.spec.host_count();
     let mut out: Vec<Option<String>> = vec![None; n];
     let mut used = BTreeSet::new();
+    let mut rails = Rails {
+        st,
+        known: BTreeMap::new(),
+    };
     for (g, h) in job
         .previous_placement
         .iter()
@@ -137,7 +250,8 @@ pub fn place(st: &ClusterState, job: &Job) -> Option<Vec<String>> {
         .enumerate()
         .take(n)
     {
-        if eligible(st, h, &job.spec) && used.insert(h.clone()) {
+        if eligible(st, h, &job.spec) && !used.contains(h) && rails.reaches_all(h, &used) {
+            used.insert(h.clone());
             out[g] = Some(h.clone());
         }
     }
@@ -158,7 +272,9 @@ pub fn place(st: &ClusterState, job: &Job) -> Option<Vec<String>> {
     spare.sort_by_key(|h| (load.get(h).copied().unwrap_or(0), order(h), *h));
     let mut spare = spare.into_iter();
     for slot in out.iter_mut().filter(|s| s.is_none()) {
-        *slot = Some(spare.next()?.to_owned());
+        let h = spare.find(|h| rails.reaches_all(h, &used))?;
+        used.insert(h.to_owned());
+        *slot = Some(h.to_owned());
     }
     let hosts: Vec<String> = out.into_iter().collect::<Option<_>>()?;
     Some(

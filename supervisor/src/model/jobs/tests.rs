@@ -341,6 +341,52 @@ fn a_failed_rank_restarts_the_job_from_its_latest_complete_checkpoint() {
     assert_eq!(stops, 2);
 }
 
+/// A rank that fails while two of its job's hosts share no working rail
+/// failed because of the path: its restart spends no budget (the next
+/// placement keeps the two apart).
+#[test]
+fn a_rank_failing_on_a_cut_path_restarts_the_job_without_spending_its_budget() {
+    let nic = |name: &str, health| {
+        Report::Nic(proto::agent::NicReport {
+            nic: name.into(),
+            health,
+            carrier_changes: 0,
+            flaps: 0,
+            penalty: 0.0,
+            coalesced: 0,
+            link_up: health == proto::agent::NicHealth::Up,
+            probes_lost: false,
+            at_unix_ns: 0,
+        })
+    };
+    let mut w = World::new(&["h0", "h1", "h2"]);
+    for h in ["h0", "h1", "h2"] {
+        for n in ["rail0", "rail1"] {
+            w.event(h, nic(n, proto::agent::NicHealth::Up));
+        }
+    }
+    w.admin(JobOp::Submit { spec: spec("j", 2) }).unwrap();
+    w.settle(obey);
+    assert_eq!(w.job().placement, vec!["h0", "h1"]);
+    w.event("h0", nic("rail0", proto::agent::NicHealth::Down));
+    w.event("h1", nic("rail1", proto::agent::NicHealth::Down));
+    // Before any playbook acts, a rank gives up on its peer.
+    w.event("h1", exited("j", 1, 1, 1));
+    let j = w.job();
+    assert_eq!(j.state, JobState::Restarting);
+    assert_eq!(j.restarts, 0, "{}", j.reason);
+    assert!(
+        j.reason.ends_with("h0 and h1 share no working data rail"),
+        "{}",
+        j.reason
+    );
+    w.settle(obey);
+    assert_eq!(w.job().placement, vec!["h0", "h2"]);
+    // Any other failure still counts.
+    w.event("h2", exited("j", 2, 1, 1));
+    assert_eq!(w.job().restarts, 1);
+}
+
 #[test]
 fn a_lost_host_is_replaced_by_a_spare_and_is_not_ordered_to_stop() {
     let mut w = World::new(&["h0", "h1", "h2", "h3"]);

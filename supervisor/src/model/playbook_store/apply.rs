@@ -275,6 +275,12 @@ impl ClusterState {
             }
             None => None,
         };
+        if let Some(p) = i.peer.as_ref().filter(|p| !self.hosts.contains_key(*p)) {
+            return Err(CmdError::NotFound {
+                kind: "host".into(),
+                name: p.clone(),
+            });
+        }
         if let Some(j) = &i.job {
             if !self.jobs.contains_key(j) {
                 return Err(CmdError::NotFound {
@@ -289,6 +295,7 @@ impl ClusterState {
             nic: i.nic.clone(),
             rail,
             job: i.job.clone(),
+            peer: i.peer.clone(),
             labels: h.labels.clone(),
             closed: false,
         })

@@ -62,6 +62,9 @@ pub struct PlanIncident {
     pub host: String,
     pub nic: Option<String>,
     pub job: Option<String>,
+    /// The other host of a path incident.
+    #[serde(default)]
+    pub peer: Option<String>,
 }
 
 /// Playbooks by name (for `playbook list`).

@@ -29,6 +29,7 @@ impl ClusterState {
                 .and_then(|n| h.and_then(|h| h.nics.get(n)))
                 .and_then(|n| n.rail),
             job: None,
+            peer: i.peer.clone(),
             labels: h.map(|h| h.labels.clone()).unwrap_or_default(),
             closed: i.closed_ms.is_some(),
         })
@@ -397,6 +398,18 @@ impl ClusterState {
         });
         if cut_off {
             self.log_event(at_ms, None, Event::HostIncidentStays { incident });
+            return;
+        }
+        // A path incident is over when its two hosts share a rail again.
+        let path_cut = self.incidents.get(&incident).is_some_and(|i| {
+            let hosts = (
+                self.hosts.get(&i.host),
+                i.peer.as_ref().and_then(|p| self.hosts.get(p)),
+            );
+            matches!(hosts, (Some(a), Some(b)) if !crate::model::paths::path_restored(a, b))
+        });
+        if path_cut {
+            self.log_event(at_ms, None, Event::PathIncidentStays { incident });
             return;
         }
         if self.nic_still_unusable(incident) {

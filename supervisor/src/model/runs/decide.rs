@@ -104,6 +104,9 @@ pub fn evaluate_step(st: &ClusterState, intent: &Intent, now_ms: u64) -> Option<
                         })
                     }
                     Some(j) if j.latest_checkpoint > m.checkpoint => {}
+                    // Its ranks can no longer all talk: no new checkpoint
+                    // will come; the latest complete one stands.
+                    Some(j) if crate::model::jobs::place::ring_cut(st, j).is_some() => {}
                     Some(j) if j.state.is_final() => {
                         return Some(Outcome::Failed {
                             error: format!("job {} is {:?}", m.job, j.state),
@@ -203,6 +206,7 @@ pub fn evaluate_step(st: &ClusterState, intent: &Intent, now_ms: u64) -> Option<
         }
         // Closed when they start.
         StepOp::Cordon
+        | StepOp::ReturnToService
         | StepOp::ExcludeFromOwd
         | StepOp::IncludeInOwd
         | StepOp::Notify { webhook: None, .. } => Some(Outcome::Done),

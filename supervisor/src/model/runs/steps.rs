@@ -67,12 +67,13 @@ impl ClusterState {
                 edge_hold_us: edge_hold.map(|d| d.as_micros().min(u128::from(u32::MAX)) as u32),
             }),
             A::CheckpointJob => Ok(StepOp::CheckpointJobs {
-                jobs: self.job_marks(&host),
+                jobs: self.job_marks(&host, inc.peer.as_deref()),
             }),
             A::RestartJob => Ok(StepOp::RestartJobs {
-                jobs: self.job_marks(&host),
+                jobs: self.job_marks(&host, inc.peer.as_deref()),
             }),
             A::Cordon => Ok(StepOp::Cordon),
+            A::ReturnToService => Ok(StepOp::ReturnToService),
             A::Drain { deadline } => {
                 let total = self.hosts.len();
                 let already = self.hosts.get(&host).is_some_and(|h| {
@@ -184,10 +185,23 @@ impl ClusterState {
             StepOp::Failover { .. } => None,
             StepOp::CheckpointJobs { jobs } => {
                 let mut bad = None;
+                let mut stand = Vec::new();
                 for m in jobs {
                     let Some(j) = self.jobs.get(&m.job) else {
                         continue;
                     };
+                    // Ranks that cannot talk write no new checkpoint: the
+                    // latest complete one stands, at once.
+                    if let Some(why) = crate::model::jobs::place::ring_cut(self, j) {
+                        let latest = j
+                            .latest_checkpoint
+                            .map_or("none yet".to_owned(), |s| format!("step {s}"));
+                        stand.push(format!(
+                            "{} ({why}; latest complete checkpoint: {latest})",
+                            m.job
+                        ));
+                        continue;
+                    }
                     match j.state {
                         JobState::Running if j.ranks.iter().all(|r| r.started) => {
                             self.checkpoint_job(at_ms, &m.job, false);
@@ -199,9 +213,23 @@ impl ClusterState {
                         }
                     }
                 }
+                if !stand.is_empty() {
+                    self.run_log(
+                        at_ms,
+                        run,
+                        clip(format!(
+                            "no new checkpoint possible for {}",
+                            stand.join(", ")
+                        )),
+                    );
+                }
                 match (bad, jobs.is_empty()) {
                     (Some(why), _) => Some(Err(why)),
                     (None, true) => Some(Ok(format!("no jobs on {host}"))),
+                    (None, false) if stand.len() == jobs.len() => Some(Ok(clip(format!(
+                        "no new checkpoint possible; the latest complete ones stand: {}",
+                        stand.join(", ")
+                    )))),
                     (None, false) => None,
                 }
             }
@@ -226,6 +254,19 @@ impl ClusterState {
                 let h = self.hosts.get_mut(&host).expect("checked");
                 h.cordoned = true;
                 Some(Ok(format!("host {host} cordoned")))
+            }
+            StepOp::ReturnToService => {
+                let h = self.hosts.get_mut(&host).expect("checked");
+                Some(Ok(match &h.drain {
+                    Some(d) if d.by.starts_with("playbook:") => {
+                        let by = d.by.clone();
+                        h.drain = None;
+                        h.cordoned = false;
+                        format!("host {host} back in service (drained by {by})")
+                    }
+                    Some(d) => format!("host {host} stays drained: {} drained it", d.by),
+                    None => format!("host {host} is not drained"),
+                }))
             }
             StepOp::Drain { deadline_ms } => {
                 let h = self.hosts.get_mut(&host).expect("checked");
@@ -341,9 +382,11 @@ impl ClusterState {
     }
 
     /// The jobs with ranks on `host` that a step acts on.
-    pub(in crate::model) fn job_marks(&self, host: &str) -> Vec<JobMark> {
+    pub(in crate::model) fn job_marks(&self, host: &str, peer: Option<&str>) -> Vec<JobMark> {
         self.jobs_on(host)
             .filter(|j| matches!(j.state, JobState::Running | JobState::Checkpointing))
+            // A path incident's: the jobs on both of its hosts.
+            .filter(|j| peer.is_none_or(|p| j.placement.iter().any(|h| h == p)))
             .map(|j| JobMark {
                 job: j.name.clone(),
                 incarnation: j.incarnation,

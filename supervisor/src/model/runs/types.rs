@@ -140,6 +140,8 @@ pub enum StepOp {
         /// On-Ramp-style edge holding threshold (µs of queueing).
         edge_hold_us: Option<u32>,
     },
+    /// A playbook's drain of the host undone (an admin's stays).
+    ReturnToService,
 }
 
 impl std::fmt::Display for StepOp {
@@ -157,6 +159,7 @@ impl std::fmt::Display for StepOp {
             StepOp::CheckpointJobs { jobs: js } => write!(f, "checkpoint {}", jobs(js)),
             StepOp::RestartJobs { jobs: js } => write!(f, "restart {}", jobs(js)),
             StepOp::Cordon => write!(f, "cordon"),
+            StepOp::ReturnToService => write!(f, "return to service"),
             StepOp::Drain { .. } => write!(f, "drain"),
             StepOp::WaitUntil { condition } => write!(f, "wait until {condition}"),
             StepOp::ExcludeFromOwd => write!(f, "exclude from one-way-delay detection"),

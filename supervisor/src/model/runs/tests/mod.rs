@@ -1,7 +1,7 @@
 //! Tests of runs.
 
 use crate::model::events::Event;
-use crate::model::hosts::{DrainPhase, Liveness};
+use crate::model::hosts::{DrainPhase, HostStatus, Liveness};
 use crate::model::intents::{Action, Intent, Outcome};
 use crate::model::jobs::types::JobState;
 use crate::model::result::{CmdError, CmdOk, CmdResult};
@@ -276,7 +276,7 @@ fn a_nic_down_incident_runs_the_migrate_step_as_a_failover_order() {
         w.notified("nic_down on h0: nic-down finished for h0 rail0"),
         1
     );
-    // Skipped steps: checkpoint and drain were jumped over by `next`.
+    // Skipped steps: checkpoint to return were jumped over by `next`.
     let steps: Vec<u32> = w
         .step_intents(1)
         .iter()
@@ -285,7 +285,7 @@ fn a_nic_down_incident_runs_the_migrate_step_as_a_failover_order() {
             _ => unreachable!(),
         })
         .collect();
-    assert_eq!(steps, vec![0, 3], "migrate, then announce");
+    assert_eq!(steps, vec![0, 5], "migrate, then announce");
     assert!(w
         .step_intents(1)
         .iter()
@@ -525,9 +525,11 @@ fn a_drain_beyond_the_limits_fails_the_step() {
         (Action::PlaybookStep { op: StepOp::Drain { .. }, .. }, IntentStatus::Closed(Outcome::Failed { error }))
             if error.contains("max_drained_hosts = 1")
     )));
-    // Within the limits the drain runs and the playbook completes.
+    // Within the limits the drain runs and the playbook waits for the
+    // NIC to be reusable before it returns the host to service.
     let w = refused(false);
-    assert_eq!(w.run(1).state, RunState::Completed, "{:?}", w.run(1).log);
+    assert_eq!(w.run(1).step_id(), "wait-reusable", "{:?}", w.run(1).log);
+    assert!(w.run(1).state.is_active());
     let d = w.st.hosts["h0"].drain.as_ref().unwrap();
     assert_eq!(d.phase, DrainPhase::Drained);
     assert_eq!(d.by, "playbook:nic-down");
@@ -784,12 +786,112 @@ fn checkpoint_steps_wait_for_a_new_complete_checkpoint() {
         "{:?}",
         run.log
     );
-    assert_eq!(run.state, RunState::Completed, "{:?}", run.log);
+    assert_eq!(run.step_id(), "wait-reusable", "{:?}", run.log);
     assert_eq!(
         w.st.hosts["h0"].drain.as_ref().map(|d| d.phase),
         Some(DrainPhase::Drained)
     );
     assert!(!w.st.jobs["j"].placement.contains(&"h0".to_string()));
+}
+
+/// nic-down drained a host whose NIC had no healthy backup: once the NIC
+/// is up and reusable the same run returns the host to service (the
+/// incident closed meanwhile: a waiting run outlives it). A host an admin
+/// drained first stays drained.
+#[test]
+fn a_host_a_playbook_drained_returns_to_service_when_its_nic_is_reusable() {
+    let drained = |admin_first: bool| {
+        let mut w = World::new(&["h0", "h1", "h2", "h3"], true);
+        if admin_first {
+            w.admin(AdminOp::Drain {
+                host: "h0".into(),
+                reason: "maintenance".into(),
+                deadline_ms: None,
+            });
+        }
+        w.nic("h0", "rail0", NicHealth::Down);
+        w.settle(obey);
+        assert_eq!(w.run(1).step_id(), "wait-reusable", "{:?}", w.run(1).log);
+        // Back, but settling (held for the hold time): still waiting.
+        w.nic("h0", "rail0", NicHealth::Recovering);
+        w.settle(obey);
+        assert_eq!(w.run(1).step_id(), "wait-reusable");
+        assert!(w.st.hosts["h0"].drain.is_some());
+        w.nic("h0", "rail0", NicHealth::Up);
+        assert!(w.st.incidents[&1].closed_ms.is_some(), "the NIC is up");
+        w.settle(obey);
+        assert_eq!(w.run(1).state, RunState::Completed, "{:?}", w.run(1).log);
+        w
+    };
+    let w = drained(false);
+    let h = &w.st.hosts["h0"];
+    assert_eq!(h.status(), HostStatus::Ready);
+    assert!(!h.cordoned && h.drain.is_none());
+    assert!(w.run(1).log.iter().any(|l| l
+        .line
+        .contains("back in service (drained by playbook:nic-down)")));
+    // An admin's drain is the admin's to undo.
+    let w = drained(true);
+    let d = w.st.hosts["h0"].drain.as_ref().expect("still drained");
+    assert_eq!(d.by, "t");
+    assert!(w
+        .run(1)
+        .log
+        .iter()
+        .any(|l| l.line.contains("stays drained: t drained it")));
+}
+
+/// A checkpoint step on a job whose ranks can no longer all talk ends at
+/// once: the latest complete checkpoint stands (no wait for one a stalled
+/// ring cannot write).
+#[test]
+fn a_checkpoint_step_takes_the_latest_checkpoint_when_the_ring_cannot_write_one() {
+    let mut w = World::new(&["h0", "h1", "h2"], true);
+    for h in ["h0", "h1", "h2"] {
+        w.nic(h, "rail0", NicHealth::Up);
+        w.nic(h, "rail1", NicHealth::Up);
+    }
+    // An operator's playbook for path incidents that checkpoints first.
+    let text = r#"
+name = "no-common-rail"
+priority = 100
+[trigger]
+incidents = ["no_common_rail"]
+[[steps]]
+id = "checkpoint"
+action = "checkpoint_job"
+timeout = "2m"
+"#;
+    w.admin(AdminOp::PlaybookApply {
+        files: vec![crate::model::playbook_store::PlaybookFile {
+            file: "no-common-rail.toml".into(),
+            text: text.into(),
+        }],
+    });
+    w.admin(AdminOp::Job(JobOp::Submit { spec: spec(2) }));
+    w.settle(obey);
+    assert_eq!(w.st.jobs["j"].placement, vec!["h0", "h1"]);
+    w.nic("h0", "rail0", NicHealth::Down);
+    w.nic("h1", "rail1", NicHealth::Down);
+    // Checkpoint orders would go unanswered: the step must not wait.
+    w.settle(|a| match a {
+        Action::CheckpointJob { .. } => None,
+        _ => Some(crate::model::testkit::answer(true, "pid=1")),
+    });
+    let run =
+        w.st.runs
+            .values()
+            .find(|r| r.playbook == "no-common-rail")
+            .expect("a run");
+    assert_eq!(run.state, RunState::Completed, "{:?}", run.log);
+    assert!(
+        run.log.iter().any(|l| l
+            .line
+            .contains("no new checkpoint possible; the latest complete ones stand: j (h0 and h1 share no working data rail; latest complete checkpoint: none yet)")),
+        "{:?}",
+        run.log
+    );
+    assert_ne!(w.st.jobs["j"].state, JobState::Checkpointing);
 }
 
 fn contention_world() -> (World, u64) {

@@ -1,7 +1,9 @@
 //! Paths in the playbook world: an admin's failover that holds a NIC out
-//! of service, and a host cut off from every data rail.
+//! of service, a host cut off from every data rail, and two hosts with no
+//! common working rail.
 
 use super::*;
+use crate::model::jobs::JobCommand;
 
 #[test]
 fn an_admins_failover_holds_the_nic_until_the_admins_failback() {
@@ -221,4 +223,113 @@ fn a_cut_off_host_gets_its_own_incident_and_its_jobs_move_without_it() {
             .any(|r| r.incident == rail1 && r.playbook == "nic-down"),
         "the NIC's incident was handled once the host was reachable"
     );
+}
+
+/// The open `no_common_rail` incidents, as (host, peer).
+fn path_incidents(w: &World) -> Vec<(u64, String, String)> {
+    w.st.incidents
+        .values()
+        .filter(|i| i.kind == IncidentKind::NoCommonRail && i.closed_ms.is_none())
+        .map(|i| (i.id, i.host.clone(), i.peer.clone().unwrap_or_default()))
+        .collect()
+}
+
+#[test]
+fn two_neighbours_without_a_common_rail_get_a_path_incident_and_a_spare_takes_one() {
+    let mut w = World::new(&["h0", "h1", "h2", "h3"], true);
+    for h in ["h0", "h1", "h2", "h3"] {
+        w.nic(h, "rail0", NicHealth::Up);
+        w.nic(h, "rail1", NicHealth::Up);
+    }
+    w.admin(AdminOp::Job(JobOp::Submit { spec: spec(3) }));
+    w.settle(obey);
+    assert_eq!(w.st.jobs["j"].placement, vec!["h0", "h1", "h2"]);
+    // Each keeps a local backup: no path incident yet.
+    w.nic("h1", "rail0", NicHealth::Down);
+    assert!(path_incidents(&w).is_empty());
+    // h2 loses the other rail: h1 and h2 share none.
+    w.nic("h2", "rail1", NicHealth::Down);
+    let open = path_incidents(&w);
+    assert_eq!(open.len(), 1, "{open:?}");
+    let (id, host, peer) = open[0].clone();
+    assert_eq!((host.as_str(), peer.as_str()), ("h1", "h2"));
+    assert!(
+        w.st.incidents[&id].detail.contains("rail0 Down"),
+        "{}",
+        w.st.incidents[&id].detail
+    );
+    // Another report changes nothing: one incident per pair.
+    w.nic("h2", "rail1", NicHealth::Down);
+    assert_eq!(path_incidents(&w).len(), 1);
+    w.settle(obey);
+    // Its playbook restarted the job with the spare instead of h2, as a
+    // planned move; the NIC incidents' playbooks moved their connections.
+    let j = &w.st.jobs["j"];
+    assert_eq!(j.incarnation, 2);
+    assert_eq!(j.state, JobState::Running);
+    assert_eq!(j.placement, vec!["h0", "h1", "h3"]);
+    assert_eq!(j.restarts, 0, "no restart budget spent");
+    let run =
+        w.st.runs
+            .values()
+            .find(|r| r.incident == id)
+            .expect("a no-common-rail run");
+    assert_eq!(run.playbook, "no-common-rail");
+    assert_eq!(run.state, RunState::Completed, "{:?}", run.log);
+    assert_eq!(
+        w.notified("h1 and h2 share no working data rail: their jobs were restarted apart"),
+        1
+    );
+    // Done, but the pair still shares no rail: the incident stays open.
+    assert!(w.st.incidents[&id].closed_ms.is_none());
+    assert_eq!(w.events_of(&Event::PathIncidentStays { incident: id }), 1);
+    // A settling NIC does not end it; Up on both sides does.
+    w.nic("h2", "rail1", NicHealth::Recovering);
+    assert!(w.st.incidents[&id].closed_ms.is_none());
+    w.nic("h2", "rail1", NicHealth::Up);
+    assert!(w.st.incidents[&id].closed_ms.is_some());
+    assert!(path_incidents(&w).is_empty());
+    assert!(w.st.hosts.values().all(|h| h.status() == HostStatus::Ready));
+}
+
+#[test]
+fn without_a_spare_the_job_waits_with_the_reason_and_no_budget_spent() {
+    let mut w = World::new(&["h0", "h1", "h2"], true);
+    for h in ["h0", "h1", "h2"] {
+        w.nic(h, "rail0", NicHealth::Up);
+        w.nic(h, "rail1", NicHealth::Up);
+    }
+    w.admin(AdminOp::Job(JobOp::Submit { spec: spec(3) }));
+    w.settle(obey);
+    w.nic("h1", "rail0", NicHealth::Down);
+    w.nic("h2", "rail1", NicHealth::Down);
+    w.settle(obey);
+    let j = &w.st.jobs["j"];
+    assert_eq!(j.state, JobState::Restarting);
+    assert_eq!(j.restarts, 0);
+    assert!(j.placement.is_empty());
+    let why = crate::model::jobs::waiting_reason(&w.st, j, w.now).expect("a reason");
+    assert_eq!(
+        why,
+        "needs 3 hosts that pairwise share a working data rail; 3 eligible, but h1 and h2 share none"
+    );
+    // No placement spans them, even one an old leader decided.
+    let incarnation = j.incarnation;
+    let place = w.apply(Command::Job(JobCommand::Place {
+        job: "j".into(),
+        incarnation,
+        placement: vec!["h0".into(), "h1".into(), "h2".into()],
+    }));
+    assert!(
+        matches!(&place, Err(CmdError::FailedPrecondition(m)) if m.contains("share no working data rail")),
+        "{place:?}"
+    );
+    // The rail back: placed again on all three, still no budget spent.
+    w.nic("h1", "rail0", NicHealth::Up);
+    w.settle(obey);
+    let j = &w.st.jobs["j"];
+    assert_eq!(j.state, JobState::Running);
+    assert_eq!(j.placement, vec!["h0", "h1", "h2"]);
+    assert_eq!(j.restarts, 0);
+    assert!(path_incidents(&w).is_empty());
 }
