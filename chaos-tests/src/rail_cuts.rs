@@ -104,8 +104,13 @@ pub struct RailCutRun {
     pub train: TrainOpts,
     /// Cut this many steps after a checkpoint step (negative: before it).
     pub offsets: Vec<i64>,
-    /// How long both rails stay cut.
+    /// How long the cables stay cut.
     pub cut: Duration,
+    /// Cut silently: the cables' fabric ends detached from their rail
+    /// bridges, so every link stays up with carrier and netlink sees
+    /// nothing; only the probe mesh's evidence and the ranks' stalled
+    /// connections tell.
+    pub silent: bool,
 }
 
 /// One cut.
@@ -122,6 +127,9 @@ pub struct CutReport {
     /// were out (on the cut-off host; h1 and h2 as ring neighbours).
     pub forbidden_placement: bool,
     pub incident_open_before_repair: bool,
+    /// Its detail then (what railguard saw: NIC states, or the ranks'
+    /// stalled connections).
+    pub incident_detail: Option<String>,
     /// From the repair until the incident closed.
     pub incident_closed_ms: Option<u64>,
     /// The hosts Ready (not drained or cordoned by a playbook) once their
@@ -140,6 +148,8 @@ pub struct RailCutReport {
     pub scenario: &'static str,
     /// The cables pulled, as "host/rail".
     pub cut: Vec<String>,
+    /// Cut silently (links up, traffic gone).
+    pub silent: bool,
     pub incident: &'static str,
     pub cut_ms: u64,
     pub checkpoint_every: u64,
@@ -155,13 +165,24 @@ pub struct RailCutReport {
 /// cannot answer): of kind `cut.incident()` on h1 (a path incident names
 /// h1 as its host and h2 as its peer).
 fn incident_open(t: &Training, cut: Cut) -> Option<bool> {
+    Some(incident_detail(t, cut)?.is_some())
+}
+
+/// The open incident's detail (what railguard saw).
+fn incident_detail(t: &Training, cut: Cut) -> Option<Option<String>> {
     let v = t.c.cli_json(&["incidents"]).ok()?;
-    Some(v["incidents"].as_array()?.iter().any(|i| {
-        i["kind"] == cut.incident()
-            && i["host"] == "h1"
-            && (cut == Cut::Host || i["peer"] == "h2")
-            && i["closed_ms"].is_null()
-    }))
+    Some(
+        v["incidents"]
+            .as_array()?
+            .iter()
+            .find(|i| {
+                i["kind"] == cut.incident()
+                    && i["host"] == "h1"
+                    && (cut == Cut::Host || i["peer"] == "h2")
+                    && i["closed_ms"].is_null()
+            })
+            .map(|i| i["detail"].as_str().unwrap_or_default().to_owned()),
+    )
 }
 
 /// Job view `j`'s current placement.
@@ -176,10 +197,15 @@ fn placement(j: &serde_json::Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The fault's cables in (`up`) or out (fabric side).
-async fn set_rails(t: &mut Training, cut: Cut, up: bool) -> anyhow::Result<()> {
+/// The fault's cables in (`up`) or out (fabric side; `silent`: detached
+/// from the rail bridge, link up).
+async fn set_rails(t: &mut Training, cut: Cut, silent: bool, up: bool) -> anyhow::Result<()> {
     for &(host, rail) in cut.cables() {
-        t.c.tb.set_cable(host, rail, Side::Fabric, up).await?;
+        if silent {
+            t.c.tb.set_blackhole(host, rail, !up).await?;
+        } else {
+            t.c.tb.set_cable(host, rail, Side::Fabric, up).await?;
+        }
     }
     Ok(())
 }
@@ -228,6 +254,7 @@ async fn run_in(t: &mut Training, r: &RailCutRun) -> anyhow::Result<RailCutRepor
         let mut repaired: Option<Instant> = None;
         let (mut resumed, mut closed, mut open_before) = (None, None, false);
         let mut forbidden = false;
+        let mut detail = None;
         let run = loop {
             let done = w.poll(t, o)?;
             let inc = w.last()["incarnation"].as_u64().unwrap_or(0);
@@ -237,7 +264,7 @@ async fn run_in(t: &mut Training, r: &RailCutRun) -> anyhow::Result<RailCutRepor
                     "job {name}'s placement {} is not one the fault concerns; is a host drained?",
                     w.last()["placement"]
                 );
-                set_rails(t, cut_kind, false).await?;
+                set_rails(t, cut_kind, r.silent, false).await?;
                 cut = Some(Instant::now());
                 eprintln!("  {:>7.1}s  {what} cut", w.elapsed().as_secs_f64());
             }
@@ -255,8 +282,9 @@ async fn run_in(t: &mut Training, r: &RailCutRun) -> anyhow::Result<RailCutRepor
                     );
                 }
                 if at.elapsed() >= r.cut && (done.is_some() || resumed.is_some()) {
-                    open_before = incident_open(t, cut_kind) == Some(true);
-                    set_rails(t, cut_kind, true).await?;
+                    detail = incident_detail(t, cut_kind).flatten();
+                    open_before = detail.is_some();
+                    set_rails(t, cut_kind, r.silent, true).await?;
                     repaired = Some(Instant::now());
                     eprintln!("  {:>7.1}s  {what} back", w.elapsed().as_secs_f64());
                 }
@@ -286,6 +314,7 @@ async fn run_in(t: &mut Training, r: &RailCutRun) -> anyhow::Result<RailCutRepor
             resumed_ms: resumed.map(|d| d.as_millis() as u64),
             forbidden_placement: forbidden,
             incident_open_before_repair: open_before,
+            incident_detail: detail,
             incident_closed_ms: closed
                 .filter(|d| *d != Duration::MAX)
                 .map(|d| d.as_millis() as u64),
@@ -334,6 +363,7 @@ async fn run_in(t: &mut Training, r: &RailCutRun) -> anyhow::Result<RailCutRepor
         ok: each_ok && !runs.is_empty(),
         scenario,
         cut: cables,
+        silent: r.silent,
         incident: cut_kind.incident(),
         cut_ms: r.cut.as_millis() as u64,
         checkpoint_every: o.checkpoint_every,

@@ -230,7 +230,7 @@ async fn a_cut_off_host_loses_its_ranks_to_a_spare_until_its_rails_return() {
     if !require_root("training_netns::cut_off_host").unwrap() {
         return;
     }
-    rail_cuts(chaos_tests::rail_cuts::Cut::Host).await;
+    rail_cuts(chaos_tests::rail_cuts::Cut::Host, false).await;
 }
 
 /// Short form of `scenario no-common-rail`: ring neighbours h1 and h2 lose
@@ -243,10 +243,20 @@ async fn neighbours_without_a_common_rail_are_parted_until_their_rails_return() 
     if !require_root("training_netns::no_common_rail").unwrap() {
         return;
     }
-    rail_cuts(chaos_tests::rail_cuts::Cut::NoCommonRail).await;
+    rail_cuts(chaos_tests::rail_cuts::Cut::NoCommonRail, false).await;
 }
 
-async fn rail_cuts(cut_kind: chaos_tests::rail_cuts::Cut) {
+/// The same with the cables cut silently (links up, traffic gone): the
+/// probe mesh's evidence and the ranks' stalled connections must tell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn neighbours_cut_silently_are_parted_too() {
+    if !require_root("training_netns::no_common_rail_silent").unwrap() {
+        return;
+    }
+    rail_cuts(chaos_tests::rail_cuts::Cut::NoCommonRail, true).await;
+}
+
+async fn rail_cuts(cut_kind: chaos_tests::rail_cuts::Cut, silent: bool) {
     let mut o = short(4);
     o.ringtrain_step_delay_ms = 20;
     let r = chaos_tests::rail_cuts::run(chaos_tests::rail_cuts::RailCutRun {
@@ -254,6 +264,7 @@ async fn rail_cuts(cut_kind: chaos_tests::rail_cuts::Cut) {
         train: o,
         offsets: vec![3],
         cut: Duration::from_secs(4),
+        silent,
     })
     .await
     .unwrap();

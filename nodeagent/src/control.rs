@@ -159,6 +159,11 @@ pub trait RankEvents: Send + Sync {
     /// checkpoint at `step`. Called with the inventory locked: must not
     /// block or call back into [`Control`].
     fn checkpointed(&self, job: &str, rank: u32, pid: u32, step: u64);
+
+    /// `job`'s rank `rank` (process `pid`) says connection `conn` has had
+    /// no path for a while. Called with the inventory locked, like
+    /// [`checkpointed`](Self::checkpointed).
+    fn conn_stalled(&self, job: &str, rank: u32, pid: u32, conn: &ConnUp);
 }
 
 /// One rank's answer to an order sent with [`Control::order_ranks`].
@@ -621,6 +626,28 @@ impl Control {
                     tracing::info!(conn = %key, from = %r.conn.nic, to = %nic, "connection moved");
                     r.conn.nic = nic;
                     inv.mark(key);
+                }
+            }
+            JobMessage::ConnStalled { conn_id } => {
+                let key = inv.sessions[&id]
+                    .conns
+                    .get(&conn_id)
+                    .cloned()
+                    .ok_or_else(|| {
+                        format!("connection {conn_id} is not registered on this connection")
+                    })?;
+                let conn = &inv.conns.get(&key).expect("registered on the session").conn;
+                let pid = inv.sessions[&id].hello.pid;
+                tracing::warn!(
+                    job = %job,
+                    rank,
+                    conn_id,
+                    peer_host = %conn.peer_host,
+                    peer_rank = conn.peer_rank,
+                    "connection stalled: no path to its peer"
+                );
+                if let Some(r) = &self.ranks {
+                    r.conn_stalled(&job, rank, pid, conn);
                 }
             }
             JobMessage::ConnClosed { conn_id } => {

@@ -33,7 +33,8 @@ use crate::store_format::{self, FormatError};
 
 /// The reports: the border types, stored as they are sent.
 pub use proto::agent::{
-    NicReport, QpReport, RankCheckpointReport, RankExitReport, ReflexReport, Report,
+    ConnStallReport, NicReport, QpReport, RankCheckpointReport, RankExitReport, ReflexReport,
+    Report,
 };
 
 const QP_KEY_PREFIX: &str = "qp/";
@@ -50,6 +51,11 @@ fn coalesce_key(report: &Report) -> String {
         Report::RankCheckpoint(r) => {
             format!("rank-ckpt/{}/{}/{}", r.job, r.incarnation, r.rank)
         }
+        // One stall per connection and incarnation is enough.
+        Report::ConnStalled(r) => format!(
+            "conn-stall/{}/{}/{}/{}",
+            r.job, r.incarnation, r.rank, r.conn_id
+        ),
     }
 }
 

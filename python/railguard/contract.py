@@ -26,7 +26,7 @@ the job sent them. Between those answers, at any time, the agent may send
 line (which is itself answered ``ok``/``error`` like any job line).
 
 Job -> agent (:data:`JOB_MESSAGE_TYPES`): :class:`Hello`, :class:`ConnUp`,
-:class:`ConnMoved`, :class:`ConnClosed`, :class:`OrderDone`,
+:class:`ConnMoved`, :class:`ConnClosed`, :class:`ConnStalled`, :class:`OrderDone`,
 :class:`Checkpointed`.
 
 Agent -> job (:data:`AGENT_MESSAGE_TYPES`): :class:`Ok`, :class:`Error`,
@@ -87,6 +87,7 @@ __all__ = [
     "ConnUp",
     "ConnMoved",
     "ConnClosed",
+    "ConnStalled",
     "OrderDone",
     "Checkpointed",
     "Ok",
@@ -136,6 +137,7 @@ JOB_MESSAGE_TYPES: Tuple[str, ...] = (
     "conn_closed",
     "order_done",
     "checkpointed",
+    "conn_stalled",
 )
 AGENT_MESSAGE_TYPES: Tuple[str, ...] = ("ok", "error", "order", "held_out")
 ORDER_KIND_TYPES: Tuple[str, ...] = ("migrate", "pace", "checkpoint", "stop")
@@ -379,6 +381,23 @@ class ConnClosed:
 
 
 @dataclass(frozen=True)
+class ConnStalled:
+    """A registered connection has had no path for a while: no rail it
+    tried reached the peer. The agent tells the supervisor (once per
+    connection and incarnation), which moves the job at once."""
+
+    conn_id: int
+    TYPE = "conn_stalled"
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"type": self.TYPE, "conn_id": self.conn_id}
+
+    @classmethod
+    def _from(cls, o: Dict[str, Any]) -> "ConnStalled":
+        return cls(conn_id=_get(o, "conn_id", _u64))
+
+
+@dataclass(frozen=True)
 class OrderDone:
     """The answer to an order (Rust ``JobMessage::OrderDone(OrderAnswer)``).
 
@@ -585,9 +604,9 @@ class HeldOut:
         return cls(nics=tuple(_get(o, "nics", _str_list)))
 
 
-JobMessage = Union[Hello, ConnUp, ConnMoved, ConnClosed, OrderDone, Checkpointed]
+JobMessage = Union[Hello, ConnUp, ConnMoved, ConnClosed, OrderDone, Checkpointed, ConnStalled]
 AgentMessage = Union[Ok, Error, Order, HeldOut]
-_JOB = {m.TYPE: m for m in (Hello, ConnUp, ConnMoved, ConnClosed, OrderDone, Checkpointed)}
+_JOB = {m.TYPE: m for m in (Hello, ConnUp, ConnMoved, ConnClosed, OrderDone, Checkpointed, ConnStalled)}
 _AGENT = {m.TYPE: m for m in (Ok, Error, Order, HeldOut)}
 
 
@@ -634,7 +653,7 @@ def validate(msg: JobMessage) -> None:
             raise Invalid(f"detail longer than {MAX_DETAIL_LEN} bytes")
         if not msg.ok and msg.step is not None:
             raise Invalid(f"order {msg.order_id} failed but names checkpoint step {msg.step}")
-    elif not isinstance(msg, (ConnClosed, Checkpointed)):
+    elif not isinstance(msg, (ConnClosed, Checkpointed, ConnStalled)):
         raise TypeError(f"not a job message: {msg!r}")
 
 

@@ -19,6 +19,7 @@ SHAPES = [
     ),
     (c.ConnMoved(conn_id=7, nic="rail1"), '{"type":"conn_moved","conn_id":7,"nic":"rail1"}'),
     (c.ConnClosed(conn_id=7), '{"type":"conn_closed","conn_id":7}'),
+    (c.ConnStalled(conn_id=7), '{"type":"conn_stalled","conn_id":7}'),
     (c.OrderDone(order_id=9, ok=False, detail="d"), '{"type":"order_done","order_id":9,"ok":false,"detail":"d"}'),
     (
         c.OrderDone(order_id=10, ok=True, detail="", step=40),

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use proto::agent::OrderOutcome;
 use proto::v1::StartRank;
-use rdma::contract::{Hello, OrderKind};
+use rdma::contract::{ConnUp, Hello, OrderKind};
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
 use super::fence::{Fence, FenceStore};
@@ -24,7 +24,7 @@ use super::user::{become_user, chown_to, prepare_checkpoint_dir, JobUser};
 use crate::config::NicConfig;
 use crate::control::{Control, Peer, RankEvents, MAX_DETAIL};
 use crate::link::unix_ns;
-use crate::outbox::{Outbox, RankCheckpointReport, RankExitReport, Report};
+use crate::outbox::{ConnStallReport, Outbox, RankCheckpointReport, RankExitReport, Report};
 
 /// A rank in memory (running, or exited and remembered).
 struct Rank {
@@ -47,8 +47,10 @@ impl Rank {
 #[derive(Default)]
 struct State {
     ranks: BTreeMap<RankKey, Rank>,
-    checkpoints_seen: HashSet<(RankKey, u64)>,
-    checkpoints_order: VecDeque<(RankKey, u64)>,
+    /// What ranks said and was reported, per incarnation: checkpoint
+    /// steps and stalled connections (bounded by [`MAX_CHECKPOINTS_SEEN`]).
+    seen: HashSet<(RankKey, u64)>,
+    seen_order: VecDeque<(RankKey, u64)>,
     closing: bool,
 }
 
@@ -862,9 +864,52 @@ impl RankEvents for Launcher {
     }
 
     fn checkpointed(&self, job: &str, rank: u32, pid: u32, step: u64) {
+        self.report_once(job, rank, pid, step, |key| {
+            Report::RankCheckpoint(RankCheckpointReport {
+                job: key.job.clone(),
+                incarnation: key.incarnation,
+                rank,
+                step,
+                at_unix_ns: unix_ns(),
+            })
+        });
+    }
+
+    fn conn_stalled(&self, job: &str, rank: u32, pid: u32, conn: &ConnUp) {
+        // Conn ids and steps share the seen set: their reports differ.
+        self.report_once(job, rank, pid, STALL_TAG | conn.conn_id, |key| {
+            Report::ConnStalled(ConnStallReport {
+                job: key.job.clone(),
+                incarnation: key.incarnation,
+                rank,
+                conn_id: conn.conn_id,
+                peer_host: conn.peer_host.clone(),
+                peer_rank: conn.peer_rank,
+                at_unix_ns: unix_ns(),
+            })
+        });
+    }
+}
+
+/// Marks a connection id in the seen set (steps stay far below it).
+const STALL_TAG: u64 = 1 << 63;
+
+impl Launcher {
+    /// Reports what rank `rank` of `job` (process `pid`) said, once per
+    /// incarnation and `what` (a step, or a tagged connection id): the
+    /// report goes to the outbox through the rank event queue. The
+    /// incarnation is the one whose process group holds the sender; else
+    /// the running one (at most one incarnation of a job runs here); else
+    /// the newest.
+    fn report_once(
+        &self,
+        job: &str,
+        rank: u32,
+        pid: u32,
+        what: u64,
+        report: impl FnOnce(&RankKey) -> Report,
+    ) {
         let mut st = self.lock();
-        // The rank whose process group holds the sender; else the running
-        // one (at most one incarnation of a job runs here); else the newest.
         let group = proc_stat(pid).map(|s| s.pgrp);
         let incarnation = st
             .ranks
@@ -880,42 +925,29 @@ impl RankEvents for Launcher {
             incarnation,
             rank,
         };
-        if !st.checkpoints_seen.insert((key.clone(), step)) {
-            tracing::debug!(job, incarnation, rank, step, "checkpoint already reported");
+        if !st.seen.insert((key.clone(), what)) {
+            tracing::debug!(job, incarnation, rank, what, "already reported");
             return;
         }
-        st.checkpoints_order.push_back((key.clone(), step));
-        if st.checkpoints_order.len() > MAX_CHECKPOINTS_SEEN {
-            if let Some(old) = st.checkpoints_order.pop_front() {
-                st.checkpoints_seen.remove(&old);
+        st.seen_order.push_back((key.clone(), what));
+        if st.seen_order.len() > MAX_CHECKPOINTS_SEEN {
+            if let Some(old) = st.seen_order.pop_front() {
+                st.seen.remove(&old);
             }
         }
-        let report = Report::RankCheckpoint(RankCheckpointReport {
-            job: job.to_owned(),
-            incarnation,
-            rank,
-            step,
-            at_unix_ns: unix_ns(),
-        });
+        let report = report(&key);
         if self.events.try_send(Event::Report(report)).is_err() {
-            st.checkpoints_seen.remove(&(key, step));
+            st.seen.remove(&(key, what));
             tracing::warn!(
                 job,
                 incarnation,
                 rank,
-                step,
+                what,
                 pid,
-                "rank event queue full; checkpoint not reported"
+                "rank event queue full; not reported"
             );
         } else {
-            tracing::info!(
-                job,
-                incarnation,
-                rank,
-                step,
-                pid,
-                "rank checkpoint recorded"
-            );
+            tracing::info!(job, incarnation, rank, what, pid, "rank report recorded");
         }
     }
 }

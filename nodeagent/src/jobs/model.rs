@@ -30,7 +30,8 @@ pub const MAX_FENCES: usize = 4096;
 pub const KEEP_INCARNATION_LOGS: usize = 8;
 /// Exited ranks remembered (for idempotent starts and checkpoint events).
 pub(crate) const MAX_EXITED: usize = 1024;
-/// (rank, step) checkpoints remembered to drop repeats.
+/// (rank, step) checkpoints and (rank, connection) stalls remembered to
+/// drop repeats.
 pub(crate) const MAX_CHECKPOINTS_SEEN: usize = 4096;
 /// Events waiting for the outbox.
 pub(crate) const EVENT_QUEUE: usize = 1024;

@@ -532,8 +532,9 @@ pub(super) fn helper_order(job: &str, incarnation: u64, rank: u32) -> StartRank 
 /// Not a test by itself: when the launcher runs this binary as a rank
 /// ([`helper_order`]), the rank's side of the contract. After 300 ms it
 /// says hello with its own pid, answers its first order (a checkpoint) at
-/// step 40 after reporting step 40 twice, reports 41, and waits to be
-/// stopped; what it saw goes to its log.
+/// step 40 after reporting step 40 twice, reports 41, registers a
+/// connection and says twice that it stalled, and waits to be stopped;
+/// what it saw goes to its log.
 #[tokio::test]
 async fn rank_helper() {
     if std::env::var_os(HELPER).is_none() {
@@ -559,6 +560,21 @@ async fn rank_helper() {
     client.checkpointed(40).await.unwrap();
     client.checkpoint_done(o.order_id, 40).await.unwrap();
     client.checkpointed(41).await.unwrap();
+    let rank: u32 = var("RAILGUARD_RANK").parse().unwrap();
+    client
+        .conn_up(rdma::contract::ConnUp {
+            job: var("RAILGUARD_JOB"),
+            rank,
+            conn_id: 7,
+            nic: "rail0".into(),
+            peer_host: "h2".into(),
+            peer_rank: rank + 1,
+            rail: 0,
+        })
+        .await
+        .unwrap();
+    client.conn_stalled(7).await.unwrap();
+    client.conn_stalled(7).await.unwrap();
     println!("helper: reported 41");
     tokio::time::sleep(Duration::from_secs(100)).await;
 }
@@ -625,6 +641,26 @@ async fn checkpoint_orders_reach_the_ranks_and_checkpoints_are_reported_once() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(ckpts, vec![(5, 40), (5, 41)], "repeats are not reported");
+    // The stalled connection, once, as the incarnation's with its peer
+    // (queued after step 41).
+    let stalls = loop {
+        let stalls: Vec<_> = r
+            .reports()
+            .await
+            .into_iter()
+            .filter_map(|r| match r {
+                Report::ConnStalled(c) => {
+                    Some((c.incarnation, c.rank, c.conn_id, c.peer_host, c.peer_rank))
+                }
+                _ => None,
+            })
+            .collect();
+        if !stalls.is_empty() || Instant::now() > deadline {
+            break stalls;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(stalls, vec![(5, 0, 7, "h2".to_string(), 1)]);
     r.launcher.shutdown().await;
 }
 

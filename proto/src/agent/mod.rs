@@ -30,7 +30,9 @@ pub use order::{
     Order, OrderOutcome, RouteVia, Standby, MAX_REROUTES, MAX_STANDBY_NICS, MAX_STANDBY_ROUTES,
     QUERY_BIT,
 };
-pub use report::{QpReport, RankCheckpointReport, RankExitReport, ReflexReport, Report};
+pub use report::{
+    ConnStallReport, QpReport, RankCheckpointReport, RankExitReport, ReflexReport, Report,
+};
 
 #[cfg(test)]
 mod tests;

@@ -83,6 +83,26 @@ pub struct RankCheckpointReport {
     pub at_unix_ns: u64,
 }
 
+/// A rank's connection has had no path for a while (the job said
+/// `conn_stalled`): no rail it tried reached the peer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnStallReport {
+    /// The job.
+    pub job: String,
+    /// The job's incarnation the rank belongs to.
+    pub incarnation: u64,
+    /// The rank that owns the connection.
+    pub rank: u32,
+    /// The connection's id within the rank.
+    pub conn_id: u64,
+    /// The host at the other end.
+    pub peer_host: String,
+    /// The rank at the other end.
+    pub peer_rank: u32,
+    /// When the agent observed it (ns since the Unix epoch).
+    pub at_unix_ns: u64,
+}
+
 /// Anything an agent reports to the supervisor. The variant order is the
 /// on-disk order (bincode): append only.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -103,6 +123,8 @@ pub enum Report {
     RankExited(RankExitReport),
     /// A rank's checkpoint at a step is durable.
     RankCheckpoint(RankCheckpointReport),
+    /// A rank's connection has had no path for a while.
+    ConnStalled(ConnStallReport),
 }
 
 impl From<NicReport> for Report {
@@ -121,6 +143,7 @@ impl Report {
             Report::Reflex(r) => r.at_unix_ns,
             Report::RankExited(r) => r.at_unix_ns,
             Report::RankCheckpoint(r) => r.at_unix_ns,
+            Report::ConnStalled(r) => r.at_unix_ns,
         }
     }
 
@@ -159,6 +182,14 @@ impl Report {
                 incarnation: x.incarnation,
                 rank: x.rank,
                 step: x.step,
+            }),
+            Report::ConnStalled(x) => Kind::ConnStalled(v1::ConnStalled {
+                job: x.job,
+                incarnation: x.incarnation,
+                rank: x.rank,
+                conn_id: x.conn_id,
+                peer_host: x.peer_host,
+                peer_rank: x.peer_rank,
             }),
         }
     }
@@ -207,6 +238,15 @@ impl Report {
                 incarnation: c.incarnation,
                 rank: c.rank,
                 step: c.step,
+                at_unix_ns,
+            }),
+            Kind::ConnStalled(c) => Report::ConnStalled(ConnStallReport {
+                job: c.job,
+                incarnation: c.incarnation,
+                rank: c.rank,
+                conn_id: c.conn_id,
+                peer_host: c.peer_host,
+                peer_rank: c.peer_rank,
                 at_unix_ns,
             }),
         })

@@ -313,6 +313,15 @@ fn every_report_roundtrips_through_the_wire_and_bincode() {
             step: 40,
             at_unix_ns: 16,
         }),
+        Report::ConnStalled(ConnStallReport {
+            job: "train".into(),
+            incarnation: 2,
+            rank: 1,
+            conn_id: 3,
+            peer_host: "h2".into(),
+            peer_rank: 2,
+            at_unix_ns: 17,
+        }),
     ];
     for r in reports {
         let e = r.to_event("h0", 7);

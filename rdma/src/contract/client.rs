@@ -264,6 +264,18 @@ impl ContractClient {
         self.call(msg).await
     }
 
+    /// Reports that a connection has had no path for a while (every rail
+    /// it tried failed to reach the peer). Best effort: while the agent is
+    /// away it is not kept ([`Delivery::Deferred`]).
+    pub async fn conn_stalled(&self, conn_id: u64) -> Result<Delivery, ContractError> {
+        if !lock(&self.shared.conns).contains_key(&conn_id) {
+            return Err(ContractError::Invalid(format!(
+                "connection {conn_id} is not registered"
+            )));
+        }
+        self.call(JobMessage::ConnStalled { conn_id }).await
+    }
+
     /// Reports that a connection is gone.
     pub async fn conn_closed(&self, conn_id: u64) -> Result<Delivery, ContractError> {
         if lock(&self.shared.conns).remove(&conn_id).is_none() {

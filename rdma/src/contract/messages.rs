@@ -88,6 +88,13 @@ pub enum JobMessage {
     Checkpointed {
         step: u64,
     },
+    /// The connection has had no path for a while: no rail it tried
+    /// reached the peer. The agent tells the supervisor (once per
+    /// connection and incarnation), which moves the job instead of
+    /// waiting for the job's own timeout.
+    ConnStalled {
+        conn_id: u64,
+    },
 }
 
 /// The `type` tags of [`JobMessage`].
@@ -98,6 +105,7 @@ pub const JOB_MESSAGE_TYPES: &[&str] = &[
     "conn_closed",
     "order_done",
     "checkpointed",
+    "conn_stalled",
 ];
 
 /// What an order asks for.
@@ -205,7 +213,9 @@ impl JobMessage {
                 check_name("peer_host", &c.peer_host)
             }
             JobMessage::ConnMoved { nic, .. } => check_name("nic", nic),
-            JobMessage::ConnClosed { .. } | JobMessage::Checkpointed { .. } => Ok(()),
+            JobMessage::ConnClosed { .. }
+            | JobMessage::Checkpointed { .. }
+            | JobMessage::ConnStalled { .. } => Ok(()),
             JobMessage::OrderDone(a) => {
                 if a.detail.len() > MAX_DETAIL_LEN {
                     return Err(ContractError::Invalid(format!(

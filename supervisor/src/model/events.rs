@@ -188,6 +188,8 @@ pub enum Event {
     /// A `no_common_rail` incident's run completed while its two hosts
     /// still share no working rail: it stays open until they do.
     PathIncidentStays { incident: u64 },
+    /// A rank said one of its connections has had no path for a while.
+    ConnStalled { job: String, what: String },
 }
 
 impl std::fmt::Display for Event {
@@ -370,6 +372,7 @@ impl std::fmt::Display for Event {
                 f,
                 "incident {incident} stays open until its two hosts share a working rail again"
             ),
+            Event::ConnStalled { job, what } => write!(f, "job {job}: {what}"),
         }
     }
 }

@@ -29,7 +29,8 @@ use std::collections::VecDeque;
 /// 5: NICs held out of service (`Nic.held_out`, `Host.held_version`, the
 /// versions of `Action::Failover`/`Failback`).
 /// 6: path incidents (`Incident.peer`, `Event::PathIncidentStays`).
-pub const MODEL_FORMAT_VERSION: u8 = 6;
+/// 7: `Report::ConnStalled`, `Event::ConnStalled`.
+pub const MODEL_FORMAT_VERSION: u8 = 7;
 
 /// The whole replicated model.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

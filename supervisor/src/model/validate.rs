@@ -206,6 +206,10 @@ impl ClusterState {
                         Report::RankCheckpoint(r) => {
                             check_name("job name", &r.job)?;
                         }
+                        Report::ConnStalled(r) => {
+                            check_name("job name", &r.job)?;
+                            check_name("peer host", &r.peer_host)?;
+                        }
                     }
                 }
                 Ok(())

@@ -225,6 +225,11 @@ pub async fn exit_stopped(
     std::process::exit(EXIT_STOPPED)
 }
 
+/// How long a connection is without a path before the agent hears of it:
+/// long enough for a failover to another rail (tens of ms), short enough
+/// that railguard moves the job within about a second.
+const STALL_REPORT_AFTER: Duration = Duration::from_millis(500);
+
 /// Serves the agent: reports moves, carries out orders. Never returns
 /// while the contract is up (a stop order exits the process).
 pub async fn serve(
@@ -239,6 +244,8 @@ pub async fn serve(
         .iter()
         .map(|c| c.current_nic().unwrap_or(c.home))
         .collect();
+    // Whether each connection's current stall (no path) was reported.
+    let mut stall_told = vec![false; conns.len()];
     let mut tick = tokio::time::interval(Duration::from_millis(10));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -284,7 +291,23 @@ pub async fn serve(
             }
             _ = tick.tick() => {
                 for (i, w) in watches.iter_mut().enumerate() {
-                    let rail = w.borrow_and_update().rail;
+                    let (rail, stalled_since) = {
+                        let s = w.borrow_and_update();
+                        (s.rail, s.stalled_since)
+                    };
+                    // No path for a while: tell the agent once per stall,
+                    // so railguard moves the job before our own timeout.
+                    match stalled_since {
+                        Some(at) if !stall_told[i] && at.elapsed() >= STALL_REPORT_AFTER => {
+                            stall_told[i] = true;
+                            tracing::warn!(conn_id = conns[i].id, "connection stalled: no path to its peer");
+                            if let Err(e) = client.conn_stalled(conns[i].id).await {
+                                tracing::warn!(conn_id = conns[i].id, error = %e, "conn_stalled not delivered");
+                            }
+                        }
+                        None => stall_told[i] = false,
+                        Some(_) => {}
+                    }
                     let Some(nic) = rail.and_then(|r| conns[i].rail_nics.get(r).copied()) else { continue };
                     if nic != reported[i] {
                         let name = &cfg.nics[nic].name;

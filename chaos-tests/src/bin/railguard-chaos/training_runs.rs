@@ -172,6 +172,11 @@ pub(crate) struct RailCuts<const PATH: bool> {
     /// How long the cables stay cut (ms).
     #[arg(long, default_value_t = 60_000)]
     cut_ms: u64,
+    /// Cut silently: detach the cables from their rail bridges (links stay
+    /// up, netlink sees nothing; the probe mesh and the ranks' stalled
+    /// connections must tell).
+    #[arg(long)]
+    silent: bool,
 }
 
 pub(crate) type CutOffHost = RailCuts<false>;
@@ -206,6 +211,7 @@ impl<const PATH: bool> Runner for RailCuts<PATH> {
             train: o,
             offsets: self.offsets,
             cut: Duration::from_millis(self.cut_ms),
+            silent: self.silent,
         })
         .await?;
         report(r.ok, &r)

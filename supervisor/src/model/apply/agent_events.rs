@@ -86,6 +86,7 @@ impl ClusterState {
                 Report::RankCheckpoint(c) => {
                     self.apply_rank_checkpoint(at_ms, host, &c.job, c.incarnation, c.rank, c.step)
                 }
+                Report::ConnStalled(c) => self.conn_stalled(at_ms, host, c),
             }
             through = e.seq;
             self.hosts.get_mut(host).expect("validated").last_event_seq = through;

@@ -201,6 +201,85 @@ impl ClusterState {
         }
     }
 
+    /// A rank of a live job on `host` says its connection to a rank on
+    /// another host of the job has had no path for a while: whatever the
+    /// NIC states say, the two cannot talk. Unless a path or cut-off
+    /// incident already covers the pair, it gets a `no_common_rail`
+    /// incident on this evidence: placement keeps the two apart while it
+    /// is open, and its playbook moves the job at once instead of the
+    /// job's own timeout. (NIC states that look healthy do not keep it
+    /// open once its run completed.) A report of an older incarnation, or
+    /// about a host outside the job, changes nothing.
+    pub(in crate::model) fn conn_stalled(
+        &mut self,
+        at_ms: u64,
+        host: &str,
+        c: &proto::agent::ConnStallReport,
+    ) {
+        let Some(j) = self.jobs.get(&c.job) else {
+            return;
+        };
+        let live = j.incarnation == c.incarnation
+            && matches!(j.state, JobState::Running | JobState::Checkpointing)
+            && j.ranks.get(c.rank as usize).is_some_and(|r| r.host == host)
+            && j.ranks
+                .get(c.peer_rank as usize)
+                .is_some_and(|r| r.host == c.peer_host)
+            && c.peer_host != host;
+        if !live {
+            return;
+        }
+        let covered = [host, c.peer_host.as_str()].iter().any(|h| {
+            self.hosts
+                .get(*h)
+                .is_none_or(|h| h.cut_off_incident.is_some())
+        }) || self.open_path_incident(host, &c.peer_host).is_some();
+        let what = format!(
+            "rank {} on {host} has had no path to rank {} on {} (connection {})",
+            c.rank, c.peer_rank, c.peer_host, c.conn_id
+        );
+        self.log_event(
+            at_ms,
+            Some(host),
+            Event::ConnStalled {
+                job: c.job.clone(),
+                what: what.clone(),
+            },
+        );
+        if covered {
+            return;
+        }
+        let (a, b) = if host < c.peer_host.as_str() {
+            (host.to_owned(), c.peer_host.clone())
+        } else {
+            (c.peer_host.clone(), host.to_owned())
+        };
+        let detail = format!(
+            "{a} and {b} cannot talk (job {}): {what}; {}; {}",
+            c.job,
+            crate::model::paths::describe(&self.hosts[&a]),
+            crate::model::paths::describe(&self.hosts[&b])
+        );
+        let id = self.open_incident(at_ms, IncidentKind::NoCommonRail, &a, None, detail);
+        if let Some(i) = self.incidents.get_mut(&id) {
+            i.peer = Some(b);
+        }
+    }
+
+    /// The open `no_common_rail` incident of the pair, if any.
+    pub(in crate::model) fn open_path_incident(&self, a: &str, b: &str) -> Option<u64> {
+        self.incidents
+            .values()
+            .find(|i| {
+                i.kind == IncidentKind::NoCommonRail
+                    && i.closed_ms.is_none()
+                    && i.peer
+                        .as_deref()
+                        .is_some_and(|p| (i.host == a && p == b) || (i.host == b && p == a))
+            })
+            .map(|i| i.id)
+    }
+
     pub(crate) fn close_incident(&mut self, at_ms: u64, id: u64, why: &str) {
         let Some(i) = self.incidents.get_mut(&id) else {
             return;

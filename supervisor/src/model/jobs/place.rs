@@ -116,7 +116,8 @@ pub fn waiting_reason(st: &ClusterState, job: &Job, now_ms: u64) -> Option<Strin
     Some(why)
 }
 
-/// Two hosts of `placement` that share no working data rail, if any.
+/// Two hosts of `placement` that share no working data rail (or that an
+/// open path incident keeps apart), if any.
 pub(in crate::model) fn placement_cut(
     st: &ClusterState,
     placement: &[String],
@@ -130,9 +131,12 @@ pub(in crate::model) fn placement_cut(
         .iter()
         .map(|h| st.hosts.get(*h).and_then(crate::model::paths::judged_rails))
         .collect();
+    let apart = kept_apart(st);
     for i in 0..hosts.len() {
         for j in i + 1..hosts.len() {
-            if crate::model::paths::rails_cut(&rails[i], &rails[j]) {
+            if crate::model::paths::rails_cut(&rails[i], &rails[j])
+                || apart_pair(&apart, hosts[i], hosts[j])
+            {
                 return Some((hosts[i].clone(), hosts[j].clone()));
             }
         }
@@ -163,10 +167,11 @@ fn cut_pairs(st: &ClusterState, hosts: &[&str]) -> String {
         .iter()
         .map(|h| st.hosts.get(*h).and_then(crate::model::paths::judged_rails))
         .collect();
+    let apart = kept_apart(st);
     let mut pairs = Vec::new();
     'all: for (i, a) in hosts.iter().enumerate() {
         for (j, b) in hosts.iter().enumerate().skip(i + 1) {
-            if crate::model::paths::rails_cut(&rails[i], &rails[j]) {
+            if crate::model::paths::rails_cut(&rails[i], &rails[j]) || apart_pair(&apart, a, b) {
                 if pairs.len() == SHOWN {
                     pairs.push("more".to_owned());
                     break 'all;
@@ -193,11 +198,30 @@ fn load<'a>(st: &'a ClusterState, except: &str) -> BTreeMap<&'a str, usize> {
     l
 }
 
+/// The pairs (smaller name first) with an open `no_common_rail`
+/// incident: kept apart even when their NIC states look healthy (the
+/// incident may stand on the ranks' evidence that they cannot talk).
+fn kept_apart(st: &ClusterState) -> BTreeSet<(String, String)> {
+    st.incidents
+        .values()
+        .filter(|i| i.kind == crate::model::IncidentKind::NoCommonRail && i.closed_ms.is_none())
+        .filter_map(|i| Some((i.host.clone(), i.peer.clone()?)))
+        .map(|(a, b)| if a <= b { (a, b) } else { (b, a) })
+        .collect()
+}
+
+/// Whether the pair is in `apart` (in either order).
+fn apart_pair(apart: &BTreeSet<(String, String)>, a: &str, b: &str) -> bool {
+    let (a, b) = if a <= b { (a, b) } else { (b, a) };
+    apart.contains(&(a.to_owned(), b.to_owned()))
+}
+
 /// Hosts' working rails, each computed once per placement
-/// ([`crate::model::paths::judged_rails`]).
+/// ([`crate::model::paths::judged_rails`]), and the pairs kept apart.
 struct Rails<'a> {
     st: &'a ClusterState,
     known: BTreeMap<String, Option<BTreeSet<u32>>>,
+    apart: BTreeSet<(String, String)>,
 }
 
 impl Rails<'_> {
@@ -220,8 +244,11 @@ impl Rails<'_> {
     /// all of them), so every pair of its hosts must be able to talk.
     fn reaches_all(&mut self, host: &str, with: &BTreeSet<String>) -> bool {
         let mine = self.of(host);
-        with.iter()
-            .all(|o| o == host || !crate::model::paths::rails_cut(&mine, &self.of(o)))
+        with.iter().all(|o| {
+            o == host
+                || (!crate::model::paths::rails_cut(&mine, &self.of(o))
+                    && !apart_pair(&self.apart, host, o))
+        })
     }
 }
 
@@ -242,6 +269,7 @@ pub fn place(st: &ClusterState, job: &Job) -> Option<Vec<String>> {
     let mut rails = Rails {
         st,
         known: BTreeMap::new(),
+        apart: kept_apart(st),
     };
     for (g, h) in job
         .previous_placement

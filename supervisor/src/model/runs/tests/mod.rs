@@ -97,11 +97,9 @@ impl World {
     }
 
     fn nic(&mut self, host: &str, nic: &str, state: NicHealth) {
-        let seq = self.seq.entry(host.into()).or_default();
-        *seq += 1;
-        let e = AgentEvent {
-            seq: *seq,
-            report: Report::Nic(NicReport {
+        self.report(
+            host,
+            Report::Nic(NicReport {
                 nic: nic.into(),
                 health: state,
                 carrier_changes: 0,
@@ -112,7 +110,14 @@ impl World {
                 probes_lost: false,
                 at_unix_ns: 0,
             }),
-        };
+        );
+    }
+
+    /// `host`'s agent reports `report` (its next sequence number).
+    fn report(&mut self, host: &str, report: Report) {
+        let seq = self.seq.entry(host.into()).or_default();
+        *seq += 1;
+        let e = AgentEvent { seq: *seq, report };
         self.ok(Command::AgentEvents {
             host: host.into(),
             events: vec![e],

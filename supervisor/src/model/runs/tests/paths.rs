@@ -333,3 +333,62 @@ fn without_a_spare_the_job_waits_with_the_reason_and_no_budget_spent() {
     assert_eq!(j.restarts, 0);
     assert!(path_incidents(&w).is_empty());
 }
+
+/// A rank says its connection to a neighbour has had no path although
+/// every NIC looks Up (a fault the NIC states do not show): the pair gets
+/// a path incident on that evidence, the job is moved at once with the
+/// two apart, and the incident resolves with its run (nothing keeps it
+/// open while the NICs look healthy).
+#[test]
+fn a_stalled_connection_parts_two_hosts_whose_nics_look_healthy() {
+    let mut w = World::new(&["h0", "h1", "h2", "h3"], true);
+    for h in ["h0", "h1", "h2", "h3"] {
+        w.nic(h, "rail0", NicHealth::Up);
+        w.nic(h, "rail1", NicHealth::Up);
+    }
+    w.admin(AdminOp::Job(JobOp::Submit { spec: spec(3) }));
+    w.settle(obey);
+    assert_eq!(w.st.jobs["j"].placement, vec!["h0", "h1", "h2"]);
+    let stalled = |incarnation: u64, rank: u32, peer: &str, peer_rank: u32| {
+        Report::ConnStalled(proto::agent::ConnStallReport {
+            job: "j".into(),
+            incarnation,
+            rank,
+            conn_id: 1,
+            peer_host: peer.into(),
+            peer_rank,
+            at_unix_ns: 0,
+        })
+    };
+    // An older incarnation's, or one naming a rank elsewhere: nothing.
+    w.report("h2", stalled(0, 2, "h1", 1));
+    w.report("h2", stalled(1, 2, "h3", 1));
+    assert!(path_incidents(&w).is_empty());
+    w.report("h2", stalled(1, 2, "h1", 1));
+    let open = path_incidents(&w);
+    assert_eq!(open.len(), 1, "{open:?}");
+    let (id, host, peer) = open[0].clone();
+    assert_eq!((host.as_str(), peer.as_str()), ("h1", "h2"));
+    let detail = &w.st.incidents[&id].detail;
+    assert!(
+        detail.contains("cannot talk")
+            && detail.contains("rank 2 on h2 has had no path to rank 1 on h1"),
+        "{detail}"
+    );
+    // The other end says the same: still one incident.
+    w.report("h1", stalled(1, 1, "h2", 2));
+    assert_eq!(path_incidents(&w).len(), 1);
+    // Placement keeps the two apart while it is open; a rank failing now
+    // is a planned restart.
+    assert_eq!(
+        crate::model::jobs::place::placement_cut(&w.st, &w.st.jobs["j"].placement),
+        Some(("h1".to_string(), "h2".to_string()))
+    );
+    w.settle(obey);
+    let j = &w.st.jobs["j"];
+    assert_eq!((j.incarnation, j.restarts), (2, 0));
+    assert_eq!(j.placement, vec!["h0", "h1", "h3"]);
+    // Done; the NICs look healthy, so nothing keeps the incident open.
+    assert!(w.st.incidents[&id].closed_ms.is_some());
+    assert!(path_incidents(&w).is_empty());
+}
