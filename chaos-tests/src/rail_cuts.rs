@@ -8,8 +8,9 @@
 //! - `scenario no-common-rail`: h1 loses rail0 and h2 (its ring
 //!   neighbour) rail1. Each still has a local backup, but the two share no
 //!   working rail: railguard must open a `no_common_rail` incident naming
-//!   both and restart the job so that they are not ring neighbours (a
-//!   spare takes one of them), never crash-looping on the same placement.
+//!   both and restart the job without the two in it together (a spare
+//!   takes one of them; so they are not ring neighbours either), never
+//!   crash-looping on the same placement.
 //!
 //! Five hosts (four ranks of ringtrain and a spare). After a fault-free run
 //! for the reference digest, the same job runs once per offset; at
@@ -72,16 +73,14 @@ impl Cut {
         }
     }
 
-    /// Whether placement `p` (a host per rank, ranks in ring order) is one
-    /// the fault forbids: a rank on the cut-off host, or h1 and h2 as ring
-    /// neighbours.
+    /// Whether placement `p` (a host per rank) is one the fault forbids:
+    /// a rank on the cut-off host, or h1 and h2 in one job (any two ranks
+    /// of a job may need to talk, not only ring neighbours).
     fn forbids(self, p: &[String]) -> bool {
+        let on = |h: &str| p.iter().any(|x| x == h);
         match self {
-            Cut::Host => p.iter().any(|h| h == "h1"),
-            Cut::NoCommonRail => (0..p.len()).any(|i| {
-                let (a, b) = (&p[i], &p[(i + 1) % p.len()]);
-                (a == "h1" && b == "h2") || (a == "h2" && b == "h1")
-            }),
+            Cut::Host => on("h1"),
+            Cut::NoCommonRail => on("h1") && on("h2"),
         }
     }
 
@@ -91,7 +90,7 @@ impl Cut {
                 "resumed on a spare within 3 s p99 of the cut, never on the cut-off host, same digest"
             }
             Cut::NoCommonRail => {
-                "resumed without the two as neighbours within 3 s p99 of the cut, 0 restarts spent, same digest"
+                "resumed without the two in one job within 3 s p99 of the cut, 0 restarts spent, same digest"
             }
         }
     }
@@ -124,7 +123,7 @@ pub struct CutReport {
     /// its resume step.
     pub resumed_ms: Option<u64>,
     /// A new incarnation placed the way the fault forbids while the cables
-    /// were out (on the cut-off host; h1 and h2 as ring neighbours).
+    /// were out (on the cut-off host; h1 and h2 in one job).
     pub forbidden_placement: bool,
     pub incident_open_before_repair: bool,
     /// Its detail then (what railguard saw: NIC states, or the ranks'

@@ -58,10 +58,14 @@ pub fn print_status(s: &StatusView) {
     println!("open incidents: {}", s.open_incidents.len());
     for i in &s.open_incidents {
         println!(
-            "  #{} {} on {}{}",
+            "  #{} {} on {}{}{}",
             i.id,
             i.kind,
             i.host,
+            i.peer
+                .as_ref()
+                .map(|p| format!(" and {p}"))
+                .unwrap_or_default(),
             i.nic.as_ref().map(|n| format!("/{n}")).unwrap_or_default()
         );
     }

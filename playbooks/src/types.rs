@@ -290,9 +290,6 @@ pub enum Action {
     Cordon,
     /// Cordon, then move work off; stop what remains at the deadline.
     Drain { deadline: Duration },
-    /// Undo a playbook's drain of the incident's host (and the cordon that
-    /// came with it); an admin's drain or cordon stays.
-    ReturnToService,
     /// Wait (up to the step timeout) until the condition holds.
     WaitUntil { condition: Condition },
     /// Leave the host's one-way delays out of contention decisions.
@@ -304,6 +301,11 @@ pub enum Action {
         message: String,
         webhook: Option<String>,
     },
+    /// Undo this playbook's drain of the incident's host (and the cordon
+    /// that came with it); an admin's drain, another playbook's, or a
+    /// cordon from before the drain stays. (Appended last: runs keep their
+    /// playbook in Raft, bincode.)
+    ReturnToService,
 }
 
 impl Action {

@@ -98,6 +98,10 @@ pub struct Drain {
     pub deadline_ms: Option<u64>,
     pub by: String,
     pub since_ms: u64,
+    /// The host was cordoned before the drain began (undoing the drain
+    /// leaves that cordon).
+    #[serde(default)]
+    pub cordoned_before: bool,
 }
 
 /// The status shown to admins, derived from liveness, drain and cordon.

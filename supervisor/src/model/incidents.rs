@@ -20,4 +20,9 @@ pub struct Incident {
     /// The other host of a path incident (`no_common_rail`; `host` is the
     /// first of the two by name).
     pub peer: Option<String>,
+    /// A path incident opened on the ranks' evidence (a connection of this
+    /// job with no path) rather than on NIC states: it closes when its run
+    /// ends or the job's incarnation ends, not when NIC states look
+    /// healthy (they did all along).
+    pub stalled_job: Option<String>,
 }

@@ -6,6 +6,11 @@ pub const MAX_ADMIN_HISTORY: usize = 10_000;
 /// Bound on the cluster event log kept in the model.
 pub const MAX_EVENT_LOG: usize = 10_000;
 
+/// Open `no_common_rail` incidents naming one host: enough to move its
+/// jobs (placement avoids every cut pair by itself), not one per pair of a
+/// thousand-host job.
+pub const MAX_PATH_INCIDENTS_PER_HOST: usize = 4;
+
 /// Bound on closed incidents and intents kept in the model.
 pub const MAX_CLOSED_RECORDS: usize = 10_000;
 

@@ -172,7 +172,7 @@ const SCENARIOS: &[Entry] = &[
          (h1 rail0, h2 rail1; agents alive) at offsets around a checkpoint, once per offset: \
          each keeps a local backup but they share no working rail, so a path incident naming \
          both must open (and stay open until the cables return), the job resume from its \
-         latest complete checkpoint with the two no longer neighbours (a spare takes one) \
+         latest complete checkpoint with the two no longer in one job (a spare takes one) \
          within 3 s p99, 0 restarts spent (no crash loop), and end with the fault-free \
          digest. Needs root",
     ),

@@ -5,7 +5,7 @@ use crate::model::hosts::{ClockState, Liveness};
 use crate::model::incidents::Incident;
 use crate::model::incidents::IncidentKind;
 use crate::model::jobs::types::JobState;
-use crate::model::limits::MAX_CLOSED_RECORDS;
+use crate::model::limits::{MAX_CLOSED_RECORDS, MAX_PATH_INCIDENTS_PER_HOST};
 use crate::model::state::ClusterState;
 
 impl ClusterState {
@@ -32,6 +32,7 @@ impl ClusterState {
                 run: None,
                 link: None,
                 peer: None,
+                stalled_job: None,
             },
         );
         self.log_event(at_ms, Some(host), Event::IncidentOpened { id, kind });
@@ -140,17 +141,22 @@ impl ClusterState {
     /// Linear in the sizes of `host`'s jobs.
     pub(in crate::model) fn path_incidents(&mut self, at_ms: u64, host: &str) {
         use crate::model::paths::{describe, path_cut, path_restored};
-        let open: Vec<(u64, String, String)> = self
+        let open: Vec<(u64, String, String, bool)> = self
             .incidents
             .values()
             .filter(|i| i.kind == IncidentKind::NoCommonRail && i.closed_ms.is_none())
-            .filter_map(|i| Some((i.id, i.host.clone(), i.peer.clone()?)))
-            .filter(|(_, a, b)| a == host || b == host)
+            .filter_map(|i| {
+                let evidence = i.stalled_job.is_some();
+                Some((i.id, i.host.clone(), i.peer.clone()?, evidence))
+            })
+            .filter(|(_, a, b, _)| a == host || b == host)
             .collect();
         let mut known = std::collections::BTreeSet::new();
-        for (id, a, b) in open {
+        for (id, a, b, evidence) in open {
             match (self.hosts.get(&a), self.hosts.get(&b)) {
-                (Some(ha), Some(hb)) if !path_restored(ha, hb) => {
+                // One opened on the ranks' evidence is not judged by NIC
+                // states (they looked healthy all along).
+                (Some(ha), Some(hb)) if evidence || !path_restored(ha, hb) => {
                     known.insert(if a == host { b } else { a });
                 }
                 (Some(_), Some(_)) => {
@@ -162,7 +168,9 @@ impl ClusterState {
         let Some(me) = self.hosts.get(host) else {
             return;
         };
-        if me.liveness == Liveness::Down {
+        if me.liveness == Liveness::Down
+            || self.path_incidents_of(host) >= MAX_PATH_INCIDENTS_PER_HOST
+        {
             return;
         }
         let mut peers: Vec<(String, String)> = Vec::new();
@@ -183,7 +191,11 @@ impl ClusterState {
                 }
             }
         }
-        for (other, job) in peers {
+        let room = MAX_PATH_INCIDENTS_PER_HOST - self.path_incidents_of(host);
+        for (other, job) in peers.into_iter().take(room) {
+            if self.path_incidents_of(&other) >= MAX_PATH_INCIDENTS_PER_HOST {
+                continue;
+            }
             let (a, b) = if host < other.as_str() {
                 (host.to_owned(), other)
             } else {
@@ -229,10 +241,15 @@ impl ClusterState {
         if !live {
             return;
         }
+        // A peer that died stalls every connection to it too: that is the
+        // liveness detector's to judge (host_down, a failure restart), so
+        // only a pair of live hosts counts as a path fault.
         let covered = [host, c.peer_host.as_str()].iter().any(|h| {
-            self.hosts
-                .get(*h)
-                .is_none_or(|h| h.cut_off_incident.is_some())
+            self.hosts.get(*h).is_none_or(|h| {
+                h.cut_off_incident.is_some()
+                    || h.liveness != Liveness::Ready
+                    || self.path_incidents_of(&h.name) >= MAX_PATH_INCIDENTS_PER_HOST
+            })
         }) || self.open_path_incident(host, &c.peer_host).is_some();
         let what = format!(
             "rank {} on {host} has had no path to rank {} on {} (connection {})",
@@ -263,7 +280,39 @@ impl ClusterState {
         let id = self.open_incident(at_ms, IncidentKind::NoCommonRail, &a, None, detail);
         if let Some(i) = self.incidents.get_mut(&id) {
             i.peer = Some(b);
+            i.stalled_job = Some(c.job.clone());
         }
+    }
+
+    /// The job's incarnation ended (restarted, finished, failed or
+    /// cancelled): the path incidents opened on its ranks' evidence that no
+    /// run acts on are spent (a run closes its own when it ends).
+    pub(in crate::model) fn stalled_evidence_spent(&mut self, at_ms: u64, job: &str) {
+        let spent: Vec<u64> = self
+            .incidents
+            .values()
+            .filter(|i| {
+                i.closed_ms.is_none()
+                    && i.stalled_job.as_deref() == Some(job)
+                    && self.active_run_of(i.id).is_none()
+            })
+            .map(|i| i.id)
+            .collect();
+        for id in spent {
+            self.close_incident(at_ms, id, "the job's incarnation that reported it ended");
+        }
+    }
+
+    /// Open `no_common_rail` incidents naming `host`.
+    fn path_incidents_of(&self, host: &str) -> usize {
+        self.incidents
+            .values()
+            .filter(|i| {
+                i.kind == IncidentKind::NoCommonRail
+                    && i.closed_ms.is_none()
+                    && (i.host == host || i.peer.as_deref() == Some(host))
+            })
+            .count()
     }
 
     /// The open `no_common_rail` incident of the pair, if any.

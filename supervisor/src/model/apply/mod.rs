@@ -202,6 +202,7 @@ impl ClusterState {
                         deadline_ms,
                         ..
                     } => {
+                        let cordoned_before = host.cordoned;
                         host.cordoned = true;
                         if host.drain.is_none() {
                             host.drain = Some(Drain {
@@ -210,6 +211,7 @@ impl ClusterState {
                                 deadline_ms: *deadline_ms,
                                 by: actor.clone(),
                                 since_ms: at_ms,
+                                cordoned_before,
                             });
                             format!("draining: {reason}")
                         } else {

@@ -4,7 +4,7 @@
 use crate::model::events::Event;
 use crate::model::hosts::Liveness;
 use crate::model::intents::{Action, IntentStatus};
-use crate::model::jobs::place::{eligible, placement_cut, well_formed};
+use crate::model::jobs::place::{eligible, placement_cut, placement_rails_cut, well_formed};
 use crate::model::jobs::types::{
     port_of, Exit, Job, JobCommand, JobOp, JobState, Rank, MAX_BACKOFF_MS, MAX_JOBS,
 };
@@ -238,7 +238,7 @@ impl ClusterState {
                 }
                 if let Some((a, b)) = placement_cut(self, placement) {
                     return Err(CmdError::FailedPrecondition(format!(
-                        "hosts {a:?} and {b:?} share no working data rail; job {job:?} cannot span them"
+                        "hosts {a:?} and {b:?} cannot talk (no common working data rail, or an open path incident keeps them apart); job {job:?} cannot span them"
                     )));
                 }
                 Ok(())
@@ -357,6 +357,7 @@ impl ClusterState {
         reason: &str,
     ) {
         self.stop_incarnation(job);
+        self.stalled_evidence_spent(at_ms, job);
         let j = self.jobs.get_mut(job).expect("job exists");
         j.state = state;
         j.state_since_ms = at_ms;
@@ -395,6 +396,7 @@ impl ClusterState {
             return;
         }
         self.stop_incarnation(job);
+        self.stalled_evidence_spent(at_ms, job);
         let j = self.jobs.get_mut(job).expect("job exists");
         if !planned {
             j.restarts += 1;
@@ -480,6 +482,7 @@ impl ClusterState {
             j.state_since_ms = at_ms;
             j.previous_placement = std::mem::take(&mut j.placement);
             j.reason = "every rank finished".into();
+            self.stalled_evidence_spent(at_ms, job);
             self.log_event(
                 at_ms,
                 None,
@@ -488,11 +491,13 @@ impl ClusterState {
                 },
             );
         } else if !ok {
-            // A rank of a placement whose hosts can no longer all talk
-            // failed because of the path, not of itself: a planned move
-            // (the placement comes out of known paths), no budget spent.
+            // A rank of a placement whose hosts the NIC states say can no
+            // longer all talk failed because of the path, not of itself: a
+            // planned move (the next placement avoids the pair), no budget
+            // spent. (A stalled connection alone proves no such thing: a
+            // dead peer stalls them too.)
             let placement = &self.jobs[job].placement;
-            match placement_cut(self, placement) {
+            match placement_rails_cut(self, placement) {
                 Some((a, b)) => {
                     let why = format!("{what}; {a} and {b} share no working data rail");
                     self.restart_job(at_ms, job, incarnation, &why, true);

@@ -116,37 +116,59 @@ pub fn waiting_reason(st: &ClusterState, job: &Job, now_ms: u64) -> Option<Strin
     Some(why)
 }
 
-/// Two hosts of `placement` that share no working data rail (or that an
-/// open path incident keeps apart), if any.
-pub(in crate::model) fn placement_cut(
+/// A pair of `hosts` that the NIC states say share no working data rail,
+/// if any. Hosts are grouped by their set of working rails (a handful of
+/// sets for any number of hosts), so this is linear in the hosts.
+fn rails_cut_pair<'a>(
     st: &ClusterState,
-    placement: &[String],
+    hosts: impl IntoIterator<Item = &'a str>,
 ) -> Option<(String, String)> {
-    let hosts: Vec<&String> = placement
-        .iter()
-        .collect::<BTreeSet<_>>()
-        .into_iter()
-        .collect();
-    let rails: Vec<_> = hosts
-        .iter()
-        .map(|h| st.hosts.get(*h).and_then(crate::model::paths::judged_rails))
-        .collect();
-    let apart = kept_apart(st);
-    for i in 0..hosts.len() {
-        for j in i + 1..hosts.len() {
-            if crate::model::paths::rails_cut(&rails[i], &rails[j])
-                || apart_pair(&apart, hosts[i], hosts[j])
-            {
-                return Some((hosts[i].clone(), hosts[j].clone()));
+    let mut groups: BTreeMap<BTreeSet<u32>, &str> = BTreeMap::new();
+    for h in hosts {
+        if let Some(r) = st.hosts.get(h).and_then(crate::model::paths::judged_rails) {
+            groups.entry(r).or_insert(h);
+        }
+    }
+    let g: Vec<(&BTreeSet<u32>, &str)> = groups.iter().map(|(r, h)| (r, *h)).collect();
+    for (i, (ra, a)) in g.iter().enumerate() {
+        for (rb, b) in &g[i + 1..] {
+            if ra.is_disjoint(rb) {
+                let (a, b) = if a <= b { (a, b) } else { (b, a) };
+                return Some(((*a).to_owned(), (*b).to_owned()));
             }
         }
     }
     None
 }
 
+/// Two hosts of `placement` that the NIC states say share no working data
+/// rail, if any: a failure there is the path's, not the job's.
+pub(in crate::model) fn placement_rails_cut(
+    st: &ClusterState,
+    placement: &[String],
+) -> Option<(String, String)> {
+    rails_cut_pair(st, placement.iter().map(String::as_str))
+}
+
+/// Two hosts of `placement` that share no working data rail, or that an
+/// open path incident keeps apart, if any.
+pub(in crate::model) fn placement_cut(
+    st: &ClusterState,
+    placement: &[String],
+) -> Option<(String, String)> {
+    if let Some(p) = placement_rails_cut(st, placement) {
+        return Some(p);
+    }
+    let hosts: BTreeSet<&str> = placement.iter().map(String::as_str).collect();
+    kept_apart(st)
+        .into_iter()
+        .find(|(a, b)| hosts.contains(a.as_str()) && hosts.contains(b.as_str()))
+}
+
 /// Why the job's current ranks cannot all talk, so cannot write a new
-/// checkpoint (`None`: as far as the NIC states tell, they can): a host
-/// of its placement is cut off, or two share no working rail.
+/// checkpoint (`None`: as far as railguard knows, they can): a host of its
+/// placement is cut off, or two share no working rail (or are kept apart
+/// on the ranks' evidence).
 pub(in crate::model) fn ring_cut(st: &ClusterState, job: &Job) -> Option<String> {
     if let Some(h) = job
         .hosts()
@@ -155,30 +177,45 @@ pub(in crate::model) fn ring_cut(st: &ClusterState, job: &Job) -> Option<String>
     {
         return Some(format!("{h} is cut off"));
     }
-    placement_cut(st, &job.placement)
-        .map(|(a, b)| format!("{a} and {b} share no working data rail"))
+    placement_cut(st, &job.placement).map(|(a, b)| format!("{a} and {b} cannot talk"))
 }
 
-/// The pairs of `hosts` that share no working rail, for a reason:
-/// "h1 and h2 share none, …" (at most a few shown).
+/// The pairs of `hosts` that share no working rail or are kept apart, for
+/// a reason: "h1 and h2 share none, …" (a few shown).
 fn cut_pairs(st: &ClusterState, hosts: &[&str]) -> String {
     const SHOWN: usize = 4;
-    let rails: Vec<_> = hosts
-        .iter()
-        .map(|h| st.hosts.get(*h).and_then(crate::model::paths::judged_rails))
-        .collect();
-    let apart = kept_apart(st);
+    // One pair per two groups of rail sets that do not meet, then the
+    // pairs kept apart by an incident (each pair once, names in order).
+    let mut groups: BTreeMap<BTreeSet<u32>, &str> = BTreeMap::new();
+    for h in hosts {
+        if let Some(r) = st.hosts.get(*h).and_then(crate::model::paths::judged_rails) {
+            groups.entry(r).or_insert(h);
+        }
+    }
+    let g: Vec<(&BTreeSet<u32>, &str)> = groups.iter().map(|(r, h)| (r, *h)).collect();
+    let mut seen = BTreeSet::new();
     let mut pairs = Vec::new();
-    'all: for (i, a) in hosts.iter().enumerate() {
-        for (j, b) in hosts.iter().enumerate().skip(i + 1) {
-            if crate::model::paths::rails_cut(&rails[i], &rails[j]) || apart_pair(&apart, a, b) {
-                if pairs.len() == SHOWN {
-                    pairs.push("more".to_owned());
-                    break 'all;
-                }
+    for (i, (ra, a)) in g.iter().enumerate() {
+        for (rb, b) in &g[i + 1..] {
+            let (a, b) = if a <= b { (*a, *b) } else { (*b, *a) };
+            if ra.is_disjoint(rb) && seen.insert((a.to_owned(), b.to_owned())) {
                 pairs.push(format!("{a} and {b} share none"));
             }
         }
+    }
+    let set: BTreeSet<&str> = hosts.iter().copied().collect();
+    for (a, b) in kept_apart(st) {
+        if set.contains(a.as_str())
+            && set.contains(b.as_str())
+            && !seen.contains(&(a.clone(), b.clone()))
+        {
+            pairs.push(format!("{a} and {b} are kept apart (incident)"));
+        }
+    }
+    let more = pairs.len().saturating_sub(SHOWN);
+    pairs.truncate(SHOWN);
+    if more > 0 {
+        pairs.push(format!("{more} more"));
     }
     if pairs.is_empty() {
         "no choice of them does".into()
@@ -210,67 +247,98 @@ fn kept_apart(st: &ClusterState) -> BTreeSet<(String, String)> {
         .collect()
 }
 
-/// Whether the pair is in `apart` (in either order).
-fn apart_pair(apart: &BTreeSet<(String, String)>, a: &str, b: &str) -> bool {
-    let (a, b) = if a <= b { (a, b) } else { (b, a) };
-    apart.contains(&(a.to_owned(), b.to_owned()))
-}
-
-/// Hosts' working rails, each computed once per placement
-/// ([`crate::model::paths::judged_rails`]), and the pairs kept apart.
-struct Rails<'a> {
+/// The hosts chosen so far for a placement: their names and the distinct
+/// sets of working rails among them, so a candidate is checked against a
+/// handful of rail sets and the few pairs kept apart, not every host.
+struct Chosen<'a> {
     st: &'a ClusterState,
-    known: BTreeMap<String, Option<BTreeSet<u32>>>,
+    names: BTreeSet<String>,
+    rail_sets: BTreeSet<BTreeSet<u32>>,
     apart: BTreeSet<(String, String)>,
+    /// Only hosts with this rail working (the per-rail retry).
+    rail: Option<u32>,
 }
 
-impl Rails<'_> {
-    fn of(&mut self, host: &str) -> Option<BTreeSet<u32>> {
-        if let Some(r) = self.known.get(host) {
-            return r.clone();
+impl<'a> Chosen<'a> {
+    fn new(st: &'a ClusterState, rail: Option<u32>) -> Self {
+        Chosen {
+            st,
+            names: BTreeSet::new(),
+            rail_sets: BTreeSet::new(),
+            apart: kept_apart(st),
+            rail,
         }
-        let r = self
+    }
+
+    /// Whether `host` may join: it shares a working data rail with every
+    /// host chosen ([`crate::model::paths`]: a job's collectives may connect
+    /// any two of its ranks — gloo and NCCL build rings and trees across
+    /// all of them — so every pair of its hosts must be able to talk), no
+    /// open path incident keeps it apart from one, and it has the rail
+    /// this attempt is limited to.
+    fn fits(&self, host: &str) -> bool {
+        if self.names.contains(host) {
+            return false;
+        }
+        let mine = self
             .st
             .hosts
             .get(host)
             .and_then(crate::model::paths::judged_rails);
-        self.known.insert(host.to_owned(), r.clone());
-        r
+        if let Some(m) = &mine {
+            if self.rail.is_some_and(|r| !m.contains(&r))
+                || self.rail_sets.iter().any(|s| s.is_disjoint(m))
+            {
+                return false;
+            }
+        }
+        !self.apart.iter().any(|(a, b)| {
+            (a == host && self.names.contains(b)) || (b == host && self.names.contains(a))
+        })
     }
 
-    /// Whether `host` shares a working data rail with every host in
-    /// `with` ([`crate::model::paths`]): a job's collectives may connect
-    /// any two of its ranks (gloo and NCCL build rings and trees across
-    /// all of them), so every pair of its hosts must be able to talk.
-    fn reaches_all(&mut self, host: &str, with: &BTreeSet<String>) -> bool {
-        let mine = self.of(host);
-        with.iter().all(|o| {
-            o == host
-                || (!crate::model::paths::rails_cut(&mine, &self.of(o))
-                    && !apart_pair(&self.apart, host, o))
-        })
+    fn add(&mut self, host: &str) {
+        self.names.insert(host.to_owned());
+        if let Some(r) = self
+            .st
+            .hosts
+            .get(host)
+            .and_then(crate::model::paths::judged_rails)
+        {
+            self.rail_sets.insert(r);
+        }
     }
 }
 
 /// Where the job's next incarnation would run, one host per rank (each
 /// host `ranks_per_host` times in a row), such that every two of its hosts
 /// share a working data rail: hosts of the previous placement that are
-/// still eligible keep their ranks, in order, each unless it shares no
-/// rail with one kept before it (of two that lost different rails, the
-/// later one moves); the others go to eligible hosts that reach every host
+/// still eligible keep their ranks, in order, each unless it cannot talk
+/// with one kept before it (of two that lost different rails, the later
+/// one moves); the others go to eligible hosts that reach every host
 /// chosen so far, with the fewest ranks of other jobs (spares first), then
-/// in the spec's host order, then by name. `None` when there are not
-/// enough (greedy: it does not search every combination).
+/// in the spec's host order, then by name. When that greedy pass finds
+/// none, the same again limited to the hosts with one rail working, rail
+/// by rail (hosts that share a rail all reach each other). `None` when
+/// there are not enough.
 pub fn place(st: &ClusterState, job: &Job) -> Option<Vec<String>> {
+    if let Some(p) = place_on(st, job, None) {
+        return Some(p);
+    }
+    let rails: BTreeSet<u32> = st
+        .hosts
+        .values()
+        .flat_map(|h| h.nics.values().filter_map(|n| n.rail))
+        .collect();
+    rails.into_iter().find_map(|r| place_on(st, job, Some(r)))
+}
+
+/// [`place`]'s pass, limited to hosts with `rail` working when given.
+fn place_on(st: &ClusterState, job: &Job, rail: Option<u32>) -> Option<Vec<String>> {
     let per = job.spec.ranks_per_host.max(1) as usize;
     let n = job.spec.host_count();
     let mut out: Vec<Option<String>> = vec![None; n];
-    let mut used = BTreeSet::new();
-    let mut rails = Rails {
-        st,
-        known: BTreeMap::new(),
-        apart: kept_apart(st),
-    };
+    let mut chosen = Chosen::new(st, rail);
     for (g, h) in job
         .previous_placement
         .iter()
@@ -278,8 +346,8 @@ pub fn place(st: &ClusterState, job: &Job) -> Option<Vec<String>> {
         .enumerate()
         .take(n)
     {
-        if eligible(st, h, &job.spec) && !used.contains(h) && rails.reaches_all(h, &used) {
-            used.insert(h.clone());
+        if eligible(st, h, &job.spec) && chosen.fits(h) {
+            chosen.add(h);
             out[g] = Some(h.clone());
         }
     }
@@ -295,13 +363,13 @@ pub fn place(st: &ClusterState, job: &Job) -> Option<Vec<String>> {
         .hosts
         .keys()
         .map(String::as_str)
-        .filter(|h| !used.contains(*h) && eligible(st, h, &job.spec))
+        .filter(|h| !chosen.names.contains(*h) && eligible(st, h, &job.spec))
         .collect();
     spare.sort_by_key(|h| (load.get(h).copied().unwrap_or(0), order(h), *h));
     let mut spare = spare.into_iter();
     for slot in out.iter_mut().filter(|s| s.is_none()) {
-        let h = spare.find(|h| rails.reaches_all(h, &used))?;
-        used.insert(h.to_owned());
+        let h = spare.find(|h| chosen.fits(h))?;
+        chosen.add(h);
         *slot = Some(h.to_owned());
     }
     let hosts: Vec<String> = out.into_iter().collect::<Option<_>>()?;

@@ -400,13 +400,16 @@ impl ClusterState {
             self.log_event(at_ms, None, Event::HostIncidentStays { incident });
             return;
         }
-        // A path incident is over when its two hosts share a rail again.
+        // A path incident is over when its two hosts share a rail again
+        // (one on the ranks' evidence is spent with its run).
         let path_cut = self.incidents.get(&incident).is_some_and(|i| {
-            let hosts = (
-                self.hosts.get(&i.host),
-                i.peer.as_ref().and_then(|p| self.hosts.get(p)),
-            );
-            matches!(hosts, (Some(a), Some(b)) if !crate::model::paths::path_restored(a, b))
+            i.stalled_job.is_none() && {
+                let hosts = (
+                    self.hosts.get(&i.host),
+                    i.peer.as_ref().and_then(|p| self.hosts.get(p)),
+                );
+                matches!(hosts, (Some(a), Some(b)) if !crate::model::paths::path_restored(a, b))
+            }
         });
         if path_cut {
             self.log_event(at_ms, None, Event::PathIncidentStays { incident });
@@ -457,6 +460,16 @@ impl ClusterState {
                     format!("failed: {why}; no escalation, left to an operator"),
                 );
                 self.end_run(at_ms, run, RunState::Failed { why });
+                // A path incident on the ranks' evidence has nothing left
+                // to wait for: it goes with its run (else it would keep the
+                // pair apart for good).
+                if self
+                    .incidents
+                    .get(&incident)
+                    .is_some_and(|i| i.stalled_job.is_some())
+                {
+                    self.close_incident(at_ms, incident, "its run failed; the evidence is spent");
+                }
             }
         }
     }

@@ -25,7 +25,7 @@ impl ClusterState {
     ) -> Begun {
         use playbooks::{Action as A, MigrateTarget};
         let r = &self.runs[&run];
-        let (step_no, attempt) = (r.step as u32, r.attempt);
+        let (step_no, attempt, run_incident) = (r.step as u32, r.attempt, r.incident);
         let limits = r.definition.limits.clone();
         let pb_name = r.playbook.clone();
         let host = inc.host.clone();
@@ -237,15 +237,20 @@ impl ClusterState {
                 if jobs.is_empty() {
                     Some(Ok(format!("no jobs on {host}")))
                 } else {
-                    let down = self
+                    // A failure restart when the host is gone, or when only
+                    // the ranks' evidence (a stalled connection) says the
+                    // placement broke; a planned move otherwise.
+                    let failure = self
                         .hosts
                         .get(&host)
-                        .is_some_and(|h| h.liveness == Liveness::Down);
+                        .is_some_and(|h| h.liveness == Liveness::Down)
+                        || self
+                            .incidents
+                            .get(&run_incident)
+                            .is_some_and(|i| i.stalled_job.is_some());
                     let why = format!("playbook {pb_name} (run {run}): {} on {host}", inc.kind);
                     for m in jobs {
-                        // A failure restart when the host is gone, a planned
-                        // move otherwise.
-                        self.restart_job(at_ms, &m.job, m.incarnation, &why, !down);
+                        self.restart_job(at_ms, &m.job, m.incarnation, &why, !failure);
                     }
                     None
                 }
@@ -257,12 +262,18 @@ impl ClusterState {
             }
             StepOp::ReturnToService => {
                 let h = self.hosts.get_mut(&host).expect("checked");
+                let mine = format!("playbook:{pb_name}");
                 Some(Ok(match &h.drain {
-                    Some(d) if d.by.starts_with("playbook:") => {
+                    Some(d) if d.by == mine => {
                         let by = d.by.clone();
+                        h.cordoned = d.cordoned_before;
                         h.drain = None;
-                        h.cordoned = false;
-                        format!("host {host} back in service (drained by {by})")
+                        let still = if h.cordoned {
+                            " (still cordoned: it was before the drain)"
+                        } else {
+                            ""
+                        };
+                        format!("host {host} back in service (drained by {by}){still}")
                     }
                     Some(d) => format!("host {host} stays drained: {} drained it", d.by),
                     None => format!("host {host} is not drained"),
@@ -270,6 +281,7 @@ impl ClusterState {
             }
             StepOp::Drain { deadline_ms } => {
                 let h = self.hosts.get_mut(&host).expect("checked");
+                let cordoned_before = h.cordoned;
                 h.cordoned = true;
                 if h.drain.is_none() {
                     h.drain = Some(Drain {
@@ -278,6 +290,7 @@ impl ClusterState {
                         deadline_ms: Some(*deadline_ms),
                         by: format!("playbook:{pb_name}"),
                         since_ms: at_ms,
+                        cordoned_before,
                     });
                 }
                 None

@@ -12,6 +12,9 @@ pub struct RunView {
     pub incident_kind: String,
     pub host: String,
     pub nic: Option<String>,
+    /// The other host of a path incident.
+    #[serde(default)]
+    pub peer: Option<String>,
     pub playbook: String,
     pub playbook_version: u64,
     /// 0-based index and id of the current step.
@@ -36,6 +39,7 @@ impl RunView {
             incident_kind: inc.map(|i| i.kind.to_string()).unwrap_or_default(),
             host: inc.map(|i| i.host.clone()).unwrap_or_default(),
             nic: inc.and_then(|i| i.nic.clone()),
+            peer: inc.and_then(|i| i.peer.clone()),
             playbook: r.playbook.clone(),
             playbook_version: r.playbook_version,
             step: r.step,

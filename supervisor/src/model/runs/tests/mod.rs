@@ -892,7 +892,7 @@ timeout = "2m"
     assert!(
         run.log.iter().any(|l| l
             .line
-            .contains("no new checkpoint possible; the latest complete ones stand: j (h0 and h1 share no working data rail; latest complete checkpoint: none yet)")),
+            .contains("no new checkpoint possible; the latest complete ones stand: j (h0 and h1 cannot talk; latest complete checkpoint: none yet)")),
         "{:?}",
         run.log
     );
