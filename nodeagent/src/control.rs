@@ -229,6 +229,17 @@ struct Pending {
     delivered: bool,
 }
 
+impl Inventory {
+    /// The key of connection `conn_id` registered on session `id`.
+    fn session_conn(&self, id: u64, conn_id: u64) -> Result<ConnKey, String> {
+        self.sessions[&id]
+            .conns
+            .get(&conn_id)
+            .cloned()
+            .ok_or_else(|| format!("connection {conn_id} is not registered on this connection"))
+    }
+}
+
 #[derive(Default)]
 struct Inventory {
     sessions: HashMap<u64, Session>,
@@ -614,13 +625,7 @@ impl Control {
             }
             JobMessage::ConnMoved { conn_id, nic } => {
                 self.check_nic(&nic)?;
-                let key = inv.sessions[&id]
-                    .conns
-                    .get(&conn_id)
-                    .cloned()
-                    .ok_or_else(|| {
-                        format!("connection {conn_id} is not registered on this connection")
-                    })?;
+                let key = inv.session_conn(id, conn_id)?;
                 let r = inv.conns.get_mut(&key).expect("registered on the session");
                 if r.conn.nic != nic {
                     tracing::info!(conn = %key, from = %r.conn.nic, to = %nic, "connection moved");
@@ -629,13 +634,7 @@ impl Control {
                 }
             }
             JobMessage::ConnStalled { conn_id } => {
-                let key = inv.sessions[&id]
-                    .conns
-                    .get(&conn_id)
-                    .cloned()
-                    .ok_or_else(|| {
-                        format!("connection {conn_id} is not registered on this connection")
-                    })?;
+                let key = inv.session_conn(id, conn_id)?;
                 let conn = &inv.conns.get(&key).expect("registered on the session").conn;
                 let pid = inv.sessions[&id].hello.pid;
                 tracing::warn!(

@@ -63,15 +63,20 @@ pub fn path_restored(a: &Host, b: &Host) -> bool {
     !up_rails(a).is_disjoint(&up_rails(b))
 }
 
-/// A pair's rails for an incident's detail: "h1 rail0 Down, rail1 Up".
-pub fn describe(h: &Host) -> String {
+/// A host's data NICs and their states: "rail0 Down, rail1 Up".
+pub fn rail_states(h: &Host) -> String {
     let nics: Vec<String> = h
         .nics
         .values()
         .filter(|n| n.rail.is_some())
         .map(|n| format!("{} {:?}", n.name, n.state))
         .collect();
-    format!("{} {}", h.name, nics.join(", "))
+    nics.join(", ")
+}
+
+/// A pair's rails for an incident's detail: "h1 rail0 Down, rail1 Up".
+pub fn describe(h: &Host) -> String {
+    format!("{} {}", h.name, rail_states(h))
 }
 
 #[cfg(test)]

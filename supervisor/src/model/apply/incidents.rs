@@ -102,18 +102,13 @@ impl ClusterState {
                 self.cut_off_incidents(at_ms, host);
             }
             (true, None) => {
-                let nics: Vec<String> = h
-                    .nics
-                    .values()
-                    .filter(|n| n.rail.is_some())
-                    .map(|n| format!("{} {:?}", n.name, n.state))
-                    .collect();
+                let nics = crate::model::paths::rail_states(h);
                 let id = self.open_incident(
                     at_ms,
                     IncidentKind::HostCutOff,
                     host,
                     None,
-                    format!("no working data rail: {}", nics.join(", ")),
+                    format!("no working data rail: {nics}"),
                 );
                 self.hosts.get_mut(host).expect("exists").cut_off_incident = Some(id);
                 let nic_incidents: Vec<u64> = self.hosts[host]

@@ -225,6 +225,18 @@ fn a_cut_off_host_gets_its_own_incident_and_its_jobs_move_without_it() {
     );
 }
 
+/// Hosts with both rails Up and job `j` of `ranks` ranks placed.
+fn job_on_healthy_rails(hosts: &[&str], ranks: u32) -> World {
+    let mut w = World::new(hosts, true);
+    for h in hosts {
+        w.nic(h, "rail0", NicHealth::Up);
+        w.nic(h, "rail1", NicHealth::Up);
+    }
+    w.admin(AdminOp::Job(JobOp::Submit { spec: spec(ranks) }));
+    w.settle(obey);
+    w
+}
+
 /// The open `no_common_rail` incidents, as (host, peer).
 fn path_incidents(w: &World) -> Vec<(u64, String, String)> {
     w.st.incidents
@@ -236,13 +248,7 @@ fn path_incidents(w: &World) -> Vec<(u64, String, String)> {
 
 #[test]
 fn two_neighbours_without_a_common_rail_get_a_path_incident_and_a_spare_takes_one() {
-    let mut w = World::new(&["h0", "h1", "h2", "h3"], true);
-    for h in ["h0", "h1", "h2", "h3"] {
-        w.nic(h, "rail0", NicHealth::Up);
-        w.nic(h, "rail1", NicHealth::Up);
-    }
-    w.admin(AdminOp::Job(JobOp::Submit { spec: spec(3) }));
-    w.settle(obey);
+    let mut w = job_on_healthy_rails(&["h0", "h1", "h2", "h3"], 3);
     assert_eq!(w.st.jobs["j"].placement, vec!["h0", "h1", "h2"]);
     // Each keeps a local backup: no path incident yet.
     w.nic("h1", "rail0", NicHealth::Down);
@@ -294,13 +300,7 @@ fn two_neighbours_without_a_common_rail_get_a_path_incident_and_a_spare_takes_on
 
 #[test]
 fn without_a_spare_the_job_waits_with_the_reason_and_no_budget_spent() {
-    let mut w = World::new(&["h0", "h1", "h2"], true);
-    for h in ["h0", "h1", "h2"] {
-        w.nic(h, "rail0", NicHealth::Up);
-        w.nic(h, "rail1", NicHealth::Up);
-    }
-    w.admin(AdminOp::Job(JobOp::Submit { spec: spec(3) }));
-    w.settle(obey);
+    let mut w = job_on_healthy_rails(&["h0", "h1", "h2"], 3);
     w.nic("h1", "rail0", NicHealth::Down);
     w.nic("h2", "rail1", NicHealth::Down);
     w.settle(obey);
@@ -343,13 +343,7 @@ fn without_a_spare_the_job_waits_with_the_reason_and_no_budget_spent() {
 /// meanwhile does not close it.
 #[test]
 fn a_stalled_connection_parts_two_hosts_whose_nics_look_healthy() {
-    let mut w = World::new(&["h0", "h1", "h2", "h3"], true);
-    for h in ["h0", "h1", "h2", "h3"] {
-        w.nic(h, "rail0", NicHealth::Up);
-        w.nic(h, "rail1", NicHealth::Up);
-    }
-    w.admin(AdminOp::Job(JobOp::Submit { spec: spec(3) }));
-    w.settle(obey);
+    let mut w = job_on_healthy_rails(&["h0", "h1", "h2", "h3"], 3);
     assert_eq!(w.st.jobs["j"].placement, vec!["h0", "h1", "h2"]);
     let stalled = |incarnation: u64, rank: u32, peer: &str, peer_rank: u32| {
         Report::ConnStalled(proto::agent::ConnStallReport {
@@ -405,13 +399,7 @@ fn a_stalled_connection_parts_two_hosts_whose_nics_look_healthy() {
 /// too: that is the liveness detector's to judge, not a path incident.
 #[test]
 fn a_stall_towards_a_host_in_doubt_is_not_a_path_incident() {
-    let mut w = World::new(&["h0", "h1", "h2"], true);
-    for h in ["h0", "h1", "h2"] {
-        w.nic(h, "rail0", NicHealth::Up);
-        w.nic(h, "rail1", NicHealth::Up);
-    }
-    w.admin(AdminOp::Job(JobOp::Submit { spec: spec(2) }));
-    w.settle(obey);
+    let mut w = job_on_healthy_rails(&["h0", "h1", "h2"], 2);
     assert_eq!(w.st.jobs["j"].placement, vec!["h0", "h1"]);
     w.ok(Command::SetLiveness {
         host: "h1".into(),
@@ -442,13 +430,7 @@ fn a_stall_towards_a_host_in_doubt_is_not_a_path_incident() {
 /// rail1; {h1, h2, h3, h4} all have rail0.
 #[test]
 fn placement_falls_back_to_the_hosts_of_one_rail() {
-    let mut w = World::new(&["h0", "h1", "h2", "h3", "h4"], true);
-    for h in ["h0", "h1", "h2", "h3", "h4"] {
-        w.nic(h, "rail0", NicHealth::Up);
-        w.nic(h, "rail1", NicHealth::Up);
-    }
-    w.admin(AdminOp::Job(JobOp::Submit { spec: spec(4) }));
-    w.settle(obey);
+    let mut w = job_on_healthy_rails(&["h0", "h1", "h2", "h3", "h4"], 4);
     assert_eq!(w.st.jobs["j"].placement, vec!["h0", "h1", "h2", "h3"]);
     w.nic("h0", "rail0", NicHealth::Down);
     for h in ["h1", "h2", "h3"] {
