@@ -60,6 +60,21 @@ pub(crate) fn placed_for_test(name: &str, hosts: &[&str]) -> Job {
     }
 }
 
+/// An agent's report that `nic` is in `health` (for tests).
+pub(crate) fn nic_report(nic: &str, health: proto::agent::NicHealth) -> proto::agent::Report {
+    proto::agent::Report::Nic(proto::agent::NicReport {
+        nic: nic.into(),
+        health,
+        carrier_changes: 0,
+        flaps: 0,
+        penalty: 0.0,
+        coalesced: 0,
+        link_up: health == proto::agent::NicHealth::Up,
+        probes_lost: false,
+        at_unix_ns: 0,
+    })
+}
+
 /// A job spec of `ranks` ranks running `/bin/true` (for tests).
 pub(crate) fn spec(name: &str, ranks: u32) -> JobSpec {
     JobSpec {

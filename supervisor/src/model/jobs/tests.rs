@@ -346,19 +346,7 @@ fn a_failed_rank_restarts_the_job_from_its_latest_complete_checkpoint() {
 /// placement keeps the two apart).
 #[test]
 fn a_rank_failing_on_a_cut_path_restarts_the_job_without_spending_its_budget() {
-    let nic = |name: &str, health| {
-        Report::Nic(proto::agent::NicReport {
-            nic: name.into(),
-            health,
-            carrier_changes: 0,
-            flaps: 0,
-            penalty: 0.0,
-            coalesced: 0,
-            link_up: health == proto::agent::NicHealth::Up,
-            probes_lost: false,
-            at_unix_ns: 0,
-        })
-    };
+    let nic = crate::model::testkit::nic_report;
     let mut w = World::new(&["h0", "h1", "h2"]);
     for h in ["h0", "h1", "h2"] {
         for n in ["rail0", "rail1"] {

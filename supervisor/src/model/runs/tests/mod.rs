@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use crate::model::jobs::{JobOp, JobSpec};
 use crate::model::{AdminOp, AgentEvent, Command, IntentStatus, Proposal};
 use openraft::{CommittedLeaderId, LogId};
-use proto::agent::{NicHealth, NicReport, Report};
+use proto::agent::{NicHealth, Report};
 use proto::v1::agent_order;
 
 /// The replicated state plus a simulated leader loop and agents that
@@ -97,20 +97,7 @@ impl World {
     }
 
     fn nic(&mut self, host: &str, nic: &str, state: NicHealth) {
-        self.report(
-            host,
-            Report::Nic(NicReport {
-                nic: nic.into(),
-                health: state,
-                carrier_changes: 0,
-                flaps: 0,
-                penalty: 0.0,
-                coalesced: 0,
-                link_up: state == NicHealth::Up,
-                probes_lost: false,
-                at_unix_ns: 0,
-            }),
-        );
+        self.report(host, crate::model::testkit::nic_report(nic, state));
     }
 
     /// `host`'s agent reports `report` (its next sequence number).
