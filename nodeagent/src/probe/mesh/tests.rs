@@ -265,7 +265,12 @@ fn estimates_offsets_and_one_way_delays_between_two_hosts() {
         let e = p.estimate.as_ref().expect("an estimate per path");
         let at_b = e.offset_at(e.at_ns);
         assert!((at_b - 300_000.0).abs() < 100.0, "offset {at_b}");
-        assert!(p.expected > 0 && p.received == p.expected, "{p:?}");
+        // Nothing lost: the peer's random first phase may leave one probe
+        // in flight at the window's edge, so one fewer is no loss.
+        assert!(
+            p.expected > 0 && p.received + 1 >= p.expected && p.received <= p.expected,
+            "{p:?}"
+        );
         assert!(!p.delays_ns.is_empty());
         // Corrected one-way delays: the floor is the true 20 µs.
         assert!(
