@@ -6,7 +6,7 @@ use crate::model::incidents::IncidentKind;
 use crate::model::result::{not_found, CmdError};
 use proto::agent::{NicHealth, NicReport};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A NIC as an agent reports it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -157,6 +157,11 @@ pub struct Host {
     pub held_version: u64,
     /// The open `host_cut_off` incident, if any.
     pub cut_off_incident: Option<u64>,
+    /// The open `no_common_rail` incidents naming this host, as its host
+    /// or its peer (at most `MAX_PATH_INCIDENTS_PER_HOST`): an index, so
+    /// every NIC transition looks at a handful of ids, not at the
+    /// incident table.
+    pub path_incidents: BTreeSet<u64>,
 }
 
 impl Host {

@@ -30,7 +30,8 @@ use std::collections::VecDeque;
 /// versions of `Action::Failover`/`Failback`).
 /// 6: path incidents (`Incident.peer`, `Event::PathIncidentStays`).
 /// 7: `Report::ConnStalled`, `Event::ConnStalled`.
-pub const MODEL_FORMAT_VERSION: u8 = 7;
+/// 8: `Host.path_incidents`.
+pub const MODEL_FORMAT_VERSION: u8 = 8;
 
 /// The whole replicated model.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

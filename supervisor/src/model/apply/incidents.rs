@@ -137,14 +137,15 @@ impl ClusterState {
     pub(in crate::model) fn path_incidents(&mut self, at_ms: u64, host: &str) {
         use crate::model::paths::{describe, path_cut, path_restored};
         let open: Vec<(u64, String, String, bool)> = self
-            .incidents
-            .values()
-            .filter(|i| i.kind == IncidentKind::NoCommonRail && i.closed_ms.is_none())
+            .hosts
+            .get(host)
+            .into_iter()
+            .flat_map(|h| &h.path_incidents)
+            .filter_map(|id| self.incidents.get(id))
             .filter_map(|i| {
                 let evidence = i.stalled_job.is_some();
                 Some((i.id, i.host.clone(), i.peer.clone()?, evidence))
             })
-            .filter(|(_, a, b, _)| a == host || b == host)
             .collect();
         let mut known = std::collections::BTreeSet::new();
         for (id, a, b, evidence) in open {
@@ -201,10 +202,7 @@ impl ClusterState {
                 describe(&self.hosts[&a]),
                 describe(&self.hosts[&b])
             );
-            let id = self.open_incident(at_ms, IncidentKind::NoCommonRail, &a, None, detail);
-            if let Some(i) = self.incidents.get_mut(&id) {
-                i.peer = Some(b);
-            }
+            self.open_pair_incident(at_ms, &a, &b, detail, None);
         }
     }
 
@@ -272,10 +270,29 @@ impl ClusterState {
             crate::model::paths::describe(&self.hosts[&a]),
             crate::model::paths::describe(&self.hosts[&b])
         );
-        let id = self.open_incident(at_ms, IncidentKind::NoCommonRail, &a, None, detail);
+        self.open_pair_incident(at_ms, &a, &b, detail, Some(c.job.clone()));
+    }
+
+    /// Opens the `no_common_rail` incident of the pair `a` (its host) and
+    /// `b` (its peer), on NIC states or on a job's evidence, and indexes it
+    /// on both hosts.
+    fn open_pair_incident(
+        &mut self,
+        at_ms: u64,
+        a: &str,
+        b: &str,
+        detail: String,
+        stalled_job: Option<String>,
+    ) {
+        let id = self.open_incident(at_ms, IncidentKind::NoCommonRail, a, None, detail);
         if let Some(i) = self.incidents.get_mut(&id) {
-            i.peer = Some(b);
-            i.stalled_job = Some(c.job.clone());
+            i.peer = Some(b.to_owned());
+            i.stalled_job = stalled_job;
+        }
+        for h in [a, b] {
+            if let Some(h) = self.hosts.get_mut(h) {
+                h.path_incidents.insert(id);
+            }
         }
     }
 
@@ -283,9 +300,14 @@ impl ClusterState {
     /// cancelled): the path incidents opened on its ranks' evidence that no
     /// run acts on are spent (a run closes its own when it ends).
     pub(in crate::model) fn stalled_evidence_spent(&mut self, at_ms: u64, job: &str) {
-        let spent: Vec<u64> = self
-            .incidents
+        let open: std::collections::BTreeSet<u64> = self
+            .hosts
             .values()
+            .flat_map(|h| h.path_incidents.iter().copied())
+            .collect();
+        let spent: Vec<u64> = open
+            .into_iter()
+            .filter_map(|id| self.incidents.get(&id))
             .filter(|i| {
                 i.closed_ms.is_none()
                     && i.stalled_job.as_deref() == Some(job)
@@ -300,28 +322,19 @@ impl ClusterState {
 
     /// Open `no_common_rail` incidents naming `host`.
     fn path_incidents_of(&self, host: &str) -> usize {
-        self.incidents
-            .values()
-            .filter(|i| {
-                i.kind == IncidentKind::NoCommonRail
-                    && i.closed_ms.is_none()
-                    && (i.host == host || i.peer.as_deref() == Some(host))
-            })
-            .count()
+        self.hosts.get(host).map_or(0, |h| h.path_incidents.len())
     }
 
     /// The open `no_common_rail` incident of the pair, if any.
     pub(in crate::model) fn open_path_incident(&self, a: &str, b: &str) -> Option<u64> {
-        self.incidents
-            .values()
-            .find(|i| {
-                i.kind == IncidentKind::NoCommonRail
-                    && i.closed_ms.is_none()
-                    && i.peer
-                        .as_deref()
-                        .is_some_and(|p| (i.host == a && p == b) || (i.host == b && p == a))
+        let h = self.hosts.get(a)?;
+        h.path_incidents.iter().copied().find(|id| {
+            self.incidents.get(id).is_some_and(|i| {
+                i.peer
+                    .as_deref()
+                    .is_some_and(|p| (i.host == a && p == b) || (i.host == b && p == a))
             })
-            .map(|i| i.id)
+        })
     }
 
     pub(crate) fn close_incident(&mut self, at_ms: u64, id: u64, why: &str) {
@@ -334,6 +347,13 @@ impl ClusterState {
         i.closed_ms = Some(at_ms);
         let host = i.host.clone();
         let kind = i.kind;
+        if let Some(peer) = i.peer.clone() {
+            for h in [&host, &peer] {
+                if let Some(h) = self.hosts.get_mut(h) {
+                    h.path_incidents.remove(&id);
+                }
+            }
+        }
         self.log_event(
             at_ms,
             Some(&host),

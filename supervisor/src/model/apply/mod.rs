@@ -49,6 +49,7 @@ impl ClusterState {
                     // this name may still hold.
                     held_version: index,
                     cut_off_incident: None,
+                    path_incidents: Default::default(),
                 });
                 let probe_view_before = existing.as_ref().map(probe_view);
                 let mut new_nics = BTreeMap::new();

@@ -239,9 +239,10 @@ fn load<'a>(st: &'a ClusterState, except: &str) -> BTreeMap<&'a str, usize> {
 /// incident: kept apart even when their NIC states look healthy (the
 /// incident may stand on the ranks' evidence that they cannot talk).
 fn kept_apart(st: &ClusterState) -> BTreeSet<(String, String)> {
-    st.incidents
+    st.hosts
         .values()
-        .filter(|i| i.kind == crate::model::IncidentKind::NoCommonRail && i.closed_ms.is_none())
+        .flat_map(|h| &h.path_incidents)
+        .filter_map(|id| st.incidents.get(id))
         .filter_map(|i| Some((i.host.clone(), i.peer.clone()?)))
         .map(|(a, b)| if a <= b { (a, b) } else { (b, a) })
         .collect()

@@ -199,9 +199,25 @@ impl ClusterState {
 
     /// What planning reads of the cluster (`now_ms`: the leader's clock).
     pub fn playbook_view(&self, now_ms: u64) -> playbooks::ClusterView {
+        self.view_of(now_ms, self.hosts.values())
+    }
+
+    /// The view of only these hosts (and every job): enough for a step's
+    /// condition, which reads the incident's host, peer and jobs, and
+    /// cheap enough for the reconciler to build for every waiting run on
+    /// every pass (the whole view is linear in the cluster's hosts).
+    pub fn playbook_view_around(&self, now_ms: u64, hosts: &[&str]) -> playbooks::ClusterView {
+        self.view_of(now_ms, hosts.iter().filter_map(|h| self.hosts.get(*h)))
+    }
+
+    fn view_of<'a>(
+        &'a self,
+        now_ms: u64,
+        hosts: impl Iterator<Item = &'a crate::model::hosts::Host>,
+    ) -> playbooks::ClusterView {
         use playbooks::{HostView, JobView, NicHealth, NicView};
         let mut view = playbooks::ClusterView::default();
-        for h in self.hosts.values() {
+        for h in hosts {
             let status = match h.status() {
                 HostStatus::Ready => playbooks::HostStatus::Ready,
                 HostStatus::Cordoned => playbooks::HostStatus::Cordoned,

@@ -237,13 +237,30 @@ fn job_on_healthy_rails(hosts: &[&str], ranks: u32) -> World {
     w
 }
 
-/// The open `no_common_rail` incidents, as (host, peer).
+/// The open `no_common_rail` incidents, as (host, peer), from the
+/// incident table; checks the hosts' index of them on the way.
 fn path_incidents(w: &World) -> Vec<(u64, String, String)> {
-    w.st.incidents
-        .values()
-        .filter(|i| i.kind == IncidentKind::NoCommonRail && i.closed_ms.is_none())
-        .map(|i| (i.id, i.host.clone(), i.peer.clone().unwrap_or_default()))
-        .collect()
+    let open: Vec<(u64, String, String)> =
+        w.st.incidents
+            .values()
+            .filter(|i| i.kind == IncidentKind::NoCommonRail && i.closed_ms.is_none())
+            .map(|i| (i.id, i.host.clone(), i.peer.clone().unwrap_or_default()))
+            .collect();
+    check_path_index(w, &open);
+    open
+}
+
+/// Invariant: every host's `path_incidents` holds exactly the open
+/// `no_common_rail` incidents that name it, as host or peer.
+fn check_path_index(w: &World, open: &[(u64, String, String)]) {
+    for h in w.st.hosts.values() {
+        let expected: std::collections::BTreeSet<u64> = open
+            .iter()
+            .filter(|(_, a, b)| *a == h.name || *b == h.name)
+            .map(|(id, _, _)| *id)
+            .collect();
+        assert_eq!(h.path_incidents, expected, "path index of {}", h.name);
+    }
 }
 
 #[test]
