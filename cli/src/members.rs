@@ -13,7 +13,9 @@ pub enum ClusterCmd {
     Init,
     /// List supervisors with their role and replication progress.
     Members,
-    /// Add a supervisor: as a learner until it has caught up, then as a voter.
+    /// Add a supervisor: as a learner until it has caught up, then as a voter
+    /// (one that does not catch up within 6 s is removed again and the call
+    /// refused: nothing changes).
     AddMember { id: u64, addr: String },
     /// Remove a supervisor from the cluster.
     RemoveMember { id: u64 },

@@ -357,8 +357,12 @@ impl Supervisor {
         })
     }
 
-    /// Adds a voter: first as a learner (waits until it has caught up), then
-    /// promotes it.
+    /// Adds a voter: first as a learner, waits (at most
+    /// [`LEARNER_CATCH_UP`]) until the leader has replicated its log to
+    /// it, then promotes it. When the new member never catches up (not
+    /// running, unreachable, refusing the leader's certificate) or the
+    /// promotion fails, a learner this call added is removed again, so a
+    /// refused `add-member` changes nothing.
     pub async fn add_member(&self, id: NodeId, addr: String) -> Result<u64, ApiError> {
         if addr.parse::<std::net::SocketAddr>().is_err() {
             return Err(ApiError::invalid(format!(
@@ -368,16 +372,86 @@ impl Supervisor {
         if id == 0 {
             return Err(ApiError::invalid("member id must be a positive integer"));
         }
-        self.raft
-            .add_learner(id, BasicNode { addr }, true)
-            .await
-            .map_err(membership_err)?;
-        let r = self
+        let known_before = self
             .raft
-            .change_membership(ChangeMembers::AddVoterIds([id].into()), true)
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .get_node(&id)
+            .is_some();
+        let added = self
+            .raft
+            .add_learner(id, BasicNode { addr: addr.clone() }, false)
             .await
             .map_err(membership_err)?;
-        Ok(r.log_id.index)
+        let promoted = match self.learner_caught_up(id, added.log_id.index).await {
+            Ok(()) => self
+                .raft
+                .change_membership(ChangeMembers::AddVoterIds([id].into()), true)
+                .await
+                .map_err(membership_err),
+            Err(why) => Err(why),
+        };
+        let e = match promoted {
+            Ok(r) => return Ok(r.log_id.index),
+            Err(e) => e,
+        };
+        let undo = if known_before {
+            "it stays as it was".to_string()
+        } else {
+            match self
+                .raft
+                .change_membership(ChangeMembers::RemoveNodes([id].into()), false)
+                .await
+            {
+                Ok(_) => "the learner was removed again: nothing changed".to_string(),
+                Err(u) => format!("removing the learner again failed too ({u}): remove it with `cluster remove-member {id}`"),
+            }
+        };
+        tracing::warn!(member = id, %addr, error = %e.message, undo = %undo, "add-member refused");
+        Err(ApiError::new(
+            e.kind,
+            format!(
+                "supervisor {id} at {addr} was not added: {}; {undo}",
+                e.message
+            ),
+        ))
+    }
+
+    /// Waits until the leader's replication to learner `id` has reached
+    /// `index` (the log entry that added it), at most [`LEARNER_CATCH_UP`].
+    async fn learner_caught_up(&self, id: NodeId, index: u64) -> Result<(), ApiError> {
+        let mut metrics = self.raft.metrics();
+        let wait = async {
+            loop {
+                let matched = {
+                    let m = metrics.borrow_and_update();
+                    match &m.replication {
+                        None => return Err("this supervisor stopped leading".to_string()),
+                        Some(r) => r.get(&id).cloned().flatten().map(|l| l.index),
+                    }
+                };
+                if matched.is_some_and(|i| i >= index) {
+                    return Ok(());
+                }
+                if metrics.changed().await.is_err() {
+                    return Err("raft stopped".to_string());
+                }
+            }
+        };
+        match tokio::time::timeout(LEARNER_CATCH_UP, wait).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(why)) => Err(ApiError::unavailable(why)),
+            Err(_) => Err(ApiError::new(
+                ErrorKind::FailedPrecondition,
+                format!(
+                    "it did not catch up with the leader's log within {} s (is it running, \
+                     reachable, and holding a supervisor certificate of this cluster's CA?)",
+                    LEARNER_CATCH_UP.as_secs()
+                ),
+            )),
+        }
     }
 
     /// Removes a member (voter or learner).
@@ -429,6 +503,10 @@ fn membership_err(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> 
         RaftError::Fatal(e) => ApiError::internal(e.to_string()),
     }
 }
+
+/// How long `add-member` waits for the new member to catch up before it
+/// removes the learner again (below the CLI's default 10 s timeout).
+const LEARNER_CATCH_UP: Duration = Duration::from_secs(6);
 
 /// How long one leadership confirmation may take before it is tried again.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(1);
