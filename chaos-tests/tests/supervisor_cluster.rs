@@ -191,6 +191,30 @@ async fn membership_add_promote_transfer_remove() {
         .await
         .unwrap_err();
     assert_eq!(forged.kind, ErrorKind::InvalidArgument, "{forged}");
+
+    // Every live supervisor archives the trail in its own data directory.
+    for n in c.nodes.iter().filter(|n| n.id != first_leader) {
+        let file = n.data_dir.join("archive").join("history.jsonl");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            let archived: Vec<serde_json::Value> = text
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            let cordon = archived
+                .iter()
+                .any(|r| r["actor"] == "chaos" && r["op"]["Cordon"]["host"] == "h0");
+            if cordon {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{}: {text}", file.display());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let events =
+            std::fs::read_to_string(n.data_dir.join("archive").join("events.jsonl")).unwrap();
+        assert!(events.lines().count() > 3, "{events}");
+    }
 }
 
 /// A member removed while it runs is added back by one `add-member`

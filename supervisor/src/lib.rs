@@ -18,6 +18,7 @@
 //! - [`daemon`]: wiring for the `railguard-supervisor` binary.
 
 pub mod api;
+pub mod archive;
 pub mod client;
 pub mod config;
 pub mod daemon;

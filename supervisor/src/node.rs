@@ -82,6 +82,10 @@ pub enum StartError {
     /// This supervisor's TLS files cannot be used as a client.
     #[error("TLS: {0}")]
     Tls(#[from] pki::PkiError),
+    /// The audit archive (`DATA_DIR/archive`) cannot be opened, or its
+    /// thread cannot start.
+    #[error(transparent)]
+    Archive(#[from] crate::archive::ArchiveError),
 }
 
 impl Supervisor {
@@ -110,6 +114,7 @@ impl Supervisor {
         let peer_clients = crate::network::PeerClients::new(client_tls.clone());
         let (log, sm) =
             raft_store::open::<TypeConfig, ClusterState>(&config.data_dir.join("raft"))?;
+        let archiver = crate::archive::Archiver::open(&config.data_dir.join("archive"))?;
         let state = sm.shared();
         let raft = Raft::new(
             config.id,
@@ -137,6 +142,14 @@ impl Supervisor {
         tokio::spawn(run_batcher(raft.clone(), rx));
         tokio::spawn(sync_revocations(Arc::downgrade(&sup)));
         tokio::spawn(confirm_leadership(raft, sup.confirmed_term.clone()));
+        let dir = archiver.dir().to_owned();
+        let weak = Arc::downgrade(&sup);
+        crate::archive::spawn(archiver, move |cursor| {
+            let s = weak.upgrade()?;
+            let batch = s.read(|st| crate::archive::Batch::collect(cursor, st));
+            Some(batch)
+        })
+        .map_err(|source| crate::archive::ArchiveError::Io { path: dir, source })?;
         Ok(sup)
     }
 
