@@ -49,6 +49,9 @@ pub struct HistoryRun {
     /// Load time before each kill.
     pub load_per_round: Duration,
     pub seed: u64,
+    /// Pause the leader (SIGSTOP) this long and resume it (SIGCONT)
+    /// instead of killing it: it wakes up believing it leads.
+    pub pause: Option<Duration>,
 }
 
 /// The figures a run reports (last line of output).
@@ -232,10 +235,10 @@ pub fn max_gap_ms(mut successes: Vec<u64>) -> u64 {
 
 /// Runs the scenario and returns its report.
 pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
-    let scenario = if cfg.whole_cluster {
-        "cluster-crash"
-    } else {
-        "leader-kill"
+    let scenario = match (cfg.whole_cluster, cfg.pause) {
+        (true, _) => "cluster-crash",
+        (false, Some(_)) => "pause-leader",
+        (false, None) => "leader-kill",
     };
     eprintln!("[{scenario}] starting 3 supervisors");
     let mut cluster = SupervisorCluster::start(3)?;
@@ -285,6 +288,16 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
             for id in 1..=3 {
                 cluster.restart(id)?;
             }
+        } else if let Some(pause) = cfg.pause {
+            let leader = cluster.wait_leader(Duration::from_secs(20)).await?;
+            anyhow::ensure!(
+                cluster.signal(leader, libc::SIGSTOP),
+                "leader {leader} is gone"
+            );
+            kills += 1;
+            eprintln!("[{scenario}] round {round}: SIGSTOPped leader {leader} for {pause:?}");
+            tokio::time::sleep(pause).await;
+            cluster.signal(leader, libc::SIGCONT);
         } else {
             let leader = cluster.wait_leader(Duration::from_secs(20)).await?;
             cluster.kill(leader);

@@ -33,6 +33,7 @@ pub mod demo;
 pub mod detect;
 pub mod linearizability;
 pub mod nic_flap;
+pub mod pause_leader;
 pub mod playbook_leader_kill;
 pub mod playbook_scenarios;
 pub mod probe_scenarios;

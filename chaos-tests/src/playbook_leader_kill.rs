@@ -64,6 +64,10 @@ pub struct LeaderKillRun {
     pub seed: u64,
     /// Longest a wave may take to complete.
     pub wave_timeout: Duration,
+    /// Pause the leader (SIGSTOP) this long and resume it (SIGCONT)
+    /// instead of killing it: it wakes up believing it leads, with its
+    /// agents' order streams still open.
+    pub pause: Option<Duration>,
 }
 
 impl Default for LeaderKillRun {
@@ -73,6 +77,7 @@ impl Default for LeaderKillRun {
             parallel: 4,
             seed: 7,
             wave_timeout: Duration::from_secs(90),
+            pause: None,
         }
     }
 }
@@ -330,18 +335,30 @@ async fn run_waves(
                             })
                             .unwrap_or((0, 0));
                         eprintln!(
-                            "[playbook-leader-kill] wave {wave}: SIGKILL leader s{l} at {:?} ({active} runs active, {in_flight} orders in flight)",
+                            "[playbook-leader-kill] wave {wave}: {} leader s{l} at {:?} ({active} runs active, {in_flight} orders in flight)",
+                            if p.pause.is_some() { "SIGSTOP" } else { "SIGKILL" },
                             t0.elapsed()
                         );
-                        c.tb.kill_node(Node::Supervisor(l));
+                        match p.pause {
+                            Some(pause) => {
+                                c.tb.signal_node(Node::Supervisor(l), libc::SIGSTOP);
+                                tokio::time::sleep(pause).await;
+                                c.tb.signal_node(Node::Supervisor(l), libc::SIGCONT);
+                                eprintln!("[playbook-leader-kill] wave {wave}: s{l} resumed after {pause:?}");
+                            }
+                            None => c.tb.kill_node(Node::Supervisor(l)),
+                        }
                         kills += 1;
                         active_at_kills += active;
                         if active > 0 {
                             kills_mid += 1;
                         }
                         orders_in_flight_at_kills += in_flight;
-                        tokio::time::sleep(Duration::from_millis(rng.gen_range(200..1_500))).await;
-                        c.start_supervisor(l)?;
+                        if p.pause.is_none() {
+                            tokio::time::sleep(Duration::from_millis(rng.gen_range(200..1_500)))
+                                .await;
+                            c.start_supervisor(l)?;
+                        }
                     }
                     Err(e) => errors.push(format!("wave {wave}: no leader to kill: {e}")),
                 }

@@ -278,6 +278,7 @@ pub async fn run(
         outbox.clone(),
         fresh.clone(),
     ));
+    let term = Arc::new(LeaderTerm::default());
     let orders = tokio::spawn(orders_loop(OrderCtx {
         cfg: cfg.clone(),
         hint: hint.clone(),
@@ -289,6 +290,7 @@ pub async fn run(
         journal,
         inflight: Default::default(),
         tails: Default::default(),
+        term: term.clone(),
     }));
 
     let (tx, mut rx) = mpsc::channel::<LinkTransition>(1024);
@@ -357,7 +359,12 @@ pub async fn run(
         fresh.clone(),
         hint.clone(),
     ));
-    let heartbeats = tokio::spawn(heartbeat_loop(cfg.clone(), hint.clone(), control.clone()));
+    let heartbeats = tokio::spawn(heartbeat_loop(
+        cfg.clone(),
+        hint.clone(),
+        control.clone(),
+        term,
+    ));
 
     let result = tokio::select! {
         _ = shutdown => Ok(()),
@@ -674,6 +681,32 @@ struct OrderCtx {
     journal: Arc<crate::journal::Journal>,
     inflight: Arc<std::sync::Mutex<std::collections::HashSet<u64>>>,
     tails: Arc<std::sync::atomic::AtomicUsize>,
+    /// The newest leader term heard (orders, heartbeat replies).
+    term: Arc<LeaderTerm>,
+}
+
+/// The newest Raft term this agent has heard from a leader. An order from
+/// an older term comes from a leader that was deposed and does not know it
+/// yet (paused, partitioned): it is refused, so nothing a newer leader
+/// cancelled or superseded is done on a stale leader's word. Memory only:
+/// a restarted agent learns the term again from the first heartbeat reply.
+#[derive(Debug, Default)]
+pub struct LeaderTerm(std::sync::atomic::AtomicU64);
+
+impl LeaderTerm {
+    /// Records `term` (0: none given). Whether an order of `term` may run:
+    /// not when a newer term has been heard.
+    pub fn admit(&self, term: u64) -> bool {
+        use std::sync::atomic::Ordering;
+        if term == 0 {
+            return true;
+        }
+        self.0.fetch_max(term, Ordering::AcqRel) <= term
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
 }
 
 /// Keeps an `Orders` stream open to the leader and executes what arrives.
@@ -782,6 +815,15 @@ fn handle_order(ctx: &OrderCtx, o: AgentOrder) {
             incarnation: from.map_or(0, |(i, _)| i),
         };
         handle_tail(ctx, id, &t);
+        return;
+    }
+    if !ctx.term.admit(o.term) {
+        tracing::warn!(
+            order_id = id,
+            term = o.term,
+            newest_term = ctx.term.get(),
+            "order from a deposed leader (an older term); refused"
+        );
         return;
     }
     let Some(work) = work(&order) else {
@@ -928,7 +970,12 @@ where
 /// Heartbeats the leader every [`HEARTBEAT`]; each reply also carries the
 /// host's NICs held out of service, which the control plane keeps (when
 /// not older than what it has) and passes on to the jobs.
-async fn heartbeat_loop(cfg: Arc<AgentConfig>, hint: Arc<LeaderHint>, control: Arc<Control>) {
+async fn heartbeat_loop(
+    cfg: Arc<AgentConfig>,
+    hint: Arc<LeaderHint>,
+    control: Arc<Control>,
+    term: Arc<LeaderTerm>,
+) {
     let mut tick = tokio::time::interval(HEARTBEAT);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut rotate = 0usize;
@@ -946,6 +993,7 @@ async fn heartbeat_loop(cfg: Arc<AgentConfig>, hint: Arc<LeaderHint>, control: A
             Ok(Ok(reply)) => {
                 hint.set(Some(addr));
                 let r = reply.into_inner();
+                term.admit(r.term);
                 control.set_held_out(r.held_version, r.held_out);
             }
             Ok(Err(s)) => {

@@ -111,6 +111,7 @@ impl Agent for Fake {
 fn start(id: u64, incarnation: u64, script: &str) -> AgentOrder {
     AgentOrder {
         order_id: id,
+        term: 0,
         kind: Some(agent_order::Kind::StartRank(StartRank {
             job: "train".into(),
             incarnation,
@@ -285,6 +286,7 @@ async fn the_agent_starts_ranks_reports_their_exits_and_answers_log_tails() {
     orders
         .send(AgentOrder {
             order_id: qid,
+            term: 0,
             kind: Some(agent_order::Kind::TailLog(TailLog {
                 job: "train".into(),
                 rank: 0,
@@ -302,6 +304,7 @@ async fn the_agent_starts_ranks_reports_their_exits_and_answers_log_tails() {
     orders
         .send(AgentOrder {
             order_id: qid + 1,
+            term: 0,
             kind: Some(agent_order::Kind::TailLog(TailLog {
                 job: "train".into(),
                 rank: 0,
@@ -362,6 +365,7 @@ async fn shaping_orders_take_the_order_path_and_refuse_unknown_nics() {
 
     let shape = AgentOrder {
         order_id: 11,
+        term: 0,
         kind: Some(agent_order::Kind::ShapeNic(ShapeNic {
             nic: "rail0".into(),
             classes: vec![ShapeClass {
@@ -399,6 +403,7 @@ async fn shaping_orders_take_the_order_path_and_refuse_unknown_nics() {
     orders
         .send(AgentOrder {
             order_id: 12,
+            term: 0,
             kind: Some(agent_order::Kind::ClearShape(ClearShape {
                 nic: "rail0".into(),
             })),
@@ -421,4 +426,46 @@ async fn shaping_orders_take_the_order_path_and_refuse_unknown_nics() {
         "{journal:?}"
     );
     assert_eq!(journal[1], (12, "clear shaping on rail0".to_string()));
+}
+
+/// An order from a leader older than one the agent has heard is refused
+/// (a deposed leader that does not know it yet); the newer leader's orders
+/// and queries (term 0) go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_from_a_deposed_leaders_term_are_refused() {
+    use proto::v1::ClearShape;
+    let Rig {
+        dir,
+        orders,
+        mut done,
+        stop_tx,
+        agent,
+        ..
+    } = Rig::start().await;
+    let clear = |id: u64, term: u64| AgentOrder {
+        order_id: id,
+        term,
+        kind: Some(agent_order::Kind::ClearShape(ClearShape {
+            nic: "rail0".into(),
+        })),
+    };
+    orders.send(clear(21, 7)).unwrap();
+    assert_eq!(next(&mut done, "term 7").await.order_id, 21);
+    // A deposed leader of term 5 wakes up and sends an order.
+    orders.send(clear(22, 5)).unwrap();
+    orders.send(clear(23, 7)).unwrap();
+    assert_eq!(next(&mut done, "term 7 again").await.order_id, 23);
+    // A newer leader's order goes through.
+    orders.send(clear(24, 8)).unwrap();
+    assert_eq!(next(&mut done, "term 8").await.order_id, 24);
+    orders.send(clear(25, 7)).unwrap();
+    orders.send(clear(26, 8)).unwrap();
+    assert_eq!(next(&mut done, "term 8 again").await.order_id, 26);
+    stop(stop_tx, agent).await;
+    let journal: Vec<u64> = nodeagent::journal::read_journal(&dir.path().join("data"))
+        .unwrap()
+        .into_iter()
+        .map(|e| e.order_id)
+        .collect();
+    assert_eq!(journal, vec![21, 23, 24, 26], "the stale orders never ran");
 }

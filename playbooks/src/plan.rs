@@ -163,6 +163,10 @@ pub fn evaluate(cond: &Condition, incident: &IncidentView, view: &ClusterView) -
     }
 }
 
+/// Reads only the incident's host (its status, clock and NICs) and the
+/// jobs of the incident's host and peer: the supervisor evaluates waiting
+/// steps against a view of just those hosts (`playbook_view_around`), so a
+/// check that reads other hosts needs that view widened.
 fn evaluate_check(check: &Check, inc: &IncidentView, view: &ClusterView) -> (bool, String) {
     let host = view.hosts.get(&inc.host);
     let nic = || -> Result<(&String, &NicView), String> {

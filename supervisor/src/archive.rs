@@ -36,6 +36,8 @@ pub const FILE_BYTES: u64 = 64 << 20;
 pub const FILES_KEPT: usize = 15;
 
 const CURSOR: &str = "cursor.json";
+/// A failing archive warns at most this often.
+const WARN_EVERY: Duration = Duration::from_secs(30);
 
 /// Errors of the archive (its directory or files).
 #[derive(Debug, thiserror::Error)]
@@ -89,7 +91,7 @@ impl Batch {
         let mut b = Batch::default();
         let from = cursor.events_seq;
         if let Some(first) = st.events.front() {
-            if first.seq > from + 1 {
+            if first.seq > from.saturating_add(1) {
                 b.events_lost = Some((from + 1, first.seq - 1));
             }
         }
@@ -104,8 +106,9 @@ impl Batch {
         let new_from = st.admin_history.partition_point(|r| r.log_index <= after);
         if let Some(first) = st.admin_history.front() {
             // A full history whose oldest record is past the cursor may have
-            // dropped records in between.
-            if st.admin_history.len() >= MAX_ADMIN_HISTORY && first.log_index > after + 1 {
+            // dropped records in between (one log entry may hold several
+            // records, so even those of `first`'s own index).
+            if st.admin_history.len() >= MAX_ADMIN_HISTORY && first.log_index > after {
                 b.history_gap = Some((after, first.log_index));
             }
         }
@@ -164,6 +167,9 @@ impl Archiver {
     /// from what the state holds (lines may repeat; nothing is skipped).
     pub fn open(dir: &Path) -> Result<Archiver, ArchiveError> {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
+        for log in ["events", "history"] {
+            cut_partial_line(&dir.join(format!("{log}.jsonl")))?;
+        }
         let path = dir.join(CURSOR);
         let cursor = match std::fs::read(&path) {
             Ok(bytes) => match serde_json::from_slice::<Cursor>(&bytes) {
@@ -200,7 +206,9 @@ impl Archiver {
         &self.dir
     }
 
-    /// Appends `batch` (lines synced), then moves the cursor past it.
+    /// Appends `batch`, each log's lines synced and its cursor saved
+    /// before the next log (a log that keeps failing never makes the other
+    /// repeat its lines).
     pub fn write(&mut self, batch: &Batch) -> Result<Written, ArchiveError> {
         let mut done = Written::default();
         if batch.is_empty() {
@@ -229,7 +237,11 @@ impl Archiver {
             cursor.events_seq = e.seq;
         }
         done.events = batch.events.len();
-        self.append("events", &lines)?;
+        if !lines.is_empty() {
+            self.append("events", &lines)?;
+            self.save_cursor(cursor)?;
+            self.cursor = cursor;
+        }
 
         lines.clear();
         if let Some((after, before)) = batch.history_gap {
@@ -252,10 +264,11 @@ impl Archiver {
             cursor.history_index = r.log_index;
         }
         done.history = batch.history.len();
-        self.append("history", &lines)?;
-
-        self.save_cursor(cursor)?;
-        self.cursor = cursor;
+        if !lines.is_empty() {
+            self.append("history", &lines)?;
+            self.save_cursor(cursor)?;
+            self.cursor = cursor;
+        }
         Ok(done)
     }
 
@@ -274,13 +287,19 @@ impl Archiver {
         if len >= self.file_bytes {
             self.rotate(log, &path)?;
         }
+        let len = if len >= self.file_bytes { 0 } else { len };
         let mut f = OpenOptions::new()
             .create(true)
             .append(true)
             .open(&path)
             .map_err(io(&path))?;
-        f.write_all(lines).map_err(io(&path))?;
-        f.sync_data().map_err(io(&path))
+        let written = f.write_all(lines).and_then(|()| f.sync_data());
+        if let Err(e) = written {
+            // No partial line stays behind for the next pass to append to.
+            let _ = f.set_len(len);
+            return Err(io(&path)(e));
+        }
+        Ok(())
     }
 
     /// `<log>.jsonl` becomes `<log>.<n>.jsonl` (n one above the newest);
@@ -336,6 +355,38 @@ impl Archiver {
     }
 }
 
+/// A log that does not end with a newline was cut mid-line (a crash, a
+/// full disk): the partial line is removed, so the next line starts clean.
+fn cut_partial_line(path: &Path) -> Result<(), ArchiveError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io(path)(e)),
+    };
+    let len = f.metadata().map_err(io(path))?.len();
+    // Backwards in blocks to the last newline (bounded by the file).
+    let mut end = len;
+    let mut block = [0u8; 4096];
+    while end > 0 {
+        let start = end.saturating_sub(block.len() as u64);
+        let n = (end - start) as usize;
+        f.seek(SeekFrom::Start(start)).map_err(io(path))?;
+        f.read_exact(&mut block[..n]).map_err(io(path))?;
+        if let Some(i) = block[..n].iter().rposition(|b| *b == b'\n') {
+            end = start + i as u64 + 1;
+            break;
+        }
+        end = start;
+    }
+    if end < len {
+        tracing::warn!(file = %path.display(), cut = len - end,
+            "archive file ended with a partial line (cut mid-write); removed it");
+        f.set_len(end).map_err(io(path))?;
+    }
+    Ok(())
+}
+
 fn encode<T: Serialize>(out: &mut Vec<u8>, dir: &Path, v: &T) -> Result<(), ArchiveError> {
     serde_json::to_writer(&mut *out, v).map_err(|source| ArchiveError::Encode {
         path: dir.to_owned(),
@@ -357,17 +408,25 @@ pub fn spawn(
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("archive".into())
-        .spawn(move || loop {
-            std::thread::sleep(ARCHIVE_EVERY);
-            let Some(batch) = collect(archiver.cursor()) else {
-                return;
-            };
-            match archiver.write(&batch) {
-                Ok(w) if w.events + w.history > 0 => {
-                    tracing::debug!(events = w.events, history = w.history, "archived")
+        .spawn(move || {
+            let mut warned: Option<std::time::Instant> = None;
+            loop {
+                std::thread::sleep(ARCHIVE_EVERY);
+                let Some(batch) = collect(archiver.cursor()) else {
+                    return;
+                };
+                match archiver.write(&batch) {
+                    Ok(w) if w.events + w.history > 0 => {
+                        tracing::debug!(events = w.events, history = w.history, "archived")
+                    }
+                    Ok(_) => {}
+                    // Once per WARN_EVERY while it keeps failing.
+                    Err(e) if warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) => {
+                        warned = Some(std::time::Instant::now());
+                        tracing::warn!(error = %e, "archiving failed; trying again every pass");
+                    }
+                    Err(e) => tracing::debug!(error = %e, "archiving failed again"),
                 }
-                Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "archiving failed; trying again"),
             }
         })
 }

@@ -180,6 +180,11 @@ impl Supervisor {
             && self.confirmed_term.load(Ordering::Acquire) == m.current_term
     }
 
+    /// This node's current Raft term (what agents fence orders by).
+    pub fn term(&self) -> u64 {
+        self.raft.metrics().borrow().current_term
+    }
+
     /// Address of the leader, if known.
     pub fn leader_addr(&self) -> Option<String> {
         let m = self.raft.metrics().borrow().clone();
@@ -385,14 +390,20 @@ impl Supervisor {
         if id == 0 {
             return Err(ApiError::invalid("member id must be a positive integer"));
         }
-        let known_before = self
+        let known = self
             .raft
             .metrics()
             .borrow()
             .membership_config
             .membership()
             .get_node(&id)
-            .is_some();
+            .map(|n| n.addr.clone());
+        if let Some(at) = known.as_ref().filter(|at| **at != addr) {
+            return Err(ApiError::invalid(format!(
+                "supervisor {id} is already a member at {at}, not {addr}; remove it first"
+            )));
+        }
+        let known_before = known.is_some();
         let added = self
             .raft
             .add_learner(id, BasicNode { addr: addr.clone() }, false)
@@ -410,6 +421,19 @@ impl Supervisor {
             Ok(r) => return Ok(r.log_id.index),
             Err(e) => e,
         };
+        if e.kind == ErrorKind::Unavailable {
+            // Leadership moved mid-call: the learner entry may stand, and
+            // only the new leader could take it back.
+            return Err(ApiError::new(
+                ErrorKind::Unknown,
+                format!(
+                    "supervisor {id} at {addr}: leadership moved while it was being added ({}); \
+                     it may remain a learner: see `cluster members`, and `cluster remove-member \
+                     {id}` or add it again",
+                    e.message
+                ),
+            ));
+        }
         let undo = if known_before {
             "it stays as it was".to_string()
         } else {
@@ -430,41 +454,6 @@ impl Supervisor {
                 e.message
             ),
         ))
-    }
-
-    /// Waits until the leader's replication to learner `id` has reached
-    /// `index` (the log entry that added it), at most [`LEARNER_CATCH_UP`].
-    async fn learner_caught_up(&self, id: NodeId, index: u64) -> Result<(), ApiError> {
-        let mut metrics = self.raft.metrics();
-        let wait = async {
-            loop {
-                let matched = {
-                    let m = metrics.borrow_and_update();
-                    match &m.replication {
-                        None => return Err("this supervisor stopped leading".to_string()),
-                        Some(r) => r.get(&id).cloned().flatten().map(|l| l.index),
-                    }
-                };
-                if matched.is_some_and(|i| i >= index) {
-                    return Ok(());
-                }
-                if metrics.changed().await.is_err() {
-                    return Err("raft stopped".to_string());
-                }
-            }
-        };
-        match tokio::time::timeout(LEARNER_CATCH_UP, wait).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(why)) => Err(ApiError::unavailable(why)),
-            Err(_) => Err(ApiError::new(
-                ErrorKind::FailedPrecondition,
-                format!(
-                    "it did not catch up with the leader's log within {} s (is it running, \
-                     reachable, and holding a supervisor certificate of this cluster's CA?)",
-                    LEARNER_CATCH_UP.as_secs()
-                ),
-            )),
-        }
     }
 
     /// Removes a member (voter or learner).
@@ -489,6 +478,47 @@ impl Supervisor {
             .await
             .map_err(membership_err)?;
         Ok(r.log_id.index)
+    }
+
+    /// Waits until the leader's replication to learner `id` has reached
+    /// `index` (the log entry that added it); gives up when it has made
+    /// no progress for [`LEARNER_CATCH_UP`] (a large snapshot on its way
+    /// keeps it going). `Unavailable` when this node stopped leading.
+    async fn learner_caught_up(&self, id: NodeId, index: u64) -> Result<(), ApiError> {
+        let mut metrics = self.raft.metrics();
+        let mut best: Option<u64> = None;
+        let mut deadline = tokio::time::Instant::now() + LEARNER_CATCH_UP;
+        loop {
+            let matched = {
+                let m = metrics.borrow_and_update();
+                match &m.replication {
+                    None => return Err(ApiError::unavailable("this supervisor stopped leading")),
+                    Some(r) => r.get(&id).cloned().flatten().map(|l| l.index),
+                }
+            };
+            if matched.is_some_and(|i| i >= index) {
+                return Ok(());
+            }
+            if matched > best {
+                best = matched;
+                deadline = tokio::time::Instant::now() + LEARNER_CATCH_UP;
+            }
+            match tokio::time::timeout_at(deadline, metrics.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(ApiError::unavailable("raft stopped")),
+                Err(_) => {
+                    return Err(ApiError::new(
+                        ErrorKind::FailedPrecondition,
+                        format!(
+                            "it did not catch up with the leader's log (no progress for {} s: \
+                             is it running, reachable, and holding a supervisor certificate of \
+                             this cluster's CA?)",
+                            LEARNER_CATCH_UP.as_secs()
+                        ),
+                    ))
+                }
+            }
+        }
     }
 }
 
@@ -517,8 +547,9 @@ fn membership_err(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> 
     }
 }
 
-/// How long `add-member` waits for the new member to catch up before it
-/// removes the learner again (below the CLI's default 10 s timeout).
+/// How long `add-member` waits for the new member's log to make progress
+/// before it removes the learner again (below the CLI's default 10 s
+/// timeout).
 const LEARNER_CATCH_UP: Duration = Duration::from_secs(6);
 
 /// How long one leadership confirmation may take before it is tried again.

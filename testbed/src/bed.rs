@@ -548,6 +548,17 @@ impl Testbed {
         Ok(pid)
     }
 
+    /// Sends `signal` to every process started in `node` (SIGSTOP /
+    /// SIGCONT: a paused supervisor); how many.
+    pub fn signal_node(&self, node: Node, signal: i32) -> usize {
+        let ch = self.children.lock().unwrap_or_else(|e| e.into_inner());
+        ch.iter()
+            .filter(|(n, _)| *n == node)
+            // SAFETY: signalling a child process we spawned and still own.
+            .filter(|(_, c)| unsafe { libc::kill(c.id() as i32, signal) == 0 })
+            .count()
+    }
+
     /// SIGKILLs every process started in `node` (supervisor crash, host loss).
     pub fn kill_node(&self, node: Node) {
         let mut ch = self.children.lock().unwrap_or_else(|e| e.into_inner());

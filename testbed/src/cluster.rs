@@ -322,6 +322,22 @@ impl SupervisorCluster {
         Ok(serial)
     }
 
+    /// Sends `signal` to member `id` (SIGSTOP / SIGCONT: a paused
+    /// supervisor keeps its sockets and its belief that it leads). Whether
+    /// it was running.
+    pub fn signal(&self, id: u64, signal: i32) -> bool {
+        let Some(pid) = self
+            .nodes
+            .iter()
+            .find(|n| n.id == id)
+            .and_then(SupNode::pid)
+        else {
+            return false;
+        };
+        // SAFETY: signalling a child process we spawned and still own.
+        unsafe { libc::kill(pid as i32, signal) == 0 }
+    }
+
     /// SIGKILLs member `id` and reaps it.
     pub fn kill(&mut self, id: u64) {
         if let Some(mut child) = self.node_mut(id).child.take() {

@@ -255,6 +255,7 @@ impl Order {
         };
         v1::AgentOrder {
             order_id,
+            term: 0,
             kind: Some(kind),
         }
     }

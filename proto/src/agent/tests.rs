@@ -162,6 +162,7 @@ fn descriptions_are_the_ones_the_journal_has_always_had() {
 fn an_order_without_a_kind_is_refused() {
     let wire = v1::AgentOrder {
         order_id: 9,
+        term: 0,
         kind: None,
     };
     assert_eq!(
@@ -395,6 +396,7 @@ fn arbitrary_wire_bytes_never_panic() {
 fn reroute_wire(routes: Vec<(&str, &str, &str)>) -> v1::AgentOrder {
     v1::AgentOrder {
         order_id: 9,
+        term: 0,
         kind: Some(v1::agent_order::Kind::Reroute(v1::Reroute {
             routes: routes
                 .into_iter()
@@ -418,6 +420,7 @@ fn standby_wire(sets: Vec<(&str, usize)>) -> v1::AgentOrder {
     };
     v1::AgentOrder {
         order_id: 9,
+        term: 0,
         kind: Some(v1::agent_order::Kind::Reroute(v1::Reroute {
             routes: vec![],
             standby: sets

@@ -194,3 +194,45 @@ fn an_archive_that_cannot_be_written_is_a_clear_error_and_keeps_its_cursor() {
     assert!(e.to_string().contains("events.jsonl"), "{e}");
     assert_eq!(a.cursor(), Cursor::default());
 }
+
+#[test]
+fn a_log_that_keeps_failing_does_not_make_the_other_repeat() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut st = ClusterState::default();
+    let mut a = Archiver::open(dir.path()).unwrap();
+    std::fs::create_dir(dir.path().join("history.jsonl")).unwrap();
+    events(&mut st, 40);
+    history(&mut st, 3);
+    for _ in 0..5 {
+        let b = Batch::collect(a.cursor(), &st);
+        assert!(a.write(&b).is_err(), "history cannot be written");
+    }
+    assert_eq!(
+        field(&lines(dir.path(), "events"), "seq"),
+        (1..=40).collect::<Vec<u64>>()
+    );
+    assert_eq!(a.cursor().history_index, 0, "history not archived yet");
+    std::fs::remove_dir(dir.path().join("history.jsonl")).unwrap();
+    assert_eq!(pass(&mut a, &st).history, 3);
+}
+
+#[test]
+fn a_partial_last_line_is_cut_when_the_archive_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut st = ClusterState::default();
+    let mut a = Archiver::open(dir.path()).unwrap();
+    events(&mut st, 3);
+    pass(&mut a, &st);
+    // A crash mid-write left half a line.
+    let path = dir.path().join("events.jsonl");
+    let mut f = OpenOptions::new().append(true).open(&path).unwrap();
+    f.write_all(br#"{"seq":4,"at_"#).unwrap();
+    drop(f);
+    let mut a = Archiver::open(dir.path()).unwrap();
+    events(&mut st, 2);
+    pass(&mut a, &st);
+    assert_eq!(
+        field(&lines(dir.path(), "events"), "seq"),
+        vec![1, 2, 3, 4, 5]
+    );
+}

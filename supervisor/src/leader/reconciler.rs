@@ -132,7 +132,11 @@ async fn step(
         last = cmds;
     }
     webhooks.dispatch(sup);
-    let open = sup.read(crate::leader::orders::open_orders);
+    let mut open = sup.read(crate::leader::orders::open_orders);
+    let term = sup.term();
+    for (_, o) in &mut open {
+        o.term = term;
+    }
     orders.dispatch(&open, std::time::Instant::now());
     Ok(())
 }

@@ -201,6 +201,7 @@ impl Agent for AgentService {
             leader_id: self.sup.id,
             held_out,
             held_version,
+            term: self.sup.term(),
         }))
     }
 

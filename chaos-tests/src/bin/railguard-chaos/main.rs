@@ -148,6 +148,13 @@ const SCENARIOS: &[Entry] = &[
          of every wave: every playbook must complete and no agent may execute an order twice \
          (checked against the agents' execution journals). Needs root",
     ),
+    entry::<PauseLeader>(
+        "pause-leader",
+        "The leader SIGSTOPped (10 s by default) and resumed, believing it still leads: \
+         admin writes and linearizable reads on loopback (no acknowledged write lost, \
+         linearizable), then NIC flap storms with playbook orders in a netns cluster (every \
+         playbook completes, no order executed twice). Needs root",
+    ),
     entry::<ClusterCrash>(
         "cluster-crash",
         "The same load while all supervisors are SIGKILLed at once and restarted",
@@ -333,6 +340,7 @@ type ClusterCrash = History<true>;
 impl<const WHOLE_CLUSTER: bool> Runner for History<WHOLE_CLUSTER> {
     async fn run(self, _what: String) -> Outcome {
         let r = chaos_tests::admin_history::run(chaos_tests::admin_history::HistoryRun {
+            pause: None,
             rounds: self.rounds,
             hosts: self.hosts,
             clients: self.clients,
@@ -571,6 +579,40 @@ impl Runner for PlaybookLeaderKill {
             },
         )
         .await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct PauseLeader {
+    /// Pauses in the admin-history part.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
+    /// Flap waves (four playbooks and one pause each) in the playbook part.
+    #[arg(long, default_value_t = 3)]
+    waves: usize,
+    /// How long each pause lasts, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    pause_s: f64,
+    #[arg(long, default_value_t = 5)]
+    seed: u64,
+}
+
+impl Runner for PauseLeader {
+    async fn run(self, what: String) -> Outcome {
+        need_root(&what)?;
+        ensure!(
+            self.pause_s.is_finite() && (0.1..=60.0).contains(&self.pause_s),
+            "--pause-s takes 0.1..=60"
+        );
+        let r =
+            chaos_tests::pause_leader::pause_leader(chaos_tests::pause_leader::PauseLeaderRun {
+                rounds: self.rounds,
+                waves: self.waves,
+                pause: Duration::from_secs_f64(self.pause_s),
+                seed: self.seed,
+            })
+            .await?;
         report(r.ok, &r)
     }
 }
