@@ -74,8 +74,8 @@ pub async fn pause_leader(p: PauseLeaderRun) -> anyhow::Result<PauseLeaderReport
         "--rounds takes 1..=100 and --waves 1..=50"
     );
     anyhow::ensure!(
-        (Duration::from_millis(100)..=Duration::from_secs(60)).contains(&p.pause),
-        "--pause-s takes 0.1..=60"
+        (Duration::from_secs(1)..=Duration::from_secs(60)).contains(&p.pause),
+        "--pause-s takes 1..=60 (shorter pauses end before another leader is elected)"
     );
     let t0 = std::time::Instant::now();
     let h = admin_history::run(HistoryRun {
@@ -101,6 +101,13 @@ pub async fn pause_leader(p: PauseLeaderRun) -> anyhow::Result<PauseLeaderReport
     })
     .await?;
     let ok = h.ok && k.ok && h.lost_ops == 0 && h.linearizable && k.duplicated_actions == 0;
+    let mut errors = k.errors;
+    if h.unexpected_errors > 0 {
+        errors.push(format!(
+            "admin history: {} unexpected errors",
+            h.unexpected_errors
+        ));
+    }
     Ok(PauseLeaderReport {
         ok,
         scenario: "pause-leader",
@@ -118,6 +125,6 @@ pub async fn pause_leader(p: PauseLeaderRun) -> anyhow::Result<PauseLeaderReport
         missing_actions: k.missing_actions,
         orders_executed: k.orders_executed,
         wall_s: t0.elapsed().as_secs_f64(),
-        errors: k.errors,
+        errors,
     })
 }

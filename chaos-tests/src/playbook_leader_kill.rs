@@ -341,7 +341,11 @@ async fn run_waves(
                         );
                         match p.pause {
                             Some(pause) => {
-                                c.tb.signal_node(Node::Supervisor(l), libc::SIGSTOP);
+                                if c.tb.signal_node(Node::Supervisor(l), libc::SIGSTOP) == 0 {
+                                    errors.push(format!(
+                                        "wave {wave}: s{l} was not running to pause"
+                                    ));
+                                }
                                 tokio::time::sleep(pause).await;
                                 c.tb.signal_node(Node::Supervisor(l), libc::SIGCONT);
                                 eprintln!("[playbook-leader-kill] wave {wave}: s{l} resumed after {pause:?}");

@@ -51,6 +51,7 @@ use tonic::transport::Channel;
 pub use crate::config::{AgentConfig, NicConfig};
 use crate::control::{Control, ControlError, HeldChange, SupervisorOrder};
 use crate::jobs::{JobOrder, JobsConfig, JobsError, Launcher};
+use crate::leader_term::LeaderTerm;
 use crate::link::{LinkTracker, LinkTransition, NicHealth, PortEvent};
 use crate::outbox::{NicReport, OrderLog, Outbox, OutboxError, RecordedOrder, Report, StoredOrder};
 use crate::shaping::{ShapeOrder, Shaper};
@@ -278,7 +279,7 @@ pub async fn run(
         outbox.clone(),
         fresh.clone(),
     ));
-    let term = Arc::new(LeaderTerm::default());
+    let term = Arc::new(LeaderTerm::load(cfg.data_dir.join("leader_term")));
     let orders = tokio::spawn(orders_loop(OrderCtx {
         cfg: cfg.clone(),
         hint: hint.clone(),
@@ -685,30 +686,6 @@ struct OrderCtx {
     term: Arc<LeaderTerm>,
 }
 
-/// The newest Raft term this agent has heard from a leader. An order from
-/// an older term comes from a leader that was deposed and does not know it
-/// yet (paused, partitioned): it is refused, so nothing a newer leader
-/// cancelled or superseded is done on a stale leader's word. Memory only:
-/// a restarted agent learns the term again from the first heartbeat reply.
-#[derive(Debug, Default)]
-pub struct LeaderTerm(std::sync::atomic::AtomicU64);
-
-impl LeaderTerm {
-    /// Records `term` (0: none given). Whether an order of `term` may run:
-    /// not when a newer term has been heard.
-    pub fn admit(&self, term: u64) -> bool {
-        use std::sync::atomic::Ordering;
-        if term == 0 {
-            return true;
-        }
-        self.0.fetch_max(term, Ordering::AcqRel) <= term
-    }
-
-    pub fn get(&self) -> u64 {
-        self.0.load(std::sync::atomic::Ordering::Acquire)
-    }
-}
-
 /// Keeps an `Orders` stream open to the leader and executes what arrives.
 async fn orders_loop(ctx: OrderCtx) {
     let (cfg, hint) = (ctx.cfg.clone(), ctx.hint.clone());
@@ -725,17 +702,49 @@ async fn orders_loop(ctx: OrderCtx) {
                     backoff.reset();
                     tracing::info!(addr = %addr, "receiving orders from the leader");
                     let mut stream = resp.into_inner();
+                    // A newer term heard meanwhile (a heartbeat reply from
+                    // a new leader) ends this stream: its leader may be
+                    // paused or cut off and never end it itself.
+                    let mut newer = ctx.term.watch();
+                    let mut stream_term = *newer.borrow_and_update();
+                    let mut followed = false;
                     loop {
-                        match stream.message().await {
-                            Ok(Some(o)) => handle_order(&ctx, o),
-                            Ok(None) => break,
-                            Err(s) => {
-                                tracing::debug!(addr = %addr, status = %s.message(), "order stream ended");
-                                break;
+                        tokio::select! {
+                            m = stream.message() => match m {
+                                Ok(Some(o)) => {
+                                    // This stream's own orders carry its
+                                    // leader's term.
+                                    stream_term = stream_term.max(o.term);
+                                    handle_order(&ctx, o);
+                                    let now = *newer.borrow_and_update();
+                                    if now > stream_term {
+                                        tracing::info!(addr = %addr, term = now, "a newer leader term was heard; following the new leader");
+                                        followed = true;
+                                        break;
+                                    }
+                                }
+                                Ok(None) => break,
+                                Err(s) => {
+                                    tracing::debug!(addr = %addr, status = %s.message(), "order stream ended");
+                                    break;
+                                }
+                            },
+                            changed = newer.changed() => {
+                                if changed.is_err() {
+                                    break;
+                                }
+                                let now = *newer.borrow_and_update();
+                                if now > stream_term {
+                                    tracing::info!(addr = %addr, term = now, "a newer leader term was heard; following the new leader");
+                                    followed = true;
+                                    break;
+                                }
                             }
                         }
                     }
-                    hint.set(None);
+                    if !followed {
+                        hint.set(None);
+                    }
                 }
                 Ok(Err(s)) => {
                     tracing::debug!(addr = %addr, status = %s.message(), "order stream refused");
@@ -991,10 +1000,13 @@ async fn heartbeat_loop(
         };
         match tokio::time::timeout(HEARTBEAT * 2, c.heartbeat(req)).await {
             Ok(Ok(reply)) => {
-                hint.set(Some(addr));
                 let r = reply.into_inner();
-                term.admit(r.term);
-                control.set_held_out(r.held_version, r.held_out);
+                if term.admit(r.term) {
+                    hint.set(Some(addr));
+                    control.set_held_out(r.held_version, r.held_out);
+                } else {
+                    tracing::debug!(addr = %addr, term = r.term, "heartbeat answered by a deposed leader");
+                }
             }
             Ok(Err(s)) => {
                 tracing::debug!(addr = %addr, status = %s.message(), "heartbeat refused");

@@ -142,6 +142,9 @@ pub struct Archiver {
     cursor: Cursor,
     file_bytes: u64,
     files_kept: usize,
+    /// An append failed and its partial line could not be truncated: cut
+    /// it before the next append.
+    torn: bool,
 }
 
 #[derive(Serialize)]
@@ -188,6 +191,7 @@ impl Archiver {
             cursor,
             file_bytes: FILE_BYTES,
             files_kept: FILES_KEPT,
+            torn: false,
         })
     }
 
@@ -274,11 +278,17 @@ impl Archiver {
 
     /// Appends `lines` to `<log>.jsonl` (synced), rotating it first when
     /// it is full.
-    fn append(&self, log: &str, lines: &[u8]) -> Result<(), ArchiveError> {
+    fn append(&mut self, log: &str, lines: &[u8]) -> Result<(), ArchiveError> {
         if lines.is_empty() {
             return Ok(());
         }
         let path = self.dir.join(format!("{log}.jsonl"));
+        if self.torn {
+            for log in ["events", "history"] {
+                cut_partial_line(&self.dir.join(format!("{log}.jsonl")))?;
+            }
+            self.torn = false;
+        }
         let len = match std::fs::metadata(&path) {
             Ok(m) => m.len(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
@@ -296,7 +306,9 @@ impl Archiver {
         let written = f.write_all(lines).and_then(|()| f.sync_data());
         if let Err(e) = written {
             // No partial line stays behind for the next pass to append to.
-            let _ = f.set_len(len);
+            if f.set_len(len).is_err() {
+                self.torn = true;
+            }
             return Err(io(&path)(e));
         }
         Ok(())

@@ -39,6 +39,11 @@ pub struct AdminClient {
     session: String,
     serials: Arc<SerialWindow>,
     retry_for: Duration,
+    /// Index of the supervisor to try first: the one that last answered,
+    /// or the one after one that did not answer in time (a paused or
+    /// overloaded supervisor keeps its connections and answers nothing,
+    /// and every call would wait for it first). Shared by clones.
+    first: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// How far the newest serial a client issues may run ahead of its oldest
@@ -131,6 +136,7 @@ impl AdminClient {
             session: format!("{:016x}", rand::random::<u64>()),
             serials: Arc::new(SerialWindow::default()),
             retry_for: timeout,
+            first: Arc::default(),
         })
     }
 
@@ -206,24 +212,31 @@ impl AdminClient {
     /// One pass over the supervisors. When none can serve, the error names
     /// every address tried and what each said.
     async fn attempt(&self, body: &[u8], is_write: bool) -> Result<AdminReply, ApiError> {
+        use std::sync::atomic::Ordering;
         let mut tried: Vec<String> = Vec::new();
-        for (addr, client) in &self.targets {
+        let n = self.targets.len();
+        let start = self.first.load(Ordering::Relaxed) % n;
+        for i in (0..n).map(|k| (start + k) % n) {
+            let (addr, client) = &self.targets[i];
             let mut c = client.clone();
             let fut = c.call(Blob {
                 body: body.to_vec(),
             });
             match tokio::time::timeout(self.timeout, fut).await {
                 Err(_) if is_write => {
+                    // The retry (same request id) starts at the next one.
+                    self.first.store((i + 1) % n, Ordering::Relaxed);
                     return Err(ApiError::unknown(format!(
                         "no answer from {addr} within {:?}; the write's outcome is unknown",
                         self.timeout
-                    )))
+                    )));
                 }
                 Err(_) => tried.push(format!("{addr}: no answer within {:?}", self.timeout)),
                 Ok(Ok(r)) => {
+                    self.first.store(i, Ordering::Relaxed);
                     return serde_json::from_slice(&r.get_ref().body).map_err(|e| {
                         ApiError::internal(format!("malformed reply from {addr}: {e}"))
-                    })
+                    });
                 }
                 Ok(Err(s)) if crate::network::never_sent(&s) => {
                     tried.push(format!("{addr} unreachable: {}", s.message()))

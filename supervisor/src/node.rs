@@ -180,9 +180,16 @@ impl Supervisor {
             && self.confirmed_term.load(Ordering::Acquire) == m.current_term
     }
 
-    /// This node's current Raft term (what agents fence orders by).
-    pub fn term(&self) -> u64 {
-        self.raft.metrics().borrow().current_term
+    /// The term in which this node leads with a quorum's confirmation
+    /// (what agents fence orders by), read together with the role: `None`
+    /// while it does not, so a woken deposed leader that has just heard a
+    /// newer term never stamps its stale orders with it.
+    pub fn leading_term(&self) -> Option<u64> {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        (m.state == ServerState::Leader
+            && self.confirmed_term.load(Ordering::Acquire) == m.current_term)
+            .then_some(m.current_term)
     }
 
     /// Address of the leader, if known.
@@ -398,7 +405,8 @@ impl Supervisor {
             .membership()
             .get_node(&id)
             .map(|n| n.addr.clone());
-        if let Some(at) = known.as_ref().filter(|at| **at != addr) {
+        let same = |at: &String| at.parse::<std::net::SocketAddr>().ok() == addr.parse().ok();
+        if let Some(at) = known.as_ref().filter(|at| !same(at)) {
             return Err(ApiError::invalid(format!(
                 "supervisor {id} is already a member at {at}, not {addr}; remove it first"
             )));
@@ -481,13 +489,12 @@ impl Supervisor {
     }
 
     /// Waits until the leader's replication to learner `id` has reached
-    /// `index` (the log entry that added it); gives up when it has made
-    /// no progress for [`LEARNER_CATCH_UP`] (a large snapshot on its way
-    /// keeps it going). `Unavailable` when this node stopped leading.
+    /// `index` (the log entry that added it), at most [`LEARNER_CATCH_UP`]
+    /// in all (below the CLI's timeout, so the rollback runs before the
+    /// caller gives up). `Unavailable` when this node stopped leading.
     async fn learner_caught_up(&self, id: NodeId, index: u64) -> Result<(), ApiError> {
         let mut metrics = self.raft.metrics();
-        let mut best: Option<u64> = None;
-        let mut deadline = tokio::time::Instant::now() + LEARNER_CATCH_UP;
+        let deadline = tokio::time::Instant::now() + LEARNER_CATCH_UP;
         loop {
             let matched = {
                 let m = metrics.borrow_and_update();
@@ -499,10 +506,6 @@ impl Supervisor {
             if matched.is_some_and(|i| i >= index) {
                 return Ok(());
             }
-            if matched > best {
-                best = matched;
-                deadline = tokio::time::Instant::now() + LEARNER_CATCH_UP;
-            }
             match tokio::time::timeout_at(deadline, metrics.changed()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(_)) => return Err(ApiError::unavailable("raft stopped")),
@@ -510,9 +513,9 @@ impl Supervisor {
                     return Err(ApiError::new(
                         ErrorKind::FailedPrecondition,
                         format!(
-                            "it did not catch up with the leader's log (no progress for {} s: \
-                             is it running, reachable, and holding a supervisor certificate of \
-                             this cluster's CA?)",
+                            "it did not catch up with the leader's log within {} s (is it \
+                             running, reachable, and holding a supervisor certificate of this \
+                             cluster's CA?)",
                             LEARNER_CATCH_UP.as_secs()
                         ),
                     ))
@@ -547,9 +550,8 @@ fn membership_err(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> 
     }
 }
 
-/// How long `add-member` waits for the new member's log to make progress
-/// before it removes the learner again (below the CLI's default 10 s
-/// timeout).
+/// How long `add-member` waits for the new member to catch up before it
+/// removes the learner again (below the CLI's default 10 s timeout).
 const LEARNER_CATCH_UP: Duration = Duration::from_secs(6);
 
 /// How long one leadership confirmation may take before it is tried again.

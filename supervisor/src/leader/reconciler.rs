@@ -132,8 +132,13 @@ async fn step(
         last = cmds;
     }
     webhooks.dispatch(sup);
+    // The term read with the role before the orders: a leader that has
+    // just heard of a newer term sends nothing.
+    let Some(term) = sup.leading_term() else {
+        orders.clear();
+        return Ok(());
+    };
     let mut open = sup.read(crate::leader::orders::open_orders);
-    let term = sup.term();
     for (_, o) in &mut open {
         o.term = term;
     }

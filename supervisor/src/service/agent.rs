@@ -201,7 +201,7 @@ impl Agent for AgentService {
             leader_id: self.sup.id,
             held_out,
             held_version,
-            term: self.sup.term(),
+            term: self.sup.leading_term().unwrap_or(0),
         }))
     }
 

@@ -602,8 +602,8 @@ impl Runner for PauseLeader {
     async fn run(self, what: String) -> Outcome {
         need_root(&what)?;
         ensure!(
-            self.pause_s.is_finite() && (0.1..=60.0).contains(&self.pause_s),
-            "--pause-s takes 0.1..=60"
+            self.pause_s.is_finite() && (1.0..=60.0).contains(&self.pause_s),
+            "--pause-s takes 1..=60 (shorter pauses end before another leader is elected)"
         );
         let r =
             chaos_tests::pause_leader::pause_leader(chaos_tests::pause_leader::PauseLeaderRun {
