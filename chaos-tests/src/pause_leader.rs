@@ -54,6 +54,11 @@ pub struct PauseLeaderReport {
     /// Longest time no admin operation succeeded.
     pub max_unavailable_ms: u64,
     pub playbooks_completed: usize,
+    /// From incident opened to run completed (the runs' own committed
+    /// times, not when the harness saw them), ms: below the pause when the
+    /// new leader carries the playbooks on while the old one is stopped.
+    pub playbook_ms_p50: u64,
+    pub playbook_ms_max: u64,
     /// `nic_flapping` runs that did not complete.
     pub lost_runs: usize,
     /// Order ids executed more than once (agents' journals).
@@ -120,6 +125,8 @@ pub async fn pause_leader(p: PauseLeaderRun) -> anyhow::Result<PauseLeaderReport
         linearizability: h.linearizability,
         max_unavailable_ms: h.max_unavailable_ms,
         playbooks_completed: k.playbooks_completed,
+        playbook_ms_p50: k.playbook_ms_p50,
+        playbook_ms_max: k.playbook_ms_max,
         lost_runs: k.lost,
         duplicate_actions: k.duplicated_actions,
         missing_actions: k.missing_actions,

@@ -359,6 +359,7 @@ pub async fn run(
         outbox.clone(),
         fresh.clone(),
         hint.clone(),
+        term.clone(),
     ));
     let heartbeats = tokio::spawn(heartbeat_loop(
         cfg.clone(),
@@ -1109,6 +1110,7 @@ async fn report_loop(
     outbox: Arc<Mutex<Outbox>>,
     fresh: Arc<Notify>,
     hint: Arc<LeaderHint>,
+    term: Arc<LeaderTerm>,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
@@ -1117,9 +1119,15 @@ async fn report_loop(
             tracing::error!(error = %e, "outbox resync failed");
         }
         tracing::info!(addr = %addr, last_applied, "reporting to the leader");
-        if let Err(e) = stream_once(&cfg, &hint, &addr, &outbox, &fresh, last_applied).await {
-            tracing::info!(addr = %addr, error = %e, "report stream ended; reconnecting");
-            hint.set(None);
+        match stream_once(&cfg, &hint, &addr, &outbox, &fresh, last_applied, &term).await {
+            // The heartbeats found a newer leader: the hint names it.
+            Ok(()) => {
+                tracing::info!(addr = %addr, "a newer leader term was heard; reporting to the new leader")
+            }
+            Err(e) => {
+                tracing::info!(addr = %addr, error = %e, "report stream ended; reconnecting");
+                hint.set(None);
+            }
         }
         tokio::time::sleep(backoff.next_delay()).await;
     }
@@ -1132,7 +1140,12 @@ async fn stream_once(
     outbox: &Mutex<Outbox>,
     fresh: &Notify,
     acked: u64,
+    term: &LeaderTerm,
 ) -> Result<(), String> {
+    // A newer term heard meanwhile ends the stream (Ok): its leader may be
+    // paused or cut off, holding the reports unacknowledged.
+    let mut newer = term.watch();
+    let stream_term = *newer.borrow_and_update();
     let mut c = hint.client(cfg, addr).map_err(|e| e.to_string())?;
     let (tx, rx) = mpsc::channel::<AgentEvent>(256);
     let mut acks = c
@@ -1154,6 +1167,11 @@ async fn stream_once(
         }
         tokio::select! {
             _ = fresh.notified() => {}
+            changed = newer.changed() => match changed {
+                Err(_) => return Err("the leader term is gone".into()),
+                Ok(()) if *newer.borrow_and_update() > stream_term => return Ok(()),
+                Ok(()) => {}
+            },
             ack = acks.message() => match ack {
                 Ok(Some(a)) => {
                     outbox.lock().await.ack(a.acked_through).await.map_err(|e| e.to_string())?;
