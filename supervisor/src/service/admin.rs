@@ -583,7 +583,33 @@ async fn forward(sup: &Arc<Supervisor>, mut call: AdminCall) -> Result<AdminRepl
     call.forwarded = true;
     let body = serde_json::to_vec(&call).map_err(|e| ApiError::internal(e.to_string()))?;
     let mut client = sup.peer(&leader)?;
-    match client.forward(Blob { body }).await {
+    // A leader that stops answering (paused, cut off) is replaced by an
+    // election; the forward then ends at once instead of at the caller's
+    // timeout, so the caller's retry reaches the new leader.
+    let forwarded_to = sup.leader();
+    let moved = async {
+        let mut m = sup.raft.metrics();
+        loop {
+            if m.borrow_and_update().current_leader != forwarded_to {
+                return;
+            }
+            if m.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    };
+    let answer = tokio::select! {
+        r = client.forward(Blob { body }) => r,
+        () = moved => {
+            let what = format!("leadership moved from {leader} while forwarding");
+            return Err(if is_write {
+                ApiError::unknown(format!("{what}; the write's outcome is unknown"))
+            } else {
+                ApiError::unavailable(what)
+            });
+        }
+    };
+    match answer {
         Ok(r) => serde_json::from_slice::<Result<AdminReply, ApiError>>(&r.get_ref().body)
             .map_err(|e| ApiError::internal(format!("bad reply from leader: {e}")))?,
         // The leader's own definite answer: nothing was written. A refusal
