@@ -27,17 +27,15 @@ impl LeaderTerm {
     /// The term stored at `path` (none yet: 0). An unreadable file is
     /// reported and read as 0 (the next heartbeat reply sets it again).
     pub fn load(path: std::path::PathBuf) -> Self {
-        let term = match std::fs::read_to_string(&path) {
-            Ok(s) => s.trim().parse::<u64>().unwrap_or_else(|e| {
-                tracing::warn!(file = %path.display(), error = %e, "stored leader term unreadable; starting from 0");
-                0
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => 0,
-            Err(e) => {
-                tracing::warn!(file = %path.display(), error = %e, "stored leader term unreadable; starting from 0");
-                0
-            }
+        let read = match std::fs::read_to_string(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+            Err(e) => Err(e.to_string()),
+            Ok(s) => s.trim().parse::<u64>().map_err(|e| e.to_string()),
         };
+        let term = read.unwrap_or_else(|error| {
+            tracing::warn!(file = %path.display(), %error, "stored leader term unreadable; starting from 0");
+            0
+        });
         Self {
             newest: tokio::sync::watch::Sender::new(term),
             path: Some(path),

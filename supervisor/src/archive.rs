@@ -241,11 +241,7 @@ impl Archiver {
             cursor.events_seq = e.seq;
         }
         done.events = batch.events.len();
-        if !lines.is_empty() {
-            self.append("events", &lines)?;
-            self.save_cursor(cursor)?;
-            self.cursor = cursor;
-        }
+        self.commit("events", &lines, cursor)?;
 
         lines.clear();
         if let Some((after, before)) = batch.history_gap {
@@ -268,20 +264,25 @@ impl Archiver {
             cursor.history_index = r.log_index;
         }
         done.history = batch.history.len();
-        if !lines.is_empty() {
-            self.append("history", &lines)?;
-            self.save_cursor(cursor)?;
-            self.cursor = cursor;
-        }
+        self.commit("history", &lines, cursor)?;
         Ok(done)
+    }
+
+    /// Appends `lines` to `<log>.jsonl`, then saves `cursor` (which has
+    /// moved past them) and keeps it: nothing to write, nothing moves.
+    fn commit(&mut self, log: &str, lines: &[u8], cursor: Cursor) -> Result<(), ArchiveError> {
+        if lines.is_empty() {
+            return Ok(());
+        }
+        self.append(log, lines)?;
+        self.save_cursor(cursor)?;
+        self.cursor = cursor;
+        Ok(())
     }
 
     /// Appends `lines` to `<log>.jsonl` (synced), rotating it first when
     /// it is full.
     fn append(&mut self, log: &str, lines: &[u8]) -> Result<(), ArchiveError> {
-        if lines.is_empty() {
-            return Ok(());
-        }
         let path = self.dir.join(format!("{log}.jsonl"));
         if self.torn {
             for log in ["events", "history"] {
