@@ -297,8 +297,10 @@ pub async fn serve(
                     };
                     // No path for a while: tell the agent once per stall,
                     // so railguard moves the job before our own timeout.
+                    // The fragile baseline stands for a job without
+                    // railguard's help: it waits for its own timeout.
                     match stalled_since {
-                        Some(at) if !stall_told[i] && at.elapsed() >= STALL_REPORT_AFTER => {
+                        Some(at) if !cfg.fragile && !stall_told[i] && at.elapsed() >= STALL_REPORT_AFTER => {
                             stall_told[i] = true;
                             tracing::warn!(conn_id = conns[i].id, "connection stalled: no path to its peer");
                             if let Err(e) = client.conn_stalled(conns[i].id).await {

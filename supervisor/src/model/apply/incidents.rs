@@ -131,28 +131,35 @@ impl ClusterState {
     /// Path incidents around `host`, whose NICs may have changed
     /// ([`crate::model::paths`]): an open `no_common_rail` incident of a
     /// pair with `host` closes when the two share an Up rail again (or
-    /// either is gone); a pair of `host` and another host of one of its
-    /// live jobs that shares no working rail opens one (once per pair).
-    /// Linear in the sizes of `host`'s jobs.
+    /// either is gone); one opened on the ranks' evidence closes only when
+    /// a NIC of such a rail came Up after the ranks' report. A pair of
+    /// `host` and another host of one of its live jobs that shares no
+    /// working rail opens one (once per pair). Linear in the sizes of
+    /// `host`'s jobs.
     pub(in crate::model) fn path_incidents(&mut self, at_ms: u64, host: &str) {
-        use crate::model::paths::{describe, path_cut, path_restored};
-        let open: Vec<(u64, String, String, bool)> = self
+        use crate::model::paths::{describe, path_cut, path_recovered_since, path_restored};
+        let open: Vec<(u64, String, String, Option<u64>)> = self
             .hosts
             .get(host)
             .into_iter()
             .flat_map(|h| &h.path_incidents)
             .filter_map(|id| self.incidents.get(id))
             .filter_map(|i| {
-                let evidence = i.stalled_job.is_some();
+                let evidence = i.stalled_job.is_some().then_some(i.opened_ms);
                 Some((i.id, i.host.clone(), i.peer.clone()?, evidence))
             })
             .collect();
         let mut known = std::collections::BTreeSet::new();
         for (id, a, b, evidence) in open {
+            let restored = |ha, hb| match evidence {
+                // One opened on the ranks' evidence is judged by NIC states
+                // only once they changed after it (they may have looked
+                // healthy all along).
+                Some(reported_ms) => path_recovered_since(ha, hb, reported_ms),
+                None => path_restored(ha, hb),
+            };
             match (self.hosts.get(&a), self.hosts.get(&b)) {
-                // One opened on the ranks' evidence is not judged by NIC
-                // states (they looked healthy all along).
-                (Some(ha), Some(hb)) if evidence || !path_restored(ha, hb) => {
+                (Some(ha), Some(hb)) if !restored(ha, hb) => {
                     known.insert(if a == host { b } else { a });
                 }
                 (Some(_), Some(_)) => {

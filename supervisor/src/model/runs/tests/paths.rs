@@ -412,6 +412,51 @@ fn a_stalled_connection_parts_two_hosts_whose_nics_look_healthy() {
     assert!(path_incidents(&w).is_empty());
 }
 
+/// A rank's stall that a NIC outage explains (its connection had only the
+/// rail that went down) parts the pair, and with no spare the job waits;
+/// once that NIC is Up again, the newer NIC evidence closes the incident
+/// and the job runs on the same hosts again. (It used to wait for its
+/// run's restart step to time out: minutes.)
+#[test]
+fn a_stall_ends_when_a_nic_of_a_common_rail_comes_back_after_it() {
+    let mut w = job_on_healthy_rails(&["h0", "h1", "h2", "h3"], 4);
+    w.nic("h1", "rail0", NicHealth::Down);
+    w.advance(600);
+    w.report(
+        "h1",
+        Report::ConnStalled(proto::agent::ConnStallReport {
+            job: "j".into(),
+            incarnation: 1,
+            rank: 1,
+            conn_id: 1,
+            peer_host: "h0".into(),
+            peer_rank: 0,
+            at_unix_ns: 0,
+        }),
+    );
+    let open = path_incidents(&w);
+    assert_eq!(open.len(), 1, "{open:?}");
+    let id = open[0].0;
+    w.settle(obey);
+    let j = &w.st.jobs["j"];
+    assert_eq!(j.state, JobState::Restarting, "{}", j.reason);
+    // A NIC that changes nothing (rail1 stays Up) does not close it.
+    w.advance(600);
+    w.nic("h0", "rail1", NicHealth::Up);
+    assert!(w.st.incidents[&id].closed_ms.is_none());
+    // h1's rail0 back: both share rail0 again, newer than the report.
+    w.advance(1_000);
+    w.nic("h1", "rail0", NicHealth::Up);
+    assert!(w.st.incidents[&id].closed_ms.is_some());
+    w.settle(obey);
+    let j = &w.st.jobs["j"];
+    assert_eq!(j.state, JobState::Running, "{}", j.reason);
+    assert_eq!(j.placement, vec!["h0", "h1", "h2", "h3"]);
+    // The stall's restart (a failure restart: a stall alone does not prove
+    // a path fault), and no other.
+    assert_eq!(j.restarts, 1);
+}
+
 /// A peer that is not Ready (its liveness in doubt) stalls connections
 /// too: that is the liveness detector's to judge, not a path incident.
 #[test]
