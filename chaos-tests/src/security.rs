@@ -170,6 +170,7 @@ async fn attacks(m: Material) -> anyhow::Result<Vec<Attempt>> {
         h1.heartbeat(HeartbeatRequest {
             host: "h0".into(),
             sent_unix_ms: 0,
+            ..Default::default()
         })
         .await
         .map(|_| "accepted".into())

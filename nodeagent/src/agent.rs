@@ -35,15 +35,14 @@
 //! with `Agent.LogTail`. At shutdown (SIGTERM, Ctrl-C) the agent stops its
 //! ranks (SIGTERM, grace, SIGKILL) and writes their exits before it exits.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use proto::agent::{Order, OrderOutcome};
 use proto::v1::agent_client::AgentClient;
 use proto::v1::{
-    AgentEvent, AgentOrder, ClearShape, HeartbeatRequest, LogTailResult, Nic, OrderResultReply,
-    OrdersRequest, RegisterHost,
+    AgentEvent, AgentOrder, ClearShape, LogTailResult, Nic, OrderResultReply, OrdersRequest,
+    RegisterHost,
 };
 use tokio::sync::{mpsc, Mutex, Notify};
 use tonic::transport::Channel;
@@ -51,13 +50,13 @@ use tonic::transport::Channel;
 pub use crate::config::{AgentConfig, NicConfig};
 use crate::control::{Control, ControlError, HeldChange, SupervisorOrder};
 use crate::jobs::{JobOrder, JobsConfig, JobsError, Launcher};
+use crate::leader_link::{heartbeat_loop, LeaderHint};
 use crate::leader_term::LeaderTerm;
 use crate::link::{LinkTracker, LinkTransition, NicHealth, PortEvent};
 use crate::outbox::{NicReport, OrderLog, Outbox, OutboxError, RecordedOrder, Report, StoredOrder};
 use crate::shaping::{ShapeOrder, Shaper};
 
-/// Heartbeat period (DESIGN.md default).
-pub const HEARTBEAT: Duration = Duration::from_millis(250);
+pub use crate::leader_link::HEARTBEAT;
 /// Outbox capacity (reports awaiting acknowledgement).
 pub const OUTBOX_CAPACITY: usize = 4096;
 /// Executed orders remembered (by id) to answer repeats.
@@ -96,72 +95,6 @@ pub enum AgentError {
     /// No netlink socket for shaping.
     #[error("cannot open a netlink socket for shaping: {0}")]
     Netlink(std::io::Error),
-}
-
-/// At most this many supervisor addresses keep a channel (the configured
-/// ones plus leaders named in answers); beyond it the cache starts over.
-const MAX_CHANNELS: usize = 16;
-
-/// Shared view of which supervisor leads, and one channel per supervisor
-/// address: every call and stream to a supervisor shares one HTTP/2
-/// connection (a connection per heartbeat left hundreds in TIME_WAIT),
-/// dialled again after the agent's certificate is reloaded.
-#[derive(Default)]
-struct LeaderHint {
-    leader: std::sync::Mutex<Option<String>>,
-    /// Address → (client certificate generation, channel).
-    channels: std::sync::Mutex<HashMap<String, (u64, Channel)>>,
-}
-
-impl LeaderHint {
-    fn get(&self) -> Option<String> {
-        self.leader.lock().expect("hint").clone()
-    }
-    fn set(&self, v: Option<String>) {
-        *self.leader.lock().expect("hint") = v;
-    }
-    /// A client of the supervisor at `addr` over its shared channel, with
-    /// this agent's certificate (or plain text on an `--insecure`
-    /// cluster). The channel connects lazily, reconnects by itself, and
-    /// sends HTTP/2 keep-alives so a dead peer is noticed.
-    fn client(&self, cfg: &AgentConfig, addr: &str) -> Result<AgentClient<Channel>, AgentError> {
-        let generation = cfg.tls.generation();
-        let mut channels = self.channels.lock().expect("channels");
-        if let Some((g, c)) = channels.get(addr) {
-            if *g == generation {
-                return Ok(AgentClient::new(c.clone()));
-            }
-        }
-        let ch = cfg
-            .tls
-            .endpoint(addr)
-            .map_err(|_| AgentError::BadAddress(addr.into()))?
-            .connect_timeout(Duration::from_millis(500))
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(5))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .connect_lazy();
-        if channels.len() >= MAX_CHANNELS && !channels.contains_key(addr) {
-            channels.clear();
-        }
-        channels.insert(addr.to_owned(), (generation, ch.clone()));
-        Ok(AgentClient::new(ch))
-    }
-    /// Where to call next: the hinted leader, else the next supervisor in
-    /// turn (`rotate` is the caller's cursor).
-    fn target(&self, supervisors: &[String], rotate: &mut usize) -> String {
-        self.get().unwrap_or_else(|| {
-            *rotate = rotate.wrapping_add(1);
-            supervisors[*rotate % supervisors.len()].clone()
-        })
-    }
-    fn learn(&self, s: &tonic::Status) {
-        if let Some(l) = s.metadata().get("rg-leader").and_then(|v| v.to_str().ok()) {
-            self.set(Some(l.to_owned()));
-        } else {
-            self.set(None);
-        }
-    }
 }
 
 /// Capped exponential backoff with jitter (one helper for every retry loop).
@@ -366,6 +299,7 @@ pub async fn run(
         hint.clone(),
         control.clone(),
         term,
+        probes.as_ref().map(|p| p.2.clone()).unwrap_or_default(),
     ));
 
     let result = tokio::select! {
@@ -406,7 +340,7 @@ pub async fn run(
     if let Some(t) = rdma_forward {
         t.abort();
     }
-    if let Some((plan, summary)) = probes {
+    if let Some((plan, summary, _)) = probes {
         plan.abort();
         summary.abort();
     }
@@ -440,7 +374,12 @@ async fn detour_reflex_loop(
     }
 }
 
-type ProbeTasks = (tokio::task::JoinHandle<()>, tokio::task::JoinHandle<()>);
+/// The probe mesh's plan and summary loops, and its board of peers heard.
+type ProbeTasks = (
+    tokio::task::JoinHandle<()>,
+    tokio::task::JoinHandle<()>,
+    Arc<crate::probe::HeardBoard>,
+);
 
 /// Starts the probe mesh over the NICs that have a rail and an address,
 /// with its plan and summary loops.
@@ -485,10 +424,11 @@ fn start_probes(
         crate::probe::ProbeRunner::start_with_netdevs(opts, &nics, evidence, sum_tx, netdevs)
             .map_err(|e| AgentError::Probe(e.to_string()))?;
     shaper.attach_queueing(runner.queueing());
+    let heard = runner.heard();
     let runner = Arc::new(runner);
     let plan = tokio::spawn(plan_loop(cfg.clone(), hint.clone(), runner, port));
     let summary = tokio::spawn(summary_loop(cfg.clone(), hint.clone(), sum_rx, shaper));
-    Ok(Some((plan, summary)))
+    Ok(Some((plan, summary, heard)))
 }
 
 /// How often the agent asks for its probe plan.
@@ -974,47 +914,6 @@ where
             return;
         }
         tokio::time::sleep(pause).await;
-    }
-}
-
-/// Heartbeats the leader every [`HEARTBEAT`]; each reply also carries the
-/// host's NICs held out of service, which the control plane keeps (when
-/// not older than what it has) and passes on to the jobs.
-async fn heartbeat_loop(
-    cfg: Arc<AgentConfig>,
-    hint: Arc<LeaderHint>,
-    control: Arc<Control>,
-    term: Arc<LeaderTerm>,
-) {
-    let mut tick = tokio::time::interval(HEARTBEAT);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut rotate = 0usize;
-    loop {
-        tick.tick().await;
-        let addr = hint.target(&cfg.supervisors, &mut rotate);
-        let Ok(mut c) = hint.client(&cfg, &addr) else {
-            continue;
-        };
-        let req = HeartbeatRequest {
-            host: cfg.host.clone(),
-            sent_unix_ms: crate::link::unix_ns() / 1_000_000,
-        };
-        match tokio::time::timeout(HEARTBEAT * 2, c.heartbeat(req)).await {
-            Ok(Ok(reply)) => {
-                let r = reply.into_inner();
-                if term.admit(r.term) {
-                    hint.set(Some(addr));
-                    control.set_held_out(r.held_version, r.held_out);
-                } else {
-                    tracing::debug!(addr = %addr, term = r.term, "heartbeat answered by a deposed leader");
-                }
-            }
-            Ok(Err(s)) => {
-                tracing::debug!(addr = %addr, status = %s.message(), "heartbeat refused");
-                hint.learn(&s);
-            }
-            Err(_) => hint.set(None),
-        }
     }
 }
 

@@ -33,6 +33,7 @@ pub mod control;
 pub mod hold;
 pub mod jobs;
 pub mod journal;
+pub mod leader_link;
 pub mod leader_term;
 pub use rdma::damper;
 pub mod link;

@@ -239,6 +239,7 @@ async fn plans_summaries_clock_states_and_paths() {
                         .heartbeat(proto::v1::HeartbeatRequest {
                             host: format!("h{me}"),
                             sent_unix_ms: 0,
+                            ..Default::default()
                         })
                         .await;
                 }

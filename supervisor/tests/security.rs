@@ -194,6 +194,7 @@ async fn an_agent_speaks_only_for_its_own_host() {
         .heartbeat(HeartbeatRequest {
             host: "h0".into(),
             sent_unix_ms: 0,
+            ..Default::default()
         })
         .await
         .unwrap_err();

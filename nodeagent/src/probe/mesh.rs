@@ -777,6 +777,15 @@ impl Mesh {
         out
     }
 
+    /// Each peer whose probes this host has received: its host name and
+    /// when the last one arrived (on any rail).
+    pub fn heard(&self) -> Vec<(String, Instant)> {
+        self.peers
+            .values()
+            .filter_map(|p| Some((p.spec.host.clone(), p.last_heard?)))
+            .collect()
+    }
+
     /// The summary of every path since the last call (counters reset).
     ///
     /// A path that has gone silent while its peer is still heard on another

@@ -62,6 +62,37 @@ const MAX_SLEEP: Duration = Duration::from_millis(50);
 /// `recvmmsg` rounds per socket per wake-up (bounds one wake-up's work).
 const MAX_DRAIN_ROUNDS: usize = 64;
 
+/// Most peers a heartbeat carries evidence for (the supervisor reads no
+/// more).
+pub const MAX_HEARD: usize = 64;
+
+/// When this host last received each peer's probes, refreshed by the probe
+/// thread at every liveness check (every 50 ms) and read by the heartbeat.
+#[derive(Debug, Default)]
+pub struct HeardBoard(std::sync::Mutex<Vec<(String, Instant)>>);
+
+impl HeardBoard {
+    fn publish(&self, heard: Vec<(String, Instant)>) {
+        *self.0.lock().expect("heard board") = heard;
+    }
+
+    /// Each peer heard and how long before `now` (at most [`MAX_HEARD`],
+    /// the most recently heard first).
+    pub fn ages(&self, now: Instant) -> Vec<proto::v1::PeerHeard> {
+        let mut heard = self.0.lock().expect("heard board").clone();
+        heard.sort_by(|a, b| b.1.cmp(&a.1));
+        heard
+            .into_iter()
+            .take(MAX_HEARD)
+            .map(|(host, at)| proto::v1::PeerHeard {
+                host,
+                age_ms: u32::try_from(now.saturating_duration_since(at).as_millis())
+                    .unwrap_or(u32::MAX),
+            })
+            .collect()
+    }
+}
+
 /// The probe mesh's settings.
 #[derive(Debug, Clone)]
 pub struct ProbeOptions {
@@ -209,6 +240,7 @@ pub struct MeshNic {
 pub struct ProbeRunner {
     plan: watch::Sender<Option<Plan>>,
     queueing: Arc<QueueingBoard>,
+    heard: Arc<HeardBoard>,
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -262,6 +294,8 @@ impl ProbeRunner {
         let st = stop.clone();
         let queueing = QueueingBoard::new();
         let board = queueing.clone();
+        let heard = Arc::new(HeardBoard::default());
+        let heard_board = heard.clone();
         let thread = std::thread::Builder::new()
             .name("probe-mesh".into())
             .spawn(move || {
@@ -273,7 +307,10 @@ impl ProbeRunner {
                     plan_rx,
                     evidence,
                     summaries,
-                    board,
+                    Boards {
+                        queueing: board,
+                        heard: heard_board,
+                    },
                     st,
                     netdevs,
                 )
@@ -287,6 +324,7 @@ impl ProbeRunner {
         Ok(Self {
             plan: plan_tx,
             queueing,
+            heard,
             stop,
             thread: Some(thread),
         })
@@ -295,6 +333,11 @@ impl ProbeRunner {
     /// The outgoing queueing of every path, updated once per tick.
     pub fn queueing(&self) -> Arc<QueueingBoard> {
         self.queueing.clone()
+    }
+
+    /// When each peer's probes were last received, updated every 50 ms.
+    pub fn heard(&self) -> Arc<HeardBoard> {
+        self.heard.clone()
     }
 
     /// Hands the thread a new plan (ignored if unchanged).
@@ -319,6 +362,12 @@ impl Drop for ProbeRunner {
     }
 }
 
+/// What the probe thread publishes for the agent's other tasks.
+struct Boards {
+    queueing: Arc<QueueingBoard>,
+    heard: Arc<HeardBoard>,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_thread(
     mut mesh: Mesh,
@@ -328,7 +377,7 @@ fn run_thread(
     mut plan_rx: watch::Receiver<Option<Plan>>,
     evidence: mpsc::Sender<PortEvent>,
     summaries: mpsc::Sender<Summary>,
-    board: Arc<QueueingBoard>,
+    boards: Boards,
     stop: Arc<AtomicBool>,
     netdevs: Arc<crate::link::NetdevEpochs>,
 ) {
@@ -383,7 +432,7 @@ fn run_thread(
                 &mut no_stamp,
             );
         }
-        mesh.publish_outgoing(&board);
+        mesh.publish_outgoing(&boards.queueing);
         let ops = mesh.due(now);
         for (rail, s) in &sockets {
             let batch: Vec<(SocketAddrV4, &[u8; wire::PACKET_LEN])> = ops
@@ -417,6 +466,7 @@ fn run_thread(
             for (nic, up_since) in netdevs.snapshot() {
                 mesh.set_netdev(&nic, up_since);
             }
+            boards.heard.publish(mesh.heard());
             for c in mesh.check_liveness(now) {
                 if c.alive {
                     tracing::warn!(nic = %c.nic, "probe evidence: the NIC carries probes again");
@@ -609,4 +659,25 @@ pub async fn interface_addrs(names: &[String]) -> Result<BTreeMap<String, Ipv4Ad
     }
     task.abort();
     Ok(out)
+}
+
+#[cfg(test)]
+mod heard_tests {
+    use super::*;
+
+    #[test]
+    fn the_heard_board_gives_ages_newest_first_and_at_most_the_cap() {
+        let b = HeardBoard::default();
+        let t0 = Instant::now();
+        assert!(b.ages(t0).is_empty());
+        b.publish(vec![
+            ("h1".into(), t0),
+            ("h2".into(), t0 + Duration::from_millis(30)),
+        ]);
+        let ages = b.ages(t0 + Duration::from_millis(100));
+        let got: Vec<(&str, u32)> = ages.iter().map(|p| (p.host.as_str(), p.age_ms)).collect();
+        assert_eq!(got, vec![("h2", 70), ("h1", 100)]);
+        b.publish((0..200).map(|i| (format!("h{i}"), t0)).collect());
+        assert_eq!(b.ages(t0).len(), MAX_HEARD);
+    }
 }

@@ -1,20 +1,27 @@
 //! Host liveness on the leader: Ready → Suspect → Down from missed
-//! heartbeats and probe evidence (DESIGN.md defaults: suspect after 1.5 s,
-//! Down after 3 s).
+//! heartbeats and probe evidence (defaults: heartbeats every 250 ms,
+//! Suspect after 750 ms of silence, Down after 1.2 s).
 //!
 //! Suspect follows management-network silence alone (no heartbeat). Down
 //! needs two silences: no heartbeat *and* no probe evidence (no peer
 //! received this host's probes, see [`crate::leader::clock`]) for the Down period,
 //! so a management-network partition alone never kills a host's jobs.
+//! Probe evidence arrives with every peer's heartbeat (how long ago the
+//! peer last received each host's probes) and with its per-second probe
+//! summary; it is dated by when the probes arrived, not by when the
+//! report did, so the one-second summary period does not delay a Down.
 //!
 //! Heartbeats and probe evidence live only in the leader's memory. A new
-//! leader has seen none, so it counts every host's silence from the moment
-//! it became leader: the first Down it can declare is one full Down period
-//! after taking over (the grace period), never a wave of false Downs right
-//! after an election. A registration counts as a heartbeat (the agent
-//! service records it before committing), so a host that registers on a
-//! long-standing leader is silent from its registration, not from the
-//! election. Changes are committed through Raft (`SetLiveness`).
+//! leader has seen none, and agents need a moment to find it: it declares
+//! no host Suspect or Down for an election grace (3 s) after taking over,
+//! and counts every host's silence from the moment it became leader. A
+//! registration counts as a heartbeat (the agent service records it before
+//! committing), so a host that registers on a long-standing leader is
+//! silent from its registration, not from the election. A leader whose own
+//! loop stalled (a tick over 300 ms late: CPU starvation, a paused
+//! process) holds its judgement for 500 ms, so heartbeats queued during the
+//! stall are read before anyone is found silent. Changes are committed
+//! through Raft (`SetLiveness`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,16 +39,24 @@ pub type Heartbeats = std::sync::Mutex<HashMap<String, Instant>>;
 pub struct LivenessConfig {
     pub suspect_after: Duration,
     pub down_after: Duration,
+    /// A new leader judges no host Suspect or Down before this.
+    pub election_grace: Duration,
 }
 
 impl Default for LivenessConfig {
     fn default() -> Self {
         Self {
-            suspect_after: Duration::from_millis(1500),
-            down_after: Duration::from_secs(3),
+            suspect_after: Duration::from_millis(750),
+            down_after: Duration::from_millis(1200),
+            election_grace: Duration::from_secs(3),
         }
     }
 }
+
+/// A liveness tick this late means the leader itself stalled.
+const STALLED_TICK: Duration = Duration::from_millis(300);
+/// How long a stalled leader holds its judgement after the stall.
+const STALL_HOLD: Duration = Duration::from_millis(500);
 
 /// What each host's liveness should be now. Pure, for tests.
 ///
@@ -64,12 +79,16 @@ pub fn judge(
             .max(leader_since);
         now.saturating_duration_since(last)
     };
+    let settled = now.saturating_duration_since(leader_since) >= cfg.election_grace;
     st.hosts
         .values()
         .filter_map(|h| {
             let silent = silence(heartbeats, &h.name);
             let unheard = silence(probe_evidence, &h.name);
-            let want = if silent >= cfg.down_after && unheard >= cfg.down_after {
+            let want = if !settled && silent >= cfg.suspect_after {
+                // Too soon after the election to judge a silence.
+                h.liveness
+            } else if silent >= cfg.down_after && unheard >= cfg.down_after {
                 Liveness::Down
             } else if silent >= cfg.suspect_after {
                 // Never move a Down host back to Suspect without a heartbeat.
@@ -99,8 +118,22 @@ pub async fn run(
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut leader_since: Option<(u64, Instant)> = None;
+    let mut last_tick = Instant::now();
+    let mut hold_until: Option<Instant> = None;
     loop {
         tick.tick().await;
+        let now = Instant::now();
+        if now.saturating_duration_since(last_tick) >= STALLED_TICK {
+            tracing::warn!(
+                late_ms = now.saturating_duration_since(last_tick).as_millis() as u64,
+                "liveness: this supervisor stalled; holding judgement"
+            );
+            hold_until = Some(now + STALL_HOLD);
+        }
+        last_tick = now;
+        if hold_until.is_some_and(|t| now < t) {
+            continue;
+        }
         if !sup.leads() {
             leader_since = None;
             continue;
@@ -113,7 +146,7 @@ pub async fn run(
                 leader_since = Some((term, now));
                 tracing::info!(
                     term,
-                    grace_ms = cfg.down_after.as_millis() as u64,
+                    grace_ms = cfg.election_grace.as_millis() as u64,
                     "leader: liveness grace period starts"
                 );
                 now
@@ -166,20 +199,30 @@ mod tests {
         t0 + Duration::from_secs_f64(s)
     }
 
+    /// A leader that took over long before `t0` (past its grace).
+    fn settled(t0: Instant) -> Instant {
+        t0.checked_sub(Duration::from_secs(10)).unwrap()
+    }
+
     #[test]
     fn silent_host_goes_suspect_then_down() {
         let st = state(&["h0", "h1"]);
         let t0 = Instant::now();
+        let since = settled(t0);
         let cfg = LivenessConfig::default();
         let none = HashMap::new();
-        let hb = HashMap::from([("h0".to_string(), at(t0, 2.0))]);
-        assert!(judge(&st, &hb, &none, t0, at(t0, 1.0), cfg).is_empty());
+        let hb = HashMap::from([("h0".to_string(), at(t0, 2.0)), ("h1".to_string(), t0)]);
+        assert!(judge(&st, &hb, &none, since, at(t0, 0.7), cfg).is_empty());
         assert_eq!(
-            judge(&st, &hb, &none, t0, at(t0, 1.6), cfg),
+            judge(&st, &hb, &none, since, at(t0, 0.75), cfg),
             vec![("h1".into(), Liveness::Suspect)]
         );
         assert_eq!(
-            judge(&st, &hb, &none, t0, at(t0, 3.1), cfg),
+            judge(&st, &hb, &none, since, at(t0, 1.19), cfg),
+            vec![("h1".into(), Liveness::Suspect)]
+        );
+        assert_eq!(
+            judge(&st, &hb, &none, since, at(t0, 1.2), cfg),
             vec![("h1".into(), Liveness::Down)]
         );
     }
@@ -188,27 +231,30 @@ mod tests {
     fn a_host_heard_by_its_peers_stays_suspect_until_they_stop_hearing_it() {
         let mut st = state(&["h0"]);
         let t0 = Instant::now();
+        let since = settled(t0);
         let cfg = LivenessConfig::default();
-        // Management silence from t0; peers keep receiving its probes
-        // every second until t = 10 s.
+        // Management silence from t0; peers' heartbeats keep saying they
+        // received its probes (every 250 ms, each up to 200 ms old) until
+        // t = 10 s.
         let hb = HashMap::from([("h0".to_string(), t0)]);
-        for s in 2..=10 {
-            let evidence = HashMap::from([("h0".to_string(), at(t0, s as f64))]);
-            let now = at(t0, s as f64 + 0.5);
-            let want = judge(&st, &hb, &evidence, t0, now, cfg);
-            if s == 2 {
+        for q in 4..=40 {
+            let s = f64::from(q) * 0.25;
+            let evidence = HashMap::from([("h0".to_string(), at(t0, s - 0.2))]);
+            let now = at(t0, s + 0.2);
+            let want = judge(&st, &hb, &evidence, since, now, cfg);
+            if q == 4 {
                 assert_eq!(want, vec![("h0".into(), Liveness::Suspect)]);
                 st.hosts.get_mut("h0").unwrap().liveness = Liveness::Suspect;
             } else {
                 assert!(want.is_empty(), "t={s}: never Down while heard: {want:?}");
             }
         }
-        // Peers stop hearing it at t = 10 s: Down once both silences reach
+        // Peers stop hearing it at t = 9.8 s: Down once both silences reach
         // the threshold.
-        let evidence = HashMap::from([("h0".to_string(), at(t0, 10.0))]);
-        assert!(judge(&st, &hb, &evidence, t0, at(t0, 12.9), cfg).is_empty());
+        let evidence = HashMap::from([("h0".to_string(), at(t0, 9.8))]);
+        assert!(judge(&st, &hb, &evidence, since, at(t0, 10.99), cfg).is_empty());
         assert_eq!(
-            judge(&st, &hb, &evidence, t0, at(t0, 13.0), cfg),
+            judge(&st, &hb, &evidence, since, at(t0, 11.0), cfg),
             vec![("h0".into(), Liveness::Down)]
         );
     }
@@ -238,16 +284,17 @@ mod tests {
         let t0 = Instant::now();
         let cfg = LivenessConfig::default();
         // The old leader saw heartbeats and probe evidence long ago; this
-        // leader has seen neither.
+        // leader has seen neither, and agents are still looking for it.
         let hb = HashMap::from([("h0".to_string(), t0)]);
         let evidence = HashMap::from([("h0".to_string(), t0)]);
         let became_leader = t0 + Duration::from_secs(60);
         let after = |ms| became_leader + Duration::from_millis(ms);
-        assert!(judge(&st, &hb, &evidence, became_leader, after(1400), cfg).is_empty());
-        assert_eq!(
-            judge(&st, &hb, &evidence, became_leader, after(2900), cfg),
-            vec![("h0".into(), Liveness::Suspect)]
-        );
+        for ms in [800, 1400, 2999] {
+            assert!(
+                judge(&st, &hb, &evidence, became_leader, after(ms), cfg).is_empty(),
+                "{ms} ms after the election"
+            );
+        }
         assert_eq!(
             judge(&st, &hb, &evidence, became_leader, after(3000), cfg),
             vec![("h0".into(), Liveness::Down)]
@@ -255,11 +302,11 @@ mod tests {
         // Evidence this leader received pushes Down out from there.
         let fresh = HashMap::from([("h0".to_string(), after(2000))]);
         assert_eq!(
-            judge(&st, &hb, &fresh, became_leader, after(4900), cfg),
+            judge(&st, &hb, &fresh, became_leader, after(3000), cfg),
             vec![("h0".into(), Liveness::Suspect)]
         );
         assert_eq!(
-            judge(&st, &hb, &fresh, became_leader, after(5000), cfg),
+            judge(&st, &hb, &fresh, became_leader, after(3200), cfg),
             vec![("h0".into(), Liveness::Down)]
         );
     }

@@ -128,6 +128,28 @@ pub fn probe_plan(st: &ClusterState, host: &str) -> Result<proto::v1::ProbePlan,
     })
 }
 
+/// The probe evidence a heartbeat from `from` carries, as instants: the
+/// first [`proto::v1::PeerHeard`] entries up to the agent's cap, naming
+/// registered hosts other than the sender, heard within the last minute.
+fn heard_at(
+    st: &ClusterState,
+    from: &str,
+    heard: Vec<proto::v1::PeerHeard>,
+    now: Instant,
+) -> Vec<(String, Instant)> {
+    const MAX_HEARD: usize = 64;
+    const MAX_AGE_MS: u32 = 60_000;
+    heard
+        .into_iter()
+        .take(MAX_HEARD)
+        .filter(|p| p.age_ms <= MAX_AGE_MS && p.host != from && st.hosts.contains_key(&p.host))
+        .filter_map(|p| {
+            let at = now.checked_sub(std::time::Duration::from_millis(u64::from(p.age_ms)))?;
+            Some((p.host, at))
+        })
+        .collect()
+}
+
 #[tonic::async_trait]
 impl Agent for AgentService {
     async fn register(
@@ -181,11 +203,15 @@ impl Agent for AgentService {
     ) -> Result<Response<HeartbeatReply>, Status> {
         require_agent(&self.sup, &req, &req.get_ref().host)?;
         self.require_leader()?;
-        let host = req.into_inner().host;
-        let Some((held_out, held_version)) = self.sup.read(|st| {
-            st.hosts
-                .get(&host)
-                .map(|h| (h.held_out_nics(), h.held_version))
+        let now = Instant::now();
+        let HeartbeatRequest { host, heard, .. } = req.into_inner();
+        let Some((held_out, held_version, heard)) = self.sup.read(|st| {
+            let h = st.hosts.get(&host)?;
+            Some((
+                h.held_out_nics(),
+                h.held_version,
+                heard_at(st, &host, heard, now),
+            ))
         }) else {
             return Err(Status::from(ApiError::new(
                 crate::api::ErrorKind::NotFound,
@@ -196,7 +222,8 @@ impl Agent for AgentService {
             .heartbeats
             .lock()
             .expect("heartbeat map poisoned")
-            .insert(host, Instant::now());
+            .insert(host, now);
+        self.leader.clocks.heard(heard);
         Ok(Response::new(HeartbeatReply {
             leader_id: self.sup.id,
             held_out,
@@ -491,5 +518,55 @@ impl Agent for AgentService {
                 Err(Status::from(ApiError::from(e)))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::command::Proposal;
+    use crate::model::testkit::register_two_rails_for_test;
+    use openraft::{CommittedLeaderId, LogId};
+    use proto::v1::PeerHeard;
+    use std::time::Duration;
+
+    #[test]
+    fn heartbeat_evidence_names_registered_peers_dated_by_their_age() {
+        let mut st = ClusterState::default();
+        let p = Proposal {
+            at_ms: 1,
+            cmds: vec![
+                register_two_rails_for_test(0, "h0"),
+                register_two_rails_for_test(1, "h1"),
+            ],
+        };
+        st.apply_proposal(&LogId::new(CommittedLeaderId::new(1, 1), 1), &p);
+        let now = Instant::now() + Duration::from_secs(120);
+        let heard = |host: &str, age_ms| PeerHeard {
+            host: host.into(),
+            age_ms,
+        };
+        let got = heard_at(
+            &st,
+            "h0",
+            vec![
+                heard("h1", 40),
+                heard("h0", 0),        // the sender itself
+                heard("stranger", 0),  // not registered
+                heard("h1", 60_001),   // too old to mean anything
+                heard("h1", u32::MAX), // hostile
+            ],
+            now,
+        );
+        assert_eq!(
+            got,
+            vec![("h1".to_string(), now - Duration::from_millis(40))]
+        );
+        // Only the first entries up to the cap are read.
+        let flood: Vec<PeerHeard> = (0..10_000)
+            .map(|_| heard("stranger", 0))
+            .chain([heard("h1", 0)])
+            .collect();
+        assert!(heard_at(&st, "h0", flood, now).is_empty());
     }
 }

@@ -16,6 +16,9 @@ use crate::leader::clock::records::{
 };
 use crate::model::ClusterState;
 
+/// The span a probe summary covers (agents summarise once a second).
+const SUMMARY_WINDOW: Duration = Duration::from_secs(1);
+
 /// Why a probe summary was refused. Nothing was stored.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum SummaryError {
@@ -229,7 +232,13 @@ pub(super) fn store_summary(
             continue;
         };
         if p.received > 0 {
-            store.evidence.insert(p.peer.clone(), now);
+            // The probes arrived some time in the second the summary
+            // covers: date the evidence by the window's start, so a host
+            // lost just before a summary is not kept alive for another
+            // second (heartbeats carry the exact age).
+            let at = now.checked_sub(SUMMARY_WINDOW).unwrap_or(now);
+            let e = store.evidence.entry(p.peer.clone()).or_insert(at);
+            *e = (*e).max(at);
         }
         if !reporter.nics.contains_key(&p.nic) || !peer.nics.contains_key(&p.peer_nic) {
             tracing::debug!(host = %s.host, nic = %short(&p.nic), peer = %p.peer, peer_nic = %short(&p.peer_nic), "path naming an unknown NIC ignored");

@@ -58,6 +58,17 @@ impl ClockService {
         self.lock().evidence.clone()
     }
 
+    /// Probe evidence from a heartbeat: each host was heard (its probes
+    /// received by the heartbeat's sender) at the given instant. Keeps the
+    /// newer of what it knew and what it hears.
+    pub fn heard(&self, heard: impl IntoIterator<Item = (String, Instant)>) {
+        let mut store = self.lock();
+        for (host, at) in heard {
+            let e = store.evidence.entry(host).or_insert(at);
+            *e = (*e).max(at);
+        }
+    }
+
     /// The latest solve, if any.
     pub fn solved(&self) -> Option<Arc<Solved>> {
         self.lock().solved.clone()
