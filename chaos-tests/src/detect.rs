@@ -81,6 +81,21 @@ pub async fn run(flaps: usize, host_losses: usize, seed: u64) -> anyhow::Result<
         hosts,
     };
     let mut c = NetCluster::start_all_up(spec, Duration::from_secs(20)).await?;
+    let r = measure(&mut c, hosts, flaps, host_losses, seed).await;
+    if r.is_err() {
+        // Keep the agents' and supervisors' logs of a failed run.
+        c.keep_run_dir();
+    }
+    r
+}
+
+async fn measure(
+    c: &mut NetCluster,
+    hosts: usize,
+    flaps: usize,
+    host_losses: usize,
+    seed: u64,
+) -> anyhow::Result<DetectReport> {
     // Follow committed events from now on.
     let since = c.last_event_seq()?;
     let mut cmd = c.tb.command(

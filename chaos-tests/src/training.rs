@@ -56,8 +56,11 @@ pub struct TrainOpts {
     /// Hidden width of ringtrain's MLP (None: its default).
     pub hidden: Option<u32>,
     /// The job gets no backup rail and dies on a network error (the
-    /// "without railguard" baseline).
+    /// "without railguard" baselines).
     pub fragile: bool,
+    /// How long a ringtrain connection may go without a path before the
+    /// rank exits (None: ringtrain's default, 2 s fragile and 30 s else).
+    pub stall_timeout: Option<Duration>,
     pub max_restarts: u32,
     pub backoff: Duration,
     /// ringtrain: sleep this long after each step (so faults land at a
@@ -87,6 +90,7 @@ impl Default for TrainOpts {
             checkpoint_every: 50,
             hidden: None,
             fragile: false,
+            stall_timeout: None,
             max_restarts: 50,
             backoff: Duration::from_millis(200),
             ringtrain_step_delay_ms: 0,
@@ -272,6 +276,13 @@ impl Training {
                 "only ringtrain has a fragile mode"
             );
             argv.push("--fragile".into());
+        }
+        if let Some(st) = o.stall_timeout {
+            anyhow::ensure!(
+                self.workload == Workload::Ringtrain,
+                "only ringtrain takes a stall timeout"
+            );
+            argv.extend(["--stall-timeout".into(), format!("{}ms", st.as_millis())]);
         }
         // The agents create the job's directory (the job user's); only the
         // parent is made here.
@@ -463,12 +474,39 @@ pub fn digest_of(log: &str) -> Option<String> {
 }
 
 /// A flap storm on the data NICs of the given hosts: every `every`
-/// (± half), one random NIC's fabric-side cable goes down for `down`.
+/// (± half), one random NIC's fabric-side cable goes down for `down`, or,
+/// for every `long_every`-th flap, for `long_down` (an outage that outlasts
+/// NCCL's ~30 s of retries).
 #[derive(Debug, Clone)]
 pub struct Storm {
     pub every: Duration,
     pub down: Duration,
     pub seed: u64,
+    /// Every this many flaps, one lasts `long_down` (0: never).
+    pub long_every: u32,
+    pub long_down: Duration,
+}
+
+impl Storm {
+    /// Short flaps only.
+    pub fn short(every: Duration, down: Duration, seed: u64) -> Self {
+        Self {
+            every,
+            down,
+            seed,
+            long_every: 0,
+            long_down: Duration::ZERO,
+        }
+    }
+
+    /// How long flap number `n` (1-based) lasts.
+    pub fn down_of(&self, n: u64) -> Duration {
+        if self.long_every > 0 && n.is_multiple_of(u64::from(self.long_every)) {
+            self.long_down
+        } else {
+            self.down
+        }
+    }
 }
 
 /// Drives a [`Storm`] from a scenario's tick.
@@ -479,6 +517,8 @@ pub struct StormState {
     /// (host, rail, up at).
     down: Option<(usize, usize, Duration)>,
     pub flaps: u64,
+    /// Of `flaps`, those that lasted `long_down`.
+    pub long_flaps: u64,
 }
 
 impl StormState {
@@ -489,6 +529,7 @@ impl StormState {
             storm,
             down: None,
             flaps: 0,
+            long_flaps: 0,
         }
     }
 
@@ -512,12 +553,21 @@ impl StormState {
         let h = hosts[self.rng.gen_range(0..hosts.len())];
         let r = self.rng.gen_range(0..2);
         t.c.tb.set_cable(h, r, Side::Fabric, false).await?;
-        tracing::info!(host = h, rail = r, "flap: cable down");
         self.flaps += 1;
-        self.down = Some((h, r, now + self.storm.down));
+        let down = self.storm.down_of(self.flaps);
+        if down != self.storm.down {
+            self.long_flaps += 1;
+        }
+        tracing::info!(
+            host = h,
+            rail = r,
+            down_ms = down.as_millis() as u64,
+            "flap: cable down"
+        );
+        self.down = Some((h, r, now + down));
         let half = self.storm.every.as_millis() as u64 / 2;
         let jitter = self.rng.gen_range(0..=half.max(1) * 2);
-        self.next_at = now + self.storm.down + Duration::from_millis(half + jitter);
+        self.next_at = now + down + Duration::from_millis(half + jitter);
         Ok(())
     }
 
@@ -552,13 +602,21 @@ pub async fn fault_free(t: &mut Training, name: &str, o: &TrainOpts) -> anyhow::
     Ok(r)
 }
 
+/// The flaps a stormy run saw.
+#[derive(Debug, Clone, Copy)]
+pub struct Flaps {
+    pub total: u64,
+    /// Of `total`, those that lasted the storm's `long_down`.
+    pub long: u64,
+}
+
 /// Runs job `name` on the first `ranks` hosts under `storm`.
 pub async fn stormy(
     t: &mut Training,
     name: &str,
     o: &TrainOpts,
     storm: &Storm,
-) -> anyhow::Result<(JobRun, u64)> {
+) -> anyhow::Result<(JobRun, Flaps)> {
     let hosts = o.rank_hosts();
     t.submit(name, o, &hosts)?;
     let mut s = StormState::new(storm.clone(), Duration::from_secs(2));
@@ -575,7 +633,11 @@ pub async fn stormy(
         }
     };
     s.heal(t).await?;
-    Ok((run?, s.flaps))
+    let flaps = Flaps {
+        total: s.flaps,
+        long: s.long_flaps,
+    };
+    Ok((run?, flaps))
 }
 
 /// `scenario train-nic-flap`: a fault-free run, then the same job under a
@@ -607,7 +669,7 @@ async fn train_nic_flap_in(
         "train-nic-flap: the same job under a flap storm (a cable down {:?} every ~{:?})",
         storm.down, storm.every
     );
-    let (run, flaps) = stormy(t, "storm", o, &storm).await?;
+    let (run, Flaps { total: flaps, .. }) = stormy(t, "storm", o, &storm).await?;
     let same = run.digest.is_some() && run.digest == base.digest;
     eprintln!(
         "train-nic-flap: {flaps} flaps; {:.2} steps/s; restarts {}; digest {}",
@@ -815,13 +877,20 @@ async fn drain_in(
     }))
 }
 
-/// `bench goodput`: the same flap storm (same seed) against the job with
-/// railguard's migration and against the fragile job that dies on a
-/// network error and restarts from its checkpoint, one after the other in
-/// one cluster.
-pub async fn goodput(o: &TrainOpts, storm: Storm) -> anyhow::Result<serde_json::Value> {
+/// `bench goodput`: the same flap storm (same seed: short flaps and, if
+/// the storm has them, outages longer than NCCL's retries) against three
+/// jobs in one cluster, one after the other: railguard's resilient job;
+/// today's fragile baseline (no backup rail, dies after 2 s without a
+/// path, restarts from its checkpoint); and an NCCL-like one (no backup
+/// rail, waits `nccl_like_timeout` for the path to return before it dies,
+/// as NCCL's socket transport retries for ~30 s).
+pub async fn goodput(
+    o: &TrainOpts,
+    storm: Storm,
+    nccl_like_timeout: Duration,
+) -> anyhow::Result<serde_json::Value> {
     let mut t = Training::start(o).await?;
-    let r = goodput_in(&mut t, o, storm).await;
+    let r = goodput_in(&mut t, o, storm, nccl_like_timeout).await;
     t.keep_on_failure(&r);
     r
 }
@@ -830,38 +899,83 @@ async fn goodput_in(
     t: &mut Training,
     o: &TrainOpts,
     storm: Storm,
+    nccl_like_timeout: Duration,
 ) -> anyhow::Result<serde_json::Value> {
-    eprintln!("goodput: with railguard's migration");
-    let (with, flaps_with) = stormy(t, "resilient", o, &storm).await?;
-    eprintln!(
-        "goodput: {:.2} steps/s, {} restarts, {flaps_with} flaps",
-        with.steps_per_s, with.restarts
+    let runs = [
+        ("railguard", "resilient", None, "with railguard's migration"),
+        (
+            "without",
+            "fragile",
+            Some(None),
+            "without (fragile job: no backup rail, dies after 2 s without a path)",
+        ),
+        (
+            "nccl_like",
+            "nccl-like",
+            Some(Some(nccl_like_timeout)),
+            "NCCL-like (no backup rail, dies only after its stall timeout without a path)",
+        ),
+    ];
+    let mut out = serde_json::Map::new();
+    out.insert("steps".into(), o.steps.into());
+    out.insert("checkpoint_every".into(), o.checkpoint_every.into());
+    out.insert(
+        "flap_down_ms".into(),
+        (storm.down.as_millis() as u64).into(),
     );
-    eprintln!("goodput: without (fragile job: no backup rail, dies on a network error)");
-    let fragile = TrainOpts {
-        fragile: true,
-        ..o.clone()
+    out.insert(
+        "long_flap_down_ms".into(),
+        (storm.long_down.as_millis() as u64).into(),
+    );
+    out.insert("long_flap_every".into(), storm.long_every.into());
+    out.insert(
+        "nccl_like_timeout_ms".into(),
+        (nccl_like_timeout.as_millis() as u64).into(),
+    );
+    let mut results = Vec::new();
+    for (key, job, baseline, what) in runs {
+        eprintln!("goodput: {what}");
+        let opts = match baseline {
+            None => o.clone(),
+            // A baseline restarts as often as it needs to: its budget
+            // must not be what ends the bench (the fragile job restarts
+            // every 2-3 s through a long outage).
+            Some(stall_timeout) => TrainOpts {
+                fragile: true,
+                stall_timeout,
+                max_restarts: o.max_restarts.max(500),
+                ..o.clone()
+            },
+        };
+        let (run, flaps) = stormy(t, job, &opts, &storm).await?;
+        eprintln!(
+            "goodput: {:.2} steps/s, {} restarts, {} flaps ({} long)",
+            run.steps_per_s, run.restarts, flaps.total, flaps.long
+        );
+        out.insert(format!("{key}_steps_per_s"), round2(run.steps_per_s).into());
+        out.insert(format!("{key}_restarts"), run.restarts.into());
+        out.insert(format!("{key}_flaps"), flaps.total.into());
+        out.insert(format!("{key}_long_flaps"), flaps.long.into());
+        results.push(run);
+    }
+    let [with, without, nccl_like] = &results[..] else {
+        bail!("goodput ran {} jobs, not 3", results.len());
     };
-    let (without, flaps_without) = stormy(t, "fragile", &fragile, &storm).await?;
-    eprintln!(
-        "goodput: {:.2} steps/s, {} restarts, {flaps_without} flaps",
-        without.steps_per_s, without.restarts
+    let same =
+        with.digest.is_some() && with.digest == without.digest && with.digest == nccl_like.digest;
+    let ok = results.iter().all(|r| r.state == "succeeded") && same;
+    out.insert(
+        "ratio".into(),
+        round2(with.steps_per_s / without.steps_per_s.max(1e-9)).into(),
     );
-    let same = with.digest.is_some() && with.digest == without.digest;
-    let ok = with.state == "succeeded" && without.state == "succeeded" && same;
-    Ok(serde_json::json!({
-        "ok": ok,
-        "steps": o.steps,
-        "checkpoint_every": o.checkpoint_every,
-        "railguard_steps_per_s": round2(with.steps_per_s),
-        "railguard_restarts": with.restarts,
-        "railguard_flaps": flaps_with,
-        "without_steps_per_s": round2(without.steps_per_s),
-        "without_restarts": without.restarts,
-        "without_flaps": flaps_without,
-        "ratio": round2(with.steps_per_s / without.steps_per_s.max(1e-9)),
-        "digests_equal": same,
-    }))
+    out.insert(
+        "ratio_vs_nccl_like".into(),
+        round2(with.steps_per_s / nccl_like.steps_per_s.max(1e-9)).into(),
+    );
+    out.insert("digests_equal".into(), same.into());
+    let mut v = serde_json::json!({ "ok": ok });
+    v.as_object_mut().context("a JSON object")?.extend(out);
+    Ok(v)
 }
 
 /// What the demo's training part showed.

@@ -41,11 +41,7 @@ async fn training_survives_nic_flaps_without_a_restart() {
     };
     let v = training::train_nic_flap(
         &o,
-        Storm {
-            every: Duration::from_millis(1500),
-            down: Duration::from_millis(1000),
-            seed: 3,
-        },
+        Storm::short(Duration::from_millis(1500), Duration::from_millis(1000), 3),
     )
     .await
     .unwrap();

@@ -106,37 +106,75 @@ impl StormArgs {
                 && (10..=20_000).contains(&self.flap_down_ms),
             "--flap-every-ms takes 100..=600000 and --flap-down-ms 10..=20000"
         );
-        Ok(chaos_tests::training::Storm {
-            every: Duration::from_millis(self.flap_every_ms),
-            down: Duration::from_millis(self.flap_down_ms),
-            seed: self.seed,
-        })
+        Ok(chaos_tests::training::Storm::short(
+            Duration::from_millis(self.flap_every_ms),
+            Duration::from_millis(self.flap_down_ms),
+            self.seed,
+        ))
     }
 }
 
-/// `scenario train-nic-flap` (`Stormy<false>`: the job must ride out the
-/// storm) and `bench goodput` (`Stormy<true>`: with and without
-/// railguard's migration, side by side).
+/// `scenario train-nic-flap`: the job must ride out the storm.
 #[derive(Args, Debug)]
-pub(crate) struct Stormy<const GOODPUT: bool> {
+pub(crate) struct TrainNicFlap {
     #[command(flatten)]
     train: TrainArgs,
     #[command(flatten)]
     storm: StormArgs,
 }
 
-pub(crate) type TrainNicFlap = Stormy<false>;
-pub(crate) type Goodput = Stormy<true>;
-
-impl<const GOODPUT: bool> Runner for Stormy<GOODPUT> {
+impl Runner for TrainNicFlap {
     async fn run(self, what: String) -> Outcome {
         let (o, st) = (self.train.opts(false, false)?, self.storm.storm()?);
         need_root(&what)?;
-        value_report(if GOODPUT {
-            chaos_tests::training::goodput(&o, st).await?
-        } else {
-            chaos_tests::training::train_nic_flap(&o, st).await?
-        })
+        value_report(chaos_tests::training::train_nic_flap(&o, st).await?)
+    }
+}
+
+/// `bench goodput`: railguard's job and two baselines under one storm of
+/// short flaps and outages longer than NCCL's retries.
+#[derive(Args, Debug)]
+pub(crate) struct Goodput {
+    #[command(flatten)]
+    train: TrainArgs,
+    #[command(flatten)]
+    storm: StormArgs,
+    /// Every this many flaps, one is a long outage (0: none).
+    #[arg(long, default_value_t = 4)]
+    long_flap_every: u32,
+    /// How long a long outage lasts (ms): by default longer than the
+    /// NCCL-like baseline's stall timeout, so it is fatal to it.
+    #[arg(long, default_value_t = 35_000)]
+    long_flap_down_ms: u64,
+    /// The NCCL-like baseline's stall timeout (ms): how long it waits for
+    /// a path to come back before the rank dies (NCCL's socket transport
+    /// retries for about 30 s).
+    #[arg(long, default_value_t = 30_000)]
+    nccl_like_timeout_ms: u64,
+}
+
+impl Runner for Goodput {
+    async fn run(self, what: String) -> Outcome {
+        let (o, mut st) = (self.train.opts(false, false)?, self.storm.storm()?);
+        ensure!(
+            self.long_flap_every <= 1000 && self.long_flap_down_ms <= 600_000,
+            "--long-flap-every takes 0..=1000 and --long-flap-down-ms 0..=600000"
+        );
+        ensure!(
+            (100..=600_000).contains(&self.nccl_like_timeout_ms),
+            "--nccl-like-timeout-ms takes 100..=600000"
+        );
+        st.long_every = self.long_flap_every;
+        st.long_down = Duration::from_millis(self.long_flap_down_ms);
+        need_root(&what)?;
+        value_report(
+            chaos_tests::training::goodput(
+                &o,
+                st,
+                Duration::from_millis(self.nccl_like_timeout_ms),
+            )
+            .await?,
+        )
     }
 }
 
