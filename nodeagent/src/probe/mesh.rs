@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 use clocksync::{Direction, PairConfig, PairEstimator, Probe as Stamp, ProbePair};
 
 use super::queueing::{OutgoingTracker, QueueingBoard};
-use super::wire::{Probe, Record, Records, MAX_RECORDS, PACKET_LEN};
+use super::wire::{Probe, Record, Records, MAX_RECORDS, PACKET_LEN, SETTLED_VALID};
 
 /// Pairs awaiting their other stamps, per path and direction.
 const PENDING_PAIRS: usize = 64;
@@ -285,6 +285,12 @@ impl PathState {
     }
 }
 
+/// Whether a peer's announced settled rails include `rail` (a peer that
+/// does not say, and a rail the bitmap cannot name, count as settled).
+fn settled_on(bits: u8, rail: u32) -> bool {
+    bits & SETTLED_VALID == 0 || rail >= 7 || bits & (1 << rail) != 0
+}
+
 /// How often a peer with `paths` paths is due (one pair on each) for it to
 /// get `pairs_per_s` pairs a second in all.
 fn interval(pairs_per_s: u32, paths: usize) -> Duration {
@@ -302,6 +308,8 @@ struct PeerState {
     spec: PeerSpec,
     next_due: Instant,
     last_heard: Option<Instant>,
+    /// The peer's settled rails, from its latest probe ([`Probe::settled`]).
+    settled: u8,
     paths: BTreeMap<u32, PathState>,
 }
 
@@ -438,6 +446,7 @@ impl Mesh {
                 spec: spec.clone(),
                 next_due: tick,
                 last_heard: None,
+                settled: 0,
                 paths: BTreeMap::new(),
             });
             p.spec = spec.clone();
@@ -472,6 +481,7 @@ impl Mesh {
     pub fn due(&mut self, now: Instant) -> Vec<SendOp> {
         let mut out = Vec::new();
         let self_id = self.self_id;
+        let settled = self.settled_rails(now);
         let rate = self.rate;
         for p in self.peers.values_mut() {
             if p.next_due > now || p.paths.is_empty() {
@@ -522,6 +532,7 @@ impl Mesh {
                     to: p.spec.id,
                     seq,
                     records: records.clone(),
+                    settled,
                 };
                 out.push(SendOp {
                     rail,
@@ -619,6 +630,7 @@ impl Mesh {
         self.last_rx.insert(rail, now);
         let p = self.peers.get_mut(&probe.from).expect("checked above");
         p.last_heard = Some(now);
+        p.settled = probe.settled;
         let Some(path) = p.paths.get_mut(&rail) else {
             return;
         };
@@ -726,6 +738,29 @@ impl Mesh {
         self.netdev.insert(rail, up_since);
     }
 
+    /// This host's settled rails, as its probes announce them
+    /// ([`Probe::settled`]): those whose NIC netlink has had up for the up
+    /// grace at least (one netlink never reported counts as settled:
+    /// nothing says otherwise). A NIC just up may
+    /// not carry probes yet — its peers may still be resolving its address
+    /// or its own, after an outage that lost their requests — so its peers
+    /// do not call their own NIC on that rail silent for want of its
+    /// probes.
+    fn settled_rails(&self, now: Instant) -> u8 {
+        let mut bits = SETTLED_VALID;
+        for rail in self.local.keys().filter(|r| **r < 7) {
+            let settled = match self.netdev.get(rail) {
+                Some(None) => false,
+                Some(Some(up)) => now.saturating_duration_since(*up) >= self.cfg.up_grace,
+                None => true,
+            };
+            if settled {
+                bits |= 1 << rail;
+            }
+        }
+        bits
+    }
+
     /// Probe-liveness changes of this host's NICs at `now`.
     pub fn check_liveness(&mut self, now: Instant) -> Vec<NicLiveness> {
         let silence = self.cfg.silence;
@@ -751,7 +786,10 @@ impl Mesh {
             let last = last_rx.unwrap_or(self.started).max(up_since);
             let silent = now.saturating_duration_since(last) >= limit;
             // At least two peers on this rail heard recently (on another
-            // rail): one peer alone cannot tell its dead NIC from ours.
+            // rail): one peer alone cannot tell its dead NIC from ours. A
+            // peer whose own NIC on the rail is not settled (just up, by
+            // its latest probe) is no witness: its probes may not be able
+            // to arrive yet.
             let witnesses = self
                 .peers
                 .values()
@@ -759,6 +797,7 @@ impl Mesh {
                     p.spec.nics.contains_key(rail)
                         && p.last_heard
                             .is_some_and(|h| now.saturating_duration_since(h) < silence)
+                        && settled_on(p.settled, *rail)
                 })
                 .count();
             let evidence = witnesses >= MIN_WITNESSES;

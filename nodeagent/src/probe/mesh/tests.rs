@@ -393,6 +393,34 @@ fn a_repaired_nic_is_judged_only_by_its_silence_since_it_came_up() {
     assert_eq!(sim.meshes[0].check_liveness(now), rail1(false));
 }
 
+/// Peers whose own NIC on a rail just came up cannot vouch for it: their
+/// probes on that rail may not be able to arrive yet (their neighbour
+/// entries for us failed while they were down), so our silence on it is
+/// no evidence against our NIC until their NICs have settled (the up
+/// grace, 2 s). Their probes on the other rail say so.
+#[test]
+fn peers_whose_nic_just_came_up_are_no_witnesses() {
+    let mut sim = Sim::new(vec![0, 5_000, -7_000], 2);
+    let t0 = sim.t_ns;
+    sim.run(t0, 1_000);
+    let up = sim.now(t0);
+    for peer in [1, 2] {
+        sim.meshes[peer].set_netdev("rail1", Some(up));
+    }
+    // Nothing arrives on h0's rail1 from now on.
+    sim.dead = Some((0, 1));
+    sim.run(t0, 1_500);
+    let now = sim.now(t0);
+    assert!(
+        sim.meshes[0].check_liveness(now).is_empty(),
+        "silent 1.5 s, but both witnesses' rail1 came up 1.5 s ago"
+    );
+    // Their rail1 settles (2 s up); the silence now convicts.
+    sim.run(t0, 700);
+    let now = sim.now(t0);
+    assert_eq!(sim.meshes[0].check_liveness(now), rail1(false));
+}
+
 #[test]
 fn one_peer_cannot_convict_my_nic() {
     // Two hosts: h1's rail1 dies; h0 hears nothing from h1 on rail1
@@ -419,6 +447,7 @@ fn probes_from_strangers_or_wrong_addresses_are_refused() {
         from: 1,
         to: 0,
         seq: 5,
+        settled: 0,
         records: Records::new(),
     };
     let m = &mut sim.meshes[0];

@@ -21,6 +21,7 @@ fn sample() -> Probe {
         ]
         .into_iter()
         .collect(),
+        settled: SETTLED_VALID | 0b101,
     }
 }
 
