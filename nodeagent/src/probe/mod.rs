@@ -80,7 +80,7 @@ impl HeardBoard {
     /// the most recently heard first).
     pub fn ages(&self, now: Instant) -> Vec<proto::v1::PeerHeard> {
         let mut heard = self.0.lock().expect("heard board").clone();
-        heard.sort_by(|a, b| b.1.cmp(&a.1));
+        heard.sort_by_key(|h| std::cmp::Reverse(h.1));
         heard
             .into_iter()
             .take(MAX_HEARD)
