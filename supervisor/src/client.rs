@@ -44,7 +44,17 @@ pub struct AdminClient {
     /// overloaded supervisor keeps its connections and answers nothing,
     /// and every call would wait for it first). Shared by clones.
     first: Arc<std::sync::atomic::AtomicUsize>,
+    /// Per supervisor, until when it counts as silent: it let a call time
+    /// out. A silent supervisor is tried only when no other one answered
+    /// at all, so a client whose other supervisors say "no leader yet"
+    /// (an election under way after the leader stopped) asks them again
+    /// instead of waiting out another timeout on the stopped one. Shared by
+    /// clones.
+    silent: Arc<Mutex<Vec<Option<Instant>>>>,
 }
+
+/// How long a supervisor that let a call time out is tried last.
+const SILENT_FOR: Duration = Duration::from_secs(5);
 
 /// How far the newest serial a client issues may run ahead of its oldest
 /// unanswered one: half of what the cluster remembers per session.
@@ -137,6 +147,7 @@ impl AdminClient {
             serials: Arc::new(SerialWindow::default()),
             retry_for: timeout,
             first: Arc::default(),
+            silent: Arc::new(Mutex::new(vec![None; addrs.len()])),
         })
     }
 
@@ -209,20 +220,52 @@ impl AdminClient {
         }
     }
 
+    /// The order of one pass: from the preferred supervisor on, the silent
+    /// ones (see `silent`) last, each with whether it is silent.
+    fn order(&self) -> Vec<(usize, bool)> {
+        use std::sync::atomic::Ordering;
+        let n = self.targets.len();
+        let start = self.first.load(Ordering::Relaxed) % n;
+        let now = Instant::now();
+        let silent = self.silent.lock().expect("silent supervisors");
+        let mut order: Vec<(usize, bool)> = (0..n)
+            .map(|k| (start + k) % n)
+            .map(|i| (i, silent[i].is_some_and(|t| now < t)))
+            .collect();
+        order.sort_by_key(|&(_, s)| s);
+        order
+    }
+
+    fn set_silent(&self, i: usize, silent: bool) {
+        let mut s = self.silent.lock().expect("silent supervisors");
+        s[i] = silent.then(|| Instant::now() + SILENT_FOR);
+    }
+
     /// One pass over the supervisors. When none can serve, the error names
     /// every address tried and what each said.
     async fn attempt(&self, body: &[u8], is_write: bool) -> Result<AdminReply, ApiError> {
         use std::sync::atomic::Ordering;
         let mut tried: Vec<String> = Vec::new();
         let n = self.targets.len();
-        let start = self.first.load(Ordering::Relaxed) % n;
-        for i in (0..n).map(|k| (start + k) % n) {
+        // Whether a supervisor answered in this pass (if only to say it
+        // cannot serve now).
+        let mut answered = false;
+        for (i, silent) in self.order() {
+            if silent && answered {
+                tried.push(format!(
+                    "{}: skipped (no answer to an earlier call)",
+                    self.targets[i].0
+                ));
+                continue;
+            }
             let (addr, client) = &self.targets[i];
             let mut c = client.clone();
             let fut = c.call(Blob {
                 body: body.to_vec(),
             });
-            match tokio::time::timeout(self.timeout, fut).await {
+            let r = tokio::time::timeout(self.timeout, fut).await;
+            self.set_silent(i, r.is_err());
+            match r {
                 Err(_) if is_write => {
                     // The retry (same request id) starts at the next one.
                     self.first.store((i + 1) % n, Ordering::Relaxed);
@@ -246,6 +289,7 @@ impl AdminClient {
                     if e.kind == ErrorKind::Unavailable
                         || (e.kind == ErrorKind::Unknown && !is_write)
                     {
+                        answered = true;
                         tried.push(format!("{addr}: {}", e.message));
                         continue;
                     }

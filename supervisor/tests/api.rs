@@ -848,3 +848,83 @@ async fn wide_tables_add_columns() {
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("leader:"));
 }
+
+/// An admin service that always says there is no leader, as a follower
+/// does during an election.
+struct NoLeader;
+
+#[tonic::async_trait]
+impl proto::v1::admin_server::Admin for NoLeader {
+    async fn call(
+        &self,
+        _: tonic::Request<proto::v1::Blob>,
+    ) -> Result<tonic::Response<proto::v1::Blob>, tonic::Status> {
+        Err(supervisor::api::ApiError::unavailable(
+            "not the leader; no leader is elected right now",
+        )
+        .into())
+    }
+
+    type FollowStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<proto::v1::Blob, tonic::Status>> + Send>,
+    >;
+
+    async fn follow(
+        &self,
+        _: tonic::Request<proto::v1::FollowRequest>,
+    ) -> Result<tonic::Response<Self::FollowStream>, tonic::Status> {
+        Err(tonic::Status::unavailable("no leader"))
+    }
+}
+
+/// A supervisor that stopped (SIGSTOP) keeps its listening socket: the
+/// kernel completes connections and nothing answers. Once it let a call
+/// time out, a client whose other supervisor answers "no leader yet" asks
+/// that one again instead of waiting out another timeout on the stopped
+/// one (it used to: clients lost 3-7 s per paused leader).
+#[tokio::test]
+async fn a_supervisor_that_let_a_call_time_out_is_skipped_while_another_answers() {
+    let stopped = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let follower = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addrs = vec![
+        stopped.local_addr().unwrap().to_string(),
+        follower.local_addr().unwrap().to_string(),
+    ];
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(proto::v1::admin_server::AdminServer::new(NoLeader))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(follower)),
+    );
+    let c = supervisor::client::AdminClient::new(
+        &addrs,
+        "test",
+        Duration::from_millis(400),
+        &supervisor::client::ClientTls::Insecure,
+    )
+    .unwrap();
+    // First pass: the stopped one first (nothing known yet), its timeout,
+    // then the follower's refusal.
+    let t = std::time::Instant::now();
+    let e = c.call(AdminRequest::Status, false).await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::Unavailable, "{e}");
+    assert!(
+        t.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        t.elapsed()
+    );
+    // Next passes: the follower answers, the stopped one is skipped.
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let e = c.call(AdminRequest::Status, false).await.unwrap_err();
+        assert!(
+            t.elapsed() < Duration::from_millis(300),
+            "{:?}: {e}",
+            t.elapsed()
+        );
+        assert!(
+            e.message.contains("no leader is elected") && e.message.contains("skipped"),
+            "{e}"
+        );
+    }
+    drop(stopped);
+}
