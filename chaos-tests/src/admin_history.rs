@@ -228,9 +228,19 @@ pub fn check_durability(acked: &[(usize, String, u64)], finals: &[HostView]) -> 
 
 /// Longest stretch (ms) without any successful operation, between the first
 /// and the last success.
-pub fn max_gap_ms(mut successes: Vec<u64>) -> u64 {
+pub fn max_gap_ms(successes: Vec<u64>) -> u64 {
+    longest_gap(successes).1
+}
+
+/// The longest time between two successes: (when it began, its length),
+/// in ms since the start.
+pub fn longest_gap(mut successes: Vec<u64>) -> (u64, u64) {
     successes.sort_unstable();
-    successes.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0)
+    successes
+        .windows(2)
+        .map(|w| (w[0], w[1] - w[0]))
+        .max_by_key(|g| g.1)
+        .unwrap_or((0, 0))
 }
 
 /// Runs the scenario and returns its report.
@@ -295,7 +305,10 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
                 "leader {leader} is gone"
             );
             kills += 1;
-            eprintln!("[{scenario}] round {round}: SIGSTOPped leader {leader} for {pause:?}");
+            eprintln!(
+                "[{scenario}] round {round}: SIGSTOPped leader {leader} for {pause:?} at {:.1} s",
+                start.elapsed().as_secs_f64()
+            );
             tokio::time::sleep(pause).await;
             cluster.signal(leader, libc::SIGCONT);
         } else {
@@ -402,7 +415,11 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
     for u in unexpected.iter().take(5) {
         eprintln!("[{scenario}] unexpected: {u}");
     }
-    let max_unavailable_ms = max_gap_ms(rec.successes.lock().unwrap().clone());
+    let (gap_at, max_unavailable_ms) = longest_gap(rec.successes.lock().unwrap().clone());
+    eprintln!(
+        "[{scenario}] longest time without a successful operation: {max_unavailable_ms} ms from {:.1} s",
+        gap_at as f64 / 1e3
+    );
     let ok = linearizable && lost_ops == 0 && unexpected.is_empty() && acked > 0;
     if !ok {
         let dir = cluster.keep();
