@@ -411,26 +411,15 @@ impl LinkTracker {
 
     /// Subscribes, dumps, then runs until `tx` closes. Ticks damping every
     /// 100 ms.
-    ///
-    /// The netlink connection is driven in this task, not spawned: a link
-    /// message is read from the socket and observed in one wake-up, with
-    /// no hop to another task in between (on a busy host each hop costs
-    /// tenths of a millisecond).
     pub async fn run(mut self, tx: mpsc::Sender<LinkTransition>) -> Result<(), TrackerError> {
         let (conn, handle, mut messages) =
             rtnetlink::new_multicast_connection(&[rtnetlink::MulticastGroup::Link])
                 .map_err(|e| TrackerError::Netlink(e.to_string()))?;
-        tokio::pin!(conn);
-        let closed = || TrackerError::Netlink("multicast connection closed".into());
+        tokio::spawn(conn);
         // Dump after subscribing, so no change falls between the two.
         let mut dump = handle.link().get().execute();
         let mut seen = std::collections::BTreeSet::new();
-        loop {
-            let m = tokio::select! {
-                () = &mut conn => return Err(closed()),
-                m = dump.next() => m,
-            };
-            let Some(m) = m else { break };
+        while let Some(m) = dump.next().await {
             let m = m.map_err(|e| TrackerError::Netlink(e.to_string()))?;
             if let Some(s) = LinkSample::from_message(&m) {
                 seen.insert(s.name.clone());
@@ -447,8 +436,6 @@ impl LinkTracker {
         let mut ports = self.ports.take();
         loop {
             tokio::select! {
-                biased;
-                () = &mut conn => return Err(closed()),
                 Some(p) = async { match ports.as_mut() { Some(r) => r.recv().await, None => std::future::pending().await } } => {
                     let now = Instant::now();
                     if let Some(t) = self.nics.get_mut(&p.netdev).and_then(|n| n.observe_port(p.source, p.active, now)) {
@@ -459,7 +446,7 @@ impl LinkTracker {
                 }
                 msg = messages.next() => {
                     let Some((msg, _)) = msg else {
-                        return Err(closed());
+                        return Err(TrackerError::Netlink("multicast connection closed".into()));
                     };
                     if let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(m)) = msg.payload {
                         if let Some(s) = LinkSample::from_message(&m) {

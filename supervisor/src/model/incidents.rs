@@ -22,7 +22,10 @@ pub struct Incident {
     pub peer: Option<String>,
     /// A path incident opened on the ranks' evidence (a connection of this
     /// job with no path) rather than on NIC states: it closes when its run
-    /// ends or the job's incarnation ends, not when NIC states look
-    /// healthy (they did all along).
+    /// ends or the job's incarnation ends, or when the pair comes to share
+    /// an Up rail it did not share at the report — not merely because NIC
+    /// states look healthy (they may have all along).
     pub stalled_job: Option<String>,
+    /// The rails both hosts of such a pair had Up when the ranks reported.
+    pub shared_at_report: Vec<u32>,
 }

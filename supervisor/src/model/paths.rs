@@ -63,18 +63,15 @@ pub fn path_restored(a: &Host, b: &Host) -> bool {
     !up_rails(a).is_disjoint(&up_rails(b))
 }
 
-/// Whether `a` and `b` both have an Up NIC on one rail, one of the two
-/// having changed state after `since_ms`: NIC evidence newer than a report
-/// made at `since_ms` says the pair can talk again.
-pub fn path_recovered_since(a: &Host, b: &Host, since_ms: u64) -> bool {
-    let came_up = |h: &Host, rail: u32| {
-        h.nics
-            .values()
-            .any(|n| n.rail == Some(rail) && n.state == NicState::Up && n.last_change_ms > since_ms)
-    };
-    up_rails(a)
-        .intersection(&up_rails(b))
-        .any(|&rail| came_up(a, rail) || came_up(b, rail))
+/// The rails on which `a` and `b` both have an Up NIC.
+pub fn shared_up_rails(a: &Host, b: &Host) -> Vec<u32> {
+    up_rails(a).intersection(&up_rails(b)).copied().collect()
+}
+
+/// Whether `a` and `b` now share an Up rail that is not in `before`: a
+/// rail that came back since then, not one that was there all along.
+pub fn path_gained(a: &Host, b: &Host, before: &[u32]) -> bool {
+    shared_up_rails(a, b).iter().any(|r| !before.contains(r))
 }
 
 /// A host's data NICs and their states: "rail0 Down, rail1 Up".

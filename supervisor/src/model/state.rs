@@ -31,7 +31,8 @@ use std::collections::VecDeque;
 /// 6: path incidents (`Incident.peer`, `Event::PathIncidentStays`).
 /// 7: `Report::ConnStalled`, `Event::ConnStalled`.
 /// 8: `Host.path_incidents`.
-pub const MODEL_FORMAT_VERSION: u8 = 8;
+/// 9: `Incident.shared_at_report`.
+pub const MODEL_FORMAT_VERSION: u8 = 9;
 
 /// The whole replicated model.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

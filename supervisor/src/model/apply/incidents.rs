@@ -33,6 +33,7 @@ impl ClusterState {
                 link: None,
                 peer: None,
                 stalled_job: None,
+                shared_at_report: Vec::new(),
             },
         );
         self.log_event(at_ms, Some(host), Event::IncidentOpened { id, kind });
@@ -132,30 +133,30 @@ impl ClusterState {
     /// ([`crate::model::paths`]): an open `no_common_rail` incident of a
     /// pair with `host` closes when the two share an Up rail again (or
     /// either is gone); one opened on the ranks' evidence closes only when
-    /// a NIC of such a rail came Up after the ranks' report. A pair of
+    /// they share an Up rail they did not share at the report. A pair of
     /// `host` and another host of one of its live jobs that shares no
     /// working rail opens one (once per pair). Linear in the sizes of
     /// `host`'s jobs.
     pub(in crate::model) fn path_incidents(&mut self, at_ms: u64, host: &str) {
-        use crate::model::paths::{describe, path_cut, path_recovered_since, path_restored};
-        let open: Vec<(u64, String, String, Option<u64>)> = self
+        use crate::model::paths::{describe, path_cut, path_gained, path_restored};
+        let open: Vec<(u64, String, String, Option<Vec<u32>>)> = self
             .hosts
             .get(host)
             .into_iter()
             .flat_map(|h| &h.path_incidents)
             .filter_map(|id| self.incidents.get(id))
             .filter_map(|i| {
-                let evidence = i.stalled_job.is_some().then_some(i.opened_ms);
+                let evidence = i.stalled_job.is_some().then(|| i.shared_at_report.clone());
                 Some((i.id, i.host.clone(), i.peer.clone()?, evidence))
             })
             .collect();
         let mut known = std::collections::BTreeSet::new();
         for (id, a, b, evidence) in open {
-            let restored = |ha, hb| match evidence {
-                // One opened on the ranks' evidence is judged by NIC states
-                // only once they changed after it (they may have looked
-                // healthy all along).
-                Some(reported_ms) => path_recovered_since(ha, hb, reported_ms),
+            let restored = |ha, hb| match &evidence {
+                // One opened on the ranks' evidence closes only on a rail
+                // the pair gained since (the rails they shared then did
+                // not carry the connection).
+                Some(before) => path_gained(ha, hb, before),
                 None => path_restored(ha, hb),
             };
             match (self.hosts.get(&a), self.hosts.get(&b)) {
@@ -292,9 +293,14 @@ impl ClusterState {
         stalled_job: Option<String>,
     ) {
         let id = self.open_incident(at_ms, IncidentKind::NoCommonRail, a, None, detail);
+        let shared = match (self.hosts.get(a), self.hosts.get(b), &stalled_job) {
+            (Some(ha), Some(hb), Some(_)) => crate::model::paths::shared_up_rails(ha, hb),
+            _ => Vec::new(),
+        };
         if let Some(i) = self.incidents.get_mut(&id) {
             i.peer = Some(b.to_owned());
             i.stalled_job = stalled_job;
+            i.shared_at_report = shared;
         }
         for h in [a, b] {
             if let Some(h) = self.hosts.get_mut(h) {

@@ -440,8 +440,14 @@ fn a_stall_ends_when_a_nic_of_a_common_rail_comes_back_after_it() {
     w.settle(obey);
     let j = &w.st.jobs["j"];
     assert_eq!(j.state, JobState::Restarting, "{}", j.reason);
-    // A NIC that changes nothing (rail1 stays Up) does not close it.
+    // A NIC that changes nothing (rail1 stays Up) does not close it, nor
+    // does a flap of rail1, which the two shared when the ranks stalled.
     w.advance(600);
+    w.nic("h0", "rail1", NicHealth::Up);
+    assert!(w.st.incidents[&id].closed_ms.is_none());
+    w.advance(100);
+    w.nic("h0", "rail1", NicHealth::Down);
+    w.advance(100);
     w.nic("h0", "rail1", NicHealth::Up);
     assert!(w.st.incidents[&id].closed_ms.is_none());
     // h1's rail0 back: both share rail0 again, newer than the report.
