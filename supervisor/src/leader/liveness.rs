@@ -1,6 +1,7 @@
 //! Host liveness on the leader: Ready → Suspect → Down from missed
 //! heartbeats and probe evidence (defaults: heartbeats every 250 ms,
-//! Suspect after 750 ms of silence, Down after 1.2 s).
+//! Suspect after 750 ms of silence, Down after 1.2 s; 3 s for a host this
+//! leader has no probe evidence of at all, whose heartbeats alone decide).
 //!
 //! Suspect follows management-network silence alone (no heartbeat). Down
 //! needs two silences: no heartbeat *and* no probe evidence (no peer
@@ -39,6 +40,10 @@ pub type Heartbeats = std::sync::Mutex<HashMap<String, Instant>>;
 pub struct LivenessConfig {
     pub suspect_after: Duration,
     pub down_after: Duration,
+    /// Down for a host this leader has no probe evidence of at all (its
+    /// probes off, or no probe peers): heartbeat silence alone decides, so
+    /// it must last longer.
+    pub down_after_unprobed: Duration,
     /// A new leader judges no host Suspect or Down before this.
     pub election_grace: Duration,
 }
@@ -48,12 +53,14 @@ impl Default for LivenessConfig {
         Self {
             suspect_after: Duration::from_millis(750),
             down_after: Duration::from_millis(1200),
+            down_after_unprobed: Duration::from_secs(3),
             election_grace: Duration::from_secs(3),
         }
     }
 }
 
-/// A liveness tick this late means the leader itself stalled.
+/// A liveness tick this late (after its period) means the leader itself
+/// stalled.
 const STALLED_TICK: Duration = Duration::from_millis(300);
 /// How long a stalled leader holds its judgement after the stall.
 const STALL_HOLD: Duration = Duration::from_millis(500);
@@ -85,10 +92,18 @@ pub fn judge(
         .filter_map(|h| {
             let silent = silence(heartbeats, &h.name);
             let unheard = silence(probe_evidence, &h.name);
+            let probed = probe_evidence
+                .get(&h.name)
+                .is_some_and(|t| *t >= leader_since);
+            let down_after = if probed {
+                cfg.down_after
+            } else {
+                cfg.down_after_unprobed
+            };
             let want = if !settled && silent >= cfg.suspect_after {
                 // Too soon after the election to judge a silence.
                 h.liveness
-            } else if silent >= cfg.down_after && unheard >= cfg.down_after {
+            } else if silent >= down_after && unheard >= down_after {
                 Liveness::Down
             } else if silent >= cfg.suspect_after {
                 // Never move a Down host back to Suspect without a heartbeat.
@@ -108,6 +123,9 @@ pub fn judge(
         .collect()
 }
 
+/// The liveness loop's period.
+const TICK: Duration = Duration::from_millis(100);
+
 /// Runs on every supervisor; acts while it leads.
 pub async fn run(
     sup: Arc<Supervisor>,
@@ -115,51 +133,66 @@ pub async fn run(
     clocks: Arc<ClockService>,
     cfg: LivenessConfig,
 ) {
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let mut tick = tokio::time::interval(TICK);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     let mut leader_since: Option<(u64, Instant)> = None;
-    let mut last_tick = Instant::now();
+    // When the previous pass ended: a tick that comes more than a period
+    // plus STALLED_TICK after it found this process stalled (time spent in
+    // the pass itself, committing changes, does not count).
+    let mut pass_end = Instant::now();
     let mut hold_until: Option<Instant> = None;
     loop {
         tick.tick().await;
         let now = Instant::now();
-        if now.saturating_duration_since(last_tick) >= STALLED_TICK {
+        let late = now.saturating_duration_since(pass_end).saturating_sub(TICK);
+        if late >= STALLED_TICK {
             tracing::warn!(
-                late_ms = now.saturating_duration_since(last_tick).as_millis() as u64,
+                late_ms = late.as_millis() as u64,
                 "liveness: this supervisor stalled; holding judgement"
             );
             hold_until = Some(now + STALL_HOLD);
         }
-        last_tick = now;
-        if hold_until.is_some_and(|t| now < t) {
-            continue;
+        if hold_until.is_none_or(|t| now >= t) {
+            pass(&sup, &heartbeats, &clocks, cfg, &mut leader_since).await;
         }
-        if !sup.leads() {
-            leader_since = None;
-            continue;
+        pass_end = Instant::now();
+    }
+}
+
+/// One pass of the loop: judges every host and commits the changes, while
+/// this supervisor leads.
+async fn pass(
+    sup: &Supervisor,
+    heartbeats: &Heartbeats,
+    clocks: &ClockService,
+    cfg: LivenessConfig,
+    leader_since: &mut Option<(u64, Instant)>,
+) {
+    if !sup.leads() {
+        *leader_since = None;
+        return;
+    }
+    let term = sup.raft.metrics().borrow().current_term;
+    let since = match *leader_since {
+        Some((t, at)) if t == term => at,
+        _ => {
+            let now = Instant::now();
+            *leader_since = Some((term, now));
+            tracing::info!(
+                term,
+                grace_ms = cfg.election_grace.as_millis() as u64,
+                "leader: liveness grace period starts"
+            );
+            now
         }
-        let term = sup.raft.metrics().borrow().current_term;
-        let since = match leader_since {
-            Some((t, at)) if t == term => at,
-            _ => {
-                let now = Instant::now();
-                leader_since = Some((term, now));
-                tracing::info!(
-                    term,
-                    grace_ms = cfg.election_grace.as_millis() as u64,
-                    "leader: liveness grace period starts"
-                );
-                now
-            }
-        };
-        let hb = heartbeats.lock().expect("heartbeats").clone();
-        let evidence = clocks.probe_evidence();
-        let changes = sup.read(|st| judge(st, &hb, &evidence, since, Instant::now(), cfg));
-        for (host, liveness) in changes {
-            tracing::info!(host = %host, liveness = ?liveness, "host liveness changes");
-            if let Err(e) = sup.propose(Command::SetLiveness { host, liveness }).await {
-                tracing::warn!(error = %e, "cannot commit liveness");
-            }
+    };
+    let hb = heartbeats.lock().expect("heartbeats").clone();
+    let evidence = clocks.probe_evidence();
+    let changes = sup.read(|st| judge(st, &hb, &evidence, since, Instant::now(), cfg));
+    for (host, liveness) in changes {
+        tracing::info!(host = %host, liveness = ?liveness, "host liveness changes");
+        if let Err(e) = sup.propose(Command::SetLiveness { host, liveness }).await {
+            tracing::warn!(error = %e, "cannot commit liveness");
         }
     }
 }
@@ -201,7 +234,8 @@ mod tests {
 
     /// A leader that took over long before `t0` (past its grace).
     fn settled(t0: Instant) -> Instant {
-        t0.checked_sub(Duration::from_secs(10)).unwrap()
+        t0.checked_sub(Duration::from_secs(10))
+            .expect("Instant can go back 10 s (the machine has been up longer)")
     }
 
     #[test]
@@ -210,20 +244,45 @@ mod tests {
         let t0 = Instant::now();
         let since = settled(t0);
         let cfg = LivenessConfig::default();
-        let none = HashMap::new();
+        // h1's probes were last heard when its heartbeats stopped.
+        let heard = HashMap::from([("h1".to_string(), t0)]);
         let hb = HashMap::from([("h0".to_string(), at(t0, 2.0)), ("h1".to_string(), t0)]);
-        assert!(judge(&st, &hb, &none, since, at(t0, 0.7), cfg).is_empty());
+        assert!(judge(&st, &hb, &heard, since, at(t0, 0.7), cfg).is_empty());
         assert_eq!(
-            judge(&st, &hb, &none, since, at(t0, 0.75), cfg),
+            judge(&st, &hb, &heard, since, at(t0, 0.75), cfg),
             vec![("h1".into(), Liveness::Suspect)]
         );
         assert_eq!(
-            judge(&st, &hb, &none, since, at(t0, 1.19), cfg),
+            judge(&st, &hb, &heard, since, at(t0, 1.19), cfg),
             vec![("h1".into(), Liveness::Suspect)]
         );
+        assert_eq!(
+            judge(&st, &hb, &heard, since, at(t0, 1.2), cfg),
+            vec![("h1".into(), Liveness::Down)]
+        );
+    }
+
+    #[test]
+    fn a_host_without_probe_evidence_is_down_after_the_longer_silence() {
+        // Probes off (or no probe peers): heartbeats alone decide, so one
+        // slow heartbeat reply must not be enough.
+        let st = state(&["h0"]);
+        let t0 = Instant::now();
+        let since = settled(t0);
+        let cfg = LivenessConfig::default();
+        let none = HashMap::new();
+        let hb = HashMap::from([("h0".to_string(), t0)]);
         assert_eq!(
             judge(&st, &hb, &none, since, at(t0, 1.2), cfg),
-            vec![("h1".into(), Liveness::Down)]
+            vec![("h0".into(), Liveness::Suspect)]
+        );
+        assert_eq!(
+            judge(&st, &hb, &none, since, at(t0, 2.99), cfg),
+            vec![("h0".into(), Liveness::Suspect)]
+        );
+        assert_eq!(
+            judge(&st, &hb, &none, since, at(t0, 3.0), cfg),
+            vec![("h0".into(), Liveness::Down)]
         );
     }
 
@@ -324,13 +383,13 @@ mod tests {
             vec![("h0".into(), Liveness::Ready)]
         );
         // No fresh heartbeat: a Down host stays Down (no flip to Suspect),
-        // even if its probes are heard again.
+        // even if its probes are heard again (a leader past its grace).
         let evidence = HashMap::from([("h0".to_string(), t0 + Duration::from_secs(2))]);
         assert!(judge(
             &st,
             &HashMap::new(),
             &evidence,
-            t0,
+            settled(t0),
             t0 + Duration::from_secs(2),
             cfg
         )
