@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 use clocksync::{Direction, PairConfig, PairEstimator, Probe as Stamp, ProbePair};
 
 use super::queueing::{OutgoingTracker, QueueingBoard};
-use super::wire::{Probe, Record, Records, MAX_RECORDS, PACKET_LEN, SETTLED_VALID};
+use super::wire::{Probe, Record, Records, MAX_RECORDS, PACKET_LEN, SETTLED_RAILS, SETTLED_VALID};
 
 /// Pairs awaiting their other stamps, per path and direction.
 const PENDING_PAIRS: usize = 64;
@@ -287,8 +287,8 @@ impl PathState {
 
 /// Whether a peer's announced settled rails include `rail` (a peer that
 /// does not say, and a rail the bitmap cannot name, count as settled).
-fn settled_on(bits: u8, rail: u32) -> bool {
-    bits & SETTLED_VALID == 0 || rail >= 7 || bits & (1 << rail) != 0
+fn settled_on(bits: u32, rail: u32) -> bool {
+    bits & SETTLED_VALID == 0 || rail >= SETTLED_RAILS || bits & (1 << rail) != 0
 }
 
 /// How often a peer with `paths` paths is due (one pair on each) for it to
@@ -309,7 +309,7 @@ struct PeerState {
     next_due: Instant,
     last_heard: Option<Instant>,
     /// The peer's settled rails, from its latest probe ([`Probe::settled`]).
-    settled: u8,
+    settled: u32,
     paths: BTreeMap<u32, PathState>,
 }
 
@@ -746,9 +746,9 @@ impl Mesh {
     /// or its own, after an outage that lost their requests — so its peers
     /// do not call their own NIC on that rail silent for want of its
     /// probes.
-    fn settled_rails(&self, now: Instant) -> u8 {
+    fn settled_rails(&self, now: Instant) -> u32 {
         let mut bits = SETTLED_VALID;
-        for rail in self.local.keys().filter(|r| **r < 7) {
+        for rail in self.local.keys().filter(|r| **r < SETTLED_RAILS) {
             let settled = match self.netdev.get(rail) {
                 Some(None) => false,
                 Some(Some(up)) => now.saturating_duration_since(*up) >= self.cfg.up_grace,

@@ -15,10 +15,10 @@
 //! 12  to host id            4
 //! 16  pair sequence         8   per (from, to, rail), from 1
 //! 24  records               MAX_RECORDS × 25: tag (1) + seq (8) + 2 × i64
-//! 124 settled rails         1   bit r: the sender's NIC on rail r has been
-//!                               up long enough for its probes to arrive;
-//!                               bit 7: the field is set (agents before it
-//!                               wrote 0 here)
+//! 124 settled rails         4   bit r (r < 31): the sender's NIC on rail r
+//!                               has been up long enough for its probes to
+//!                               arrive; bit 31: the field is set (agents
+//!                               before it wrote 0 here)
 //! ```
 //!
 //! Records piggyback what the two-step protocol needs to close a pair on
@@ -59,15 +59,17 @@ pub struct Probe {
     pub seq: u64,
     pub records: Records,
     /// The sender's settled rails ([`SETTLED_VALID`] and a bit per rail
-    /// below 7), or 0 from an agent that does not say.
-    pub settled: u8,
+    /// below [`SETTLED_RAILS`]), or 0 from an agent that does not say.
+    pub settled: u32,
 }
 
-/// Bit 7 of [`Probe::settled`]: the sender says which rails are settled.
-pub const SETTLED_VALID: u8 = 0x80;
+/// Bit 31 of [`Probe::settled`]: the sender says which rails are settled.
+pub const SETTLED_VALID: u32 = 1 << 31;
+/// Rails the settled bitmap can name (0..31).
+pub const SETTLED_RAILS: u32 = 31;
 /// Offset of [`Probe::settled`] in the packet.
 const SETTLED_AT: usize = HEADER_LEN + MAX_RECORDS * RECORD_LEN;
-const _: () = assert!(SETTLED_AT < PACKET_LEN);
+const _: () = assert!(SETTLED_AT + 4 <= PACKET_LEN);
 
 /// Why a packet was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -118,7 +120,7 @@ impl Probe {
             b[o + 9..o + 17].copy_from_slice(&ts[0].to_le_bytes());
             b[o + 17..o + 25].copy_from_slice(&ts[1].to_le_bytes());
         }
-        b[SETTLED_AT] = self.settled;
+        b[SETTLED_AT..SETTLED_AT + 4].copy_from_slice(&self.settled.to_le_bytes());
         b
     }
 
@@ -166,7 +168,7 @@ impl Probe {
             to: u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")),
             seq,
             records,
-            settled: b[SETTLED_AT],
+            settled: u32::from_le_bytes(b[SETTLED_AT..SETTLED_AT + 4].try_into().expect("4 bytes")),
         })
     }
 

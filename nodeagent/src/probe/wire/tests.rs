@@ -21,7 +21,7 @@ fn sample() -> Probe {
         ]
         .into_iter()
         .collect(),
-        settled: SETTLED_VALID | 0b101,
+        settled: SETTLED_VALID | 0b1000_0101,
     }
 }
 
