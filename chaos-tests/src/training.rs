@@ -499,9 +499,14 @@ impl Storm {
         }
     }
 
+    /// Whether flap number `n` (1-based) is a long one.
+    pub fn is_long(&self, n: u64) -> bool {
+        self.long_every > 0 && n.is_multiple_of(u64::from(self.long_every))
+    }
+
     /// How long flap number `n` (1-based) lasts.
     pub fn down_of(&self, n: u64) -> Duration {
-        if self.long_every > 0 && n.is_multiple_of(u64::from(self.long_every)) {
+        if self.is_long(n) {
             self.long_down
         } else {
             self.down
@@ -555,7 +560,7 @@ impl StormState {
         t.c.tb.set_cable(h, r, Side::Fabric, false).await?;
         self.flaps += 1;
         let down = self.storm.down_of(self.flaps);
-        if down != self.storm.down {
+        if self.storm.is_long(self.flaps) {
             self.long_flaps += 1;
         }
         tracing::info!(

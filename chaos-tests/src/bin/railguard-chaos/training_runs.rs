@@ -157,8 +157,11 @@ impl Runner for Goodput {
     async fn run(self, what: String) -> Outcome {
         let (o, mut st) = (self.train.opts(false, false)?, self.storm.storm()?);
         ensure!(
-            self.long_flap_every <= 1000 && self.long_flap_down_ms <= 600_000,
-            "--long-flap-every takes 0..=1000 and --long-flap-down-ms 0..=600000"
+            self.long_flap_every <= 1000
+                && (self.long_flap_every == 0
+                    || (self.storm.flap_down_ms < self.long_flap_down_ms
+                        && self.long_flap_down_ms <= 600_000)),
+            "--long-flap-every takes 0..=1000; --long-flap-down-ms must exceed --flap-down-ms and be at most 600000"
         );
         ensure!(
             (100..=600_000).contains(&self.nccl_like_timeout_ms),
