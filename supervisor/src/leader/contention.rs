@@ -25,7 +25,9 @@
 //!
 //! **Incidents**: a localised link without an open incident gets one
 //! (`ContentionCommand::Open`, with the link's rate and both sides' NICs
-//! from the topology). An open one closes after `quiet` without the link
+//! from the topology); a host's cable only once it is localised two rounds
+//! in a row (at a load's start one host's burst can look like its own
+//! cable's). An open one closes after `quiet` without the link
 //! being localised *and* without its shaped NICs being busy (shaping hides
 //! the queue it removes; the demand behind it is what has to go).
 //!
@@ -349,6 +351,9 @@ pub fn sides(topo: &Topology, l: &DirLink) -> (Vec<HostNic>, Vec<HostNic>) {
     }
 }
 
+/// Rounds in a row a host's cable must be named before it gets an incident.
+const CABLE_ROUNDS: u32 = 2;
+
 /// The leader's detector and its last view, shared with the admin API.
 pub struct ContentionService {
     inner: Mutex<Inner>,
@@ -360,6 +365,8 @@ struct Inner {
     scores: Vec<LinkScore>,
     /// When each directed link was last named.
     named_at: HashMap<DirLink, Instant>,
+    /// Host cables named in the latest rounds, and in how many in a row.
+    cable_streak: HashMap<DirLink, u32>,
 }
 
 impl Default for ContentionService {
@@ -376,6 +383,7 @@ impl ContentionService {
                 last_seen: None,
                 scores: Vec::new(),
                 named_at: HashMap::new(),
+                cable_streak: HashMap::new(),
             }),
         }
     }
@@ -430,11 +438,12 @@ impl ContentionService {
         let Some(topo) = topo else {
             return Vec::new();
         };
-        let (scores, named) = g.detector.localise(topo, now);
+        let (scores, mut named) = g.detector.localise(topo, now);
         g.scores = scores;
         for n in &named {
             g.named_at.insert(n.link.clone(), now);
         }
+        g.cable_streak = persistent_cables(topo, &mut named, &g.cable_streak);
         if !settled {
             return Vec::new();
         }
@@ -453,6 +462,29 @@ impl ContentionService {
             )
         })
     }
+}
+
+/// Keeps of `named` the inter-switch links and the host cables named in
+/// [`CABLE_ROUNDS`] rounds in a row (`streak`: the cables of the rounds
+/// before, and in how many in a row); returns the new streaks. In the
+/// first second of a load one host's burst may be all that crosses a
+/// contended uplink, and its cable then explains those paths as well as
+/// the uplink does; a second later the other senders' paths settle it.
+pub fn persistent_cables(
+    topo: &Topology,
+    named: &mut Vec<Localised>,
+    streak: &HashMap<DirLink, u32>,
+) -> HashMap<DirLink, u32> {
+    let cables: HashMap<DirLink, u32> = named
+        .iter()
+        .filter(|n| topo.link(&n.link.link).is_some_and(|l| l.access))
+        .map(|n| {
+            let s = streak.get(&n.link).copied().unwrap_or(0);
+            (n.link.clone(), s.saturating_add(1))
+        })
+        .collect();
+    named.retain(|n| cables.get(&n.link).is_none_or(|s| *s >= CABLE_ROUNDS));
+    cables
 }
 
 /// Which incidents to open (named links without one) and close (open
@@ -796,5 +828,30 @@ switch = "l1"
         assert_eq!(named.len(), 1, "{named:?}");
         assert_eq!(named[0].link.link, "h0:rail0");
         assert_eq!(named[0].contended.len(), 3);
+        // It takes an incident only when named again in the next round;
+        // an uplink is kept at once.
+        let up = Localised {
+            link: DirLink {
+                link: "up".into(),
+                from: "l0".into(),
+                to: "l1".into(),
+            },
+            contended: Vec::new(),
+            paths: 4,
+            queueing_p99_us: 6_000.0,
+        };
+        let mut first = vec![named[0].clone(), up.clone()];
+        let streak = persistent_cables(&topo, &mut first, &HashMap::new());
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert_eq!(first[0].link.link, "up");
+        let mut second = named.clone();
+        let again = persistent_cables(&topo, &mut second, &streak);
+        assert_eq!(second.len(), 1);
+        assert_eq!(second[0].link.link, "h0:rail0");
+        // A round without it starts the count over.
+        let gap = persistent_cables(&topo, &mut Vec::new(), &again);
+        let mut third = named.clone();
+        persistent_cables(&topo, &mut third, &gap);
+        assert!(third.is_empty(), "{third:?}");
     }
 }
