@@ -906,18 +906,32 @@ async fn goodput_in(
     storm: Storm,
     nccl_like_timeout: Duration,
 ) -> anyhow::Result<serde_json::Value> {
+    // A baseline has no backup rail and restarts as often as it needs to:
+    // its budget must not be what ends the bench (the fragile job restarts
+    // every 2-3 s through a long outage).
+    let baseline = |stall_timeout| TrainOpts {
+        fragile: true,
+        stall_timeout,
+        max_restarts: o.max_restarts.max(500),
+        ..o.clone()
+    };
     let runs = [
-        ("railguard", "resilient", None, "with railguard's migration"),
+        (
+            "railguard",
+            "resilient",
+            o.clone(),
+            "with railguard's migration",
+        ),
         (
             "without",
             "fragile",
-            Some(None),
+            baseline(None),
             "without (fragile job: no backup rail, dies after 2 s without a path)",
         ),
         (
             "nccl_like",
             "nccl-like",
-            Some(Some(nccl_like_timeout)),
+            baseline(Some(nccl_like_timeout)),
             "NCCL-like (no backup rail, dies only after its stall timeout without a path)",
         ),
     ];
@@ -938,20 +952,8 @@ async fn goodput_in(
         (nccl_like_timeout.as_millis() as u64).into(),
     );
     let mut results = Vec::new();
-    for (key, job, baseline, what) in runs {
+    for (key, job, opts, what) in runs {
         eprintln!("goodput: {what}");
-        let opts = match baseline {
-            None => o.clone(),
-            // A baseline restarts as often as it needs to: its budget
-            // must not be what ends the bench (the fragile job restarts
-            // every 2-3 s through a long outage).
-            Some(stall_timeout) => TrainOpts {
-                fragile: true,
-                stall_timeout,
-                max_restarts: o.max_restarts.max(500),
-                ..o.clone()
-            },
-        };
         let (run, flaps) = stormy(t, job, &opts, &storm).await?;
         eprintln!(
             "goodput: {:.2} steps/s, {} restarts, {} flaps ({} long)",

@@ -18,6 +18,10 @@ pub use agent::{BorderError, NicHealth, NicReport, Order, OrderOutcome, QUERY_BI
 
 /// Largest admin request or reply body accepted (bytes).
 pub const MAX_ADMIN_MESSAGE_BYTES: usize = 4 << 20;
+
+/// Most peers a heartbeat carries probe evidence for
+/// (`HeartbeatRequest.heard`); the supervisor reads no more.
+pub const MAX_PEERS_HEARD: usize = 64;
 /// Largest agent message accepted (bytes). Events are small; this bounds a
 /// hostile or broken agent.
 pub const MAX_AGENT_MESSAGE_BYTES: usize = 256 << 10;

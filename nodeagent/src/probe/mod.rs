@@ -62,10 +62,6 @@ const MAX_SLEEP: Duration = Duration::from_millis(50);
 /// `recvmmsg` rounds per socket per wake-up (bounds one wake-up's work).
 const MAX_DRAIN_ROUNDS: usize = 64;
 
-/// Most peers a heartbeat carries evidence for (the supervisor reads no
-/// more).
-pub const MAX_HEARD: usize = 64;
-
 /// When this host last received each peer's probes, refreshed by the probe
 /// thread at every liveness check (every 50 ms) and read by the heartbeat.
 #[derive(Debug, Default)]
@@ -76,14 +72,14 @@ impl HeardBoard {
         *self.0.lock().expect("heard board") = heard;
     }
 
-    /// Each peer heard and how long before `now` (at most [`MAX_HEARD`],
+    /// Each peer heard and how long before `now` (at most [`proto::MAX_PEERS_HEARD`],
     /// the most recently heard first).
     pub fn ages(&self, now: Instant) -> Vec<proto::v1::PeerHeard> {
         let mut heard = self.0.lock().expect("heard board").clone();
         heard.sort_by_key(|h| std::cmp::Reverse(h.1));
         heard
             .into_iter()
-            .take(MAX_HEARD)
+            .take(proto::MAX_PEERS_HEARD)
             .map(|(host, at)| proto::v1::PeerHeard {
                 host,
                 age_ms: u32::try_from(now.saturating_duration_since(at).as_millis())
@@ -678,6 +674,6 @@ mod heard_tests {
         let got: Vec<(&str, u32)> = ages.iter().map(|p| (p.host.as_str(), p.age_ms)).collect();
         assert_eq!(got, vec![("h2", 70), ("h1", 100)]);
         b.publish((0..200).map(|i| (format!("h{i}"), t0)).collect());
-        assert_eq!(b.ages(t0).len(), MAX_HEARD);
+        assert_eq!(b.ages(t0).len(), proto::MAX_PEERS_HEARD);
     }
 }

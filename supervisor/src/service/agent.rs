@@ -137,11 +137,10 @@ fn heard_at(
     heard: Vec<proto::v1::PeerHeard>,
     now: Instant,
 ) -> Vec<(String, Instant)> {
-    const MAX_HEARD: usize = 64;
     const MAX_AGE_MS: u32 = 60_000;
     heard
         .into_iter()
-        .take(MAX_HEARD)
+        .take(proto::MAX_PEERS_HEARD)
         .filter(|p| p.age_ms <= MAX_AGE_MS && p.host != from && st.hosts.contains_key(&p.host))
         .filter_map(|p| {
             let at = now.checked_sub(std::time::Duration::from_millis(u64::from(p.age_ms)))?;

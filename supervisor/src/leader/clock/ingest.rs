@@ -236,9 +236,10 @@ pub(super) fn store_summary(
             // covers: date the evidence by the window's start, so a host
             // lost just before a summary is not kept alive for another
             // second (heartbeats carry the exact age).
-            let at = now.checked_sub(SUMMARY_WINDOW).unwrap_or(now);
-            let e = store.evidence.entry(p.peer.clone()).or_insert(at);
-            *e = (*e).max(at);
+            store.heard(
+                p.peer.clone(),
+                now.checked_sub(SUMMARY_WINDOW).unwrap_or(now),
+            );
         }
         if !reporter.nics.contains_key(&p.nic) || !peer.nics.contains_key(&p.peer_nic) {
             tracing::debug!(host = %s.host, nic = %short(&p.nic), peer = %p.peer, peer_nic = %short(&p.peer_nic), "path naming an unknown NIC ignored");

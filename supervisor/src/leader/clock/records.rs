@@ -200,6 +200,15 @@ pub(super) struct Store {
     pub(super) solve_error: Option<String>,
 }
 
+impl Store {
+    /// `host`'s probes were received at `at`: keeps the newer of that and
+    /// what the store knew.
+    pub(super) fn heard(&mut self, host: String, at: Instant) {
+        let e = self.evidence.entry(host).or_insert(at);
+        *e = (*e).max(at);
+    }
+}
+
 /// One path's second for the contention detector: one-way delays (ns)
 /// after correction.
 #[derive(Debug, Clone, PartialEq)]

@@ -64,8 +64,7 @@ impl ClockService {
     pub fn heard(&self, heard: impl IntoIterator<Item = (String, Instant)>) {
         let mut store = self.lock();
         for (host, at) in heard {
-            let e = store.evidence.entry(host).or_insert(at);
-            *e = (*e).max(at);
+            store.heard(host, at);
         }
     }
 
