@@ -32,13 +32,20 @@ async fn refused_then_done(
     client.call(good, false).await.unwrap();
 }
 
-/// The cluster's members, as the leader reports them.
+/// The cluster's members, as the leader reports them. A membership change
+/// may bring an election (a removed member that campaigned alone comes back
+/// with a higher term): "no leader yet" is retried for up to 10 s.
 async fn cluster_members(client: &AdminClient) -> Vec<MemberView> {
-    let AdminReply::Members { members } = client
-        .call(AdminRequest::ClusterMembers, false)
-        .await
-        .unwrap()
-    else {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let reply = loop {
+        match client.call(AdminRequest::ClusterMembers, false).await {
+            Err(e) if e.kind == ErrorKind::Unavailable && Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            r => break r.unwrap(),
+        }
+    };
+    let AdminReply::Members { members } = reply else {
         panic!("not a members reply")
     };
     members
