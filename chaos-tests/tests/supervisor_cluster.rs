@@ -252,6 +252,10 @@ async fn membership_add_promote_transfer_remove() {
 
 /// A member removed while it runs is added back by one `add-member`
 /// (an outside test saw the first call fail and leave it a learner).
+/// Paused while it is removed, the member never learns of its removal:
+/// resumed, it campaigns alone and raises its term, so the leader that
+/// adds it back meets its higher term and steps down mid-call (one CI run
+/// saw that by chance). The client tries the add again at the new leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_removed_member_is_added_back_in_one_call() {
     let mut c = SupervisorCluster::start(3).unwrap();
@@ -259,13 +263,15 @@ async fn a_removed_member_is_added_back_in_one_call() {
     let gone = (1..=3).find(|i| *i != leader).unwrap();
     let addr = c.nodes[(gone - 1) as usize].addr.clone();
     let client = c.client("test", 0, Duration::from_secs(15)).unwrap();
+    assert!(c.signal(gone, libc::SIGSTOP));
     client
         .call(AdminRequest::RemoveMember { id: gone }, false)
         .await
         .unwrap();
     let members = cluster_members(&client).await;
     assert!(members.iter().all(|m| m.id != gone), "{members:?}");
-    // The removed member runs on alone for a while (it may campaign).
+    assert!(c.signal(gone, libc::SIGCONT));
+    // The removed member runs on alone for a while and campaigns.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let added = client
         .call(

@@ -172,7 +172,11 @@ impl AdminClient {
             serial: s.n,
             retry: false,
         });
-        let retry_safe = request_id.is_some();
+        // A host write carries a request id the leader deduplicates by; an
+        // `add-member` of the same id and address is idempotent by itself
+        // (a learner or voter already there stays as it is), so a call cut
+        // off by a leadership change is retried at the new leader.
+        let retry_safe = request_id.is_some() || matches!(request, AdminRequest::AddMember { .. });
         let call = AdminCall {
             actor: self.actor.clone(),
             stale,
