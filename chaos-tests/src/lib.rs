@@ -15,7 +15,8 @@
 //!   `qp-migrate` scenario and the `failover` bench.
 //! - [`clock_sync`]: the `clock-sync` bench (estimated offsets against the
 //!   injected truth, railguard vs an NTP-style estimator).
-//! - [`probe_scenarios`]: `mgmt-partition` and `probe-blackhole`.
+//! - [`probe_scenarios`]: `mgmt-partition` and `probe-blackhole`;
+//!   [`gray_link`]: `gray-link` (a rail that loses packets, link up).
 //! - [`playbook_scenarios`]: `bad-playbooks`; [`playbook_leader_kill`]:
 //!   `playbook-leader-kill` (multi-step playbooks through leader crashes,
 //!   checked against the agents' execution journals).
@@ -31,6 +32,7 @@ pub mod clock_sync;
 pub mod contention;
 pub mod demo;
 pub mod detect;
+pub mod gray_link;
 pub mod linearizability;
 pub mod nic_flap;
 pub mod pause_leader;

@@ -195,10 +195,22 @@ impl Training {
     /// Builds the testbed, starts supervisors and agents, and waits until
     /// every host is registered and Ready.
     pub async fn start(o: &TrainOpts) -> anyhow::Result<Training> {
-        let c = NetCluster::start(TestbedSpec {
-            supervisors: o.supervisors,
-            hosts: o.hosts,
-        })
+        Self::start_with(o, Vec::new()).await
+    }
+
+    /// [`Self::start`] with extra flags for host `h`'s agent in
+    /// `agent_args[h]` (missing entries: none).
+    pub async fn start_with(
+        o: &TrainOpts,
+        agent_args: Vec<Vec<String>>,
+    ) -> anyhow::Result<Training> {
+        let c = NetCluster::start_with(
+            TestbedSpec {
+                supervisors: o.supervisors,
+                hosts: o.hosts,
+            },
+            agent_args,
+        )
         .await?;
         let t = Training::from_cluster(c, o.workload)?;
         let n = o.hosts;

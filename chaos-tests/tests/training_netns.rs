@@ -217,6 +217,35 @@ async fn an_admins_failover_holds_until_the_admin_fails_back() {
     assert!(r.conns_held > 0 && r.samples >= 10, "{r:?}");
 }
 
+/// Short form of `scenario gray-link`: a rail that loses a tenth of its
+/// packets while its link stays up is found Degraded from probe evidence,
+/// the connections leave it, and it is Up again once the loss ends; no
+/// other NIC is blamed and the job never restarts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rail_losing_packets_is_degraded_and_left_then_up_again() {
+    if !require_root("training_netns::gray_link").unwrap() {
+        return;
+    }
+    let r = chaos_tests::gray_link::run(chaos_tests::gray_link::GrayLinkRun {
+        loss_pct: vec![10.0],
+        baseline: Duration::from_secs(3),
+        fault: Duration::from_secs(5),
+        // Generous under CI's load: the 10 % goal is the scenario's.
+        max_slowdown_pct: 50.0,
+        detect: true,
+    })
+    .await
+    .unwrap();
+    assert!(r.ok, "{r:?}");
+    let round = &r.rounds[0];
+    assert!(round.degraded_ms.is_some_and(|ms| ms < 10_000), "{r:?}");
+    assert!(
+        round.moved_ms.is_some() && round.clean_ms.is_some(),
+        "{r:?}"
+    );
+    assert!(r.false_findings.is_empty(), "{r:?}");
+}
+
 /// Short form of `scenario cut-off-host`: both rails of a rank's host cut
 /// just after a checkpoint; the job moves to the spare from its latest
 /// complete checkpoint, never back to the cut-off host while it is cut

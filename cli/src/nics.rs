@@ -92,6 +92,7 @@ pub enum NicStateArg {
     Down,
     Flapping,
     Recovering,
+    Degraded,
 }
 
 impl From<NicStateArg> for NicState {
@@ -102,6 +103,7 @@ impl From<NicStateArg> for NicState {
             NicStateArg::Down => NicState::Down,
             NicStateArg::Flapping => NicState::Flapping,
             NicStateArg::Recovering => NicState::Recovering,
+            NicStateArg::Degraded => NicState::Degraded,
         }
     }
 }

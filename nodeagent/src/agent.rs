@@ -263,7 +263,11 @@ pub async fn run(
             // write and the round trip to the supervisor, and its standby
             // detours go in (in their own task: netlink round trips).
             reflex.on_link(&t);
-            let down = matches!(t.health, NicHealth::Down | NicHealth::Flapping);
+            // A Degraded NIC (losing packets) is detoured like a dead one.
+            let down = matches!(
+                t.health,
+                NicHealth::Down | NicHealth::Flapping | NicHealth::Degraded
+            );
             if down || matches!(t.health, NicHealth::Up | NicHealth::Recovering) {
                 if let Err(e) = detour_tx.try_send((t.nic.clone(), down)) {
                     tracing::warn!(nic = %t.nic, error = %e, "detour reflex backlog full: left to the leader's order");

@@ -156,6 +156,8 @@ struct FileProbe {
     cpu_budget_pct: Option<f64>,
     purity_ns: Option<u64>,
     silence_ms: Option<u64>,
+    /// Share of probes (%) a NIC may lose before it is Degraded (0: never).
+    degraded_loss_pct: Option<f64>,
     timestamps: Option<TsMode>,
 }
 
@@ -174,6 +176,8 @@ pub struct Overrides {
     pub probe_rate: Option<u32>,
     /// The probe thread's CPU budget (% of one core; 0: no governor).
     pub probe_cpu_budget_pct: Option<f64>,
+    /// Share of probes (%) a NIC may lose before it is Degraded (0: never).
+    pub probe_degraded_loss_pct: Option<f64>,
     pub probe_timestamps: Option<TsMode>,
     /// Test only: clock error applied to every probe timestamp.
     pub test_clock_offset_ns: Option<i64>,
@@ -512,6 +516,14 @@ fn probe_options(fp: FileProbe, over: &Overrides) -> Result<Option<ProbeOptions>
         }
         mesh.silence = std::time::Duration::from_millis(ms);
     }
+    if let Some(pct) = over.probe_degraded_loss_pct.or(fp.degraded_loss_pct) {
+        if !(0.0..=50.0).contains(&pct) {
+            return Err(ConfigError::Invalid(format!(
+                "probe degraded_loss_pct {pct}: want 0..=50 (0: never Degraded)"
+            )));
+        }
+        mesh.loss.threshold = pct / 100.0;
+    }
     let anchor = over
         .test_clock_anchor_ns
         .unwrap_or_else(crate::probe::clock::realtime_ns);
@@ -728,6 +740,29 @@ mod tests {
         )
         .unwrap();
         assert_eq!(probe(&c).cpu_budget_pct, 0.0, "0: no governor");
+        assert_eq!(probe(&c).loss.threshold, 0.02, "the default loss threshold");
+        for bad in [-1.0, 51.0, f64::NAN] {
+            let e = load(
+                None,
+                Overrides {
+                    probe_degraded_loss_pct: Some(bad),
+                    ..base.clone()
+                },
+                &links(),
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains("degraded_loss_pct"), "{e}");
+        }
+        let c = load(
+            None,
+            Overrides {
+                probe_degraded_loss_pct: Some(0.0),
+                ..base.clone()
+            },
+            &links(),
+        )
+        .unwrap();
+        assert_eq!(probe(&c).loss.threshold, 0.0, "0: never Degraded");
         let e = load(
             None,
             Overrides {

@@ -419,14 +419,34 @@ impl Control {
         Self::tell_held(&mut inv);
     }
 
-    /// Sends the held-out set to every socket that has not taken it (a
-    /// socket whose queue is full takes it at the next heartbeat); nothing
-    /// before the leader has said what is held.
-    fn tell_held(inv: &mut Inventory) {
-        if inv.held_version == 0 {
-            return;
+    /// The NICs out of service for the jobs' connections: the admin's holds
+    /// and this host's Degraded NICs. None while the leader has not said
+    /// what is held and no NIC is Degraded: a job keeps what it last heard
+    /// (an agent that has just restarted must not say that nothing is
+    /// held).
+    fn out_of_service(inv: &Inventory) -> Option<BTreeSet<String>> {
+        let mut set: BTreeSet<String> = inv
+            .health
+            .iter()
+            .filter(|(_, h)| **h == NicHealth::Degraded)
+            .map(|(n, _)| n.clone())
+            .collect();
+        if inv.held_version == 0 && set.is_empty() {
+            return None;
         }
-        let held = inv.held.clone();
+        set.extend(inv.held.iter().cloned());
+        Some(set)
+    }
+
+    /// Sends the held-out set to every socket that has not taken it (a
+    /// socket whose queue is full takes it at the next heartbeat): the
+    /// admin's holds and this host's Degraded NICs (losing packets: the
+    /// connections leave them the same way). Nothing before the leader has
+    /// said what is held, unless a NIC is Degraded.
+    fn tell_held(inv: &mut Inventory) {
+        let Some(held) = Self::out_of_service(inv) else {
+            return;
+        };
         for s in inv.sessions.values_mut() {
             if s.held_sent.as_ref() == Some(&held) {
                 continue;
@@ -509,10 +529,6 @@ impl Control {
                     ));
                 }
                 let id = self.next_session.fetch_add(1, Ordering::Relaxed);
-                // Until the leader has said (version 0), a job keeps what
-                // it last heard: an agent that has just restarted must not
-                // tell it that nothing is held.
-                let known = inv.held_version > 0;
                 // Not marked as taken: the next heartbeat sends the set
                 // again, so a change racing this hello is not lost.
                 let held_sent = None;
@@ -529,8 +545,8 @@ impl Control {
                 tracing::info!(session = id, job = %h.job, rank = h.rank, pid = h.pid, "job connected");
                 // The NICs held out of service first, then the orders this
                 // job has not answered yet (to the new socket).
-                let held = known.then(|| AgentMessage::HeldOut {
-                    nics: inv.held.iter().cloned().collect(),
+                let held = Self::out_of_service(&inv).map(|set| AgentMessage::HeldOut {
+                    nics: set.into_iter().collect(),
                 });
                 let again = held
                     .into_iter()
@@ -1031,7 +1047,12 @@ impl Control {
     /// link went down, orders the connections still on it away (the reflex).
     pub fn on_link(self: &Arc<Self>, t: &LinkTransition) {
         let mut inv = self.lock();
-        inv.health.insert(t.nic.clone(), t.health);
+        let was = inv.health.insert(t.nic.clone(), t.health);
+        if (was == Some(NicHealth::Degraded)) != (t.health == NicHealth::Degraded) {
+            // In or out of service for the jobs' connections.
+            tracing::info!(nic = %t.nic, health = ?t.health, "degraded NIC set changed; telling the job sockets");
+            Self::tell_held(&mut inv);
+        }
         if t.link_up {
             return;
         }

@@ -38,6 +38,8 @@ pub enum NicHealth {
     Down,
     Flapping,
     Recovering,
+    /// Up, but losing packets by the probe mesh's evidence (a gray link).
+    Degraded,
 }
 
 impl From<NicHealth> for proto::agent::NicHealth {
@@ -47,6 +49,7 @@ impl From<NicHealth> for proto::agent::NicHealth {
             NicHealth::Down => proto::agent::NicHealth::Down,
             NicHealth::Flapping => proto::agent::NicHealth::Flapping,
             NicHealth::Recovering => proto::agent::NicHealth::Recovering,
+            NicHealth::Degraded => proto::agent::NicHealth::Degraded,
         }
     }
 }
@@ -144,6 +147,8 @@ pub struct NicTracker {
     port_active: bool,
     /// Probe evidence (true until the probe mesh finds the NIC silent).
     probes_alive: bool,
+    /// The probe mesh finds the NIC losing packets (a gray link).
+    lossy: bool,
     /// The last netdev sample's up state, kept to combine with port events.
     netdev_up: Option<bool>,
     /// Since when the netdev is up (None: down or not seen yet).
@@ -165,6 +170,7 @@ impl NicTracker {
             link_up: None,
             port_active: true,
             probes_alive: true,
+            lossy: false,
             netdev_up: None,
             up_since: None,
             down_count: 0,
@@ -195,6 +201,7 @@ impl NicTracker {
             (false, true) => NicHealth::Flapping,
             (true, true) => NicHealth::Recovering,
             (true, false) if held => NicHealth::Recovering,
+            (true, false) if self.lossy => NicHealth::Degraded,
             (true, false) => NicHealth::Up,
         }
     }
@@ -252,6 +259,7 @@ impl NicTracker {
                 // The probe mesh's verdict is from before the outage: the
                 // NIC is judged afresh from now (`NetdevEpochs`).
                 self.probes_alive = true;
+                self.lossy = false;
             }
         }
         let other_evidence_up = self.port_active && self.probes_alive;
@@ -287,7 +295,8 @@ impl NicTracker {
 
     /// Feeds evidence other than netlink (an RDMA port event or the probe
     /// mesh's verdict); the NIC is up only when its netdev, its port and
-    /// its probes all are.
+    /// its probes all are. Loss evidence leaves the link up and makes an
+    /// up NIC Degraded (or Up again).
     pub fn observe_port(
         &mut self,
         source: Evidence,
@@ -297,6 +306,10 @@ impl NicTracker {
         match source {
             Evidence::RdmaPort => self.port_active = active,
             Evidence::Probes => self.probes_alive = active,
+            Evidence::Loss => {
+                self.lossy = !active;
+                return self.tick(now);
+            }
         }
         let netdev_up = self.netdev_up?;
         let up = netdev_up && self.port_active && self.probes_alive;
@@ -334,6 +347,9 @@ pub enum Evidence {
     RdmaPort,
     /// The probe mesh: probes stopped (or resumed) arriving on the NIC.
     Probes,
+    /// The probe mesh: the NIC loses a share of its probes (`active`
+    /// false) or no longer does. The link stays up; the NIC is Degraded.
+    Loss,
 }
 
 /// Errors starting the tracker.
@@ -594,6 +610,34 @@ mod tests {
         assert_eq!(
             n.observe_port(Evidence::RdmaPort, true, t0 + Duration::from_secs(4)),
             None
+        );
+    }
+
+    #[test]
+    fn loss_evidence_makes_an_up_nic_degraded_without_a_flap_and_a_bounce_forgets_it() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut n = NicTracker::new("rail0", DampingConfig::default());
+        n.observe(&sample(true, true, 0), t0);
+        let t = n
+            .observe_port(Evidence::Loss, false, t0 + s(1))
+            .expect("transition");
+        assert!(t.link_up && !t.probes_lost, "{t:?}");
+        assert_eq!(t.health, NicHealth::Degraded);
+        assert!(!t.health.usable());
+        assert_eq!(n.damper.flaps(), 0, "a lossy link is no flap");
+        let t = n
+            .observe_port(Evidence::Loss, true, t0 + s(2))
+            .expect("transition");
+        assert_eq!(t.health, NicHealth::Up);
+        // Lossy, then the netdev bounces: the verdict is from before.
+        n.observe_port(Evidence::Loss, false, t0 + s(3));
+        n.observe(&sample(true, false, 1), t0 + s(4));
+        let up = n.observe(&sample(true, true, 1), t0 + s(5));
+        assert_ne!(
+            up.last().map(|t| t.health),
+            Some(NicHealth::Degraded),
+            "{up:?}"
         );
     }
 

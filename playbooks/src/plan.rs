@@ -50,6 +50,8 @@ pub enum NicHealth {
     Flapping,
     /// Up, not yet reusable.
     Recovering,
+    /// Up, but losing packets (probe evidence): out of service.
+    Degraded,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -195,7 +197,10 @@ fn evaluate_check(check: &Check, inc: &IncidentView, view: &ClusterView) -> (boo
             Err(why) => (false, why),
             Ok((name, n)) => {
                 let ok = match check {
-                    Check::NicUp => matches!(n.health, NicHealth::Up | NicHealth::Recovering),
+                    Check::NicUp => matches!(
+                        n.health,
+                        NicHealth::Up | NicHealth::Recovering | NicHealth::Degraded
+                    ),
                     _ => n.health == NicHealth::Up,
                 };
                 (ok, format!("{name} is {:?}", n.health))

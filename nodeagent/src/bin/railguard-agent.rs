@@ -73,6 +73,11 @@ struct Args {
     /// 0 turns the governor off. Default 1.
     #[arg(long)]
     probe_cpu_budget_pct: Option<f64>,
+    /// Share of probes (%) a NIC may lose, its link up, before it is
+    /// Degraded and its connections leave it (a gray link). 0 turns the
+    /// check off. Default 2.
+    #[arg(long)]
+    probe_degraded_loss_pct: Option<f64>,
     /// Probe timestamps: "software" (kernel, any NIC) or "hardware" (the
     /// NIC's clock; the NIC must support it). Default software.
     #[arg(long)]
@@ -126,6 +131,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             probe_port: args.probe_port,
             probe_rate: args.probe_rate,
             probe_cpu_budget_pct: args.probe_cpu_budget_pct,
+            probe_degraded_loss_pct: args.probe_degraded_loss_pct,
             probe_timestamps: args.probe_timestamps,
             test_clock_offset_ns: args.test_clock_offset_ns,
             test_clock_drift_ppb: args.test_clock_drift_ppb,

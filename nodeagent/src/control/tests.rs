@@ -518,6 +518,47 @@ async fn held_out_nics_reach_every_job_and_the_newest_set_wins() {
 }
 
 #[tokio::test]
+async fn a_degraded_nic_is_out_of_service_for_jobs_beside_the_admins_holds() {
+    let (c, _dir, sock) = start().await;
+    let (j, _orders) = job(&sock).await;
+    let mut held = j.held_out();
+    async fn wait(rx: &mut tokio::sync::watch::Receiver<BTreeSet<String>>) -> BTreeSet<String> {
+        tokio::time::timeout(Duration::from_secs(5), rx.changed())
+            .await
+            .expect("the job hears the set")
+            .unwrap();
+        rx.borrow_and_update().clone()
+    }
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    // Before the leader has said anything: a Degraded NIC is told at once.
+    let mut t = transition("rail1", true);
+    t.health = NicHealth::Degraded;
+    c.on_link(&t);
+    assert_eq!(wait(&mut held).await, set(&["rail1"]));
+    // The admin's holds join it; the job hears the union.
+    assert!(c.set_held_out(5, vec!["rail0".into()]));
+    assert_eq!(wait(&mut held).await, set(&["rail0", "rail1"]));
+    // The loss ends: only the admin's hold stays.
+    c.on_link(&transition("rail1", true));
+    assert_eq!(wait(&mut held).await, set(&["rail0"]));
+    // The agent's own hold set is the admin's alone (what it reports).
+    assert_eq!(c.held_out(), (5, set(&["rail0"])));
+    // A job that connects while a NIC is Degraded hears it after hello.
+    c.on_link(&t);
+    assert_eq!(wait(&mut held).await, set(&["rail0", "rail1"]));
+    let (j2, _o2) = ContractClient::connect_rank(&sock, "train", 1, ClientOptions::default())
+        .await
+        .unwrap();
+    let mut h2 = j2.held_out();
+    let got = if h2.borrow_and_update().is_empty() {
+        wait(&mut h2).await
+    } else {
+        h2.borrow().clone()
+    };
+    assert_eq!(got, set(&["rail0", "rail1"]));
+}
+
+#[tokio::test]
 async fn a_failover_may_land_on_a_nic_back_and_settling_but_not_on_a_dead_one() {
     let (c, _dir, sock) = start().await;
     let (j, orders) = job(&sock).await;

@@ -87,6 +87,8 @@ pub struct MeshConfig {
     pub up_grace: Duration,
     /// The per-pair estimator's settings.
     pub pair: PairConfig,
+    /// When a NIC losing probes is Degraded ([`super::loss`]).
+    pub loss: super::loss::LossConfig,
 }
 
 impl Default for MeshConfig {
@@ -102,6 +104,7 @@ impl Default for MeshConfig {
                 max_overlap_ns: 2_000.0,
                 ..PairConfig::default()
             },
+            loss: super::loss::LossConfig::default(),
         }
     }
 }
@@ -149,6 +152,31 @@ pub struct SendOp {
     pub rail: u32,
     pub to: SocketAddrV4,
     pub packets: [[u8; PACKET_LEN]; 2],
+}
+
+/// One peer's probe totals on one of this host's rails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerCounts {
+    pub peer: u32,
+    /// Probes expected from the peer's sequence numbers, ever.
+    pub expected: u64,
+    /// Probes received, ever.
+    pub received: u64,
+    /// Heard lately (on any rail) with its own NIC on the rail settled.
+    pub witness: bool,
+}
+
+/// One of this host's rails as the loss judge sees it
+/// ([`Mesh::loss_counts`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RailCounts {
+    pub rail: u32,
+    pub nic: String,
+    /// Since when netlink has the NIC up (None: down).
+    pub up_since: Option<Instant>,
+    /// Whether the NIC may be judged now.
+    pub judged: bool,
+    pub peers: Vec<PeerCounts>,
 }
 
 /// A change of a NIC's probe liveness.
@@ -204,6 +232,10 @@ struct PathState {
     presumed: u64,
     expected: u64,
     received: u64,
+    /// `expected` and `received` since the path began, never reset (the
+    /// loss judge's windows, [`super::loss`]).
+    tot_expected: u64,
+    tot_received: u64,
     /// (rx time, raw delay rx − tx) of the peer's first probes.
     delays: Vec<(i64, i64)>,
     /// The last [`DRIFT_HISTORY`] window estimates (centre, offset).
@@ -229,6 +261,8 @@ impl PathState {
             presumed: 0,
             expected: 0,
             received: 0,
+            tot_expected: 0,
+            tot_received: 0,
             delays: Vec::new(),
             history: VecDeque::new(),
             line: None,
@@ -406,6 +440,11 @@ impl Mesh {
             .max()
             .unwrap_or(1);
         (MIN_PAIRS_PER_PATH * paths.max(1) as u32).min(self.cfg.pairs_per_s)
+    }
+
+    /// The mesh's settings.
+    pub fn config(&self) -> &MeshConfig {
+        &self.cfg
     }
 
     /// The pairs/s per peer the mesh probes at now.
@@ -652,7 +691,9 @@ impl Mesh {
                     };
                 }
             }
-            path.expected += (2 * new).saturating_sub(path.presumed);
+            let more = (2 * new).saturating_sub(path.presumed);
+            path.expected += more;
+            path.tot_expected += more;
             path.presumed = 0;
             path.last_in_seq = probe.seq;
             path.last_in_at = Some(now);
@@ -662,8 +703,10 @@ impl Mesh {
             path.inc.clear();
             path.last_in_seq = probe.seq;
             path.expected += 2;
+            path.tot_expected += 2;
         }
         path.received += 1;
+        path.tot_received += 1;
         let i = match path.inc.iter().position(|x| x.seq == probe.seq) {
             Some(i) => i,
             None => {
@@ -816,6 +859,52 @@ impl Mesh {
         out
     }
 
+    /// Per rail of this host, what the loss judge ([`super::loss`]) needs:
+    /// since when the NIC is up (None: down), whether it may be judged now
+    /// (up for the up grace at least, not probe-dead: silence is
+    /// [`Mesh::check_liveness`]'s to judge), and each peer's probe totals
+    /// on the rail with whether it is a witness (heard lately on any rail,
+    /// its own NIC on the rail settled).
+    pub fn loss_counts(&self, now: Instant) -> Vec<RailCounts> {
+        let silence = self.cfg.silence;
+        self.local
+            .iter()
+            .map(|(rail, nic)| {
+                let up_since = match self.netdev.get(rail) {
+                    Some(t) => *t,
+                    None => Some(self.started),
+                };
+                let judged = up_since
+                    .is_some_and(|t| now.saturating_duration_since(t) >= self.cfg.up_grace)
+                    && !self.probe_dead.get(rail).copied().unwrap_or(false);
+                let peers = self
+                    .peers
+                    .iter()
+                    .filter_map(|(id, p)| {
+                        let path = p.paths.get(rail)?;
+                        let witness = p
+                            .last_heard
+                            .is_some_and(|h| now.saturating_duration_since(h) < silence)
+                            && settled_on(p.settled, *rail);
+                        Some(PeerCounts {
+                            peer: *id,
+                            expected: path.tot_expected,
+                            received: path.tot_received,
+                            witness,
+                        })
+                    })
+                    .collect();
+                RailCounts {
+                    rail: *rail,
+                    nic: nic.name.clone(),
+                    up_since,
+                    judged,
+                    peers,
+                }
+            })
+            .collect()
+    }
+
     /// Each peer whose probes this host has received: its host name and
     /// when the last one arrived (on any rail).
     pub fn heard(&self) -> Vec<(String, Instant)> {
@@ -845,6 +934,7 @@ impl Mesh {
                     let missing = ((silent * path.in_rate).floor() as u64).saturating_sub(1) * 2;
                     if missing > path.presumed {
                         path.expected += missing - path.presumed;
+                        path.tot_expected += missing - path.presumed;
                         path.presumed = missing;
                     }
                 }

@@ -6,6 +6,8 @@
 //! * [`sock`]: the timestamping UDP socket of one NIC (the only `unsafe`).
 //! * [`mesh`]: the protocol state (pairs, two-step stamps, estimators,
 //!   loss, NIC probe liveness), without sockets.
+//! * [`loss`]: gray links: a NIC that loses a share of its probes while
+//!   its link stays up is Degraded (loss evidence to the link tracker).
 //! * [`clock`]: the test-only clock error.
 //! * [`governor`]: the CPU budget of the probe thread (lowers the rate).
 //!
@@ -30,6 +32,7 @@
 
 pub mod clock;
 pub mod governor;
+pub mod loss;
 pub mod mesh;
 pub mod queueing;
 pub mod sock;
@@ -381,6 +384,7 @@ fn run_thread(
     let mut rx = Vec::new();
     let mut tx = Vec::new();
     let mut unsent: Vec<PortEvent> = Vec::new();
+    let mut loss = loss::LossJudge::new(mesh.config().loss.clone());
     let mut next_liveness = Instant::now() + LIVENESS_EVERY;
     let mut next_summary = Instant::now() + SUMMARY_EVERY;
     let mut send_errors = 0u64;
@@ -475,14 +479,26 @@ fn run_thread(
                     source: Evidence::Probes,
                 });
             }
+            for c in loss.observe(now, &mesh.loss_counts(now)) {
+                if c.lossy {
+                    tracing::warn!(nic = %c.nic, loss_pct = c.loss_pct, peers = c.peers, lossy_peers = c.lossy_peers, "probe evidence: the NIC loses probes (gray link)");
+                } else {
+                    tracing::warn!(nic = %c.nic, loss_pct = c.loss_pct, peers = c.peers, "probe evidence: the NIC no longer loses probes");
+                }
+                unsent.push(PortEvent {
+                    netdev: c.nic,
+                    active: !c.lossy,
+                    source: Evidence::Loss,
+                });
+            }
             // The tracker may be busy: keep what it could not take (only
-            // the newest per NIC matters).
+            // the newest per NIC and kind of evidence matters).
             let mut keep = Vec::new();
             for e in unsent.drain(..) {
                 match evidence.try_send(e) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(e)) => {
-                        keep.retain(|k: &PortEvent| k.netdev != e.netdev);
+                        keep.retain(|k: &PortEvent| k.netdev != e.netdev || k.source != e.source);
                         keep.push(e);
                     }
                     Err(mpsc::error::TrySendError::Closed(_)) => return,

@@ -18,6 +18,9 @@ pub enum NicHealth {
     Flapping,
     /// Up again, waiting for the damping penalty to decay.
     Recovering,
+    /// Up, but the probe mesh sees it lose packets (a gray link): out of
+    /// service for connections until the loss ends.
+    Degraded,
 }
 
 impl NicHealth {
@@ -28,6 +31,7 @@ impl NicHealth {
             NicHealth::Down => v1::NicState::Down,
             NicHealth::Flapping => v1::NicState::Flapping,
             NicHealth::Recovering => v1::NicState::Recovering,
+            NicHealth::Degraded => v1::NicState::Degraded,
         }
     }
 
@@ -38,6 +42,7 @@ impl NicHealth {
             v1::NicState::Down => Some(NicHealth::Down),
             v1::NicState::Flapping => Some(NicHealth::Flapping),
             v1::NicState::Recovering => Some(NicHealth::Recovering),
+            v1::NicState::Degraded => Some(NicHealth::Degraded),
             v1::NicState::Unspecified => None,
         }
     }

@@ -235,6 +235,7 @@ fn nic_reports_roundtrip_and_bad_states_are_refused() {
         NicHealth::Down,
         NicHealth::Flapping,
         NicHealth::Recovering,
+        NicHealth::Degraded,
     ] {
         let r = NicReport {
             nic: "rail0".into(),
@@ -251,7 +252,7 @@ fn nic_reports_roundtrip_and_bad_states_are_refused() {
         let bytes = bincode::serialize(&r).unwrap();
         assert_eq!(bincode::deserialize::<NicReport>(&bytes).unwrap(), r);
     }
-    for state in [0, 5, -1, i32::MAX] {
+    for state in [0, 6, -1, i32::MAX] {
         let m = v1::NicStateChange {
             nic: "rail0".into(),
             state,

@@ -70,6 +70,9 @@ pub enum NicState {
     Flapping,
     /// Up again but not yet reusable.
     Recovering,
+    /// Up, but the probe mesh sees it lose packets (a gray link): out of
+    /// service for connections, detoured, until the loss ends.
+    Degraded,
 }
 
 /// Host liveness as the leader's detector last committed it.
@@ -245,6 +248,7 @@ impl From<NicHealth> for NicState {
             NicHealth::Down => NicState::Down,
             NicHealth::Flapping => NicState::Flapping,
             NicHealth::Recovering => NicState::Recovering,
+            NicHealth::Degraded => NicState::Degraded,
         }
     }
 }

@@ -191,6 +191,14 @@ const SCENARIOS: &[Entry] = &[
          shown held in `nic list`, training going on; then `nic failback` brings them home. \
          Needs root",
     ),
+    entry::<GrayLink>(
+        "gray-link",
+        "ringtrain on four hosts; the fabric end of h1's rail0 drops a share of the packets it \
+         sends (random, the link stays up: netlink sees nothing), one round per --loss-pct: \
+         the probe mesh must find rail0 Degraded, h1's connections must leave it, the job's \
+         step rate stay within --max-slowdown-pct of the fault-free one, rail0 be Up again \
+         after the loss; no other NIC Degraded or Down, no restart. Needs root",
+    ),
     entry::<Security>(
         "security",
         "A mutual-TLS netns cluster attacked from a GPU host: strangers, wrong roles, an agent \
@@ -410,6 +418,55 @@ impl Runner for AdminFailover {
         let r = chaos_tests::admin_failover::run(chaos_tests::admin_failover::AdminFailoverRun {
             hold: Duration::from_secs(self.hold_s),
             pull: Duration::from_millis(self.pull_ms),
+        })
+        .await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct GrayLink {
+    /// Loss of each round, % of the packets the fabric sends to h1 on rail0.
+    #[arg(long, value_delimiter = ',', default_value = "2,5,10,20")]
+    loss_pct: Vec<f64>,
+    /// Fault-free stretch before each round, in seconds.
+    #[arg(long, default_value_t = 5)]
+    baseline_s: u64,
+    /// How long each round's loss lasts, in seconds.
+    #[arg(long, default_value_t = 8)]
+    fault_s: u64,
+    /// Largest slowdown of the job's step rate allowed, %.
+    #[arg(long, default_value_t = 10.0)]
+    max_slowdown_pct: f64,
+    /// Run with the agents' loss check off (what the job suffers without
+    /// it); ok when no NIC is found Degraded.
+    #[arg(long)]
+    no_detect: bool,
+}
+
+impl Runner for GrayLink {
+    async fn run(self, what: String) -> Outcome {
+        ensure!(
+            !self.loss_pct.is_empty()
+                && self.loss_pct.len() <= 20
+                && self.loss_pct.iter().all(|p| (0.1..=50.0).contains(p)),
+            "--loss-pct takes 1 to 20 values, each 0.1..=50"
+        );
+        ensure!(
+            (2..=600).contains(&self.baseline_s) && (2..=600).contains(&self.fault_s),
+            "--baseline-s and --fault-s take 2..=600"
+        );
+        ensure!(
+            (0.0..=100.0).contains(&self.max_slowdown_pct),
+            "--max-slowdown-pct takes 0..=100"
+        );
+        need_root(&what)?;
+        let r = chaos_tests::gray_link::run(chaos_tests::gray_link::GrayLinkRun {
+            loss_pct: self.loss_pct,
+            baseline: Duration::from_secs(self.baseline_s),
+            fault: Duration::from_secs(self.fault_s),
+            max_slowdown_pct: self.max_slowdown_pct,
+            detect: !self.no_detect,
         })
         .await?;
         report(r.ok, &r)

@@ -235,6 +235,7 @@ impl ClusterState {
                         NicState::Down => NicHealth::Down,
                         NicState::Flapping => NicHealth::Flapping,
                         NicState::Recovering => NicHealth::Recovering,
+                        NicState::Degraded => NicHealth::Degraded,
                     };
                     (
                         n.name.clone(),

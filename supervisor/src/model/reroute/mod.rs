@@ -50,11 +50,11 @@ pub(crate) mod record;
 pub use record::{RerouteRecord, MAX_REROUTE_FAILURES};
 
 /// Whether a NIC's traffic needs a detour: it was reported and is not
-/// usable.
+/// usable (a Degraded NIC is up but loses packets).
 fn detoured(n: &Nic) -> bool {
     matches!(
         n.state,
-        NicState::Down | NicState::Flapping | NicState::Recovering
+        NicState::Down | NicState::Flapping | NicState::Recovering | NicState::Degraded
     )
 }
 

@@ -157,6 +157,16 @@ fn a_down_nic_gets_detours_on_every_host_and_loses_them_when_up() {
         assert!(desired(&st, host).is_empty());
         assert_eq!(*digest, order_digest(&st, host));
     }
+    confirm(&mut st, &mut seq, back);
+    // A NIC that loses packets with its link up (Degraded) is detoured
+    // like a dead one, and comes back the same way.
+    nic_health(&mut st, &mut seq, "h1", "rail0", NicHealth::Degraded);
+    assert_eq!(st.hosts["h1"].nics["rail0"].state, NicState::Degraded);
+    assert_eq!(wanted(&st).len(), 3);
+    assert_eq!(
+        desired(&st, "h0"),
+        vec![route("10.0.0.2", "10.1.0.2", "rail1")]
+    );
 }
 
 #[test]
