@@ -244,6 +244,286 @@ pub fn longest_gap(mut successes: Vec<u64>) -> (u64, u64) {
 }
 
 /// Runs the scenario and returns its report.
+/// Concurrent admin clients that write and read hosts (cordon, uncordon,
+/// drain, undrain, labels, linearizable reads), every operation recorded
+/// with its call and return times for the checkers.
+pub struct HistoryLoad {
+    rec: Arc<Recorder>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    start: Instant,
+    hosts: Arc<Vec<String>>,
+}
+
+/// What the checkers found in a recorded history.
+#[derive(Debug, Clone, Serialize)]
+pub struct HistoryVerdict {
+    pub acked_ops: usize,
+    pub refused_ops: usize,
+    pub unknown_ops: usize,
+    pub reads: usize,
+    /// Acknowledged label writes missing from the final state.
+    pub lost_ops: usize,
+    pub linearizable: bool,
+    pub linearizability: String,
+    pub check_ms: u64,
+    pub unexpected: Vec<String>,
+    /// Longest time no operation succeeded, and when it began (ms since
+    /// the load started).
+    pub max_unavailable_ms: u64,
+    pub max_unavailable_at_ms: u64,
+    /// Why outcomes were unknown (message prefix → count).
+    pub unknown_causes: BTreeMap<String, usize>,
+    /// The history of each host that failed the check, one operation per
+    /// line (for diagnosis).
+    #[serde(skip)]
+    pub failed_histories: Vec<(String, String)>,
+}
+
+impl HistoryVerdict {
+    /// Every check passed.
+    pub fn ok(&self) -> bool {
+        self.linearizable && self.lost_ops == 0 && self.unexpected.is_empty() && self.acked_ops > 0
+    }
+}
+
+impl HistoryLoad {
+    /// Starts one task per client on the current runtime, each on its own
+    /// label key, over `hosts`.
+    pub fn start(clients: Vec<AdminClient>, hosts: Vec<String>, seed: u64) -> Self {
+        let rec = Arc::new(Recorder {
+            ops: hosts.iter().map(|_| Mutex::new(Vec::new())).collect(),
+            ..Default::default()
+        });
+        let stop = Arc::new(AtomicBool::new(false));
+        let start = Instant::now();
+        let hosts = Arc::new(hosts);
+        let tasks = clients
+            .into_iter()
+            .enumerate()
+            .map(|(id, client)| {
+                tokio::spawn(client_loop(
+                    id,
+                    client,
+                    hosts.clone(),
+                    rec.clone(),
+                    stop.clone(),
+                    start,
+                    seed,
+                ))
+            })
+            .collect();
+        Self {
+            rec,
+            stop,
+            tasks,
+            start,
+            hosts,
+        }
+    }
+
+    /// Since when the load runs.
+    pub fn started(&self) -> Instant {
+        self.start
+    }
+
+    /// Stops the clients, reads every host once more through `reader`
+    /// (retried, part of the history), and runs the checkers.
+    pub async fn finish(
+        self,
+        reader: &AdminClient,
+        scenario: &str,
+    ) -> anyhow::Result<HistoryVerdict> {
+        let HistoryLoad {
+            rec,
+            stop,
+            tasks,
+            start,
+            hosts,
+        } = self;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            let _ = t.await;
+        }
+        let mut finals = Vec::new();
+        for (hi, h) in hosts.iter().enumerate() {
+            let mut attempt = 0;
+            let v = loop {
+                let call = ns_since(start);
+                match reader
+                    .call(AdminRequest::NodeShow { host: h.clone() }, false)
+                    .await
+                {
+                    Ok(AdminReply::Host { host, .. }) => {
+                        let v = view(&host);
+                        rec.ops[hi].lock().unwrap().push(Operation {
+                            client: usize::MAX,
+                            input: HostOp::Read,
+                            call,
+                            ret: Some(ns_since(start)),
+                            output: Some(HostResult::Read(v.clone())),
+                        });
+                        break v;
+                    }
+                    Ok(other) => anyhow::bail!("unexpected reply {other:?}"),
+                    Err(e) if attempt < 50 => {
+                        attempt += 1;
+                        tracing::debug!(error = %e, "final read retry");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => anyhow::bail!("final read of {h} failed: {e}"),
+                }
+            };
+            finals.push(v);
+        }
+        let acked_labels = rec.acked_labels.lock().unwrap().clone();
+        let lost_ops = check_durability(&acked_labels, &finals);
+        let (mut acked, mut refused, mut unknown, mut reads) = (0, 0, 0, 0);
+        let mut verdicts = Vec::new();
+        let mut failed_histories = Vec::new();
+        eprintln!("[{scenario}] checking linearizability");
+        let check_start = Instant::now();
+        for (hi, ops) in rec.ops.iter().enumerate() {
+            let ops = ops.lock().unwrap();
+            for o in ops.iter() {
+                match (&o.input, &o.output) {
+                    (HostOp::Read, _) => reads += 1,
+                    (_, Some(HostResult::Refused)) => refused += 1,
+                    (_, Some(_)) => acked += 1,
+                    (_, None) => unknown += 1,
+                }
+            }
+            let t = Instant::now();
+            let r = check_with(&HostModel, &ops, CHECK_LIMITS);
+            eprintln!(
+                "[{scenario}] host {}: {:?} in {} ms: {} ops, {} segments (largest {}), \
+                 {} steps, frontier up to {}, {} unknown-outcome ops left out",
+                hosts[hi],
+                r.verdict,
+                t.elapsed().as_millis(),
+                ops.len(),
+                r.segments,
+                r.largest_segment,
+                r.steps,
+                r.max_frontier,
+                r.dropped
+            );
+            if r.verdict != Verdict::Linearizable {
+                let text: String = ops.iter().map(|o| format!("{o:?}\n")).collect();
+                failed_histories.push((hosts[hi].clone(), text));
+            }
+            verdicts.push(r.verdict);
+        }
+        let linearizable = verdicts.iter().all(|v| *v == Verdict::Linearizable);
+        let undecided = verdicts.contains(&Verdict::Undecided);
+        let (gap_at, max_unavailable_ms) = longest_gap(rec.successes.lock().unwrap().clone());
+        let unexpected = rec.unexpected.lock().unwrap().clone();
+        let unknown_causes = rec.unknown_causes.lock().unwrap().clone();
+        Ok(HistoryVerdict {
+            acked_ops: acked,
+            refused_ops: refused,
+            unknown_ops: unknown,
+            reads,
+            lost_ops,
+            linearizable,
+            linearizability: if linearizable {
+                "linearizable".into()
+            } else if undecided {
+                "undecided (search budget exhausted)".into()
+            } else {
+                "violation".into()
+            },
+            check_ms: check_start.elapsed().as_millis() as u64,
+            unexpected,
+            max_unavailable_ms,
+            max_unavailable_at_ms: gap_at,
+            unknown_causes,
+            failed_histories,
+        })
+    }
+}
+
+/// A [`HistoryLoad`] run from a testbed node's namespace (its sockets live
+/// there, so it reaches the supervisors over the management network as an
+/// admin's machine would): its own thread and runtime, on simulated hosts
+/// `c0`–`c3` it registers first (so drains and cordons disturb nothing
+/// real).
+pub struct NsHistory {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: std::thread::JoinHandle<std::io::Result<anyhow::Result<HistoryVerdict>>>,
+}
+
+/// Simulated hosts the namespace load writes and reads.
+const NS_HOSTS: usize = 4;
+
+impl NsHistory {
+    /// Starts `clients` admin clients in `node`'s namespace of `c`.
+    pub fn start(
+        c: &testbed::netcluster::NetCluster,
+        node: testbed::Node,
+        clients: usize,
+        seed: u64,
+    ) -> anyhow::Result<NsHistory> {
+        let addrs = c.sup_addrs();
+        let admin = pki::ClientTls::from_mode(&pki::TlsMode::Mtls(c.admin_files()?))?;
+        let hosts: Vec<String> = (0..NS_HOSTS).map(|i| format!("c{i}")).collect();
+        let agents = hosts
+            .iter()
+            .map(|h| {
+                Ok(pki::ClientTls::from_mode(&pki::TlsMode::Mtls(
+                    c.pki.agent(h)?,
+                ))?)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = c.tb.ns(node).spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("a runtime for the admin clients")?;
+            rt.block_on(async move {
+                for (h, tls) in hosts.iter().zip(&agents) {
+                    testbed::agentsim::register_host(&addrs, h, tls).await?;
+                }
+                let clients = (0..clients)
+                    .map(|id| {
+                        let mut a = addrs.clone();
+                        let n = a.len().max(1);
+                        a.rotate_left(id % n);
+                        Ok(AdminClient::new(
+                            &a,
+                            &format!("chaos-{id}"),
+                            Duration::from_secs(3),
+                            &admin,
+                        )?
+                        .with_retry_window(Duration::from_secs(10)))
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                let load = HistoryLoad::start(clients, hosts, seed);
+                let _ = stopped.await;
+                let reader =
+                    AdminClient::new(&addrs, "chaos-final", Duration::from_secs(5), &admin)?;
+                load.finish(&reader, "admin history").await
+            })
+        })?;
+        Ok(NsHistory {
+            stop: Some(stop),
+            thread,
+        })
+    }
+
+    /// Stops the clients and checks the history (blocks until the final
+    /// reads are done: call it once the cluster is whole again).
+    pub fn finish(mut self) -> anyhow::Result<HistoryVerdict> {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("the admin clients' thread panicked"))??
+    }
+}
+
 pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
     let scenario = match (cfg.whole_cluster, cfg.pause) {
         (true, _) => "cluster-crash",
@@ -262,28 +542,14 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
         hosts.len(),
         cfg.clients
     );
-    let rec = Arc::new(Recorder {
-        ops: (0..cfg.hosts).map(|_| Mutex::new(Vec::new())).collect(),
-        ..Default::default()
-    });
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Instant::now();
-    let hosts = Arc::new(hosts);
-    let mut tasks = Vec::new();
-    for id in 0..cfg.clients {
-        let client = cluster
-            .client(&format!("chaos-{id}"), id, Duration::from_secs(3))?
-            .with_retry_window(Duration::from_secs(10));
-        tasks.push(tokio::spawn(client_loop(
-            id,
-            client,
-            hosts.clone(),
-            rec.clone(),
-            stop.clone(),
-            start,
-            cfg.seed,
-        )));
-    }
+    let clients = (0..cfg.clients)
+        .map(|id| {
+            Ok(cluster
+                .client(&format!("chaos-{id}"), id, Duration::from_secs(3))?
+                .with_retry_window(Duration::from_secs(10)))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let load = HistoryLoad::start(clients, hosts, cfg.seed);
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
     let mut kills = 0;
     for round in 1..=cfg.rounds {
@@ -307,7 +573,7 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
             kills += 1;
             eprintln!(
                 "[{scenario}] round {round}: SIGSTOPped leader {leader} for {pause:?} at {:.1} s",
-                start.elapsed().as_secs_f64()
+                load.started().elapsed().as_secs_f64()
             );
             tokio::time::sleep(pause).await;
             cluster.signal(leader, libc::SIGCONT);
@@ -322,105 +588,29 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
         cluster.wait_leader(Duration::from_secs(20)).await?;
     }
     tokio::time::sleep(cfg.load_per_round).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        let _ = t.await;
-    }
     // Final linearizable reads of every host, part of the history.
     cluster.wait_leader(Duration::from_secs(20)).await?;
     let reader = cluster.client("chaos-final", 0, Duration::from_secs(5))?;
-    let mut finals = Vec::new();
-    for (hi, h) in hosts.iter().enumerate() {
-        let mut attempt = 0;
-        let v = loop {
-            let call = ns_since(start);
-            match reader
-                .call(AdminRequest::NodeShow { host: h.clone() }, false)
-                .await
-            {
-                Ok(AdminReply::Host { host, .. }) => {
-                    let v = view(&host);
-                    rec.ops[hi].lock().unwrap().push(Operation {
-                        client: usize::MAX,
-                        input: HostOp::Read,
-                        call,
-                        ret: Some(ns_since(start)),
-                        output: Some(HostResult::Read(v.clone())),
-                    });
-                    break v;
-                }
-                Ok(other) => anyhow::bail!("unexpected reply {other:?}"),
-                Err(e) if attempt < 50 => {
-                    attempt += 1;
-                    tracing::debug!(error = %e, "final read retry");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => anyhow::bail!("final read of {h} failed: {e}"),
-            }
-        };
-        finals.push(v);
-    }
-    let acked_labels = rec.acked_labels.lock().unwrap().clone();
-    let lost_ops = check_durability(&acked_labels, &finals);
-    let mut acked = 0;
-    let mut refused = 0;
-    let mut unknown = 0;
-    let mut reads = 0;
-    let mut verdicts = Vec::new();
-    for (cause, n) in rec.unknown_causes.lock().unwrap().iter() {
+    let v = load.finish(&reader, scenario).await?;
+    for (cause, n) in &v.unknown_causes {
         eprintln!("[{scenario}] {n} outcomes unknown: {cause}");
     }
-    eprintln!("[{scenario}] checking linearizability");
-    let check_start = Instant::now();
-    for (hi, ops) in rec.ops.iter().enumerate() {
-        let ops = ops.lock().unwrap();
-        for o in ops.iter() {
-            match (&o.input, &o.output) {
-                (HostOp::Read, _) => reads += 1,
-                (_, Some(HostResult::Refused)) => refused += 1,
-                (_, Some(_)) => acked += 1,
-                (_, None) => unknown += 1,
-            }
+    for (host, text) in &v.failed_histories {
+        // Kept for diagnosis, one operation per line.
+        let path = cluster.run_dir.join(format!("history-{host}.txt"));
+        if std::fs::write(&path, text).is_ok() {
+            eprintln!("[{scenario}] history written to {}", path.display());
         }
-        let t = Instant::now();
-        let r = check_with(&HostModel, &ops, CHECK_LIMITS);
-        eprintln!(
-            "[{scenario}] host {}: {:?} in {} ms: {} ops, {} segments (largest {}), \
-             {} steps, frontier up to {}, {} unknown-outcome ops left out",
-            hosts[hi],
-            r.verdict,
-            t.elapsed().as_millis(),
-            ops.len(),
-            r.segments,
-            r.largest_segment,
-            r.steps,
-            r.max_frontier,
-            r.dropped
-        );
-        let v = r.verdict;
-        if v != Verdict::Linearizable {
-            // Keep the history for diagnosis, one operation per line.
-            let path = cluster.run_dir.join(format!("history-{}.txt", hosts[hi]));
-            let text: String = ops.iter().map(|o| format!("{o:?}\n")).collect();
-            if std::fs::write(&path, text).is_ok() {
-                eprintln!("[{scenario}] history written to {}", path.display());
-            }
-        }
-        verdicts.push(v);
     }
-    let check_ms = check_start.elapsed().as_millis() as u64;
-    let linearizable = verdicts.iter().all(|v| *v == Verdict::Linearizable);
-    let undecided = verdicts.contains(&Verdict::Undecided);
-    let unexpected = rec.unexpected.lock().unwrap().clone();
-    for u in unexpected.iter().take(5) {
+    for u in v.unexpected.iter().take(5) {
         eprintln!("[{scenario}] unexpected: {u}");
     }
-    let (gap_at, max_unavailable_ms) = longest_gap(rec.successes.lock().unwrap().clone());
     eprintln!(
-        "[{scenario}] longest time without a successful operation: {max_unavailable_ms} ms from {:.1} s",
-        gap_at as f64 / 1e3
+        "[{scenario}] longest time without a successful operation: {} ms from {:.1} s",
+        v.max_unavailable_ms,
+        v.max_unavailable_at_ms as f64 / 1e3
     );
-    let ok = linearizable && lost_ops == 0 && unexpected.is_empty() && acked > 0;
+    let ok = v.ok();
     if !ok {
         let dir = cluster.keep();
         eprintln!(
@@ -433,22 +623,16 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
         scenario: scenario.into(),
         rounds: cfg.rounds,
         kills,
-        acked_ops: acked,
-        refused_ops: refused,
-        unknown_ops: unknown,
-        reads,
-        lost_ops,
-        linearizable,
-        linearizability: if linearizable {
-            "linearizable".into()
-        } else if undecided {
-            "undecided (search budget exhausted)".into()
-        } else {
-            "violation".into()
-        },
-        check_ms,
-        unexpected_errors: unexpected.len(),
-        max_unavailable_ms,
+        acked_ops: v.acked_ops,
+        refused_ops: v.refused_ops,
+        unknown_ops: v.unknown_ops,
+        reads: v.reads,
+        lost_ops: v.lost_ops,
+        linearizable: v.linearizable,
+        linearizability: v.linearizability,
+        check_ms: v.check_ms,
+        unexpected_errors: v.unexpected.len(),
+        max_unavailable_ms: v.max_unavailable_ms,
     })
 }
 

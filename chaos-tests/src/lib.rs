@@ -16,7 +16,9 @@
 //! - [`clock_sync`]: the `clock-sync` bench (estimated offsets against the
 //!   injected truth, railguard vs an NTP-style estimator).
 //! - [`probe_scenarios`]: `mgmt-partition` and `probe-blackhole`;
-//!   [`gray_link`]: `gray-link` (a rail that loses packets, link up).
+//!   [`gray_link`]: `gray-link` (a rail that loses packets, link up);
+//!   [`partitions`]: `partitions` (the management network split around
+//!   the leader under admin writes and playbook orders).
 //! - [`playbook_scenarios`]: `bad-playbooks`; [`playbook_leader_kill`]:
 //!   `playbook-leader-kill` (multi-step playbooks through leader crashes,
 //!   checked against the agents' execution journals).
@@ -35,6 +37,7 @@ pub mod detect;
 pub mod gray_link;
 pub mod linearizability;
 pub mod nic_flap;
+pub mod partitions;
 pub mod pause_leader;
 pub mod playbook_leader_kill;
 pub mod playbook_scenarios;

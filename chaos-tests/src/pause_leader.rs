@@ -27,7 +27,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::admin_history::{self, HistoryRun};
-use crate::playbook_leader_kill::{playbook_leader_kill, LeaderKillRun};
+use crate::playbook_leader_kill::{playbook_leader_kill, LeaderFault, LeaderKillRun};
 
 #[derive(Debug, Clone)]
 pub struct PauseLeaderRun {
@@ -102,7 +102,8 @@ pub async fn pause_leader(p: PauseLeaderRun) -> anyhow::Result<PauseLeaderReport
         parallel: PARALLEL,
         seed: p.seed,
         wave_timeout: Duration::from_secs(90) + p.pause,
-        pause: Some(p.pause),
+        fault: LeaderFault::Pause(p.pause),
+        history_clients: 0,
     })
     .await?;
     let ok = h.ok && k.ok && h.lost_ops == 0 && h.linearizable && k.duplicated_actions == 0;

@@ -30,8 +30,12 @@ use anyhow::{bail, Context};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
+use supervisor::model::{Action, Intent, IntentStatus, Outcome, StepOp};
 use testbed::netcluster::NetCluster;
 use testbed::{Node, TestbedSpec};
+
+use crate::admin_history::{HistoryVerdict, NsHistory};
+use crate::partitions::PartitionKind;
 
 /// Hosts of the cluster.
 const HOSTS: usize = 4;
@@ -64,10 +68,26 @@ pub struct LeaderKillRun {
     pub seed: u64,
     /// Longest a wave may take to complete.
     pub wave_timeout: Duration,
-    /// Pause the leader (SIGSTOP) this long and resume it (SIGCONT)
-    /// instead of killing it: it wakes up believing it leads, with its
-    /// agents' order streams still open.
-    pub pause: Option<Duration>,
+    /// What befalls the leader once a wave.
+    pub fault: LeaderFault,
+    /// Admin clients writing and reading (simulated) hosts throughout, from
+    /// the last host's namespace, checked for durability and
+    /// linearizability at the end (0: none).
+    pub history_clients: usize,
+}
+
+/// What befalls the leader once a wave.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum LeaderFault {
+    /// SIGKILL, restarted on its data directory 0.2–1.5 s later.
+    Kill,
+    /// SIGSTOP this long, then SIGCONT: it wakes up believing it leads,
+    /// with its agents' order streams still open.
+    Pause(Duration),
+    /// The management network split around it this long, then healed; the
+    /// kind of split cycles wave by wave ([`PartitionKind`]). The CLI runs
+    /// from the last host, which is never cut.
+    Partition(Duration),
 }
 
 impl Default for LeaderKillRun {
@@ -77,7 +97,8 @@ impl Default for LeaderKillRun {
             parallel: 4,
             seed: 7,
             wave_timeout: Duration::from_secs(90),
-            pause: None,
+            fault: LeaderFault::Kill,
+            history_clients: 0,
         }
     }
 }
@@ -114,6 +135,15 @@ pub struct LeaderKillReport {
     pub playbook_ms_max: u64,
     pub wall_s: f64,
     pub errors: Vec<String>,
+    /// Partitions made, per kind (with [`LeaderFault::Partition`]).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub partitions: BTreeMap<PartitionKind, usize>,
+    /// Partitions at whose end the majority had another leader.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leader_moved: Option<usize>,
+    /// The admin history's verdict (with `history_clients`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub history: Option<HistoryVerdict>,
 }
 
 /// One run as `railguard playbook runs --output json` shows it.
@@ -145,9 +175,60 @@ impl RunSeen {
     }
 }
 
+/// Per run id, the intents of its agent-order steps (failover, failback)
+/// that closed Done, from the typed intents (`intents -o json`).
+fn done_order_steps(c: &NetCluster) -> anyhow::Result<BTreeMap<u64, Vec<u64>>> {
+    let v = c.cli_json(&["intents", "--limit", "5000"])?;
+    let intents: Vec<Intent> =
+        serde_json::from_value(v["intents"].clone()).context("intents in the reply")?;
+    Ok(order_steps_of(intents))
+}
+
+/// Per run id, the ids of its Done agent-order step intents.
+fn order_steps_of(intents: Vec<Intent>) -> BTreeMap<u64, Vec<u64>> {
+    let mut out: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for i in intents {
+        if let Action::PlaybookStep { run, op, .. } = &i.action {
+            let order = matches!(op, StepOp::Failover { .. } | StepOp::Failback { .. });
+            if order && i.status == IntentStatus::Closed(Outcome::Done) {
+                out.entry(*run).or_default().push(i.id);
+            }
+        }
+    }
+    out
+}
+
+/// The leader a quorum confirms (a linearizable `cluster members`: a
+/// deposed leader cut off from the others cannot answer it, where `status`
+/// gives each supervisor's own belief).
+fn quorum_leader(c: &NetCluster) -> Option<usize> {
+    let v = c.cli_json(&["cluster", "members"]).ok()?;
+    let id = v["members"]
+        .as_array()?
+        .iter()
+        .find(|m| m["leader"] == true)?["id"]
+        .as_u64()?;
+    usize::try_from(id).ok()?.checked_sub(1)
+}
+
 fn runs(c: &NetCluster) -> anyhow::Result<Vec<RunSeen>> {
     let v = c.cli_json(&["playbook", "runs"])?;
     let arr = v["runs"].as_array().context("no runs in the reply")?;
+    // Only the checker needs the order steps; the polling loop does not.
+    runs_of(arr, &BTreeMap::new())
+}
+
+fn runs_with_orders(c: &NetCluster) -> anyhow::Result<Vec<RunSeen>> {
+    let orders = done_order_steps(c)?;
+    let v = c.cli_json(&["playbook", "runs"])?;
+    let arr = v["runs"].as_array().context("no runs in the reply")?;
+    runs_of(arr, &orders)
+}
+
+fn runs_of(
+    arr: &[serde_json::Value],
+    orders: &BTreeMap<u64, Vec<u64>>,
+) -> anyhow::Result<Vec<RunSeen>> {
     let mut out = Vec::new();
     for r in arr {
         let state = match &r["state"] {
@@ -155,16 +236,10 @@ fn runs(c: &NetCluster) -> anyhow::Result<Vec<RunSeen>> {
             serde_json::Value::Object(o) => o.keys().next().cloned().unwrap_or_default(),
             _ => String::new(),
         };
-        let mut order_intents = Vec::new();
-        for l in r["log"].as_array().into_iter().flatten() {
-            let line = l["line"].as_str().unwrap_or_default();
-            // "step move-off done (intent 12): ..." for order steps.
-            if let Some(id) = order_step_intent(line) {
-                order_intents.push(id);
-            }
-        }
+        let id = r["id"].as_u64().unwrap_or(0);
+        let order_intents = orders.get(&id).cloned().unwrap_or_default();
         out.push(RunSeen {
-            id: r["id"].as_u64().unwrap_or(0),
+            id,
             incident: r["incident"].as_u64().unwrap_or(0),
             kind: r["incident_kind"].as_str().unwrap_or_default().to_owned(),
             host: r["host"].as_str().unwrap_or_default().to_owned(),
@@ -177,20 +252,6 @@ fn runs(c: &NetCluster) -> anyhow::Result<Vec<RunSeen>> {
         });
     }
     Ok(out)
-}
-
-/// The intent id of an agent-order step's success line, if `line` is one.
-fn order_step_intent(line: &str) -> Option<u64> {
-    let is_order = line.contains("step move-off done") || line.contains("step failback done");
-    if !is_order {
-        return None;
-    }
-    let at = line.find("intent ")? + "intent ".len();
-    let digits: String = line[at..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect();
-    digits.parse().ok()
 }
 
 fn journal_ids(c: &NetCluster, h: usize) -> anyhow::Result<Vec<u64>> {
@@ -265,6 +326,18 @@ async fn run_waves(
         },
     )
     .await?;
+    // Partitions never cut the last host: the CLI and the admin clients
+    // run from there.
+    let client_node = Node::Host(HOSTS - 1);
+    if matches!(p.fault, LeaderFault::Partition(_)) {
+        c.set_cli_node(client_node);
+    }
+    let history = match p.history_clients {
+        0 => None,
+        n => Some(NsHistory::start(c, client_node, n, p.seed)?),
+    };
+    let mut partitions: BTreeMap<PartitionKind, usize> = BTreeMap::new();
+    let mut leader_moved = 0;
     let mut errors = Vec::new();
     let mut kills = 0;
     let mut kills_mid = 0;
@@ -334,13 +407,22 @@ async fn run_waves(
                                 )
                             })
                             .unwrap_or((0, 0));
+                        let what = match p.fault {
+                            LeaderFault::Kill => "SIGKILL leader".to_string(),
+                            LeaderFault::Pause(_) => "SIGSTOP leader".to_string(),
+                            LeaderFault::Partition(_) => {
+                                format!(
+                                    "{:?} partition around leader",
+                                    PartitionKind::of_wave(wave)
+                                )
+                            }
+                        };
                         eprintln!(
-                            "[playbook-leader-kill] wave {wave}: {} leader s{l} at {:?} ({active} runs active, {in_flight} orders in flight)",
-                            if p.pause.is_some() { "SIGSTOP" } else { "SIGKILL" },
+                            "[playbook-leader-kill] wave {wave}: {what} s{l} at {:?} ({active} runs active, {in_flight} orders in flight)",
                             t0.elapsed()
                         );
-                        match p.pause {
-                            Some(pause) => {
+                        match p.fault {
+                            LeaderFault::Pause(pause) => {
                                 if c.tb.signal_node(Node::Supervisor(l), libc::SIGSTOP) == 0 {
                                     errors.push(format!(
                                         "wave {wave}: s{l} was not running to pause"
@@ -350,7 +432,29 @@ async fn run_waves(
                                 c.tb.signal_node(Node::Supervisor(l), libc::SIGCONT);
                                 eprintln!("[playbook-leader-kill] wave {wave}: s{l} resumed after {pause:?}");
                             }
-                            None => c.tb.kill_node(Node::Supervisor(l)),
+                            LeaderFault::Partition(hold) => {
+                                let kind = PartitionKind::of_wave(wave);
+                                let cuts = kind.cuts(l, c.tb.spec.supervisors, HOSTS);
+                                c.tb.set_mgmt_cuts(&cuts).await?;
+                                tokio::time::sleep(hold).await;
+                                // The majority must have moved on (proof
+                                // the cut was real) before it heals.
+                                let now_leader = quorum_leader(c);
+                                c.tb.set_mgmt_cuts(&[]).await?;
+                                *partitions.entry(kind).or_default() += 1;
+                                if now_leader.is_some_and(|n| n != l) {
+                                    leader_moved += 1;
+                                }
+                                eprintln!("[playbook-leader-kill] wave {wave}: leader {now_leader:?} before healing after {hold:?}");
+                            }
+                            LeaderFault::Kill => {
+                                c.tb.kill_node(Node::Supervisor(l));
+                                tokio::time::sleep(Duration::from_millis(
+                                    rng.gen_range(200..1_500),
+                                ))
+                                .await;
+                                c.start_supervisor(l)?;
+                            }
                         }
                         kills += 1;
                         active_at_kills += active;
@@ -358,11 +462,6 @@ async fn run_waves(
                             kills_mid += 1;
                         }
                         orders_in_flight_at_kills += in_flight;
-                        if p.pause.is_none() {
-                            tokio::time::sleep(Duration::from_millis(rng.gen_range(200..1_500)))
-                                .await;
-                            c.start_supervisor(l)?;
-                        }
                     }
                     Err(e) => errors.push(format!("wave {wave}: no leader to kill: {e}")),
                 }
@@ -405,8 +504,12 @@ async fn run_waves(
         .await?;
     }
 
+    let history = match history {
+        Some(h) => Some(h.finish()?),
+        None => None,
+    };
     // The checker.
-    let all = runs(c)?;
+    let all = runs_with_orders(c)?;
     let flapping: Vec<&RunSeen> = all.iter().filter(|r| r.kind == "nic_flapping").collect();
     let completed: Vec<&RunSeen> = flapping
         .iter()
@@ -480,7 +583,13 @@ async fn run_waves(
             .filter(|r| r.kind == "nic_down" && r.state == s)
             .count()
     };
-    let ok = errors.is_empty() && lost == 0 && duplicated == 0 && missing == 0 && kills == wave;
+    let history_ok = history.as_ref().is_none_or(HistoryVerdict::ok);
+    let ok = errors.is_empty()
+        && lost == 0
+        && duplicated == 0
+        && missing == 0
+        && kills == wave
+        && history_ok;
     Ok(LeaderKillReport {
         ok,
         scenario: "playbook-leader-kill",
@@ -501,6 +610,9 @@ async fn run_waves(
         playbook_ms_max: took.last().copied().unwrap_or(0),
         wall_s: t_start.elapsed().as_secs_f64(),
         errors,
+        leader_moved: (!partitions.is_empty()).then_some(leader_moved),
+        partitions,
+        history,
     })
 }
 
@@ -509,16 +621,40 @@ mod tests {
     use super::*;
 
     #[test]
-    fn order_step_lines_name_their_intent() {
-        assert_eq!(
-            order_step_intent("step move-off done (intent 12): moved 0 connections"),
-            Some(12)
-        );
-        assert_eq!(order_step_intent("step failback done (intent 7)"), Some(7));
-        assert_eq!(
-            order_step_intent("step wait-reusable done (intent 9)"),
-            None
-        );
-        assert_eq!(order_step_intent("step move-off failed (intent 3)"), None);
+    fn order_steps_are_the_done_failover_and_failback_intents_of_each_run() {
+        let step = |id: u64, run: u64, op: StepOp, status: IntentStatus| Intent {
+            id,
+            action: Action::PlaybookStep {
+                run,
+                step: 0,
+                attempt: 0,
+                host: "h0".into(),
+                op,
+            },
+            status,
+            opened_ms: 0,
+            closed_ms: None,
+            detail: String::new(),
+        };
+        let failover = || StepOp::Failover {
+            nic: "rail0".into(),
+            to: "rail1".into(),
+        };
+        let failback = || StepOp::Failback {
+            nic: "rail0".into(),
+        };
+        let done = IntentStatus::Closed(Outcome::Done);
+        let failed = IntentStatus::Closed(Outcome::Failed {
+            error: "timeout".into(),
+        });
+        let got = order_steps_of(vec![
+            step(12, 1, failover(), done.clone()),
+            step(13, 1, StepOp::Cordon, done.clone()),
+            step(14, 1, failback(), done.clone()),
+            step(15, 2, failover(), failed),
+            step(16, 2, failover(), IntentStatus::Open),
+            step(17, 2, failover(), done),
+        ]);
+        assert_eq!(got, BTreeMap::from([(1, vec![12, 14]), (2, vec![17])]));
     }
 }

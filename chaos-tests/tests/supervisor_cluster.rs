@@ -115,6 +115,115 @@ async fn pause_leader_short() {
     assert_eq!(r.kills, 2);
 }
 
+/// A leader whose followers stopped answering still believes it leads; its
+/// member list must not say so (`status` takes that read as proof that
+/// the cluster can serve; the partitions scenario found it naming the
+/// cut-off leader). `--stale` still answers from memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_without_a_quorum_does_not_name_itself_in_the_member_list() {
+    let c = SupervisorCluster::start(3).unwrap();
+    let leader = c.init().await.unwrap();
+    let client = c.client_for(leader, Duration::from_secs(3)).unwrap();
+    let members = cluster_members(&client).await;
+    assert!(
+        members.iter().any(|m| m.id == leader && m.leader),
+        "{members:?}"
+    );
+    let others: Vec<u64> = (1..=3).filter(|i| *i != leader).collect();
+    for o in &others {
+        assert!(c.signal(*o, libc::SIGSTOP));
+    }
+    let got = client.call(AdminRequest::ClusterMembers, false).await;
+    let stale = client.call(AdminRequest::ClusterMembers, true).await;
+    let status = c.cli_at(&[c.nodes[(leader - 1) as usize].addr.clone()], &["status"]);
+    for o in &others {
+        c.signal(*o, libc::SIGCONT);
+    }
+    assert!(got.is_err(), "{got:?}");
+    assert!(stale.is_ok(), "{stale:?}");
+    let status = status.unwrap();
+    let out = String::from_utf8_lossy(&status.stdout);
+    assert!(out.contains("UNAVAILABLE"), "{out}");
+    assert_eq!(status.status.code(), Some(3), "{out}");
+}
+
+/// A leader cut off from its followers keeps proposing; those entries never
+/// commit, and once the others moved past a snapshot it gets the snapshot
+/// instead of the entries. openraft then never answers those proposals.
+/// They held the leader's few in-flight slots for ever: leader again, it
+/// could not commit anything (found by the partitions scenario). Now a slot
+/// is freed after its hold, and writes through it commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_leader_whose_entries_a_snapshot_replaced_can_write_when_leading_again() {
+    let c = SupervisorCluster::start_with(3, &["--snapshot-every", "50"]).unwrap();
+    let old = c.init().await.unwrap();
+    let others: Vec<u64> = (1..=3).filter(|i| *i != old).collect();
+    register_host(&c.addrs(), "h0", &c.agent_tls("h0").unwrap())
+        .await
+        .unwrap();
+    // Cut off: its followers stop; writes sent to it stay in its log.
+    for o in &others {
+        assert!(c.signal(*o, libc::SIGSTOP));
+    }
+    let stuck = c.client_for(old, Duration::from_secs(8)).unwrap();
+    let label = |k: &str, v: usize| AdminRequest::Write {
+        op: AdminOp::SetLabels {
+            host: "h0".into(),
+            set: BTreeMap::from([(k.to_string(), v.to_string())]),
+            remove: vec![],
+        },
+    };
+    let mut pending = Vec::new();
+    for i in 0..8 {
+        let client = stuck.clone();
+        let req = label("stuck", i);
+        pending.push(tokio::spawn(async move { client.call(req, false).await }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The others take over while it stands still, and write well past a
+    // snapshot.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(c.signal(old, libc::SIGSTOP));
+    for o in &others {
+        assert!(c.signal(*o, libc::SIGCONT));
+    }
+    let majority = c.client("test", 0, Duration::from_secs(5)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut written = 0;
+    while written < 200 {
+        assert!(
+            Instant::now() < deadline,
+            "{written} writes by the majority"
+        );
+        if majority.call(label("after", written), false).await.is_ok() {
+            written += 1;
+        }
+    }
+    assert!(c.signal(old, libc::SIGCONT));
+    // (Their clients may retry them through the new leader meanwhile.)
+    for p in pending {
+        let _ = p.await.unwrap();
+    }
+    // Leader again: its writes must commit.
+    let mut moved = false;
+    for _ in 0..20 {
+        if majority
+            .call(AdminRequest::TransferLeader { id: old }, false)
+            .await
+            .is_ok()
+            && c.wait_leader(Duration::from_secs(5)).await.ok() == Some(old)
+        {
+            moved = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(moved, "leadership did not move back to {old}");
+    let direct = c.client_for(old, Duration::from_secs(15)).unwrap();
+    let done = direct.call(label("again", 1), false).await;
+    assert!(done.is_ok(), "{done:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn whole_cluster_crash_short() {
     let r = run(HistoryRun {

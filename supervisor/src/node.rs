@@ -9,7 +9,12 @@
 //! one Raft entry ([`Proposal`]) stamped with the leader's clock. Entries are
 //! handed to openraft in queue order (`client_write_ff`), so commands from one
 //! caller are committed in the order they were submitted. At most
-//! [`MAX_INFLIGHT_PROPOSALS`] entries are in flight.
+//! [`MAX_INFLIGHT_PROPOSALS`] entries are in flight, each for at most
+//! [`INFLIGHT_HOLD`]: openraft answers a proposal when its entry is applied
+//! or truncated, never when a snapshot from a newer leader replaces the log
+//! it sat in (a deposed leader's entries), so an unanswered one must not
+//! hold its slot for ever. An answer for an entry of another term than the
+//! one proposed in is not taken as this proposal's.
 //!
 //! **Read path.** Linearizable reads use openraft's read index
 //! (`ensure_linearizable`) on the leader; `--stale` reads use local state.
@@ -39,6 +44,9 @@ pub const PROPOSAL_QUEUE: usize = 16_384;
 pub const MAX_INFLIGHT_PROPOSALS: usize = 4;
 /// How long a caller waits for its write to commit.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest an entry holds one of the in-flight slots (its callers have
+/// given up by then).
+pub const INFLIGHT_HOLD: Duration = Duration::from_secs(6);
 
 type Reply = oneshot::Sender<Result<CmdOk, ApiError>>;
 
@@ -106,6 +114,16 @@ impl Supervisor {
             // Keep a tail for slow followers, never more than one interval.
             max_in_snapshot_log_to_keep: config.raft.snapshot_every.min(1_000),
             max_payload_entries: 256,
+            // A follower that fell behind the last snapshot (cut off for a
+            // few seconds under load) gets the snapshot in chunks, each
+            // sent, and the last also installed, within the timeout.
+            // openraft's defaults (one 3 MiB chunk, 200 ms) never finished
+            // a 1.9 MB snapshot on a loaded machine: every retry restarted
+            // it, reset an HTTP/2 stream, and the peer connection went down
+            // with the resets (found by the partitions scenario: no commit
+            // for minutes after the split healed).
+            snapshot_max_chunk_size: SNAPSHOT_CHUNK_BYTES,
+            install_snapshot_timeout: SNAPSHOT_CHUNK_TIMEOUT_MS,
             ..Default::default()
         }
         .validate()
@@ -550,6 +568,12 @@ fn membership_err(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> 
     }
 }
 
+/// Bytes per InstallSnapshot chunk.
+const SNAPSHOT_CHUNK_BYTES: u64 = 256 << 10;
+/// How long one snapshot chunk may take (sending; the last one also
+/// installing: decoding and a synced write of the whole state).
+const SNAPSHOT_CHUNK_TIMEOUT_MS: u64 = 5_000;
+
 /// How long `add-member` waits for the new member to catch up before it
 /// removes the learner again (below the CLI's default 10 s timeout).
 const LEARNER_CATCH_UP: Duration = Duration::from_secs(6);
@@ -615,6 +639,7 @@ async fn run_batcher(raft: Raft<TypeConfig>, mut rx: mpsc::Receiver<(Command, Re
             at_ms: now_ms(),
             cmds,
         };
+        let term = raft.metrics().borrow().current_term;
         match raft.client_write_ff(proposal).await {
             Err(fatal) => {
                 for r in replies {
@@ -623,9 +648,26 @@ async fn run_batcher(raft: Raft<TypeConfig>, mut rx: mpsc::Receiver<(Command, Re
             }
             Ok(resp_rx) => {
                 tokio::spawn(async move {
-                    let outcome = resp_rx.await;
+                    let Ok(outcome) = tokio::time::timeout(INFLIGHT_HOLD, resp_rx).await else {
+                        drop(permit);
+                        tracing::warn!(term, commands = n, "a proposal got no answer from raft within its hold (its entry was likely replaced by a newer leader's snapshot); its slot is freed");
+                        for r in replies {
+                            let _ = r.send(Err(ApiError::unknown(
+                                "raft did not answer the write; its outcome is unknown",
+                            )));
+                        }
+                        return;
+                    };
                     drop(permit);
                     match outcome {
+                        Ok(Ok(resp)) if resp.log_id.leader_id.term != term => {
+                            tracing::warn!(term, entry_term = resp.log_id.leader_id.term, "an answer for an entry of another term; not taken as this proposal's");
+                            for r in replies {
+                                let _ = r.send(Err(ApiError::unknown(
+                                    "raft answered for an entry of another term; the write's outcome is unknown",
+                                )));
+                            }
+                        }
                         Ok(Ok(resp)) => {
                             debug_assert_eq!(resp.data.len(), n);
                             for (r, res) in replies.into_iter().zip(resp.data) {

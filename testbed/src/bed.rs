@@ -477,81 +477,49 @@ impl Testbed {
 
     /// A gray link: the fabric end of the host's `rail<r>` cable drops
     /// `pct` % of the packets it sends to the host, each chosen at random,
-    /// while both ends stay up with carrier (netlink sees nothing). The
-    /// kernel here has no netem and no tc actions, so: an HTB root whose
-    /// class 1:2 queues into a `pfifo` of length 0 (everything sent there
-    /// is dropped), and a classic-BPF classifier that reads the kernel's
-    /// random number (`ld rand`) and sends a packet to 1:2 when it falls
-    /// below `pct` % of the range. `pct` 0 removes it all.
+    /// while both ends stay up with carrier (netlink sees nothing; see
+    /// [`crate::drops`]). `pct` 0 removes it.
     pub async fn set_gray_loss(
         &mut self,
         host: usize,
         rail: usize,
         pct: f64,
     ) -> anyhow::Result<()> {
-        anyhow::ensure!((0.0..=100.0).contains(&pct), "loss {pct} %: want 0..=100");
-        let fab = self.fab.name.clone();
         let dev = format!("h{host}r{rail}");
-        let tc = |args: Vec<String>| {
-            let fab = fab.clone();
-            async move {
-                let out = tokio::process::Command::new("tc")
-                    .arg("-n")
-                    .arg(&fab)
-                    .args(&args)
-                    .output()
-                    .await
-                    .context("run tc")?;
-                anyhow::ensure!(
-                    out.status.success(),
-                    "tc {}: {}",
-                    args.join(" "),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                );
-                anyhow::Ok(())
-            }
-        };
-        let words = |s: &str| s.split(' ').map(String::from).collect::<Vec<_>>();
-        // Whatever was there goes (none is the usual case: ignore that).
-        let _ = tc(words(&format!("qdisc del dev {dev} root"))).await;
+        crate::drops::clear(&self.fab.name, &dev).await;
         if pct == 0.0 {
             return Ok(());
         }
-        tc(words(&format!(
-            "qdisc add dev {dev} root handle 1: htb default 1 r2q 100000"
-        )))
-        .await?;
-        for class in ["1:1", "1:2"] {
-            tc(words(&format!(
-                "class add dev {dev} parent 1: classid {class} htb rate 100gbit"
-            )))
-            .await?;
+        crate::drops::random(&self.fab.name, &dev, pct).await
+    }
+
+    /// Cuts between nodes on the management network: for each `(a, b)`,
+    /// `a` no longer hears `b` (the fabric end of `a`'s `mgmt0` drops what
+    /// comes from `b`'s address); `b` may still hear `a`, so a cut one way
+    /// is an asymmetric partition. Replaces every earlier cut; an empty
+    /// list heals them all. The links stay up.
+    pub async fn set_mgmt_cuts(&mut self, cuts: &[(Node, Node)]) -> anyhow::Result<()> {
+        let port = |n: Node| match n {
+            Node::Supervisor(i) => format!("s{i}m"),
+            Node::Host(i) => format!("h{i}m"),
+        };
+        let all = (0..self.spec.supervisors)
+            .map(Node::Supervisor)
+            .chain((0..self.spec.hosts).map(Node::Host));
+        for n in all {
+            crate::drops::clear(&self.fab.name, &port(n)).await;
         }
-        tc(words(&format!(
-            "qdisc add dev {dev} parent 1:2 handle 2: pfifo limit 0"
-        )))
-        .await?;
-        // ld rand; jge #k, +1; ret #-1 (match: flowid 1:2); ret #0.
-        let k = ((pct / 100.0) * 4_294_967_296.0).min(4_294_967_295.0) as u64;
-        let prog = format!("4,32 0 0 4294963256,53 1 0 {k},6 0 0 4294967295,6 0 0 0");
-        tc(vec![
-            "filter".into(),
-            "add".into(),
-            "dev".into(),
-            dev.clone(),
-            "parent".into(),
-            "1:".into(),
-            "protocol".into(),
-            "all".into(),
-            "prio".into(),
-            "1".into(),
-            "bpf".into(),
-            "bytecode".into(),
-            prog,
-            "flowid".into(),
-            "1:2".into(),
-        ])
-        .await
+        let mut by_port: BTreeMap<String, Vec<std::net::Ipv4Addr>> = BTreeMap::new();
+        for (a, b) in cuts {
+            by_port
+                .entry(port(*a))
+                .or_default()
+                .push(crate::plan::mgmt_addr(*b));
+        }
+        for (dev, from) in by_port {
+            crate::drops::from_sources(&self.fab.name, &dev, &from).await?;
+        }
+        Ok(())
     }
 
     /// Management partition: the node's `mgmt0` fabric end down or up.

@@ -24,6 +24,8 @@
 //!   nodes, teardown on drop.
 //! - [`leaf`]: the leaf split of a rail and the topology file describing
 //!   what was built.
+//! - [`drops`]: tc drops on a device that leave its link up (gray links,
+//!   partitions of the management network).
 //! - [`cleanup`]: the Ctrl-C registry, owner files and the sweeper.
 //! - [`cluster`]: [`cluster::SupervisorCluster`], real supervisor
 //!   processes on loopback (SIGKILL, restart, joiners), and
@@ -48,6 +50,7 @@ pub mod bulk;
 pub mod burst;
 pub mod cleanup;
 pub mod cluster;
+pub mod drops;
 pub mod job_user;
 pub mod jobsim;
 pub mod leaf;

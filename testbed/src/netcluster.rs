@@ -53,6 +53,8 @@ pub struct NetCluster {
     /// The cluster's CA: every supervisor, agent and CLI call uses mutual
     /// TLS with its own certificate.
     pub pki: pki::LabPki,
+    /// The namespace the CLI runs in (default the first supervisor's).
+    cli_node: std::sync::Mutex<Node>,
 }
 
 impl NetCluster {
@@ -132,6 +134,7 @@ impl NetCluster {
             keep_on_drop: std::sync::atomic::AtomicBool::new(
                 std::env::var_os("RAILGUARD_KEEP_RUN_DIR").is_some(),
             ),
+            cli_node: std::sync::Mutex::new(Node::Supervisor(0)),
         };
         for i in 0..spec.supervisors {
             c.start_supervisor(i)?;
@@ -254,8 +257,9 @@ impl NetCluster {
         Ok(self.pki.admin("chaos", pki::Role::Admin)?)
     }
 
-    /// Runs `railguard ARGS` inside the first running supervisor namespace;
-    /// returns stdout, or the error line.
+    /// Runs `railguard ARGS` inside the CLI node's namespace (the first
+    /// supervisor's unless [`Self::set_cli_node`] said otherwise); returns
+    /// stdout, or the error line.
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
         let out = self
             .cli_command(&self.sup_addrs(), args)?
@@ -274,14 +278,20 @@ impl NetCluster {
     /// `railguard ARGS` against `addrs`, prepared (in the first supervisor's
     /// namespace, as the admin, 3 s per call) for the caller to run.
     pub fn cli_command(&self, addrs: &[String], args: &[&str]) -> anyhow::Result<Command> {
-        let mut cmd = self.tb.command(
-            Node::Supervisor(0),
-            self.cli_bin.to_str().unwrap_or_default(),
-        )?;
+        let node = *self.cli_node.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cmd = self
+            .tb
+            .command(node, self.cli_bin.to_str().unwrap_or_default())?;
         cmd.args(["--supervisor", &addrs.join(","), "--timeout", "3s"])
             .envs(self.admin_files()?.cli_env())
             .args(args);
         Ok(cmd)
+    }
+
+    /// Runs the CLI from `node`'s namespace from now on (a scenario that
+    /// partitions the supervisors runs it from a host both sides hear).
+    pub fn set_cli_node(&self, node: Node) {
+        *self.cli_node.lock().unwrap_or_else(|e| e.into_inner()) = node;
     }
 
     /// Deletes the shipped `link-contention` playbook, so railguard does

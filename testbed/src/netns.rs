@@ -96,14 +96,24 @@ impl Netns {
 
     /// Runs `f` on a new thread inside this namespace.
     pub fn run<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> io::Result<T> {
+        self.spawn(f)?
+            .join()
+            .map_err(|_| io::Error::other("namespace thread panicked"))?
+    }
+
+    /// Starts `f` on a new thread inside this namespace (every socket it
+    /// opens lives there) and returns at once; join the handle for its
+    /// result.
+    pub fn spawn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> io::Result<std::thread::JoinHandle<io::Result<T>>> {
         let fd = self.file.try_clone()?;
-        std::thread::spawn(move || -> io::Result<T> {
+        Ok(std::thread::spawn(move || -> io::Result<T> {
             // SAFETY: setns on this thread only, with an fd we own.
             check(unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) })?;
             Ok(f())
-        })
-        .join()
-        .map_err(|_| io::Error::other("namespace thread panicked"))?
+        }))
     }
 
     /// A netlink handle whose socket lives in this namespace (the socket's

@@ -63,9 +63,17 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
     }
     match call.request {
         AdminRequest::Status => Ok(AdminReply::Status(status(sup))),
-        AdminRequest::ClusterMembers => Ok(AdminReply::Members {
-            members: sup.members(),
-        }),
+        AdminRequest::ClusterMembers => {
+            // Not from memory alone: a leader cut off from the others
+            // still believes it leads and would name itself (`status`
+            // takes this read as proof that the cluster can serve).
+            if linear {
+                sup.linearizable_barrier("cluster members").await?;
+            }
+            Ok(AdminReply::Members {
+                members: sup.members(),
+            })
+        }
         AdminRequest::ClusterInit => {
             sup.initialize().await?;
             Ok(AdminReply::Committed {

@@ -21,6 +21,9 @@ use crate::leader::services::Leader;
 /// presents a certificate of the cluster CA; handlers read the caller's
 /// identity from it, [`auth`]), plain text otherwise (`--insecure`).
 /// Message sizes are bounded per service.
+/// Reset streams not yet accepted that one connection may hold.
+const MAX_PENDING_RESETS: usize = 256;
+
 pub async fn serve(
     leader: Arc<Leader>,
     listener: tokio::net::TcpListener,
@@ -37,6 +40,12 @@ pub async fn serve(
         // half-open flood) is closed when it stops answering pings.
         .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(std::time::Duration::from_secs(10)))
+        // Raft cancels every RPC that outlives its deadline (a heartbeat's
+        // is 50 ms), and each cancel resets a stream. h2's default of 20
+        // reset streams not yet accepted closes the whole connection
+        // (heartbeats, votes and all) when a slow peer catches up; 256
+        // still bounds a rapid-reset flood from a certificate holder.
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .add_service(
             RaftPeerServer::new(peer::PeerService::new(leader.clone()))
                 .max_decoding_message_size(proto::MAX_PEER_MESSAGE_BYTES)

@@ -155,6 +155,14 @@ const SCENARIOS: &[Entry] = &[
          linearizable), then NIC flap storms with playbook orders in a netns cluster (every \
          playbook completes, no order executed twice). Needs root",
     ),
+    entry::<Partitions>(
+        "partitions",
+        "The management network split around the leader once a wave (symmetric; asymmetric: \
+         the others stop hearing it; the leader with two agents against the rest) while admin \
+         clients on a host write and read, and NIC flap storms make playbooks order agents: \
+         no acknowledged write lost, the history linearizable, no order executed twice, every \
+         playbook completes. Needs root",
+    ),
     entry::<ClusterCrash>(
         "cluster-crash",
         "The same load while all supervisors are SIGKILLed at once and restarted",
@@ -637,6 +645,37 @@ impl Runner for PlaybookLeaderKill {
                 ..Default::default()
             },
         )
+        .await?;
+        report(r.ok, &r)
+    }
+}
+
+#[derive(Args, Debug)]
+struct Partitions {
+    /// Partitions, one per wave of four flap storms (their playbooks order
+    /// agents); the kind cycles symmetric, asymmetric, leader with its
+    /// agents.
+    #[arg(long, default_value_t = 20)]
+    rounds: usize,
+    /// How long each partition lasts, in seconds.
+    #[arg(long, default_value_t = 5)]
+    hold_s: u64,
+    /// Admin clients writing and reading throughout.
+    #[arg(long, default_value_t = 6)]
+    clients: usize,
+    #[arg(long, default_value_t = 9)]
+    seed: u64,
+}
+
+impl Runner for Partitions {
+    async fn run(self, what: String) -> Outcome {
+        need_root(&what)?;
+        let r = chaos_tests::partitions::partitions(chaos_tests::partitions::PartitionsRun {
+            rounds: self.rounds,
+            hold: Duration::from_secs(self.hold_s),
+            clients: self.clients,
+            seed: self.seed,
+        })
         .await?;
         report(r.ok, &r)
     }
