@@ -18,7 +18,8 @@
 //! - [`probe_scenarios`]: `mgmt-partition` and `probe-blackhole`;
 //!   [`gray_link`]: `gray-link` (a rail that loses packets, link up);
 //!   [`partitions`]: `partitions` (the management network split around
-//!   the leader under admin writes and playbook orders).
+//!   the leader under admin writes and playbook orders; [`splits`]: the
+//!   shapes of those splits).
 //! - [`playbook_scenarios`]: `bad-playbooks`; [`playbook_leader_kill`]:
 //!   `playbook-leader-kill` (multi-step playbooks through leader crashes,
 //!   checked against the agents' execution journals).
@@ -45,6 +46,7 @@ pub mod probe_scenarios;
 pub mod qp;
 pub mod rail_cuts;
 pub mod security;
+pub mod splits;
 pub mod tcp_failover;
 pub mod torch;
 pub mod torch_baseline;

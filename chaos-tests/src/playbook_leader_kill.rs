@@ -35,7 +35,7 @@ use testbed::netcluster::NetCluster;
 use testbed::{Node, TestbedSpec};
 
 use crate::admin_history::{HistoryVerdict, NsHistory};
-use crate::partitions::PartitionKind;
+use crate::splits::PartitionKind;
 
 /// Hosts of the cluster.
 const HOSTS: usize = 4;

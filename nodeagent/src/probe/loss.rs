@@ -31,8 +31,6 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::mesh::RailCounts;
-
 /// How often a rail's totals are marked.
 pub const MARK_EVERY: Duration = Duration::from_millis(100);
 /// Probes a peer must have been expected to send in the window to count.
@@ -64,6 +62,31 @@ impl Default for LossConfig {
             hold: Duration::from_secs(3),
         }
     }
+}
+
+/// One peer's probe totals on one of this host's rails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerCounts {
+    pub peer: u32,
+    /// Probes expected from the peer's sequence numbers, ever.
+    pub expected: u64,
+    /// Probes received, ever.
+    pub received: u64,
+    /// Heard lately (on any rail) with its own NIC on the rail settled.
+    pub witness: bool,
+}
+
+/// One of this host's rails as the loss judge sees it
+/// ([`super::mesh::Mesh::loss_counts`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RailCounts {
+    pub rail: u32,
+    pub nic: String,
+    /// Since when netlink has the NIC up (None: down).
+    pub up_since: Option<Instant>,
+    /// Whether the NIC may be judged now.
+    pub judged: bool,
+    pub peers: Vec<PeerCounts>,
 }
 
 /// A change of a NIC's loss verdict.
@@ -245,7 +268,6 @@ impl LossJudge {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::probe::mesh::PeerCounts;
 
     /// A host with rails 0 and 1 and `peers` peers, each sending 100
     /// probes a second on each rail; rail 0 loses `loss0` of them (per

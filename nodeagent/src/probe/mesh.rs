@@ -51,6 +51,7 @@ use std::time::{Duration, Instant};
 
 use clocksync::{Direction, PairConfig, PairEstimator, Probe as Stamp, ProbePair};
 
+use super::loss::{PeerCounts, RailCounts};
 use super::queueing::{OutgoingTracker, QueueingBoard};
 use super::wire::{Probe, Record, Records, MAX_RECORDS, PACKET_LEN, SETTLED_RAILS, SETTLED_VALID};
 
@@ -152,31 +153,6 @@ pub struct SendOp {
     pub rail: u32,
     pub to: SocketAddrV4,
     pub packets: [[u8; PACKET_LEN]; 2],
-}
-
-/// One peer's probe totals on one of this host's rails.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerCounts {
-    pub peer: u32,
-    /// Probes expected from the peer's sequence numbers, ever.
-    pub expected: u64,
-    /// Probes received, ever.
-    pub received: u64,
-    /// Heard lately (on any rail) with its own NIC on the rail settled.
-    pub witness: bool,
-}
-
-/// One of this host's rails as the loss judge sees it
-/// ([`Mesh::loss_counts`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct RailCounts {
-    pub rail: u32,
-    pub nic: String,
-    /// Since when netlink has the NIC up (None: down).
-    pub up_since: Option<Instant>,
-    /// Whether the NIC may be judged now.
-    pub judged: bool,
-    pub peers: Vec<PeerCounts>,
 }
 
 /// A change of a NIC's probe liveness.
