@@ -66,6 +66,9 @@ pub struct PartitionsReport {
     pub playbook_ms_max: u64,
     /// `nic_flapping` runs that did not complete.
     pub lost_runs: usize,
+    /// `nic_flapping` runs cancelled because the NIC settled before the
+    /// run could act (its host's agent cut off from the leader meanwhile).
+    pub cancelled_runs: usize,
     /// Order ids executed more than once (agents' journals).
     pub duplicate_actions: usize,
     pub missing_actions: usize,
@@ -127,6 +130,7 @@ pub async fn partitions(p: PartitionsRun) -> anyhow::Result<PartitionsReport> {
         playbook_ms_p50: k.playbook_ms_p50,
         playbook_ms_max: k.playbook_ms_max,
         lost_runs: k.lost,
+        cancelled_runs: k.cancelled,
         duplicate_actions: k.duplicated_actions,
         missing_actions: k.missing_actions,
         orders_executed: k.orders_executed,

@@ -112,8 +112,13 @@ pub struct LeaderKillReport {
     pub playbooks_completed: usize,
     /// Order ids executed more than once (journal entries beyond the first).
     pub duplicated_actions: usize,
-    /// `nic_flapping` runs that did not complete.
+    /// `nic_flapping` runs that did not complete (nor, under a split, were
+    /// cancelled because the NIC settled before the run could act).
     pub lost: usize,
+    /// `nic_flapping` runs cancelled because their incident cleared first
+    /// (under a split only; left out of the report when none).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub cancelled: usize,
     pub leader_kills: usize,
     /// Kills that found at least one run mid-playbook (active).
     pub kills_mid_playbook: usize,
@@ -144,6 +149,10 @@ pub struct LeaderKillReport {
     /// The admin history's verdict (with `history_clients`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub history: Option<HistoryVerdict>,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// One run as `railguard playbook runs --output json` shows it.
@@ -508,6 +517,16 @@ async fn run_waves(
         Some(h) => Some(h.finish()?),
         None => None,
     };
+    for (host, text) in history.iter().flat_map(|h| &h.failed_histories) {
+        // Kept for diagnosis (with the run directory), one op per line.
+        let path = c.run_dir.path().join(format!("history-{host}.txt"));
+        if std::fs::write(&path, text).is_ok() {
+            errors.push(format!(
+                "admin history of {host} not linearizable: {}",
+                path.display()
+            ));
+        }
+    }
     // The checker.
     let all = runs_with_orders(c)?;
     let flapping: Vec<&RunSeen> = all.iter().filter(|r| r.kind == "nic_flapping").collect();
@@ -516,7 +535,15 @@ async fn run_waves(
         .copied()
         .filter(|r| r.state == "completed")
         .collect();
-    let lost = p.rounds.saturating_sub(completed.len());
+    // A split can keep a host's agent from the leader until its NIC has
+    // settled: the incident closes (the condition cleared) before the
+    // playbook could act, and its run is cancelled by design. Under the
+    // other faults every run must complete.
+    let cancelled_ok = matches!(p.fault, LeaderFault::Partition(_));
+    let cancelled = flapping.iter().filter(|r| r.state == "cancelled").count();
+    let lost = p
+        .rounds
+        .saturating_sub(completed.len() + if cancelled_ok { cancelled } else { 0 });
     let incidents: BTreeMap<u64, u64> = c.cli_json(&["incidents"]).map_or_else(
         |_| BTreeMap::new(),
         |v| {
@@ -572,7 +599,10 @@ async fn run_waves(
             ));
         }
     }
-    for r in flapping.iter().filter(|r| r.state != "completed") {
+    for r in flapping
+        .iter()
+        .filter(|r| r.state != "completed" && !(cancelled_ok && r.state == "cancelled"))
+    {
         errors.push(format!(
             "run {} ({} on {}) ended {}",
             r.id, r.kind, r.host, r.state
@@ -598,6 +628,7 @@ async fn run_waves(
         playbooks_completed: completed.len(),
         duplicated_actions: duplicated,
         lost,
+        cancelled,
         leader_kills: kills,
         kills_mid_playbook: kills_mid,
         runs_active_at_kills: active_at_kills,
