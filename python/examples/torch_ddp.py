@@ -336,8 +336,29 @@ def main(argv=None) -> int:
         step_log.close()
     client.close()
     if world > 1:
-        dist.destroy_process_group()
+        leave_process_group(dist)
     return EXIT_DONE
+
+
+def leave_process_group(dist, within: float = 10.0) -> None:
+    """Tears the process group down, bounded.
+
+    All ranks meet first (none leaves while another is still in a
+    collective). Torch 1.13's gloo teardown has been seen to hang once the
+    run was done (the digest printed, the process never exiting); if it
+    does not end within ``within`` seconds the process exits at once, its
+    output flushed: the work is done and nothing is left to lose.
+    """
+    import threading
+
+    dist.barrier()
+    t = threading.Thread(target=dist.destroy_process_group, daemon=True)
+    t.start()
+    t.join(within)
+    if t.is_alive():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(EXIT_DONE)
 
 
 if __name__ == "__main__":
