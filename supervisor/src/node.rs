@@ -318,7 +318,21 @@ impl Supervisor {
             checked = self.read(|st| precheck(st, request.as_ref(), &cmd));
         }
         if let Some(done) = checked {
-            return done.map_err(ApiError::from);
+            // A retry refused by validation now goes through the log, so
+            // that its session remembers the refusal: an earlier copy of
+            // the same request may still be on its way (a forward held up
+            // by a partition) and must find the refusal, not apply after
+            // the caller was told "refused" (found by the partitions
+            // scenario as a linearizability violation). Answers the
+            // session already holds, successes, and first attempts (no
+            // other copy exists) are answered here.
+            let remembered = request
+                .as_ref()
+                .is_some_and(|r| self.read(|st| st.session_result(r).is_some()));
+            let retry = request.as_ref().is_some_and(|r| r.retry);
+            if done.is_ok() || remembered || !retry {
+                return done.map_err(ApiError::from);
+            }
         }
         let rx = self.enqueue(cmd).await?;
         match tokio::time::timeout(WRITE_TIMEOUT, rx).await {

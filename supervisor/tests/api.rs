@@ -559,6 +559,66 @@ async fn retried_write_with_the_same_request_id_applies_once() {
     assert!(host.drain.is_none() && !host.cordoned, "{host:?}");
 }
 
+/// A retry refused by validation is remembered in its session: an earlier
+/// copy of the same request (a forward a partition held up) that arrives
+/// after the state changed must get the refusal, not apply (found by the
+/// partitions scenario: an uncordon answered "refused" later took effect).
+#[tokio::test]
+async fn a_refused_retry_is_remembered_so_a_late_copy_of_the_request_cannot_apply() {
+    let sup = Sup::with_h0(&[]).await;
+    let mut grpc = AdminGrpc::new(
+        supervisor::network::channel(&sup.addr, &common::tls_as(&common::admin_id())).unwrap(),
+    );
+    let send = |op: AdminOp, serial: u64, retry: bool| {
+        let call = supervisor::api::AdminCall {
+            actor: "late-copy-test".into(),
+            stale: false,
+            forwarded: false,
+            request_id: Some(supervisor::model::RequestId {
+                client: "session-late".into(),
+                serial,
+                retry,
+            }),
+            request: write(op),
+        };
+        blob(serde_json::to_vec(&call).unwrap())
+    };
+    let h0 = || "h0".to_string();
+    let drain = AdminOp::Drain {
+        host: h0(),
+        reason: "late copy test".into(),
+        deadline_ms: None,
+    };
+    grpc.call(send(drain, 1, false)).await.unwrap();
+    // The retry of serial 2 (its first attempt is somewhere else, late) is
+    // refused: the host is draining.
+    let refused = grpc
+        .call(send(AdminOp::Uncordon { host: h0() }, 2, true))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        supervisor::api::ApiError::from(refused).kind,
+        ErrorKind::FailedPrecondition
+    );
+    grpc.call(send(AdminOp::Undrain { host: h0() }, 3, false))
+        .await
+        .unwrap();
+    grpc.call(send(AdminOp::Cordon { host: h0() }, 4, false))
+        .await
+        .unwrap();
+    // The late first attempt of serial 2: the refusal stands.
+    let late = grpc
+        .call(send(AdminOp::Uncordon { host: h0() }, 2, false))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        supervisor::api::ApiError::from(late).kind,
+        ErrorKind::FailedPrecondition
+    );
+    let host = show_h0(&sup.client()).await;
+    assert!(host.cordoned, "the late copy uncordoned it: {host:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_registered_on_a_long_standing_leader_is_not_declared_down() {
     // A leader that has led for longer than its election grace (3 s) and

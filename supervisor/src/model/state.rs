@@ -159,12 +159,15 @@ impl ClusterState {
 
     /// The result of a request already applied in its session, if any; a
     /// request older than what the session remembers gets
-    /// [`CmdError::RequestForgotten`].
+    /// [`CmdError::RequestForgotten`] — a retry, and a first attempt too:
+    /// clients number their requests in order and never leave one that far
+    /// behind unanswered (`SerialWindow`), so such a copy was delayed (a
+    /// forward held up by a partition) and may already have been applied.
     pub fn session_result(&self, r: &RequestId) -> Option<CmdResult> {
         let s = self.sessions.get(&r.client)?;
         match s.results.get(&r.serial) {
             Some(res) => Some(res.clone()),
-            None if r.retry && r.serial <= s.forgotten_through => {
+            None if r.serial <= s.forgotten_through => {
                 Some(Err(CmdError::RequestForgotten {
                     client: r.client.clone(),
                     serial: r.serial,
