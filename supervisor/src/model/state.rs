@@ -167,12 +167,10 @@ impl ClusterState {
         let s = self.sessions.get(&r.client)?;
         match s.results.get(&r.serial) {
             Some(res) => Some(res.clone()),
-            None if r.serial <= s.forgotten_through => {
-                Some(Err(CmdError::RequestForgotten {
-                    client: r.client.clone(),
-                    serial: r.serial,
-                }))
-            }
+            None if r.serial <= s.forgotten_through => Some(Err(CmdError::RequestForgotten {
+                client: r.client.clone(),
+                serial: r.serial,
+            })),
             None => None,
         }
     }
