@@ -377,9 +377,19 @@ impl NetCluster {
 
     /// Which supervisor (index) leads, per the cluster.
     pub fn leader_index(&self) -> anyhow::Result<usize> {
-        let v = self.cli_json(&["status"])?;
-        let id = v["leader"].as_u64().context("no leader")?;
-        Ok(id as usize - 1)
+        // `status` fails while no leader with a quorum can serve (an
+        // election): asked again for up to 5 s.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let got = self
+                .cli_json(&["status"])
+                .and_then(|v| v["leader"].as_u64().context("no leader"));
+            match got {
+                Ok(id) => return Ok(id as usize - 1),
+                Err(e) if Instant::now() >= deadline => return Err(e),
+                Err(_) => std::thread::sleep(Duration::from_millis(200)),
+            }
+        }
     }
 
     /// Keeps the run directory (logs) after the cluster is dropped.
