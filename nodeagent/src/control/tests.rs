@@ -453,18 +453,20 @@ async fn a_flood_of_connections_and_of_one_ranks_sessions_is_capped() {
     let (_j, _orders) = job(&sock).await;
 }
 
+/// The next held-out set a job hears (5 s at most).
+async fn wait_held(rx: &mut tokio::sync::watch::Receiver<BTreeSet<String>>) -> BTreeSet<String> {
+    tokio::time::timeout(Duration::from_secs(5), rx.changed())
+        .await
+        .expect("the job hears the set")
+        .unwrap();
+    rx.borrow_and_update().clone()
+}
+
 #[tokio::test]
 async fn held_out_nics_reach_every_job_and_the_newest_set_wins() {
     let (c, _dir, sock) = start().await;
     let (j, _orders) = job(&sock).await;
     let mut held = j.held_out();
-    async fn wait(rx: &mut tokio::sync::watch::Receiver<BTreeSet<String>>) -> BTreeSet<String> {
-        tokio::time::timeout(Duration::from_secs(5), rx.changed())
-            .await
-            .expect("the job hears the set")
-            .unwrap();
-        rx.borrow_and_update().clone()
-    }
     assert!(held.borrow_and_update().is_empty());
     // Nothing is said before the leader has spoken: a job that heard a set
     // from an agent before its restart keeps it.
@@ -476,7 +478,10 @@ async fn held_out_nics_reach_every_job_and_the_newest_set_wins() {
     assert_eq!(c.held_out(), (0, BTreeSet::new()));
     // The leader's set as of version 10; unknown NIC names are left out.
     assert!(c.set_held_out(10, vec!["rail0".into(), "eth9".into()]));
-    assert_eq!(wait(&mut held).await, BTreeSet::from(["rail0".to_string()]));
+    assert_eq!(
+        wait_held(&mut held).await,
+        BTreeSet::from(["rail0".to_string()])
+    );
     // An older set (a heartbeat reply computed before) changes nothing.
     assert!(!c.set_held_out(9, vec![]));
     assert_eq!(c.held_out(), (10, BTreeSet::from(["rail0".to_string()])));
@@ -486,9 +491,12 @@ async fn held_out_nics_reach_every_job_and_the_newest_set_wins() {
     }
     assert!(c.set_held_out(9, vec![]));
     assert_eq!(c.held_out(), (9, BTreeSet::new()));
-    assert!(wait(&mut held).await.is_empty());
+    assert!(wait_held(&mut held).await.is_empty());
     assert!(c.set_held_out(10, vec!["rail0".into()]));
-    assert_eq!(wait(&mut held).await, BTreeSet::from(["rail0".to_string()]));
+    assert_eq!(
+        wait_held(&mut held).await,
+        BTreeSet::from(["rail0".to_string()])
+    );
     // An order's change applies only when newer than what the agent has.
     c.change_held(&HeldChange {
         nic: "rail1".into(),
@@ -502,7 +510,7 @@ async fn held_out_nics_reach_every_job_and_the_newest_set_wins() {
         held: false,
     });
     assert_eq!(c.held_out(), (12, BTreeSet::new()));
-    assert!(wait(&mut held).await.is_empty());
+    assert!(wait_held(&mut held).await.is_empty());
     // A job that connects later hears the set right after its hello.
     assert!(c.set_held_out(13, vec!["rail1".into()]));
     let (j2, _o2) = ContractClient::connect_rank(&sock, "train", 1, ClientOptions::default())
@@ -510,7 +518,7 @@ async fn held_out_nics_reach_every_job_and_the_newest_set_wins() {
         .unwrap();
     let mut h2 = j2.held_out();
     let got = if h2.borrow_and_update().is_empty() {
-        wait(&mut h2).await
+        wait_held(&mut h2).await
     } else {
         h2.borrow().clone()
     };
@@ -522,36 +530,29 @@ async fn a_degraded_nic_is_out_of_service_for_jobs_beside_the_admins_holds() {
     let (c, _dir, sock) = start().await;
     let (j, _orders) = job(&sock).await;
     let mut held = j.held_out();
-    async fn wait(rx: &mut tokio::sync::watch::Receiver<BTreeSet<String>>) -> BTreeSet<String> {
-        tokio::time::timeout(Duration::from_secs(5), rx.changed())
-            .await
-            .expect("the job hears the set")
-            .unwrap();
-        rx.borrow_and_update().clone()
-    }
     let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
     // Before the leader has said anything: a Degraded NIC is told at once.
     let mut t = transition("rail1", true);
     t.health = NicHealth::Degraded;
     c.on_link(&t);
-    assert_eq!(wait(&mut held).await, set(&["rail1"]));
+    assert_eq!(wait_held(&mut held).await, set(&["rail1"]));
     // The admin's holds join it; the job hears the union.
     assert!(c.set_held_out(5, vec!["rail0".into()]));
-    assert_eq!(wait(&mut held).await, set(&["rail0", "rail1"]));
+    assert_eq!(wait_held(&mut held).await, set(&["rail0", "rail1"]));
     // The loss ends: only the admin's hold stays.
     c.on_link(&transition("rail1", true));
-    assert_eq!(wait(&mut held).await, set(&["rail0"]));
+    assert_eq!(wait_held(&mut held).await, set(&["rail0"]));
     // The agent's own hold set is the admin's alone (what it reports).
     assert_eq!(c.held_out(), (5, set(&["rail0"])));
     // A job that connects while a NIC is Degraded hears it after hello.
     c.on_link(&t);
-    assert_eq!(wait(&mut held).await, set(&["rail0", "rail1"]));
+    assert_eq!(wait_held(&mut held).await, set(&["rail0", "rail1"]));
     let (j2, _o2) = ContractClient::connect_rank(&sock, "train", 1, ClientOptions::default())
         .await
         .unwrap();
     let mut h2 = j2.held_out();
     let got = if h2.borrow_and_update().is_empty() {
-        wait(&mut h2).await
+        wait_held(&mut h2).await
     } else {
         h2.borrow().clone()
     };
