@@ -243,7 +243,6 @@ pub fn longest_gap(mut successes: Vec<u64>) -> (u64, u64) {
         .unwrap_or((0, 0))
 }
 
-/// Runs the scenario and returns its report.
 /// Concurrent admin clients that write and read hosts (cordon, uncordon,
 /// drain, undrain, labels, linearizable reads), every operation recorded
 /// with its call and return times for the checkers.
@@ -524,6 +523,7 @@ impl NsHistory {
     }
 }
 
+/// Runs the scenario and returns its report.
 pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
     let scenario = match (cfg.whole_cluster, cfg.pause) {
         (true, _) => "cluster-crash",

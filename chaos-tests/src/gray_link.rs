@@ -3,7 +3,7 @@
 //! ringtrain runs on four hosts (three supervisors, mutual TLS). Each
 //! round measures the job's step rate for a fault-free stretch, then makes
 //! the fabric end of h1's rail0 cable drop a share of the packets it sends
-//! to h1, chosen at random ([`testbed::bed::Bed::set_gray_loss`]); the link
+//! to h1, chosen at random ([`testbed::bed::Testbed::set_gray_loss`]); the link
 //! stays up with carrier, so netlink sees nothing. The probe mesh on h1
 //! must find rail0 Degraded (`nic list` shows it), h1's connections must
 //! leave it, and the job's step rate over the faulty stretch must stay
@@ -97,10 +97,23 @@ async fn rate(t: &Training, o: &TrainOpts, d: Duration) -> f64 {
 /// Every committed transition to Degraded or Down of a NIC other than
 /// h1/rail0.
 fn false_findings(t: &Training) -> anyhow::Result<Vec<String>> {
-    let v =
-        t.c.cli_json(&["events", "--since", "0", "--limit", "5000"])?;
+    let mut events = Vec::new();
+    let mut since = 0u64;
+    // Page by page from the oldest (5,000 a call), bounded.
+    for _ in 0..1_000 {
+        let v =
+            t.c.cli_json(&["events", "--since", &since.to_string(), "--limit", "5000"])?;
+        let page = v["events"].as_array().cloned().unwrap_or_default();
+        let last = page.last().and_then(|e| e["seq"].as_u64());
+        let full = page.len() >= 5_000;
+        events.extend(page);
+        match last {
+            Some(s) if full => since = s + 1,
+            _ => break,
+        }
+    }
     let mut out = Vec::new();
-    for e in v["events"].as_array().cloned().unwrap_or_default() {
+    for e in events {
         let Some(ev) = ["NicLink", "NicState"]
             .iter()
             .map(|k| &e["event"][*k])

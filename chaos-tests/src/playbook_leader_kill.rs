@@ -227,8 +227,15 @@ fn runs(c: &NetCluster) -> anyhow::Result<Vec<RunSeen>> {
     runs_of(arr, &BTreeMap::new())
 }
 
-fn runs_with_orders(c: &NetCluster) -> anyhow::Result<Vec<RunSeen>> {
-    let orders = done_order_steps(c)?;
+/// The runs with their order steps: `seen` (collected wave by wave, since
+/// the cluster keeps and returns only the newest intents) and what the
+/// cluster has now.
+fn runs_with_orders(
+    c: &NetCluster,
+    seen: &mut BTreeMap<u64, Vec<u64>>,
+) -> anyhow::Result<Vec<RunSeen>> {
+    seen.extend(done_order_steps(c)?);
+    let orders = seen.clone();
     let v = c.cli_json(&["playbook", "runs"])?;
     let arr = v["runs"].as_array().context("no runs in the reply")?;
     runs_of(arr, &orders)
@@ -347,6 +354,7 @@ async fn run_waves(
     };
     let mut partitions: BTreeMap<PartitionKind, usize> = BTreeMap::new();
     let mut leader_moved = 0;
+    let mut order_steps: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
     let mut errors = Vec::new();
     let mut kills = 0;
     let mut kills_mid = 0;
@@ -500,6 +508,10 @@ async fn run_waves(
             t0.elapsed()
         );
         done += n;
+        // This wave's order steps, while they are among the newest intents.
+        if let Ok(o) = done_order_steps(c) {
+            order_steps.extend(o);
+        }
         wave += 1;
         // Every NIC back Up before the next wave (the damper released it).
         c.wait_until("every NIC up", Duration::from_secs(60), |c| {
@@ -528,7 +540,7 @@ async fn run_waves(
         }
     }
     // The checker.
-    let all = runs_with_orders(c)?;
+    let all = runs_with_orders(c, &mut order_steps)?;
     let flapping: Vec<&RunSeen> = all.iter().filter(|r| r.kind == "nic_flapping").collect();
     let completed: Vec<&RunSeen> = flapping
         .iter()

@@ -421,19 +421,19 @@ impl Control {
 
     /// The NICs out of service for the jobs' connections: the admin's holds
     /// and this host's Degraded NICs. None while the leader has not said
-    /// what is held and no NIC is Degraded: a job keeps what it last heard
-    /// (an agent that has just restarted must not say that nothing is
-    /// held).
+    /// what is held: a job takes the set as the whole one and keeps what
+    /// it last heard (an agent that has just restarted must not release
+    /// an admin's hold by telling only its Degraded NICs).
     fn out_of_service(inv: &Inventory) -> Option<BTreeSet<String>> {
+        if inv.held_version == 0 {
+            return None;
+        }
         let mut set: BTreeSet<String> = inv
             .health
             .iter()
             .filter(|(_, h)| **h == NicHealth::Degraded)
             .map(|(n, _)| n.clone())
             .collect();
-        if inv.held_version == 0 && set.is_empty() {
-            return None;
-        }
         set.extend(inv.held.iter().cloned());
         Some(set)
     }
@@ -442,7 +442,7 @@ impl Control {
     /// socket whose queue is full takes it at the next heartbeat): the
     /// admin's holds and this host's Degraded NICs (losing packets: the
     /// connections leave them the same way). Nothing before the leader has
-    /// said what is held, unless a NIC is Degraded.
+    /// said what is held.
     fn tell_held(inv: &mut Inventory) {
         let Some(held) = Self::out_of_service(inv) else {
             return;

@@ -585,8 +585,9 @@ class Order:
 
 @dataclass(frozen=True)
 class HeldOut:
-    """The host's NICs an admin holds out of service for connections
-    (``railguard nic failover`` until ``nic failback``): the whole set.
+    """The host's NICs out of service for connections: those an admin
+    holds (``railguard nic failover`` until ``nic failback``) and those the
+    agent finds Degraded (losing packets, link up): the whole set.
     Not an order; nothing answers it. A job with its own transport keeps
     its connections off these NICs."""
 

@@ -172,11 +172,7 @@ impl AdminClient {
             serial: s.n,
             retry: false,
         });
-        // A host write carries a request id the leader deduplicates by; an
-        // `add-member` of the same id and address is idempotent by itself
-        // (a learner or voter already there stays as it is), so a call cut
-        // off by a leadership change is retried at the new leader.
-        let retry_safe = request_id.is_some() || matches!(request, AdminRequest::AddMember { .. });
+        let retry_safe = request_id.is_some();
         let call = AdminCall {
             actor: self.actor.clone(),
             stale,

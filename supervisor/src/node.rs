@@ -157,7 +157,7 @@ impl Supervisor {
             peer_clients,
             confirmed_term: Arc::new(AtomicU64::new(0)),
         });
-        tokio::spawn(run_batcher(raft.clone(), rx));
+        tokio::spawn(run_batcher(raft.clone(), sup.id, rx));
         tokio::spawn(sync_revocations(Arc::downgrade(&sup)));
         tokio::spawn(confirm_leadership(raft, sup.confirmed_term.clone()));
         let dir = archiver.dir().to_owned();
@@ -634,7 +634,7 @@ async fn confirm_leadership(raft: Raft<TypeConfig>, confirmed: Arc<AtomicU64>) {
 }
 
 /// Packs queued commands into Raft entries, in queue order.
-async fn run_batcher(raft: Raft<TypeConfig>, mut rx: mpsc::Receiver<(Command, Reply)>) {
+async fn run_batcher(raft: Raft<TypeConfig>, me: NodeId, mut rx: mpsc::Receiver<(Command, Reply)>) {
     let inflight = Arc::new(Semaphore::new(MAX_INFLIGHT_PROPOSALS));
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
@@ -674,16 +674,23 @@ async fn run_batcher(raft: Raft<TypeConfig>, mut rx: mpsc::Receiver<(Command, Re
                     };
                     drop(permit);
                     match outcome {
-                        Ok(Ok(resp)) if resp.log_id.leader_id.term != term => {
-                            tracing::warn!(term, entry_term = resp.log_id.leader_id.term, "an answer for an entry of another term; not taken as this proposal's");
+                        // openraft keys its answers by log index alone: an
+                        // entry another leader (even of the same term:
+                        // leaders are (term, node)) wrote at this index is
+                        // not this proposal's.
+                        Ok(Ok(resp))
+                            if resp.log_id.leader_id.term != term
+                                || resp.log_id.leader_id.node_id != me
+                                || resp.data.len() != n =>
+                        {
+                            tracing::warn!(term, entry_leader = %resp.log_id.leader_id, commands = n, results = resp.data.len(), "an answer for an entry this node did not propose; not taken as this proposal's");
                             for r in replies {
                                 let _ = r.send(Err(ApiError::unknown(
-                                    "raft answered for an entry of another term; the write's outcome is unknown",
+                                    "raft answered for an entry this supervisor did not propose; the write's outcome is unknown",
                                 )));
                             }
                         }
                         Ok(Ok(resp)) => {
-                            debug_assert_eq!(resp.data.len(), n);
                             for (r, res) in replies.into_iter().zip(resp.data) {
                                 let _ = r.send(res.map_err(ApiError::from));
                             }

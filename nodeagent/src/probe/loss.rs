@@ -23,8 +23,11 @@
 //! its marks start again whenever that changes, so an outage's missing
 //! probes are never read as loss. A lossy NIC is clean again once its loss
 //! over the window is below a quarter of `threshold` and it has been lossy
-//! for `hold` at least; a NIC that goes down loses its verdict without a
-//! report (the link tracker forgets it too).
+//! for `hold` at least; a NIC that goes down (or down and up between two
+//! looks) loses its verdict without a report (the link tracker forgets it
+//! too). A host with one rail is never judged. Loss on what a host sends
+//! is seen by each receiver from one sender only, below the two
+//! witnesses: it is not found here.
 //!
 //! Every queue here is bounded.
 
@@ -157,7 +160,9 @@ impl LossJudge {
     /// Takes the mesh's totals at `now`; returns the NICs whose verdict
     /// changed.
     pub fn observe(&mut self, now: Instant, counts: &[RailCounts]) -> Vec<NicLoss> {
-        if self.cfg.threshold <= 0.0 {
+        // One rail alone cannot tell a bad link from this host's own
+        // receive path losing (the liveness check needs two rails too).
+        if self.cfg.threshold <= 0.0 || counts.len() < 2 {
             return Vec::new();
         }
         let cap = self.max_marks();
@@ -167,11 +172,11 @@ impl LossJudge {
         for rc in counts {
             let st = self.rails.entry(rc.rail).or_default();
             if st.up_since != rc.up_since {
+                // Down, or down and up again (however briefly): the link
+                // tracker forgets its verdict, and so does the judge.
                 st.marks.clear();
                 st.up_since = rc.up_since;
-                if rc.up_since.is_none() {
-                    st.lossy_since = None;
-                }
+                st.lossy_since = None;
             }
             if !rc.judged {
                 st.marks.clear();
@@ -372,6 +377,49 @@ mod tests {
         let mut w = World::new(1);
         let lone = w.run(0, 5_000, |r, _| if r == 0 { 0.2 } else { 0.0 });
         assert!(lone.is_empty(), "{lone:?}");
+    }
+
+    #[test]
+    fn a_bounce_between_two_looks_forgets_the_verdict_so_a_still_lossy_nic_is_found_again() {
+        let mut w = World::new(3);
+        let lossy = |r: u32, _: u32| if r == 0 { 0.1 } else { 0.0 };
+        let found = w.run(0, 2_000, lossy);
+        assert!(found.iter().any(|(_, c)| c.lossy), "{found:?}");
+        // Down and up again between two looks: only "up since" changed.
+        w.t0 += Duration::from_millis(1);
+        let t = w.t0;
+        w.totals.clear();
+        let mut again = Vec::new();
+        for ms in (2_000..5_000).step_by(50) {
+            let now = t + Duration::from_millis(ms);
+            let mut counts = Vec::new();
+            for rail in 0..2u32 {
+                let peers = (0..3u32)
+                    .map(|p| {
+                        let e = (ms - 2_000) / 10;
+                        let lost = if rail == 0 { e / 10 } else { 0 };
+                        PeerCounts {
+                            peer: p,
+                            expected: e,
+                            received: e - lost,
+                            witness: true,
+                        }
+                    })
+                    .collect();
+                counts.push(RailCounts {
+                    rail,
+                    nic: format!("rail{rail}"),
+                    up_since: Some(t + Duration::from_millis(1_999)),
+                    judged: true,
+                    peers,
+                });
+            }
+            again.extend(w.judge.observe(now, &counts));
+        }
+        assert!(
+            again.iter().any(|c| c.lossy && c.nic == "rail0"),
+            "still losing after the bounce, but not found again: {again:?}"
+        );
     }
 
     #[test]

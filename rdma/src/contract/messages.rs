@@ -153,10 +153,11 @@ pub enum AgentMessage {
         message: String,
     },
     Order(Order),
-    /// The host's NICs an admin holds out of service for connections
-    /// (`railguard nic failover`, until `nic failback`): the whole set,
-    /// sent after every accepted hello and whenever it changes. Not an
-    /// order: nothing answers it.
+    /// The host's NICs out of service for connections: those an admin holds
+    /// (`railguard nic failover`, until `nic failback`) and those the agent
+    /// finds Degraded (losing packets, link up): the whole set, sent after
+    /// every accepted hello and whenever it changes. Not an order: nothing
+    /// answers it.
     HeldOut {
         nics: Vec<String>,
     },

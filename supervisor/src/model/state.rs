@@ -32,7 +32,10 @@ use std::collections::VecDeque;
 /// 7: `Report::ConnStalled`, `Event::ConnStalled`.
 /// 8: `Host.path_incidents`.
 /// 9: `Incident.shared_at_report`.
-pub const MODEL_FORMAT_VERSION: u8 = 9;
+/// 10: `NicState::Degraded` (and the agents' `NicHealth::Degraded`); a
+/// refused retry is remembered in its session, a first attempt older than
+/// its session remembers is refused as forgotten.
+pub const MODEL_FORMAT_VERSION: u8 = 10;
 
 /// The whole replicated model.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

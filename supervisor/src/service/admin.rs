@@ -52,6 +52,9 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
         return forward(sup, call).await;
     }
     let linear = needs_leader && !call.request.is_write();
+    // Kept to hand an `add-member` cut short by a leadership change to the
+    // new leader (below).
+    let add_again = matches!(call.request, AdminRequest::AddMember { .. }).then(|| call.clone());
     macro_rules! read {
         ($f:expr) => {
             if linear {
@@ -87,7 +90,35 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
             })
         }
         AdminRequest::AddMember { id, addr } => {
-            let idx = sup.add_member(id, addr.clone()).await?;
+            // Leadership moved while it was being added (a removed member
+            // that campaigned alone comes back with a higher term and
+            // deposes the leader that adds it; `add_member` says so with
+            // `Unknown`): the next leader finishes the add, once — this
+            // node if it leads again, else the new leader by a forward
+            // (not for a call already forwarded). The same id and address
+            // is idempotent.
+            let mut again = true;
+            let idx = loop {
+                match sup.add_member(id, addr.clone()).await {
+                    Ok(i) => break i,
+                    Err(e) if e.kind == ErrorKind::Unknown && std::mem::take(&mut again) => {
+                        match next_leader(sup).await {
+                            Some(l) if l == sup.id => continue,
+                            Some(_) => {
+                                return match add_again.filter(|c| !c.forwarded) {
+                                    Some(c) => {
+                                        tracing::info!(error = %e.message, "add-member cut short by a leadership change; the new leader finishes it");
+                                        forward(sup, c).await
+                                    }
+                                    None => Err(e),
+                                };
+                            }
+                            None => return Err(e),
+                        }
+                    }
+                    Err(e) => return Err(e),
+                }
+            };
             record_membership(
                 sup,
                 &call.actor,
@@ -580,6 +611,21 @@ async fn record_membership(sup: &Arc<Supervisor>, actor: &str, op: AdminOp) {
     if let Err(e) = sup.propose(cmd).await {
         tracing::warn!(error = %e, "membership change made but not recorded in the history");
     }
+}
+
+/// The leader once one is elected and confirmed here (this node when it
+/// leads a confirmed term), 5 s at most.
+async fn next_leader(sup: &Arc<Supervisor>) -> Option<u64> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while tokio::time::Instant::now() < deadline {
+        match sup.leader() {
+            Some(l) if l == sup.id && sup.leads() => return Some(l),
+            Some(l) if l != sup.id => return Some(l),
+            _ => {}
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    None
 }
 
 /// Sends the call to the leader and returns its answer.

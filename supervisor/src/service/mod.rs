@@ -16,14 +16,14 @@ use proto::v1::raft_peer_server::RaftPeerServer;
 
 use crate::leader::services::Leader;
 
+/// Reset streams not yet accepted that one connection may hold.
+const MAX_PENDING_RESETS: usize = 256;
+
 /// Serves `Admin`, `Agent` and `RaftPeer` on `listener` until `shutdown`
 /// resolves: with mutual TLS when `tls` is given (every connection
 /// presents a certificate of the cluster CA; handlers read the caller's
 /// identity from it, [`auth`]), plain text otherwise (`--insecure`).
 /// Message sizes are bounded per service.
-/// Reset streams not yet accepted that one connection may hold.
-const MAX_PENDING_RESETS: usize = 256;
-
 pub async fn serve(
     leader: Arc<Leader>,
     listener: tokio::net::TcpListener,
