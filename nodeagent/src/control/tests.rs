@@ -462,6 +462,19 @@ async fn wait_held(rx: &mut tokio::sync::watch::Receiver<BTreeSet<String>>) -> B
     rx.borrow_and_update().clone()
 }
 
+/// The held-out set a job that connects now hears after its hello.
+async fn held_after_hello(sock: &std::path::Path) -> BTreeSet<String> {
+    let (j, _orders) = ContractClient::connect_rank(sock, "train", 1, ClientOptions::default())
+        .await
+        .unwrap();
+    let mut rx = j.held_out();
+    if rx.borrow_and_update().is_empty() {
+        wait_held(&mut rx).await
+    } else {
+        rx.borrow().clone()
+    }
+}
+
 #[tokio::test]
 async fn held_out_nics_reach_every_job_and_the_newest_set_wins() {
     let (c, _dir, sock) = start().await;
@@ -513,15 +526,7 @@ async fn held_out_nics_reach_every_job_and_the_newest_set_wins() {
     assert!(wait_held(&mut held).await.is_empty());
     // A job that connects later hears the set right after its hello.
     assert!(c.set_held_out(13, vec!["rail1".into()]));
-    let (j2, _o2) = ContractClient::connect_rank(&sock, "train", 1, ClientOptions::default())
-        .await
-        .unwrap();
-    let mut h2 = j2.held_out();
-    let got = if h2.borrow_and_update().is_empty() {
-        wait_held(&mut h2).await
-    } else {
-        h2.borrow().clone()
-    };
+    let got = held_after_hello(&sock).await;
     assert_eq!(got, BTreeSet::from(["rail1".to_string()]));
 }
 
@@ -555,15 +560,7 @@ async fn a_degraded_nic_is_out_of_service_for_jobs_beside_the_admins_holds() {
     // A job that connects while a NIC is Degraded hears it after hello.
     c.on_link(&t);
     assert_eq!(wait_held(&mut held).await, set(&["rail0", "rail1"]));
-    let (j2, _o2) = ContractClient::connect_rank(&sock, "train", 1, ClientOptions::default())
-        .await
-        .unwrap();
-    let mut h2 = j2.held_out();
-    let got = if h2.borrow_and_update().is_empty() {
-        wait_held(&mut h2).await
-    } else {
-        h2.borrow().clone()
-    };
+    let got = held_after_hello(&sock).await;
     assert_eq!(got, set(&["rail0", "rail1"]));
 }
 
