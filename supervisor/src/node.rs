@@ -308,7 +308,7 @@ impl Supervisor {
             _ => None,
         };
         let mut checked = self.read(|st| precheck(st, request.as_ref(), &cmd));
-        if matches!(checked, Some(Err(_))) {
+        if matches!(checked, Precheck::Refused(_) | Precheck::Remembered(Err(_))) {
             // A refusal is an answer about the state, so it must be as
             // linearizable as a read: confirm leadership and catch up with
             // the whole log (a retry whose first attempt is committed but
@@ -317,22 +317,19 @@ impl Supervisor {
             self.linearizable_barrier("validation").await?;
             checked = self.read(|st| precheck(st, request.as_ref(), &cmd));
         }
-        if let Some(done) = checked {
-            // A retry refused by validation now goes through the log, so
-            // that its session remembers the refusal: an earlier copy of
-            // the same request may still be on its way (a forward held up
-            // by a partition) and must find the refusal, not apply after
-            // the caller was told "refused" (found by the partitions
-            // scenario as a linearizability violation). Answers the
-            // session already holds, successes, and first attempts (no
-            // other copy exists) are answered here.
-            let remembered = request
-                .as_ref()
-                .is_some_and(|r| self.read(|st| st.session_result(r).is_some()));
-            let retry = request.as_ref().is_some_and(|r| r.retry);
-            if done.is_ok() || remembered || !retry {
-                return done.map_err(ApiError::from);
+        match checked {
+            Precheck::Remembered(done) => return done.map_err(ApiError::from),
+            // A retry refused by validation goes through the log, so that
+            // its session remembers the refusal: an earlier copy of the
+            // same request may still be on its way (a forward held up by a
+            // partition) and must find the refusal, not apply after the
+            // caller was told "refused" (found by the partitions scenario
+            // as a linearizability violation). A first attempt has no
+            // other copy: refused here.
+            Precheck::Refused(e) if !request.as_ref().is_some_and(|r| r.retry) => {
+                return Err(ApiError::from(e))
             }
+            Precheck::Refused(_) | Precheck::Propose => {}
         }
         let rx = self.enqueue(cmd).await?;
         match tokio::time::timeout(WRITE_TIMEOUT, rx).await {
@@ -557,16 +554,27 @@ impl Supervisor {
     }
 }
 
-/// What the leader can answer without proposing: the first result of a
-/// request already applied, or a validation error (nothing is written).
+/// What the leader knows of a command before proposing it.
+enum Precheck {
+    /// The result of the request, already applied in its session.
+    Remembered(crate::model::CmdResult),
+    /// Refused by validation against the current state (nothing written).
+    Refused(crate::model::CmdError),
+    /// Valid now: to be proposed.
+    Propose,
+}
+
 fn precheck(
     st: &ClusterState,
     request: Option<&crate::model::RequestId>,
     cmd: &Command,
-) -> Option<crate::model::CmdResult> {
+) -> Precheck {
     match request.and_then(|r| st.session_result(r)) {
-        Some(done) => Some(done),
-        None => st.validate(cmd).err().map(Err),
+        Some(done) => Precheck::Remembered(done),
+        None => match st.validate(cmd) {
+            Ok(()) => Precheck::Propose,
+            Err(e) => Precheck::Refused(e),
+        },
     }
 }
 
