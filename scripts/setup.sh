@@ -17,10 +17,12 @@ set -euo pipefail
 # iperf3 is the unmodified TCP program `bench tcp-failover` keeps alive.
 # systemd provides systemd-analyze, which checks the packaged units, and
 # hostname names the host the package test's agent registers;
-# python3-yaml reads back the CLI's `--output yaml` in its test.
+# python3-yaml reads back the CLI's `--output yaml` in its test;
+# etcd-server is what `bench raft-commit --peer etcd` compares with.
 PACKAGES=(build-essential pkg-config iproute2 python3 passwd
   libibverbs-dev librdmacm-dev libclang-dev libclang-common-14-dev
-  python3-pytest python3-torch iperf3 systemd hostname python3-yaml)
+  python3-pytest python3-torch iperf3 systemd hostname python3-yaml
+  etcd-server)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -10,14 +10,17 @@
 //! with unary admin writes (label updates) through the CLI's client.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::Serialize;
-use supervisor::api::AdminRequest;
+use supervisor::api::{AdminReply, AdminRequest};
 use supervisor::model::AdminOp;
 
-use testbed::agentsim::{nic_event, open_stream, register_host};
+use crate::etcd::{EtcdClient, EtcdCluster};
+use testbed::agentsim::{nic_event, open_stream, register_host, EventStream};
 use testbed::cluster::SupervisorCluster;
 
 /// One concurrency level's figures.
@@ -122,150 +125,125 @@ fn summarise(clients: usize, trials: Vec<Trial>, secs: f64) -> Level {
     }
 }
 
-/// Opens one report stream per host (retrying a few times: 256 connects
-/// at once can overflow a listen backlog).
-async fn open_streams(
-    cluster: &SupervisorCluster,
-    addr: &str,
-    hosts: &[String],
-) -> anyhow::Result<Vec<testbed::agentsim::EventStream>> {
-    let mut tasks = Vec::new();
-    for h in hosts {
-        let addr = addr.to_string();
-        let tls = cluster.agent_tls(h)?;
-        tasks.push(tokio::spawn(async move {
-            let mut last = None;
-            for attempt in 0..5u64 {
-                match open_stream(&addr, &tls).await {
-                    Ok(s) => return Ok(s),
-                    Err(e) => last = Some(e),
-                }
-                tokio::time::sleep(Duration::from_millis(100 * (attempt + 1))).await;
-            }
-            Err(last.expect("at least one attempt"))
-        }));
-    }
-    let mut out = Vec::new();
-    for t in tasks {
-        out.push(t.await??);
-    }
-    Ok(out)
-}
-
-/// One trial: every client sends one event at a time on its own stream.
-async fn event_level(
-    streams: &mut Vec<testbed::agentsim::EventStream>,
-    hosts: &[String],
-    seqs: &mut [u64],
+/// Runs one closed-loop client per element of `clients` over the window:
+/// each calls `op` with its state and its operation number, waits for the
+/// answer and calls again, until the window ends. Latencies of operations
+/// begun and answered inside the window are kept. A failed operation counts
+/// as an error; the client pauses 10 ms and goes on (`op` finds the leader
+/// again itself), so a leadership change costs errors, not the run.
+async fn closed_loop<C, F, Fut>(
+    clients: Vec<C>,
     (start, end): (Instant, Instant),
-) -> anyhow::Result<(Vec<u64>, u64)> {
+    op: F,
+) -> anyhow::Result<(Vec<u64>, u64, Vec<C>)>
+where
+    C: Send + 'static,
+    F: Fn(C, u64) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = (C, Result<(), String>)> + Send + 'static,
+{
     let mut tasks = Vec::new();
-    for ((host, mut s), first) in hosts
-        .iter()
-        .cloned()
-        .zip(std::mem::take(streams))
-        .zip(seqs.iter().map(|q| q + 1))
-    {
+    for (i, mut c) in clients.into_iter().enumerate() {
+        let op = op.clone();
         tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            let mut errors = 0u64;
-            let mut seq = first - 1;
-            while Instant::now() < end {
-                seq += 1;
-                let t0 = Instant::now();
-                let up = seq.is_multiple_of(2);
-                if s.tx.send(nic_event(&host, seq, "rail0", up)).await.is_err() {
-                    errors += 1;
-                    break;
-                }
-                match tokio::time::timeout(Duration::from_secs(5), s.acks.message()).await {
-                    Ok(Ok(Some(ack))) if ack.error.is_empty() && ack.acked_through >= seq => {
-                        if t0 >= start && Instant::now() <= end {
-                            lat.push(t0.elapsed().as_micros() as u64);
-                        }
-                    }
-                    other => {
-                        eprintln!("[raft-commit] {host}: event {seq} not acked: {other:?}");
-                        errors += 1;
-                        break;
-                    }
-                }
-            }
-            (lat, errors, seq, s)
-        }));
-    }
-    let mut lat = Vec::new();
-    let mut errors = 0;
-    for (i, t) in tasks.into_iter().enumerate() {
-        let (l, e, last, s) = t.await?;
-        lat.extend(l);
-        errors += e;
-        seqs[i] = last;
-        streams.push(s);
-    }
-    Ok((lat, errors))
-}
-
-async fn admin_level(
-    cluster: &SupervisorCluster,
-    leader: u64,
-    hosts: &[String],
-    (start, end): (Instant, Instant),
-) -> anyhow::Result<(Vec<u64>, u64)> {
-    // One client per simulated operator, as 256 admins would be.
-    let mut tasks = Vec::new();
-    for (i, host) in hosts.iter().enumerate() {
-        let client = cluster.client_for(leader, Duration::from_secs(5))?;
-        let host = host.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            let mut errors = 0u64;
-            let mut n = 0u64;
+            let (mut lat, mut errors, mut n) = (Vec::new(), 0u64, 0u64);
             while Instant::now() < end {
                 n += 1;
                 let t0 = Instant::now();
-                let req = AdminRequest::Write {
-                    op: AdminOp::SetLabels {
-                        host: host.clone(),
-                        set: BTreeMap::from([(format!("bench{i}"), n.to_string())]),
-                        remove: vec![],
-                    },
-                };
-                match client.call(req, false).await {
-                    Ok(_) => {
-                        if t0 >= start && Instant::now() <= end {
-                            lat.push(t0.elapsed().as_micros() as u64);
-                        }
+                let (back, r) = op(c, n).await;
+                c = back;
+                match r {
+                    Ok(()) if t0 >= start && Instant::now() <= end => {
+                        lat.push(t0.elapsed().as_micros() as u64);
                     }
+                    Ok(()) => {}
                     Err(e) => {
                         if errors == 0 {
-                            eprintln!("[raft-commit] {host}: admin write failed: {e}");
+                            eprintln!("[raft-commit] client {i}: {e}");
                         }
                         errors += 1;
+                        tokio::time::sleep(Duration::from_millis(10)).await;
                     }
                 }
             }
-            (lat, errors)
+            (lat, errors, c)
         }));
     }
-    let mut lat = Vec::new();
-    let mut errors = 0;
+    let (mut lat, mut errors, mut back) = (Vec::new(), 0, Vec::new());
     for t in tasks {
-        let (l, e) = t.await?;
+        let (l, e, c) = t.await?;
         lat.extend(l);
         errors += e;
+        back.push(c);
     }
-    Ok((lat, errors))
+    Ok((lat, errors, back))
+}
+
+/// A simulated agent: its report stream to the leader (opened again, on
+/// whichever member leads, after an error) and its last acknowledged event.
+struct EventClient {
+    host: String,
+    addrs: Vec<String>,
+    tls: pki::ClientTls,
+    stream: Option<EventStream>,
+    acked: u64,
+}
+
+impl EventClient {
+    /// Sends the next event and waits until it is committed and applied.
+    /// After an error the same event is sent again on a new stream: the
+    /// supervisor applies each sequence number once and acknowledges a
+    /// repeat.
+    async fn next(&mut self) -> Result<(), String> {
+        let seq = self.acked + 1;
+        let mut s = match self.stream.take() {
+            Some(s) => s,
+            None => open_leader_stream(&self.addrs, &self.tls, 1).await?,
+        };
+        let up = seq.is_multiple_of(2);
+        s.tx.send(nic_event(&self.host, seq, "rail0", up))
+            .await
+            .map_err(|_| format!("{}: report stream closed", self.host))?;
+        match tokio::time::timeout(Duration::from_secs(5), s.acks.message()).await {
+            Ok(Ok(Some(ack))) if ack.error.is_empty() && ack.acked_through >= seq => {
+                self.acked = seq;
+                self.stream = Some(s);
+                Ok(())
+            }
+            other => Err(format!("{}: event {seq} not acked: {other:?}", self.host)),
+        }
+    }
+}
+
+/// A report stream to whichever of `addrs` leads (followers refuse one),
+/// trying them all `rounds` times, 100 ms more between rounds each time
+/// (256 connects at once can overflow a listen backlog).
+async fn open_leader_stream(
+    addrs: &[String],
+    tls: &pki::ClientTls,
+    rounds: u64,
+) -> Result<EventStream, String> {
+    let mut last = String::new();
+    for round in 0..rounds {
+        if round > 0 {
+            tokio::time::sleep(Duration::from_millis(100 * round)).await;
+        }
+        for a in addrs {
+            match open_stream(a, tls).await {
+                Ok(s) => return Ok(s),
+                Err(e) => last = format!("{e:#}"),
+            }
+        }
+    }
+    Err(last)
 }
 
 /// One cluster under the bench: three supervisors, `max` registered hosts,
-/// each host's last acknowledged event sequence.
+/// each host's simulated agent.
 struct Rig {
     cluster: SupervisorCluster,
     leader: u64,
-    leader_addr: String,
     hosts: Vec<String>,
-    seqs: Vec<u64>,
+    agents: Vec<EventClient>,
     label: &'static str,
 }
 
@@ -277,66 +255,128 @@ impl Rig {
         let leader = cluster.init().await.context("initialise")?;
         let hosts: Vec<String> = (0..max).map(|i| format!("bench{i}")).collect();
         eprintln!("[raft-commit] registering {max} hosts ({label})");
+        let mut agents = Vec::new();
         for h in &hosts {
-            register_host(&cluster.addrs(), h, &cluster.agent_tls(h)?).await?;
+            let tls = cluster.agent_tls(h)?;
+            register_host(&cluster.addrs(), h, &tls).await?;
+            // The leader first: the others refuse a report stream.
+            let mut addrs = cluster.addrs();
+            addrs.rotate_left((leader - 1) as usize);
+            agents.push(EventClient {
+                host: h.clone(),
+                addrs,
+                tls,
+                stream: None,
+                acked: 0,
+            });
         }
-        let leader_addr = cluster.addrs()[(leader - 1) as usize].clone();
         Ok(Self {
             cluster,
             leader,
-            leader_addr,
             hosts,
-            seqs: vec![0; max],
+            agents,
             label,
         })
     }
 
-    async fn open(&self, clients: usize) -> anyhow::Result<Vec<testbed::agentsim::EventStream>> {
-        open_streams(&self.cluster, &self.leader_addr, &self.hosts[..clients]).await
+    /// Opens the first `clients` agents' report streams.
+    async fn open(&mut self, clients: usize) -> anyhow::Result<()> {
+        let mut tasks = Vec::new();
+        for a in &self.agents[..clients] {
+            let (addrs, tls) = (a.addrs.clone(), a.tls.clone());
+            tasks.push(tokio::spawn(async move {
+                open_leader_stream(&addrs, &tls, 5).await
+            }));
+        }
+        for (a, t) in self.agents.iter_mut().zip(tasks) {
+            let s = t.await?.map_err(|e| anyhow::anyhow!("{}: {e}", a.host))?;
+            a.stream = Some(s);
+        }
+        Ok(())
     }
 
-    async fn events(
-        &mut self,
-        streams: &mut Vec<testbed::agentsim::EventStream>,
-        secs: f64,
-    ) -> anyhow::Result<Trial> {
-        let c = streams.len();
-        let (window, cpu) = self.window(secs);
-        let run = event_level(streams, &self.hosts[..c], &mut self.seqs[..c], window).await?;
-        trial(run, cpu).await
+    async fn events(&mut self, clients: usize, secs: f64) -> anyhow::Result<Trial> {
+        let (window, cpu) = cpu_window(self.pids(), secs);
+        let rest = self.agents.split_off(clients);
+        let agents = std::mem::replace(&mut self.agents, rest);
+        let (lat, errors, agents) = closed_loop(agents, window, |mut a: EventClient, _| async {
+            let r = a.next().await;
+            (a, r)
+        })
+        .await?;
+        let rest = std::mem::replace(&mut self.agents, agents);
+        self.agents.extend(rest);
+        trial((lat, errors), cpu).await
     }
 
+    /// One client per simulated operator, as 256 admins would be, each
+    /// labelling a host of its own; writes reach the leader from any
+    /// member (forwarded), so a leadership change does not stop them.
     async fn admin(&self, clients: usize, secs: f64) -> anyhow::Result<Trial> {
-        let (window, cpu) = self.window(secs);
-        let run = admin_level(&self.cluster, self.leader, &self.hosts[..clients], window).await?;
-        trial(run, cpu).await
+        let (window, cpu) = cpu_window(self.pids(), secs);
+        let mut admins = Vec::new();
+        for (i, host) in self.hosts[..clients].iter().enumerate() {
+            let c =
+                self.cluster
+                    .client("bench", (self.leader - 1) as usize, Duration::from_secs(5))?;
+            admins.push((c, host.clone(), i));
+        }
+        let (lat, errors, _) = closed_loop(admins, window, |(c, host, i), n| async move {
+            let req = AdminRequest::Write {
+                op: AdminOp::SetLabels {
+                    host: host.clone(),
+                    set: BTreeMap::from([(format!("bench{i}"), n.to_string())]),
+                    remove: vec![],
+                },
+            };
+            let r = c.call(req, false).await;
+            let r = r
+                .map(|_| ())
+                .map_err(|e| format!("{host}: admin write failed: {e}"));
+            ((c, host, i), r)
+        })
+        .await?;
+        trial((lat, errors), cpu).await
     }
 
-    /// A measured window after a warm-up of half a second, and a task that
-    /// reads the CPU time this cluster's supervisors and this process (the
-    /// clients) use within it.
-    fn window(&self, secs: f64) -> ((Instant, Instant), tokio::task::JoinHandle<(u64, u64)>) {
-        let start = Instant::now() + Duration::from_millis(500);
-        let end = start + Duration::from_secs_f64(secs);
-        let pids: Vec<String> = self
-            .cluster
-            .nodes
-            .iter()
-            .filter_map(|n| n.pid())
-            .map(|p| p.to_string())
-            .collect();
-        let cpu = tokio::spawn(async move {
-            let read = |pids: &[String]| -> (u64, u64) {
-                (pids.iter().map(|p| cpu_us(p)).sum(), cpu_us("self"))
-            };
-            tokio::time::sleep_until(start.into()).await;
-            let a = read(&pids);
-            tokio::time::sleep_until(end.into()).await;
-            let b = read(&pids);
-            (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1))
-        });
-        ((start, end), cpu)
+    fn pids(&self) -> Vec<u32> {
+        self.cluster.nodes.iter().filter_map(|n| n.pid()).collect()
     }
+
+    /// The current Raft term, as the leader reports it.
+    async fn term(&mut self) -> anyhow::Result<u64> {
+        self.leader = self.cluster.wait_leader(Duration::from_secs(10)).await?;
+        let c = self
+            .cluster
+            .client_for(self.leader, Duration::from_secs(3))?;
+        match c.call(AdminRequest::Status, true).await? {
+            AdminReply::Status(s) => Ok(s.term),
+            other => anyhow::bail!("status answered {other:?}"),
+        }
+    }
+}
+
+/// A measured window after a warm-up of half a second, and a task that
+/// reads the CPU time the processes `pids` (the servers) and this process
+/// (the clients) use within it.
+fn cpu_window(
+    pids: Vec<u32>,
+    secs: f64,
+) -> ((Instant, Instant), tokio::task::JoinHandle<(u64, u64)>) {
+    let start = Instant::now() + Duration::from_millis(500);
+    let end = start + Duration::from_secs_f64(secs);
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let cpu = tokio::spawn(async move {
+        let read = |pids: &[String]| -> (u64, u64) {
+            (pids.iter().map(|p| cpu_us(p)).sum(), cpu_us("self"))
+        };
+        tokio::time::sleep_until(start.into()).await;
+        let a = read(&pids);
+        tokio::time::sleep_until(end.into()).await;
+        let b = read(&pids);
+        (b.0.saturating_sub(a.0), b.1.saturating_sub(a.1))
+    });
+    ((start, end), cpu)
 }
 
 /// A trial's samples and errors with the CPU its window cost.
@@ -388,8 +428,11 @@ fn report(events: Vec<Level>, admin_writes: Vec<Level>, secs: f64) -> RaftCommit
 /// Runs the bench on `rigs` side by side: per level, every trial runs on
 /// each rig in turn, the order alternating from trial to trial, so drift
 /// over the run (disk write-back, a neighbour's load) falls on all alike.
+/// With `etcd`, its trials of the same level take turns with the rigs'
+/// event trials.
 async fn run_levels(
     rigs: &mut [Rig],
+    mut etcd: Option<&mut EtcdRig>,
     levels: &[usize],
     secs: f64,
     trials: usize,
@@ -398,21 +441,36 @@ async fn run_levels(
     let mut events: Vec<Vec<Level>> = vec![Vec::new(); n];
     let mut admin: Vec<Vec<Level>> = vec![Vec::new(); n];
     for &c in levels {
-        let mut streams = Vec::new();
-        for r in rigs.iter() {
-            streams.push(r.open(c).await?);
+        for r in rigs.iter_mut() {
+            r.open(c).await?;
+        }
+        if let Some(e) = etcd.as_deref_mut() {
+            e.open(c).await?;
         }
         let mut runs: Vec<Vec<Trial>> = vec![Vec::new(); n];
+        let mut etcd_runs = Vec::new();
         for t in 0..trials {
+            let etcd_first = t % 2 == 1;
+            if let (true, Some(e)) = (etcd_first, etcd.as_deref_mut()) {
+                etcd_runs.push(e.puts(secs).await?);
+            }
             for k in 0..n {
                 let i = if t % 2 == 0 { k } else { n - 1 - k };
-                runs[i].push(rigs[i].events(&mut streams[i], secs).await?);
+                runs[i].push(rigs[i].events(c, secs).await?);
+            }
+            if let (false, Some(e)) = (etcd_first, etcd.as_deref_mut()) {
+                etcd_runs.push(e.puts(secs).await?);
             }
         }
         for (i, r) in runs.into_iter().enumerate() {
             let l = summarise(c, r, secs);
             report_level("events", rigs[i].label, &l);
             events[i].push(l);
+        }
+        if let Some(e) = etcd.as_deref_mut() {
+            let l = summarise(c, etcd_runs, secs);
+            report_level("put", "etcd", &l);
+            e.levels.push(l);
         }
     }
     for &c in levels {
@@ -445,7 +503,7 @@ pub async fn raft_commit(
 ) -> anyhow::Result<RaftCommitReport> {
     let max = levels.iter().copied().max().unwrap_or(1);
     let mut rigs = [Rig::start(max, mtls).await?];
-    let mut reports = run_levels(&mut rigs, levels, secs, trials).await?;
+    let mut reports = run_levels(&mut rigs, None, levels, secs, trials).await?;
     Ok(reports.remove(0))
 }
 
@@ -476,7 +534,7 @@ pub async fn raft_commit_tls_cost(
 ) -> anyhow::Result<TlsCostReport> {
     let max = levels.iter().copied().max().unwrap_or(1);
     let mut rigs = [Rig::start(max, false).await?, Rig::start(max, true).await?];
-    let mut reports = run_levels(&mut rigs, levels, secs, trials).await?;
+    let mut reports = run_levels(&mut rigs, None, levels, secs, trials).await?;
     let tls = reports.pop().context("the mutual-TLS report")?;
     let plain = reports.pop().context("the plain-text report")?;
     let ratios = |a: &[Level], b: &[Level]| -> Vec<(usize, f64)> {
@@ -515,4 +573,245 @@ pub async fn raft_commit_tls_cost(
         admin_ratio,
         min_ratio,
     })
+}
+
+/// etcd under the same load: one closed-loop client per level's client
+/// count, each with its own connection to the leader, writing a key of its
+/// own (a small value, as a label update is).
+struct EtcdRig {
+    cluster: Arc<EtcdCluster>,
+    clients: Vec<PutClient>,
+    levels: Vec<Level>,
+}
+
+/// An etcd client: its connection to the leader (made again, to whichever
+/// member then leads, after an error) and its key.
+struct PutClient {
+    cluster: Arc<EtcdCluster>,
+    conn: Option<EtcdClient>,
+    key: Vec<u8>,
+}
+
+impl PutClient {
+    async fn put(&mut self, n: u64) -> Result<(), String> {
+        let mut c = match self.conn.take() {
+            Some(c) => c,
+            None => {
+                let (leader, _) = self
+                    .cluster
+                    .leader(Duration::from_secs(3))
+                    .await
+                    .map_err(|e| format!("{e:#}"))?;
+                self.cluster
+                    .client(leader)
+                    .await
+                    .map_err(|e| format!("{e:#}"))?
+            }
+        };
+        c.put(self.key.clone(), n.to_string().into_bytes())
+            .await
+            .map_err(|e| format!("etcd put: {}", e.message()))?;
+        self.conn = Some(c);
+        Ok(())
+    }
+}
+
+impl EtcdRig {
+    async fn start() -> anyhow::Result<Self> {
+        eprintln!("[raft-commit] starting 3 etcd members (mutual TLS)");
+        let cluster = Arc::new(EtcdCluster::start(3).await?);
+        eprintln!("[raft-commit] etcd {} is up", cluster.version);
+        Ok(Self {
+            cluster,
+            clients: Vec::new(),
+            levels: Vec::new(),
+        })
+    }
+
+    /// Connects `clients` clients to the leader.
+    async fn open(&mut self, clients: usize) -> anyhow::Result<()> {
+        let (leader, _) = self.cluster.leader(Duration::from_secs(10)).await?;
+        self.clients.clear();
+        for i in 0..clients {
+            self.clients.push(PutClient {
+                cluster: self.cluster.clone(),
+                conn: Some(self.cluster.client(leader).await?),
+                key: format!("bench/{i}").into_bytes(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn puts(&mut self, secs: f64) -> anyhow::Result<Trial> {
+        let (window, cpu) = cpu_window(self.cluster.pids(), secs);
+        let clients = std::mem::take(&mut self.clients);
+        let (lat, errors, clients) =
+            closed_loop(clients, window, |mut c: PutClient, n| async move {
+                let r = c.put(n).await;
+                (c, r)
+            })
+            .await?;
+        self.clients = clients;
+        trial((lat, errors), cpu).await
+    }
+
+    async fn term(&self) -> anyhow::Result<u64> {
+        Ok(self.cluster.leader(Duration::from_secs(10)).await?.1)
+    }
+}
+
+/// `bench raft-commit --peer etcd`: railguard's cluster (mutual TLS, as it
+/// runs) and etcd's (mutual TLS too), both up for the whole run on this
+/// machine, driven by the same closed-loop clients, trial by trial in
+/// alternating order.
+#[derive(Debug, Serialize)]
+pub struct EtcdPeerReport {
+    pub ok: bool,
+    pub bench: &'static str,
+    pub etcd_version: String,
+    pub seconds_per_trial: f64,
+    pub railguard: RaftCommitReport,
+    /// etcd `Put`s, one client per connection, one write in flight each.
+    pub etcd: Vec<Level>,
+    /// Per level: railguard's events/s over etcd's puts/s.
+    pub events_ratio: Vec<(usize, f64)>,
+    /// Per level: railguard's admin writes/s over etcd's puts/s.
+    pub admin_ratio: Vec<(usize, f64)>,
+    /// Per level: railguard's event p99 at most etcd's put p99.
+    pub events_p99_no_worse: Vec<(usize, bool)>,
+    pub admin_p99_no_worse: Vec<(usize, bool)>,
+    /// Elections during the measured run (Raft terms that went by).
+    pub railguard_elections: u64,
+    pub etcd_elections: u64,
+    pub goal: &'static str,
+    pub goal_met: bool,
+}
+
+/// Runs the levels on railguard and on etcd, and compares.
+pub async fn raft_commit_vs_etcd(
+    levels: &[usize],
+    secs: f64,
+    trials: usize,
+) -> anyhow::Result<EtcdPeerReport> {
+    let max = levels.iter().copied().max().unwrap_or(1);
+    let mut etcd = EtcdRig::start().await?;
+    let mut rigs = [Rig::start(max, true).await?];
+    let (rg_term0, etcd_term0) = (rigs[0].term().await?, etcd.term().await?);
+    let mut reports = run_levels(&mut rigs, Some(&mut etcd), levels, secs, trials).await?;
+    let (rg_term1, etcd_term1) = (rigs[0].term().await?, etcd.term().await?);
+    let railguard = reports.remove(0);
+    let ratio = |ours: &[Level]| -> Vec<(usize, f64)> {
+        ours.iter()
+            .zip(&etcd.levels)
+            .map(|(o, e)| {
+                (
+                    o.clients,
+                    if e.per_s > 0.0 {
+                        o.per_s / e.per_s
+                    } else {
+                        0.0
+                    },
+                )
+            })
+            .collect()
+    };
+    let no_worse = |ours: &[Level]| -> Vec<(usize, bool)> {
+        ours.iter()
+            .zip(&etcd.levels)
+            .map(|(o, e)| (o.clients, o.p99_ms <= e.p99_ms))
+            .collect()
+    };
+    let events_ratio = ratio(&railguard.events);
+    let admin_ratio = ratio(&railguard.admin_writes);
+    let events_p99_no_worse = no_worse(&railguard.events);
+    let admin_p99_no_worse = no_worse(&railguard.admin_writes);
+    for ((c, e), (_, a)) in events_ratio.iter().zip(&admin_ratio) {
+        eprintln!(
+            "[raft-commit] railguard/etcd at {c:>3} clients: events {e:.2}, admin writes {a:.2}"
+        );
+    }
+    let railguard_elections = rg_term1.saturating_sub(rg_term0);
+    let etcd_elections = etcd_term1.saturating_sub(etcd_term0);
+    let goal_met = events_ratio.iter().all(|(_, r)| *r >= 1.5)
+        && events_p99_no_worse.iter().all(|(_, b)| *b)
+        && railguard_elections == 0;
+    let etcd_ok = etcd.levels.iter().all(|l| l.errors == 0 && l.committed > 0);
+    Ok(EtcdPeerReport {
+        ok: railguard.ok && etcd_ok,
+        bench: "raft-commit-vs-etcd",
+        etcd_version: etcd.cluster.version.clone(),
+        seconds_per_trial: secs,
+        etcd: std::mem::take(&mut etcd.levels),
+        railguard,
+        events_ratio,
+        admin_ratio,
+        events_p99_no_worse,
+        admin_p99_no_worse,
+        railguard_elections,
+        etcd_elections,
+        goal: "railguard commits >= 1.5x etcd's writes/s at every level, p99 no worse, no election under load",
+        goal_met,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Needs the supervisor binary (`cargo build --workspace --bins`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn event_clients_follow_a_new_leader() {
+        let mut rig = Rig::start(4, true).await.expect("cluster");
+        rig.open(4).await.expect("streams");
+        let before = rig.events(4, 1.0).await.expect("trial");
+        assert!(
+            before.errors == 0 && !before.lat_us.is_empty(),
+            "{before:?}"
+        );
+        let old = rig.leader;
+        rig.cluster.kill(old);
+        let after = rig.events(4, 4.0).await.expect("trial");
+        assert!(
+            !after.lat_us.is_empty(),
+            "no event committed after the leader {old} was killed"
+        );
+        let new = rig
+            .cluster
+            .wait_leader(Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_ne!(new, old);
+        // Every agent's events went on past the kill, one number each.
+        for a in &rig.agents {
+            assert!(a.acked > 1, "{} stopped at {}", a.host, a.acked);
+        }
+    }
+
+    /// Needs Debian's etcd-server (`scripts/setup.sh`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn put_clients_follow_a_new_etcd_leader() {
+        let mut etcd = EtcdRig::start().await.expect("etcd");
+        assert!(
+            etcd.cluster.version.starts_with("3."),
+            "{}",
+            etcd.cluster.version
+        );
+        etcd.open(4).await.expect("clients");
+        let before = etcd.puts(1.0).await.expect("trial");
+        assert!(
+            before.errors == 0 && !before.lat_us.is_empty(),
+            "{before:?}"
+        );
+        let (old, term) = etcd.cluster.leader(Duration::from_secs(5)).await.unwrap();
+        etcd.cluster.kill(old);
+        let after = etcd.puts(6.0).await.expect("trial");
+        assert!(
+            after.errors > 0 && !after.lat_us.is_empty(),
+            "the clients did not go on after etcd's leader was killed: {} errors, {} puts",
+            after.errors,
+            after.lat_us.len()
+        );
+        let (new, term2) = etcd.cluster.leader(Duration::from_secs(5)).await.unwrap();
+        assert!(new != old && term2 > term, "{old}@{term} -> {new}@{term2}");
+    }
 }

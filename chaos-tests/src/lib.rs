@@ -7,7 +7,8 @@
 //! # Layout
 //! - [`linearizability`]: porcupine-style checker and the host model.
 //! - [`admin_history`]: `leader-kill` and `cluster-crash` scenarios.
-//! - [`bench`](mod@bench): the `raft-commit` benchmark.
+//! - [`bench`](mod@bench): the `raft-commit` benchmark; [`etcd`]: the etcd
+//!   cluster and client it compares with (`--peer etcd`).
 //! - [`detect`]: the `detect` benchmark (flap and host-loss detection times).
 //! - [`demo`]: the README's first command.
 //! - [`nic_flap`]: the `nic-flap` scenario and its transition checker.
@@ -35,6 +36,7 @@ pub mod clock_sync;
 pub mod contention;
 pub mod demo;
 pub mod detect;
+pub mod etcd;
 pub mod gray_link;
 pub mod linearizability;
 pub mod nic_flap;

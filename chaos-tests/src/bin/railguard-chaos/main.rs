@@ -879,8 +879,19 @@ struct RaftCommit {
     /// Measure what mutual TLS costs: the levels on a plain-text cluster,
     /// then on a mutual-TLS one, side by side (otherwise mutual TLS only,
     /// as a cluster runs).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "peer")]
     tls: bool,
+    /// Compare with another system under the same load: `etcd` starts
+    /// three etcd members (Debian's etcd-server, mutual TLS) beside
+    /// railguard's cluster.
+    #[arg(long, value_enum)]
+    peer: Option<Peer>,
+}
+
+/// Systems `bench raft-commit --peer` compares with.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Peer {
+    Etcd,
 }
 
 impl Runner for RaftCommit {
@@ -894,6 +905,12 @@ impl Runner for RaftCommit {
             (0.5..=600.0).contains(&self.seconds),
             "--seconds must be between 0.5 and 600"
         );
+        if let Some(Peer::Etcd) = self.peer {
+            let r =
+                chaos_tests::bench::raft_commit_vs_etcd(&self.clients, self.seconds, self.trials)
+                    .await?;
+            return report(r.ok, &r);
+        }
         if self.tls {
             let r =
                 chaos_tests::bench::raft_commit_tls_cost(&self.clients, self.seconds, self.trials)
