@@ -526,13 +526,10 @@ pub fn decide(
             },
         });
     }
-    for inc in st.incidents.values() {
+    for inc in st.open_incidents() {
         let Some(info) = &inc.link else {
             continue;
         };
-        if inc.closed_ms.is_some() {
-            continue;
-        }
         let quiet_since =
             |t: Option<Instant>| t.is_none_or(|t| now.saturating_duration_since(t) >= quiet);
         if !quiet_since(named_at.get(&info.link).copied()) {

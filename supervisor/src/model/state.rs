@@ -16,8 +16,8 @@ use crate::model::result::{CmdError, CmdResult};
 use crate::model::runs::types::PlaybookRun;
 use openraft::LogId;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The format of the model's bincode: the first byte of every snapshot's
 /// data and the model byte of every stored log entry (raft-store adds its
@@ -96,6 +96,22 @@ pub struct ClusterState {
     /// Per host: the detour routes its agent confirmed
     /// ([`crate::model::reroute`]).
     pub reroutes: BTreeMap<String, crate::model::reroute::record::RerouteRecord>,
+    /// Which incidents and intents are open. Derived from `incidents` and
+    /// `intents` (which also keep up to `MAX_CLOSED_RECORDS` closed ones
+    /// each): kept by apply, rebuilt when a snapshot is read, never
+    /// serialised. The leader's reconciler looks at what is open after
+    /// every committed NIC report; without the index each look walked the
+    /// whole history.
+    #[serde(skip)]
+    pub open: OpenIndex,
+}
+
+/// The ids of the open incidents and intents, ascending (the order of the
+/// maps they index).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OpenIndex {
+    pub incidents: BTreeSet<u64>,
+    pub intents: BTreeSet<u64>,
 }
 
 impl raft_store::StateModel<TypeConfig> for ClusterState {
@@ -122,7 +138,9 @@ impl raft_store::StateModel<TypeConfig> for ClusterState {
     fn decode(bytes: &[u8]) -> Result<Self, String> {
         match bytes.split_first() {
             Some((&MODEL_FORMAT_VERSION, body)) => {
-                bincode::deserialize(body).map_err(|e| e.to_string())
+                let mut st: ClusterState = bincode::deserialize(body).map_err(|e| e.to_string())?;
+                st.rebuild_open_index();
+                Ok(st)
             }
             Some((v, _)) => Err(format!(
                 "model snapshot has format version {v}; this build reads only version {MODEL_FORMAT_VERSION}"
@@ -155,9 +173,23 @@ impl ClusterState {
                 if let Some(r) = request {
                     self.remember(r, p.at_ms, &res);
                 }
+                // Every model test checks the index after every command.
+                #[cfg(test)]
+                self.check_open_index();
                 res
             })
             .collect()
+    }
+
+    /// Invariant: [`OpenIndex`] names exactly the open incidents and
+    /// intents. Panics naming the difference.
+    pub fn check_open_index(&self) {
+        let mut rebuilt = self.clone();
+        rebuilt.rebuild_open_index();
+        assert_eq!(
+            self.open, rebuilt.open,
+            "the open index (left) differs from the maps (right)"
+        );
     }
 
     /// The result of a request already applied in its session, if any; a
@@ -229,9 +261,36 @@ impl ClusterState {
 
     /// Open intents, oldest first.
     pub fn open_intents(&self) -> impl Iterator<Item = &Intent> {
-        self.intents
-            .values()
-            .filter(|i| i.status == IntentStatus::Open)
+        self.open
+            .intents
+            .iter()
+            .filter_map(|id| self.intents.get(id))
+    }
+
+    /// The open incidents, by id.
+    pub fn open_incidents(&self) -> impl Iterator<Item = &Incident> {
+        self.open
+            .incidents
+            .iter()
+            .filter_map(|id| self.incidents.get(id))
+    }
+
+    /// Builds [`OpenIndex`] from the maps (after a snapshot is read).
+    pub fn rebuild_open_index(&mut self) {
+        self.open = OpenIndex {
+            incidents: self
+                .incidents
+                .values()
+                .filter(|i| i.closed_ms.is_none())
+                .map(|i| i.id)
+                .collect(),
+            intents: self
+                .intents
+                .values()
+                .filter(|i| i.status == IntentStatus::Open)
+                .map(|i| i.id)
+                .collect(),
+        };
     }
 
     /// Jobs with a rank on `host`.

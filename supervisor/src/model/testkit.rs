@@ -141,3 +141,12 @@ pub(crate) fn confirm_reroutes_for_test<W>(
         );
     }
 }
+
+/// `st` through a snapshot and back, as a follower or a restarted member
+/// reads it.
+pub(crate) fn snapshot_roundtrip(st: &crate::model::ClusterState) -> crate::model::ClusterState {
+    use raft_store::StateModel;
+    let bytes = StateModel::encode(st).expect("encode");
+    <crate::model::ClusterState as StateModel<crate::model::TypeConfig>>::decode(&bytes)
+        .expect("decode")
+}

@@ -306,9 +306,8 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
                 .unwrap_or_default(),
             scores: leader.contention.scores(),
             incidents: sup.read(|st| {
-                st.incidents
-                    .values()
-                    .filter(|i| i.link.is_some() && i.closed_ms.is_none())
+                st.open_incidents()
+                    .filter(|i| i.link.is_some())
                     .cloned()
                     .collect()
             }),
@@ -539,18 +538,8 @@ fn status(sup: &Supervisor) -> StatusView {
         for h in st.hosts.values() {
             *by.entry(h.status().to_string()).or_insert(0usize) += 1;
         }
-        let inc = st
-            .incidents
-            .values()
-            .filter(|i| i.closed_ms.is_none())
-            .cloned()
-            .collect();
-        let intents = st
-            .intents
-            .values()
-            .filter(|i| i.status == IntentStatus::Open)
-            .cloned()
-            .collect();
+        let inc = st.open_incidents().cloned().collect();
+        let intents = st.open_intents().cloned().collect();
         (by, inc, intents)
     });
     StatusView {

@@ -19,6 +19,7 @@ impl ClusterState {
     ) -> u64 {
         self.next_incident_id += 1;
         let id = self.next_incident_id;
+        self.open.incidents.insert(id);
         self.incidents.insert(
             id,
             Incident {
@@ -358,6 +359,7 @@ impl ClusterState {
             return;
         }
         i.closed_ms = Some(at_ms);
+        self.open.incidents.remove(&id);
         let host = i.host.clone();
         let kind = i.kind;
         if let Some(peer) = i.peer.clone() {

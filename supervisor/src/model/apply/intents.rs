@@ -10,15 +10,12 @@ use crate::model::state::ClusterState;
 impl ClusterState {
     /// Records an intent (or finds the open one for the same action).
     pub(crate) fn open_intent(&mut self, at_ms: u64, action: &Action) -> u64 {
-        if let Some(existing) = self
-            .intents
-            .values()
-            .find(|i| i.status == IntentStatus::Open && &i.action == action)
-        {
+        if let Some(existing) = self.open_intents().find(|i| &i.action == action) {
             return existing.id;
         }
         self.next_intent_id += 1;
         let id = self.next_intent_id;
+        self.open.intents.insert(id);
         self.intents.insert(
             id,
             Intent {
@@ -90,6 +87,7 @@ impl ClusterState {
         let host = intent.action.host().to_owned();
         let e = self.intents.get_mut(&id).expect("validated");
         e.status = IntentStatus::Closed(outcome.clone());
+        self.open.intents.remove(&id);
         e.closed_ms = Some(at_ms);
         e.detail = detail.to_owned();
         self.prune_closed_intents(id);

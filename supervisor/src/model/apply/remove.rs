@@ -47,11 +47,8 @@ impl ClusterState {
     /// Removes a validated host; returns how many open incidents closed.
     pub(crate) fn remove_host(&mut self, at_ms: u64, name: &str) -> usize {
         let open: Vec<u64> = self
-            .incidents
-            .values()
-            .filter(|i| {
-                (i.host == name || i.peer.as_deref() == Some(name)) && i.closed_ms.is_none()
-            })
+            .open_incidents()
+            .filter(|i| i.host == name || i.peer.as_deref() == Some(name))
             .map(|i| i.id)
             .collect();
         for id in &open {

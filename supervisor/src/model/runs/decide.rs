@@ -11,9 +11,8 @@ use crate::model::state::ClusterState;
 /// and that a stored playbook matches.
 pub fn wanted_run_commands(st: &ClusterState) -> Vec<RunCommand> {
     let candidates: Vec<u64> = st
-        .incidents
-        .values()
-        .filter(|i| i.closed_ms.is_none() && i.run.is_none())
+        .open_incidents()
+        .filter(|i| i.run.is_none())
         // A cut-off host's NIC incidents wait for it to be reachable.
         .filter(|i| {
             i.nic.is_none()

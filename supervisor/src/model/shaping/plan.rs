@@ -389,9 +389,8 @@ impl ClusterState {
 
     /// The open `link_contention` incident of a directed link.
     pub fn open_link_incident(&self, link: &DirLink) -> Option<u64> {
-        self.incidents
-            .values()
-            .find(|i| i.closed_ms.is_none() && i.link.as_ref().is_some_and(|l| &l.link == link))
+        self.open_incidents()
+            .find(|i| i.link.as_ref().is_some_and(|l| &l.link == link))
             .map(|i| i.id)
     }
 

@@ -283,7 +283,7 @@ fn a_nic_down_incident_runs_the_migrate_step_as_a_failover_order() {
         .iter()
         .all(|i| i.status == IntentStatus::Closed(Outcome::Done)));
     // Runs and their step intents are part of snapshots.
-    let back: ClusterState = bincode::deserialize(&bincode::serialize(&w.st).unwrap()).unwrap();
+    let back = crate::model::testkit::snapshot_roundtrip(&w.st);
     assert_eq!(back, w.st);
     // And of the admin JSON.
     let reply = crate::api::AdminReply::PlaybookRuns {
