@@ -84,15 +84,25 @@ pub(super) async fn dial_rail(
     let mut last_err = String::from("no attempt");
     loop {
         if started < DIAL_ATTEMPTS {
-            if started == 1 {
-                // The first attempt is slow: a stuck neighbour entry is
-                // the usual cause right after a flap (see NeighbourRepair).
+            if started <= 1 {
+                // A stuck neighbour entry is the usual cause of a slow
+                // attempt right after a flap (see NeighbourRepair): a rail
+                // that was down a moment ago may hold one for its peer
+                // (the entry went INCOMPLETE while the carrier was gone,
+                // and the kernel solicits again only after a second), and
+                // a dial that moves off a failed rail is exactly when that
+                // rail-mate is needed. So forget it before the first
+                // attempt too: a healthy entry costs one ARP exchange,
+                // a stuck one cost the 10 ms stagger in half the flaps of
+                // `bench failover`. (Before the second attempt the first
+                // one's SYN may have made a new stuck entry.)
                 if let Some(r) = repair {
                     r.forget(&nic.name, remote.ip()).await;
                 }
             }
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            attempts.push(dial_one(nic, remote, hello, left, learned));
+            let n = started;
+            attempts.push(async move { (n, dial_one(nic, remote, hello, left, learned).await) });
             started += 1;
         }
         let next = if started < DIAL_ATTEMPTS {
@@ -101,9 +111,17 @@ pub(super) async fn dial_rail(
             deadline
         };
         tokio::select! {
-            Some(r) = attempts.next() => match r {
-                Ok(ok) => return Ok(ok),
+            Some((n, r)) = attempts.next() => match r {
+                Ok(ok) => {
+                    tracing::debug!(
+                        nic = %nic.name, %remote, attempt = n,
+                        after_us = (timeout - deadline.saturating_duration_since(tokio::time::Instant::now())).as_micros() as u64,
+                        "path dialled"
+                    );
+                    return Ok(ok);
+                }
                 Err(e) => {
+                    tracing::debug!(nic = %nic.name, %remote, attempt = n, error = %e, "dial attempt failed");
                     last_err = e;
                     if attempts.is_empty() && started >= DIAL_ATTEMPTS {
                         return Err(last_err);
