@@ -4,9 +4,11 @@
 //! netns cluster, from the injector's netlink call to
 //! (a) the agent's tracker seeing it — the agent's observation timestamp,
 //!     carried with the event (same machine, same wall clock), and
-//! (b) the NIC state committed in Raft — the moment the committed event
-//!     reaches a `railguard events --follow` stream (so (b) also includes
-//!     applying and streaming it: an upper bound).
+//! (b) the NIC state committed in Raft — when the leader applied the
+//!     event (its clock: the apply time it serves with each event of an
+//!     `events --follow` stream read from it), and, for comparison, when
+//!     the event reached that stream (`streamed_*`: also the stream's
+//!     wake-up, the CLI and the pipe).
 //!
 //! And over host losses (agent killed, every cable down): time to Down.
 
@@ -18,6 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
+use supervisor::api::FollowedEvent;
 use supervisor::model::{ClusterEvent, Event, Liveness};
 use tokio::io::AsyncBufReadExt;
 
@@ -36,6 +39,9 @@ pub struct DetectReport {
     pub tracker_p99_ms: f64,
     pub committed_p50_ms: f64,
     pub committed_p99_ms: f64,
+    /// Injection → the event read from the leader's follow stream.
+    pub streamed_p50_ms: f64,
+    pub streamed_p99_ms: f64,
     pub host_losses: usize,
     /// NICs the cluster took Down on probe evidence (`probes_lost`) while
     /// netlink had them up: every one is false here (the bench only pulls
@@ -48,7 +54,9 @@ pub struct DetectReport {
     pub goals_met: bool,
 }
 
-type Seen = Arc<Mutex<VecDeque<(ClusterEvent, u64)>>>;
+/// Events read from the stream: each with when it arrived and when the
+/// serving supervisor applied it (Unix ns).
+type Seen = Arc<Mutex<VecDeque<(ClusterEvent, u64, Option<u64>)>>>;
 
 fn unix_ns() -> u64 {
     nodeagent::link::unix_ns()
@@ -59,14 +67,14 @@ async fn wait_event(
     seen: &Seen,
     within: Duration,
     f: impl Fn(&ClusterEvent) -> bool,
-) -> anyhow::Result<(ClusterEvent, u64)> {
+) -> anyhow::Result<(ClusterEvent, u64, Option<u64>)> {
     let t0 = Instant::now();
     loop {
         {
             let mut q = seen.lock().expect("seen");
-            while let Some((e, at)) = q.pop_front() {
+            while let Some((e, at, applied)) = q.pop_front() {
                 if f(&e) {
-                    return Ok((e, at));
+                    return Ok((e, at, applied));
                 }
             }
         }
@@ -101,15 +109,17 @@ async fn measure(
     host_losses: usize,
     seed: u64,
 ) -> anyhow::Result<DetectReport> {
-    // Follow committed events from now on.
+    // Follow committed events from now on, as the leader serves them (with
+    // its apply times).
     let since = c.last_event_seq()?;
+    let leader_addr = c.sup_addrs()[c.leader_index()?].clone();
     let mut cmd = c.tb.command(
         Node::Supervisor(0),
         bin_path("railguard")?.to_str().unwrap_or_default(),
     )?;
     cmd.args([
         "--supervisor",
-        &c.sup_addrs().join(","),
+        &leader_addr,
         "-o",
         "json",
         "events",
@@ -132,7 +142,8 @@ async fn measure(
         let mut lines = tokio::io::BufReader::new(stdout).lines();
         while let Ok(Some(l)) = lines.next_line().await {
             let at = unix_ns();
-            if let Ok(e) = serde_json::from_str::<ClusterEvent>(&l) {
+            if let Ok(f) = serde_json::from_str::<FollowedEvent>(&l) {
+                let (e, applied) = (f.record, f.applied_unix_ns);
                 if matches!(
                     e.event,
                     Event::NicLink {
@@ -144,7 +155,7 @@ async fn measure(
                     lost.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
                 let mut q = sink.lock().expect("seen");
-                q.push_back((e, at));
+                q.push_back((e, at, applied));
                 while q.len() > 100_000 {
                     q.pop_front();
                 }
@@ -154,6 +165,8 @@ async fn measure(
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut tracker_us = Vec::new();
     let mut commit_us = Vec::new();
+    let mut stream_us = Vec::new();
+    let mut unstamped = 0usize;
     eprintln!("[detect] {flaps} fabric-side flaps");
     for i in 0..flaps {
         let h = rng.gen_range(0..hosts);
@@ -164,7 +177,7 @@ async fn measure(
             let want = format!("NIC rail{r}: link {}", if up { "up" } else { "down" });
             let nic_name = format!("rail{r}");
             let host = format!("h{h}");
-            let (e, arrived) = wait_event(&seen, Duration::from_secs(10), |e| {
+            let (e, arrived, applied) = wait_event(&seen, Duration::from_secs(10), |e| {
                 e.host.as_deref() == Some(host.as_str())
                     && matches!(&e.event, Event::NicLink { nic, up: u, .. } if *nic == nic_name && *u == up)
             })
@@ -172,7 +185,13 @@ async fn measure(
             .with_context(|| format!("flap {i}: {host} {want}"))?;
             let observed = e.observed_unix_ns.unwrap_or(arrived);
             tracker_us.push(observed.saturating_sub(t_inj) / 1000);
-            commit_us.push(arrived.saturating_sub(t_inj) / 1000);
+            stream_us.push(arrived.saturating_sub(t_inj) / 1000);
+            // Every event the leader applied since it started has its
+            // time; one without (a leader change) counts at its arrival.
+            if applied.is_none() {
+                unstamped += 1;
+            }
+            commit_us.push(applied.unwrap_or(arrived).saturating_sub(t_inj) / 1000);
             tokio::time::sleep(Duration::from_millis(rng.gen_range(20..60))).await;
         }
     }
@@ -183,7 +202,7 @@ async fn measure(
         let host = format!("h{h}");
         let t0 = unix_ns();
         c.tb.lose_host(h).await?;
-        let (_, arrived) = wait_event(&seen, Duration::from_secs(15), |e| {
+        let (_, arrived, _) = wait_event(&seen, Duration::from_secs(15), |e| {
             e.host.as_deref() == Some(host.as_str())
                 && matches!(
                     e.event,
@@ -219,7 +238,15 @@ async fn measure(
         .await?;
     }
     let _ = child.kill().await;
-    for v in [&mut tracker_us, &mut commit_us, &mut down_us] {
+    if unstamped > 0 {
+        eprintln!("[detect] {unstamped} events had no apply time from the stream's supervisor (counted at their arrival)");
+    }
+    for v in [
+        &mut tracker_us,
+        &mut commit_us,
+        &mut stream_us,
+        &mut down_us,
+    ] {
         v.sort_unstable();
     }
     let r = DetectReport {
@@ -231,6 +258,8 @@ async fn measure(
         tracker_p99_ms: percentile_ms(&tracker_us, 99.0),
         committed_p50_ms: percentile_ms(&commit_us, 50.0),
         committed_p99_ms: percentile_ms(&commit_us, 99.0),
+        streamed_p50_ms: percentile_ms(&stream_us, 50.0),
+        streamed_p99_ms: percentile_ms(&stream_us, 99.0),
         host_losses,
         false_probes_lost: probes_lost.load(std::sync::atomic::Ordering::Relaxed),
         down_p50_ms: percentile_ms(&down_us, 50.0),

@@ -39,7 +39,7 @@ pub async fn follow(
             if json {
                 println!("{}", serde_json::to_string(&e).unwrap_or_default());
             } else {
-                print_event(&e);
+                print_event(&e.record);
             }
             true
         })

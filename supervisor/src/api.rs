@@ -185,6 +185,18 @@ pub struct MemberView {
     pub matched: Option<u64>,
 }
 
+/// One event of `events --follow`: the event and, when the supervisor
+/// that serves the stream applied it since it started, when (its clock,
+/// Unix ns). Served by the leader, that is when the event was committed
+/// and applied. JSON only (the event's fields flattened beside it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FollowedEvent {
+    #[serde(flatten)]
+    pub record: ClusterEvent,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_unix_ns: Option<u64>,
+}
+
 /// `railguard status`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct StatusView {

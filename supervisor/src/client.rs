@@ -22,8 +22,8 @@ use proto::v1::admin_client::AdminClient as Grpc;
 use proto::v1::{Blob, FollowRequest};
 use tonic::transport::Channel;
 
-use crate::api::{AdminCall, AdminReply, AdminRequest, ApiError, ErrorKind};
-use crate::model::{ClusterEvent, RequestId, MAX_SESSION_RESULTS};
+use crate::api::{AdminCall, AdminReply, AdminRequest, ApiError, ErrorKind, FollowedEvent};
+use crate::model::{RequestId, MAX_SESSION_RESULTS};
 pub use crate::network::ClientTls;
 
 /// Default time limit of one call.
@@ -305,7 +305,7 @@ impl AdminClient {
     pub async fn follow(
         &self,
         since: u64,
-        mut on_event: impl FnMut(ClusterEvent) -> bool,
+        mut on_event: impl FnMut(FollowedEvent) -> bool,
     ) -> Result<(), ApiError> {
         let mut tried: Vec<String> = Vec::new();
         for (addr, client) in &self.targets {
@@ -318,7 +318,7 @@ impl AdminClient {
                 Ok(stream) => {
                     let mut stream = stream.into_inner();
                     while let Some(item) = stream.message().await.map_err(ApiError::from)? {
-                        let ev: ClusterEvent = serde_json::from_slice(&item.body)
+                        let ev: FollowedEvent = serde_json::from_slice(&item.body)
                             .map_err(|e| ApiError::internal(format!("malformed event: {e}")))?;
                         if !on_event(ev) {
                             return Ok(());

@@ -27,5 +27,6 @@ pub mod leader;
 pub mod model;
 pub mod network;
 pub mod node;
+pub mod replica;
 pub mod service;
 pub mod topology;

@@ -33,6 +33,7 @@ use crate::api::{ApiError, ErrorKind, MemberView};
 use crate::config::SupervisorConfig;
 use crate::model::{ClusterState, CmdOk, Command, NodeId, Proposal, TypeConfig};
 use crate::network::PeerNetworkFactory;
+use crate::replica::Replica;
 use proto::v1::raft_peer_client::RaftPeerClient;
 use tonic::transport::Channel;
 
@@ -63,7 +64,7 @@ pub struct Supervisor {
     pub id: NodeId,
     pub config: SupervisorConfig,
     pub raft: Raft<TypeConfig>,
-    state: SharedApplied<TypeConfig, ClusterState>,
+    state: SharedApplied<TypeConfig, Replica>,
     proposals: mpsc::Sender<(Command, Reply)>,
     /// How this node dials its peers (its own certificate).
     pub client_tls: crate::network::ClientTls,
@@ -130,8 +131,7 @@ impl Supervisor {
         .map_err(|e| StartError::Raft(e.to_string()))?;
         let client_tls = crate::network::ClientTls::from_mode(&config.tls)?;
         let peer_clients = crate::network::PeerClients::new(client_tls.clone());
-        let (log, sm) =
-            raft_store::open::<TypeConfig, ClusterState>(&config.data_dir.join("raft"))?;
+        let (log, sm) = raft_store::open::<TypeConfig, Replica>(&config.data_dir.join("raft"))?;
         let archiver = crate::archive::Archiver::open(&config.data_dir.join("archive"))?;
         let state = sm.shared();
         let raft = Raft::new(
@@ -242,7 +242,14 @@ impl Supervisor {
     /// Reads the local (possibly stale) state.
     pub fn read<T>(&self, f: impl FnOnce(&ClusterState) -> T) -> T {
         let st = self.state.read().expect("state lock poisoned");
-        f(&st.model)
+        f(&st.model.state)
+    }
+
+    /// When event `seq` was applied on this member (its clock, Unix ns),
+    /// if this process applied it ([`Replica`]).
+    pub fn applied_unix_ns(&self, seq: u64) -> Option<u64> {
+        let st = self.state.read().expect("state lock poisoned");
+        st.model.applied_unix_ns(seq)
     }
 
     /// Reads the state linearizably: waits until this leader has applied

@@ -447,10 +447,12 @@ async fn follow_streams_new_events() {
         let c = c.clone();
         async move {
             let mut seen = Vec::new();
+            let mut applied = Vec::new();
             c.follow(0, |e| {
-                seen.push(e.event.clone());
+                seen.push(e.record.event.clone());
+                applied.push(e.applied_unix_ns);
                 !matches!(
-                    e.event,
+                    e.record.event,
                     Event::Admin {
                         action: AdminAction::Cordon,
                         ..
@@ -459,17 +461,27 @@ async fn follow_streams_new_events() {
             })
             .await
             .unwrap();
-            seen
+            (seen, applied)
         }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
+    let before_ns = unix_ns();
     c.call(write(AdminOp::Cordon { host: "h0".into() }), false)
         .await
         .unwrap();
-    let seen = tokio::time::timeout(Duration::from_secs(10), follower)
+    let answered_ns = unix_ns();
+    let (seen, applied) = tokio::time::timeout(Duration::from_secs(10), follower)
         .await
         .unwrap()
         .unwrap();
+    // The serving supervisor (the leader) says when it applied each event
+    // it applied: the cordon between the call and its answer.
+    assert!(applied.iter().all(Option::is_some), "{applied:?}");
+    let cordon_at = applied.last().copied().flatten().unwrap();
+    assert!(
+        (before_ns..=answered_ns).contains(&cordon_at),
+        "applied at {cordon_at}, call {before_ns}..{answered_ns}"
+    );
     assert!(
         matches!(seen[0], Event::ShippedPlaybooks { .. }),
         "{seen:?}"
@@ -986,4 +998,11 @@ async fn a_supervisor_that_let_a_call_time_out_is_skipped_while_another_answers(
         );
     }
     drop(stopped);
+}
+
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
 }

@@ -743,7 +743,11 @@ impl Admin for AdminService {
                 let (batch, _) = sup.read(|st| events_since(&st.events, since, 256, false));
                 for e in batch {
                     since = e.seq;
-                    let body = match serde_json::to_vec(&e) {
+                    let followed = crate::api::FollowedEvent {
+                        applied_unix_ns: sup.applied_unix_ns(e.seq),
+                        record: e,
+                    };
+                    let body = match serde_json::to_vec(&followed) {
                         Ok(b) => b,
                         Err(_) => continue,
                     };
