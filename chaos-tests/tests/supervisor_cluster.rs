@@ -782,3 +782,164 @@ async fn events_show_the_newest_and_status_fails_without_a_quorum() {
     assert!(err.contains("the cluster is unavailable"), "{err}");
     assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
 }
+
+/// A small tmpfs mounted over a directory, unmounted (lazily) when
+/// dropped, also on panic.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &std::path::Path, size: &str) -> Tmpfs {
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .expect("run mount");
+        assert!(st.success(), "mount tmpfs on {}", dir.display());
+        Tmpfs(dir.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// Writes zeros into `path` until the filesystem is full.
+fn fill(path: &std::path::Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    let chunk = vec![0u8; 1 << 20];
+    while f.write_all(&chunk).is_ok() {}
+    while f.write_all(&chunk[..4096]).is_ok() {}
+    let _ = f.sync_all();
+}
+
+/// Writes label updates through the cluster until member `id` exits by
+/// itself (at most 2,000); returns its exit status.
+async fn write_until_exit(
+    c: &mut SupervisorCluster,
+    client: &AdminClient,
+    id: u64,
+) -> std::process::ExitStatus {
+    for n in 0..2_000u64 {
+        let op = AdminOp::SetLabels {
+            host: "h0".into(),
+            set: BTreeMap::from([("n".into(), n.to_string())]),
+            remove: vec![],
+        };
+        let _ = client.call(AdminRequest::Write { op }, false).await;
+        if let Some(st) = c.exit_status(id) {
+            return st;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("member {id} still runs on a disk it cannot write");
+}
+
+/// Waits until member `id` has applied what the cluster has committed now.
+async fn caught_up(c: &SupervisorCluster, client: &AdminClient, id: u64) {
+    let target = match client.call(AdminRequest::Status, false).await.unwrap() {
+        AdminReply::Status(s) => s.commit_index,
+        other => panic!("{other:?}"),
+    };
+    let mine = c.client_for(id, Duration::from_secs(2)).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(AdminReply::Status(s)) = mine.call(AdminRequest::Status, true).await {
+            if s.applied_index >= target {
+                return;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "member {id} did not catch up to {target}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Issue: a leader whose disk filled went on as leader with a dead Raft
+/// core (it answered heartbeats, its liveness service marked hosts Down)
+/// while the others elected a new one; a follower with a full disk served
+/// stale reads and never recovered. Now a stopped Raft ends the process,
+/// the others carry on, and the member rejoins when it is started again
+/// on a disk it can write. Then the same under a follower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_whose_disk_fills_exits_and_rejoins_once_it_has_room() {
+    if !testbed::require_root("a_leader_whose_disk_fills_exits_and_rejoins_once_it_has_room")
+        .unwrap()
+    {
+        return;
+    }
+    let mut c = SupervisorCluster::start(3).unwrap();
+    let first = c.init().await.unwrap();
+    let client = c.client("chaos", 0, Duration::from_secs(5)).unwrap();
+    register_host(&c.addrs(), "h0", &c.agent_tls("h0").unwrap())
+        .await
+        .unwrap();
+    // Member 3's data moves onto a 64 MiB tmpfs, and it becomes leader.
+    let full = if first == 3 { 2 } else { 3 };
+    c.kill(full);
+    let dir = c.nodes[(full - 1) as usize].data_dir.clone();
+    let kept = dir.with_extension("before");
+    std::fs::rename(&dir, &kept).unwrap();
+    std::fs::create_dir(&dir).unwrap();
+    let _tmpfs = Tmpfs::mount(&dir, "64m");
+    let cp = std::process::Command::new("cp")
+        .arg("-a")
+        .arg(kept.join("."))
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    c.restart(full).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = client
+            .call(AdminRequest::TransferLeader { id: full }, false)
+            .await;
+        if r.is_ok() && c.wait_leader(Duration::from_secs(5)).await.ok() == Some(full) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "member {full} never led: {r:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Its disk fills; writes go on through the cluster.
+    let filler = dir.join("filler");
+    fill(&filler);
+    let status = write_until_exit(&mut c, &client, full).await;
+    assert!(!status.success(), "{status}");
+    let log = std::fs::read_to_string(c.log_of(full)).unwrap();
+    assert!(log.contains("Raft stopped"), "{log}");
+    // The others elect a leader and take writes.
+    let other = c.wait_leader(Duration::from_secs(10)).await.unwrap();
+    assert_ne!(other, full);
+    write(
+        &client,
+        AdminOp::SetLabels {
+            host: "h0".into(),
+            set: BTreeMap::from([("after".into(), "full".into())]),
+            remove: vec![],
+        },
+    )
+    .await;
+    // Room again: started once more, it catches up with the cluster.
+    std::fs::remove_file(&filler).unwrap();
+    c.restart(full).unwrap();
+    caught_up(&c, &client, full).await;
+    // The same under a follower. (A read-only remount is refused while
+    // the supervisor holds its files open for writing, and this kernel has
+    // no device-mapper to fail writes: a full disk is the fault here.)
+    assert_ne!(c.wait_leader(Duration::from_secs(10)).await.unwrap(), full);
+    fill(&filler);
+    let status = write_until_exit(&mut c, &client, full).await;
+    assert!(!status.success(), "{status}");
+    std::fs::remove_file(&filler).unwrap();
+    c.restart(full).unwrap();
+    caught_up(&c, &client, full).await;
+    c.kill(full);
+}

@@ -32,6 +32,28 @@ pub enum DaemonError {
     /// The gRPC server stopped with an error.
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    /// Raft stopped on its own: openraft stops a node on any storage
+    /// error (a full or read-only disk, a failed flush). The process exits
+    /// rather than go on with a dead Raft core — which kept reporting
+    /// itself leader, ran the leader's services on a frozen state and
+    /// served reads from it — and starts again from its data directory
+    /// when restarted (systemd's `Restart=on-failure`) once the disk can
+    /// be written.
+    #[error("Raft stopped ({0}); exiting: restart the supervisor once its data directory can be written again")]
+    RaftStopped(String),
+}
+
+/// Resolves when the Raft core stops by itself, with why.
+async fn raft_stopped(raft: openraft::Raft<crate::model::TypeConfig>) -> String {
+    let mut m = raft.metrics();
+    loop {
+        if let Err(fatal) = &m.borrow_and_update().running_state {
+            return fatal.to_string();
+        }
+        if m.changed().await.is_err() {
+            return "the Raft core ended".into();
+        }
+    }
 }
 
 /// Starts the supervisor and serves until `shutdown` resolves.
@@ -95,7 +117,15 @@ pub async fn run(
     }
     let leader = Leader::new(sup.clone());
     leader.spawn_loops();
-    crate::service::serve(leader, listener, tls, shutdown).await?;
-    let _ = sup.raft.shutdown().await;
-    Ok(())
+    tokio::select! {
+        served = crate::service::serve(leader, listener, tls, shutdown) => {
+            served?;
+            let _ = sup.raft.shutdown().await;
+            Ok(())
+        }
+        why = raft_stopped(sup.raft.clone()) => {
+            tracing::error!(error = %why, "Raft stopped; exiting");
+            Err(DaemonError::RaftStopped(why))
+        }
+    }
 }

@@ -338,6 +338,18 @@ impl SupervisorCluster {
         unsafe { libc::kill(pid as i32, signal) == 0 }
     }
 
+    /// Member `id`'s exit status once its process has ended by itself
+    /// (then it counts as stopped: `restart` starts it again); None while it
+    /// runs or was never started.
+    pub fn exit_status(&mut self, id: u64) -> Option<std::process::ExitStatus> {
+        let node = self.node_mut(id);
+        let status = node.child.as_mut()?.try_wait().ok().flatten()?;
+        if let Some(child) = node.child.take() {
+            crate::unregister_pid(child.id());
+        }
+        Some(status)
+    }
+
     /// SIGKILLs member `id` and reaps it.
     pub fn kill(&mut self, id: u64) {
         if let Some(mut child) = self.node_mut(id).child.take() {
