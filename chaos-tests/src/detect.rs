@@ -112,7 +112,8 @@ async fn measure(
     // Follow committed events from now on, as the leader serves them (with
     // its apply times).
     let since = c.last_event_seq()?;
-    let leader_addr = c.sup_addrs()[c.leader_index()?].clone();
+    let leader = c.leader_index()?;
+    let leader_addr = c.sup_addrs()[leader].clone();
     let mut cmd = c.tb.command(
         Node::Supervisor(0),
         bin_path("railguard")?.to_str().unwrap_or_default(),
@@ -186,8 +187,10 @@ async fn measure(
             let observed = e.observed_unix_ns.unwrap_or(arrived);
             tracker_us.push(observed.saturating_sub(t_inj) / 1000);
             stream_us.push(arrived.saturating_sub(t_inj) / 1000);
-            // Every event the leader applied since it started has its
-            // time; one without (a leader change) counts at its arrival.
+            // Every event the stream's supervisor applied since it
+            // started has its time (an event without one counts at its
+            // arrival); the run is valid only while that supervisor leads,
+            // checked at the end.
             if applied.is_none() {
                 unstamped += 1;
             }
@@ -237,6 +240,11 @@ async fn measure(
         })
         .await?;
     }
+    // The apply times are the leader's only if it led throughout.
+    let still_leads = c.leader_index().ok() == Some(leader);
+    if !still_leads {
+        eprintln!("[detect] the leader changed during the run: its apply times are a follower's from then on");
+    }
     let _ = child.kill().await;
     if unstamped > 0 {
         eprintln!("[detect] {unstamped} events had no apply time from the stream's supervisor (counted at their arrival)");
@@ -250,7 +258,7 @@ async fn measure(
         v.sort_unstable();
     }
     let r = DetectReport {
-        ok: true,
+        ok: still_leads,
         bench: "detect",
         flaps,
         transitions: tracker_us.len(),

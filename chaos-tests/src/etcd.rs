@@ -161,7 +161,17 @@ impl EtcdCluster {
             .map(|(i, (_, peer))| format!("e{i}=https://127.0.0.1:{peer}"))
             .collect::<Vec<_>>()
             .join(",");
-        let mut members = Vec::new();
+        let admin = lab.files(&pki::Identity::admin("bench", pki::Role::Admin)?)?;
+        let tls = pki::ClientTls::from_mode(&pki::TlsMode::Mtls(admin))?;
+        // From here on a failure drops the cluster, which kills what was
+        // started (and the chaos binary's Ctrl-C clean-up knows the pids).
+        let mut c = EtcdCluster {
+            members: Vec::new(),
+            tls,
+            dir: Some(dir),
+            run_dir: run_dir.clone(),
+            version: String::new(),
+        };
         for (i, (client, peer)) in ports.iter().enumerate() {
             // Supervisor certificates serve and dial (server and client
             // auth) and name 127.0.0.1: what an etcd member needs.
@@ -200,20 +210,12 @@ impl EtcdCluster {
                 .stdout(log.try_clone()?)
                 .stderr(log);
             let child = cmd.spawn().with_context(|| format!("start {ETCD_BIN}"))?;
-            members.push(Member {
+            testbed::register_pid(child.id());
+            c.members.push(Member {
                 client_addr: format!("127.0.0.1:{client}"),
                 child: Mutex::new(Some(child)),
             });
         }
-        let admin = lab.files(&pki::Identity::admin("bench", pki::Role::Admin)?)?;
-        let tls = pki::ClientTls::from_mode(&pki::TlsMode::Mtls(admin))?;
-        let mut c = EtcdCluster {
-            members,
-            tls,
-            dir: Some(dir),
-            run_dir,
-            version: String::new(),
-        };
         let (leader, _) = match c.leader(Duration::from_secs(30)).await {
             Ok(l) => l,
             Err(e) => {
@@ -316,5 +318,6 @@ fn kill_child(child: &Mutex<Option<Child>>) {
     if let Some(mut c) = taken {
         let _ = c.kill();
         let _ = c.wait();
+        testbed::unregister_pid(c.id());
     }
 }

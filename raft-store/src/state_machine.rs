@@ -28,7 +28,10 @@ const KEY_SNAPSHOT_DATA: &str = "data";
 ///
 /// `apply` must be deterministic: it may only depend on the model and the
 /// entry (no clocks, no randomness, no I/O), so every replica reaches the same
-/// state. Validation errors are part of the response, never a panic.
+/// state. (A model may keep local observations beside the replicated state,
+/// such as when it applied an entry, as long as they never feed back into
+/// it and `encode` leaves them out.) Validation errors are part of the
+/// response, never a panic.
 pub trait StateModel<C: RaftTypeConfig>: Default + Send + Sync + 'static + Sized {
     /// Applies one application entry at `log_id` and returns its response.
     fn apply(&mut self, log_id: &LogId<C::NodeId>, data: &C::D) -> C::R;

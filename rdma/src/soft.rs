@@ -141,37 +141,86 @@ fn socket_for(nic: &LocalNic) -> Result<TcpSocket, SoftError> {
 /// path being abandoned) leaves the peer's neighbour entry INCOMPLETE with
 /// its solicitation lost; the kernel re-solicits only after a second, and
 /// queues new packets (the next path's SYN) behind it. Deleting the entry
-/// makes the next packet solicit at once. Deleting a healthy entry costs one
-/// extra ARP exchange.
+/// makes the next packet solicit at once. Only INCOMPLETE and FAILED
+/// entries are deleted: a resolved entry is left alone, and so is a static
+/// (PERMANENT or NOARP) one, which a fabric with fixed neighbour tables
+/// could not get back.
 #[derive(Clone)]
 pub struct NeighbourRepair(rtnetlink::Handle);
 
+fn family_of(ip: IpAddr) -> netlink_packet_route::AddressFamily {
+    match ip {
+        IpAddr::V4(_) => netlink_packet_route::AddressFamily::Inet,
+        IpAddr::V6(_) => netlink_packet_route::AddressFamily::Inet6,
+    }
+}
+
+fn ifindex(nic: &str) -> Option<u32> {
+    let name = std::ffi::CString::new(nic).ok()?;
+    // SAFETY: if_nametoindex reads a NUL-terminated string we own.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    (index != 0).then_some(index)
+}
+
 impl NeighbourRepair {
-    /// Best effort: forgets `ip` on NIC `nic` (bounded to 100 ms).
+    /// Best effort: forgets `ip` on NIC `nic` if its entry is stuck
+    /// (INCOMPLETE or FAILED); the look-up and the delete are bounded to
+    /// 100 ms each.
     pub async fn forget(&self, nic: &str, ip: IpAddr) {
-        use netlink_packet_route::neighbour::{NeighbourAttribute, NeighbourMessage};
-        use netlink_packet_route::AddressFamily;
-        let Ok(name) = std::ffi::CString::new(nic) else {
+        use futures::TryStreamExt;
+        use netlink_packet_route::neighbour::{
+            NeighbourAddress, NeighbourAttribute, NeighbourState,
+        };
+        let Some(index) = ifindex(nic) else {
             return;
         };
-        // SAFETY: if_nametoindex reads a NUL-terminated string we own.
-        let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        if index == 0 {
-            return;
+        let want = NeighbourAddress::from(ip);
+        let look = async {
+            let mut dump = self
+                .0
+                .neighbours()
+                .get()
+                .set_address_family(family_of(ip))
+                .execute();
+            while let Ok(Some(m)) = dump.try_next().await {
+                let is_it = m.header.ifindex == index
+                    && m.attributes
+                        .iter()
+                        .any(|a| matches!(a, NeighbourAttribute::Destination(d) if *d == want));
+                if is_it {
+                    return Some(m.header.state);
+                }
+            }
+            None
+        };
+        match tokio::time::timeout(Duration::from_millis(100), look).await {
+            Ok(Some(NeighbourState::Incomplete | NeighbourState::Failed)) => {}
+            Ok(state) => {
+                tracing::trace!(nic, %ip, ?state, "neighbour entry not stuck; kept");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(nic, %ip, "neighbour look-up timed out");
+                return;
+            }
         }
+        self.delete(index, ip).await;
+    }
+
+    async fn delete(&self, index: u32, ip: IpAddr) {
+        use netlink_packet_route::neighbour::{NeighbourAttribute, NeighbourMessage};
         let mut msg = NeighbourMessage::default();
-        msg.header.family = match ip {
-            IpAddr::V4(_) => AddressFamily::Inet,
-            IpAddr::V6(_) => AddressFamily::Inet6,
-        };
+        msg.header.family = family_of(ip);
         msg.header.ifindex = index;
         msg.attributes
             .push(NeighbourAttribute::Destination(ip.into()));
         let req = self.0.neighbours().del(msg).execute();
         match tokio::time::timeout(Duration::from_millis(100), req).await {
-            Ok(Ok(())) => tracing::debug!(nic, %ip, "stuck neighbour entry forgotten"),
-            Ok(Err(e)) => tracing::trace!(nic, %ip, error = %e, "no neighbour entry to forget"),
-            Err(_) => tracing::debug!(nic, %ip, "neighbour delete timed out"),
+            Ok(Ok(())) => tracing::debug!(ifindex = index, %ip, "stuck neighbour entry forgotten"),
+            Ok(Err(e)) => {
+                tracing::trace!(ifindex = index, %ip, error = %e, "no neighbour entry to forget")
+            }
+            Err(_) => tracing::debug!(ifindex = index, %ip, "neighbour delete timed out"),
         }
     }
 }

@@ -187,8 +187,10 @@ pub struct MemberView {
 
 /// One event of `events --follow`: the event and, when the supervisor
 /// that serves the stream applied it since it started, when (its clock,
-/// Unix ns). Served by the leader, that is when the event was committed
-/// and applied. JSON only (the event's fields flattened beside it).
+/// Unix ns). On the member that led when the event was committed, that is
+/// when it was committed and applied; a follower's time is its own (later)
+/// apply, and entries replayed at start-up carry the start-up time. JSON
+/// only (the event's fields flattened beside it).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FollowedEvent {
     #[serde(flatten)]

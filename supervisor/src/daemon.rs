@@ -9,7 +9,7 @@ use crate::datadir;
 use crate::leader::services::Leader;
 use crate::node::Supervisor;
 
-/// Why the daemon could not start.
+/// Why the daemon could not start, or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
     /// The data directory cannot be created or is locked by another process.
@@ -33,13 +33,12 @@ pub enum DaemonError {
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
     /// Raft stopped on its own: openraft stops a node on any storage
-    /// error (a full or read-only disk, a failed flush). The process exits
-    /// rather than go on with a dead Raft core — which kept reporting
-    /// itself leader, ran the leader's services on a frozen state and
-    /// served reads from it — and starts again from its data directory
-    /// when restarted (systemd's `Restart=on-failure`) once the disk can
-    /// be written.
-    #[error("Raft stopped ({0}); exiting: restart the supervisor once its data directory can be written again")]
+    /// error (a full or read-only disk, a failed flush) and on its own
+    /// faults. The process exits rather than go on with a dead Raft core
+    /// — which kept reporting itself leader, ran the leader's services on
+    /// a frozen state and served reads from it — and starts again from its
+    /// data directory when restarted (systemd's `Restart=on-failure`).
+    #[error("Raft stopped ({0}); exiting. If that is a storage error, restart the supervisor once its data directory can be written again")]
     RaftStopped(String),
 }
 

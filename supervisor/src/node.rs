@@ -245,11 +245,11 @@ impl Supervisor {
         f(&st.model.state)
     }
 
-    /// When event `seq` was applied on this member (its clock, Unix ns),
-    /// if this process applied it ([`Replica`]).
-    pub fn applied_unix_ns(&self, seq: u64) -> Option<u64> {
+    /// Reads the local state with this member's apply times beside it
+    /// ([`Replica`]).
+    pub fn read_replica<T>(&self, f: impl FnOnce(&Replica) -> T) -> T {
         let st = self.state.read().expect("state lock poisoned");
-        st.model.applied_unix_ns(seq)
+        f(&st.model)
     }
 
     /// Reads the state linearizably: waits until this leader has applied

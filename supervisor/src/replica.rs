@@ -4,9 +4,13 @@
 //! model alone; the apply times are this process's and start empty after
 //! a restart or a snapshot install.
 //!
-//! On the leader, an event's apply time is when it was committed and
-//! applied: `bench detect` reads it (through `events --follow` served by
-//! the leader) instead of the moment the event reached a client.
+//! On the member that led when an event was committed, its apply time is
+//! when it was committed and applied: `bench detect` reads it (through
+//! `events --follow` served by the leader, checking that it led
+//! throughout) instead of the moment the event reached a client. A
+//! follower's times are its own applies; entries replayed at start-up get
+//! the start-up time. This is the one place the state machine reads a
+//! clock, and what it reads never enters the replicated model.
 
 use std::collections::VecDeque;
 
@@ -39,7 +43,8 @@ impl Replica {
     }
 }
 
-fn unix_ns() -> u64 {
+/// This machine's wall clock, Unix ns.
+pub fn unix_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)

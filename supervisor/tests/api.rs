@@ -465,11 +465,11 @@ async fn follow_streams_new_events() {
         }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let before_ns = unix_ns();
+    let before_ns = supervisor::replica::unix_ns();
     c.call(write(AdminOp::Cordon { host: "h0".into() }), false)
         .await
         .unwrap();
-    let answered_ns = unix_ns();
+    let answered_ns = supervisor::replica::unix_ns();
     let (seen, applied) = tokio::time::timeout(Duration::from_secs(10), follower)
         .await
         .unwrap()
@@ -516,8 +516,17 @@ async fn log_compaction_and_restart_keep_every_write() {
         .await
         .unwrap();
     }
-    let AdminReply::Status(st) = c.call(AdminRequest::Status, false).await.unwrap() else {
-        panic!()
+    // openraft builds snapshots in the background: the one after the
+    // last write may still be under way (asked again for up to 10 s).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let st = loop {
+        let AdminReply::Status(st) = c.call(AdminRequest::Status, false).await.unwrap() else {
+            panic!()
+        };
+        if st.snapshot_index.unwrap_or(0) >= 100 || std::time::Instant::now() > deadline {
+            break st;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(
         st.snapshot_index.unwrap_or(0) >= 100,
@@ -998,11 +1007,4 @@ async fn a_supervisor_that_let_a_call_time_out_is_skipped_while_another_answers(
         );
     }
     drop(stopped);
-}
-
-fn unix_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
 }

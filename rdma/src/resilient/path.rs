@@ -64,9 +64,9 @@ const DIAL_ATTEMPTS: usize = 4;
 
 /// Opens a path on one rail: a connect attempt now and, while none has
 /// succeeded, another every [`DIAL_STAGGER`] (at most [`DIAL_ATTEMPTS`]),
-/// all within `timeout`; before the second attempt a stuck neighbour entry
-/// for the peer is forgotten. (Without this, a SYN queued behind a lost
-/// ARP solicitation waits a second.) The first attempt to answer wins and
+/// all within `timeout`; before the first and the second attempt a stuck
+/// neighbour entry for the peer is forgotten. (Without this, a SYN queued
+/// behind a lost ARP solicitation waits a second.) The first attempt to answer wins and
 /// the others are dropped (the peer refuses a repeated hello for an epoch
 /// it already accepted).
 pub(super) async fn dial_rail(
@@ -91,11 +91,10 @@ pub(super) async fn dial_rail(
                 // (the entry went INCOMPLETE while the carrier was gone,
                 // and the kernel solicits again only after a second), and
                 // a dial that moves off a failed rail is exactly when that
-                // rail-mate is needed. So forget it before the first
-                // attempt too: a healthy entry costs one ARP exchange,
-                // a stuck one cost the 10 ms stagger in half the flaps of
-                // `bench failover`. (Before the second attempt the first
-                // one's SYN may have made a new stuck entry.)
+                // rail-mate is needed. So look before the first attempt
+                // too: a stuck entry cost the 10 ms stagger in half the
+                // flaps of `bench failover`. (Before the second attempt
+                // the first one's SYN may have left a new stuck entry.)
                 if let Some(r) = repair {
                     r.forget(&nic.name, remote.ip()).await;
                 }

@@ -184,10 +184,9 @@ impl ClusterState {
     /// Invariant: [`OpenIndex`] names exactly the open incidents and
     /// intents. Panics naming the difference.
     pub fn check_open_index(&self) {
-        let mut rebuilt = self.clone();
-        rebuilt.rebuild_open_index();
         assert_eq!(
-            self.open, rebuilt.open,
+            self.open,
+            self.open_index_from_maps(),
             "the open index (left) differs from the maps (right)"
         );
     }
@@ -277,7 +276,11 @@ impl ClusterState {
 
     /// Builds [`OpenIndex`] from the maps (after a snapshot is read).
     pub fn rebuild_open_index(&mut self) {
-        self.open = OpenIndex {
+        self.open = self.open_index_from_maps();
+    }
+
+    fn open_index_from_maps(&self) -> OpenIndex {
+        OpenIndex {
             incidents: self
                 .incidents
                 .values()
@@ -290,7 +293,7 @@ impl ClusterState {
                 .filter(|i| i.status == IntentStatus::Open)
                 .map(|i| i.id)
                 .collect(),
-        };
+        }
     }
 
     /// Jobs with a rank on `host`.

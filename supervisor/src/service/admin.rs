@@ -740,13 +740,18 @@ impl Admin for AdminService {
         tokio::spawn(async move {
             let mut applied = sup.raft.metrics();
             loop {
-                let (batch, _) = sup.read(|st| events_since(&st.events, since, 256, false));
-                for e in batch {
-                    since = e.seq;
-                    let followed = crate::api::FollowedEvent {
-                        applied_unix_ns: sup.applied_unix_ns(e.seq),
-                        record: e,
-                    };
+                let batch: Vec<crate::api::FollowedEvent> = sup.read_replica(|r| {
+                    let (batch, _) = events_since(&r.state.events, since, 256, false);
+                    batch
+                        .into_iter()
+                        .map(|e| crate::api::FollowedEvent {
+                            applied_unix_ns: r.applied_unix_ns(e.seq),
+                            record: e,
+                        })
+                        .collect()
+                });
+                for followed in batch {
+                    since = followed.record.seq;
                     let body = match serde_json::to_vec(&followed) {
                         Ok(b) => b,
                         Err(_) => continue,

@@ -3,7 +3,7 @@
 
 use crate::model::events::Event;
 use crate::model::hosts::Liveness;
-use crate::model::intents::{Action, IntentStatus};
+use crate::model::intents::Action;
 use crate::model::jobs::place::{eligible, placement_cut, placement_rails_cut, well_formed};
 use crate::model::jobs::types::{
     port_of, Exit, Job, JobCommand, JobOp, JobState, Rank, MAX_BACKOFF_MS, MAX_JOBS,
@@ -614,9 +614,8 @@ impl ClusterState {
                         }
                     }
                 }
-                let still_open = self.intents.values().any(|i| {
-                    i.status == IntentStatus::Open
-                        && matches!(&i.action, Action::CheckpointJob { job: ij, incarnation: ii, .. } if ij == job && ii == incarnation)
+                let still_open = self.open_intents().any(|i| {
+                    matches!(&i.action, Action::CheckpointJob { job: ij, incarnation: ii, .. } if ij == job && ii == incarnation)
                 });
                 if still_open {
                     return;
