@@ -18,7 +18,10 @@ set -euo pipefail
 # systemd provides systemd-analyze, which checks the packaged units, and
 # hostname names the host the package test's agent registers;
 # python3-yaml reads back the CLI's `--output yaml` in its test;
-# etcd-server is what `bench raft-commit --peer etcd` compares with.
+# etcd-server is what `bench raft-commit --peer etcd` compares with (on a
+# machine booted with systemd the package also starts its own etcd on
+# localhost:2379; the bench starts separate members on free ports and does
+# not use it: `systemctl disable --now etcd` stops it).
 PACKAGES=(build-essential pkg-config iproute2 python3 passwd
   libibverbs-dev librdmacm-dev libclang-dev libclang-common-14-dev
   python3-pytest python3-torch iperf3 systemd hostname python3-yaml

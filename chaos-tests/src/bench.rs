@@ -494,6 +494,22 @@ async fn run_levels(
         .collect())
 }
 
+/// Per level (paired in order): `num`'s rate over `den`'s (0 where `den`
+/// committed nothing).
+fn rate_ratios(num: &[Level], den: &[Level]) -> Vec<(usize, f64)> {
+    num.iter()
+        .zip(den)
+        .map(|(n, d)| {
+            let r = if d.per_s > 0.0 {
+                n.per_s / d.per_s
+            } else {
+                0.0
+            };
+            (n.clients, r)
+        })
+        .collect()
+}
+
 /// Runs the bench with `levels` client counts for `secs` each.
 pub async fn raft_commit(
     levels: &[usize],
@@ -537,23 +553,8 @@ pub async fn raft_commit_tls_cost(
     let mut reports = run_levels(&mut rigs, None, levels, secs, trials).await?;
     let tls = reports.pop().context("the mutual-TLS report")?;
     let plain = reports.pop().context("the plain-text report")?;
-    let ratios = |a: &[Level], b: &[Level]| -> Vec<(usize, f64)> {
-        a.iter()
-            .zip(b)
-            .map(|(p, t)| {
-                (
-                    p.clients,
-                    if p.per_s > 0.0 {
-                        t.per_s / p.per_s
-                    } else {
-                        0.0
-                    },
-                )
-            })
-            .collect()
-    };
-    let events_ratio = ratios(&plain.events, &tls.events);
-    let admin_ratio = ratios(&plain.admin_writes, &tls.admin_writes);
+    let events_ratio = rate_ratios(&tls.events, &plain.events);
+    let admin_ratio = rate_ratios(&tls.admin_writes, &plain.admin_writes);
     let min_ratio = events_ratio
         .iter()
         .chain(&admin_ratio)
@@ -700,29 +701,14 @@ pub async fn raft_commit_vs_etcd(
     let mut reports = run_levels(&mut rigs, Some(&mut etcd), levels, secs, trials).await?;
     let (rg_term1, etcd_term1) = (rigs[0].term().await?, etcd.term().await?);
     let railguard = reports.remove(0);
-    let ratio = |ours: &[Level]| -> Vec<(usize, f64)> {
-        ours.iter()
-            .zip(&etcd.levels)
-            .map(|(o, e)| {
-                (
-                    o.clients,
-                    if e.per_s > 0.0 {
-                        o.per_s / e.per_s
-                    } else {
-                        0.0
-                    },
-                )
-            })
-            .collect()
-    };
     let no_worse = |ours: &[Level]| -> Vec<(usize, bool)> {
         ours.iter()
             .zip(&etcd.levels)
             .map(|(o, e)| (o.clients, o.p99_ms <= e.p99_ms))
             .collect()
     };
-    let events_ratio = ratio(&railguard.events);
-    let admin_ratio = ratio(&railguard.admin_writes);
+    let events_ratio = rate_ratios(&railguard.events, &etcd.levels);
+    let admin_ratio = rate_ratios(&railguard.admin_writes, &etcd.levels);
     let events_p99_no_worse = no_worse(&railguard.events);
     let admin_p99_no_worse = no_worse(&railguard.admin_writes);
     for ((c, e), (_, a)) in events_ratio.iter().zip(&admin_ratio) {

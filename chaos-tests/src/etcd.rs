@@ -192,23 +192,20 @@ impl EtcdCluster {
                 .args(["--initial-cluster-state", "new"])
                 .args(["--initial-cluster-token", "railguard-bench"])
                 .args(["--logger", "zap", "--log-level", "warn"])
-                .arg("--cert-file")
-                .arg(&files.cert)
-                .arg("--key-file")
-                .arg(&files.key)
-                .arg("--trusted-ca-file")
-                .arg(&files.ca)
-                .arg("--client-cert-auth")
-                .arg("--peer-cert-file")
-                .arg(&files.cert)
-                .arg("--peer-key-file")
-                .arg(&files.key)
-                .arg("--peer-trusted-ca-file")
-                .arg(&files.ca)
-                .arg("--peer-client-cert-auth")
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log);
+            // The same certificate for clients and for peers, each side
+            // requiring one of the CA's.
+            for side in ["", "peer-"] {
+                cmd.arg(format!("--{side}cert-file"))
+                    .arg(&files.cert)
+                    .arg(format!("--{side}key-file"))
+                    .arg(&files.key)
+                    .arg(format!("--{side}trusted-ca-file"))
+                    .arg(&files.ca)
+                    .arg(format!("--{side}client-cert-auth"));
+            }
             let child = cmd.spawn().with_context(|| format!("start {ETCD_BIN}"))?;
             testbed::register_pid(child.id());
             c.members.push(Member {
