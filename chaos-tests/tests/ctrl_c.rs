@@ -7,13 +7,28 @@ use std::time::Duration;
 
 use testbed::{netns, require_root, OWNER_DIR};
 
-/// Ctrl-C (SIGINT) on a running scenario removes its namespaces and kills
-/// its processes.
+/// Ctrl-C (SIGINT) on a running scenario removes its namespaces, kills
+/// its processes and removes its run directory.
 #[test]
 fn ctrl_c_on_a_scenario_leaves_nothing_behind() {
     if !require_root("testbed::ctrl_c").unwrap() {
         return;
     }
+    let run_dirs = || -> std::collections::BTreeSet<std::path::PathBuf> {
+        std::fs::read_dir(std::env::temp_dir())
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .starts_with("railguard-net-")
+                    })
+                    .map(|e| e.path())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let dirs_before = run_dirs();
     let bin = testbed::cluster::bin_path("railguard-chaos").unwrap();
     let mut child = std::process::Command::new(bin)
         .args([
@@ -62,6 +77,8 @@ fn ctrl_c_on_a_scenario_leaves_nothing_behind() {
     unsafe { libc::kill(pid as i32, libc::SIGINT) };
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
+    let left: Vec<_> = run_dirs().difference(&dirs_before).cloned().collect();
+    assert!(left.is_empty(), "run directories left: {left:?}");
     for p in &prefixes {
         assert!(
             netns::list(&format!("{p}-")).is_empty(),

@@ -1,7 +1,9 @@
-//! Cleanup of testbeds: the registry of live namespaces and processes
-//! that a Ctrl-C handler flushes ([`cleanup_all_live`]), owner files, and
-//! the sweeper that removes leftovers of dead runs ([`sweep`]).
+//! Cleanup of testbeds: the registry of live namespaces, processes and
+//! run directories that a Ctrl-C handler flushes ([`cleanup_all_live`]),
+//! owner files, and the sweeper that removes leftovers of dead runs
+//! ([`sweep`]).
 
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use crate::plan::NS_PREFIX;
@@ -14,6 +16,26 @@ static LIVE: Mutex<Vec<(Vec<String>, Vec<u32>)>> = Mutex::new(Vec::new());
 
 /// Other processes of this run (e.g. loopback supervisors) to kill on Ctrl-C.
 static LIVE_PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
+/// Run directories of live clusters (logs, sockets, certificates), removed
+/// on Ctrl-C unless `RAILGUARD_KEEP_RUN_DIR` is set.
+static LIVE_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Registers a run directory for [`cleanup_all_live`].
+pub fn register_dir(dir: &Path) {
+    LIVE_DIRS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(dir.to_path_buf());
+}
+
+/// Forgets a run directory its owner removed or kept.
+pub fn unregister_dir(dir: &Path) {
+    LIVE_DIRS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|d| d != dir);
+}
 
 /// Registers a process for [`cleanup_all_live`].
 pub fn register_pid(pid: u32) {
@@ -31,8 +53,9 @@ pub fn unregister_pid(pid: u32) {
         .retain(|p| *p != pid);
 }
 
-/// Kills every registered process and deletes every registered namespace
-/// (for a SIGINT handler; `Drop` does the same for one testbed).
+/// Kills every registered process, deletes every registered namespace and
+/// removes every registered run directory (for a SIGINT handler; `Drop`
+/// does the same for one testbed).
 pub fn cleanup_all_live() {
     for pid in std::mem::take(&mut *LIVE_PIDS.lock().unwrap_or_else(|e| e.into_inner())) {
         // SAFETY: signalling a process this run started.
@@ -46,6 +69,12 @@ pub fn cleanup_all_live() {
         }
         for n in names {
             let _ = crate::netns::delete(&n);
+        }
+    }
+    let dirs = std::mem::take(&mut *LIVE_DIRS.lock().unwrap_or_else(|e| e.into_inner()));
+    if std::env::var_os("RAILGUARD_KEEP_RUN_DIR").is_none() {
+        for d in dirs {
+            let _ = std::fs::remove_dir_all(&d);
         }
     }
 }

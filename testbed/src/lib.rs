@@ -59,7 +59,9 @@ pub mod netns;
 pub mod plan;
 
 pub use bed::{require_root, FlapPattern, LinkStatus, Side, Testbed};
-pub use cleanup::{cleanup_all_live, register_pid, sweep, unregister_pid, OWNER_DIR};
+pub use cleanup::{
+    cleanup_all_live, register_dir, register_pid, sweep, unregister_dir, unregister_pid, OWNER_DIR,
+};
 pub use leaf::{LeafSplit, TestbedOptions, UplinkStats};
 pub use netns::Netns;
 pub use plan::{host_name, mgmt_addr, rail_addr, Node, TestbedSpec, NS_PREFIX};

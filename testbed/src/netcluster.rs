@@ -110,6 +110,7 @@ impl NetCluster {
             .prefix("railguard-net-")
             .tempdir()?;
         std::fs::set_permissions(run_dir.path(), std::fs::Permissions::from_mode(0o755))?;
+        crate::cleanup::register_dir(run_dir.path());
         let topology_file = if split {
             let path = run_dir.path().join("topology.toml");
             let text = toml::to_string(&tb.topology()).context("serialise the topology")?;
@@ -408,6 +409,7 @@ impl NetCluster {
 
 impl Drop for NetCluster {
     fn drop(&mut self) {
+        crate::cleanup::unregister_dir(self.run_dir.path());
         if self.keep_on_drop.load(std::sync::atomic::Ordering::Relaxed) {
             self.run_dir.disable_cleanup(true);
             eprintln!("run directory kept: {}", self.run_dir.path().display());
