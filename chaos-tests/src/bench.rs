@@ -297,15 +297,14 @@ impl Rig {
 
     async fn events(&mut self, clients: usize, secs: f64) -> anyhow::Result<Trial> {
         let (window, cpu) = cpu_window(self.pids(), secs);
-        let rest = self.agents.split_off(clients);
-        let agents = std::mem::replace(&mut self.agents, rest);
+        // The first `clients` agents run; they come back to their places.
+        let agents: Vec<EventClient> = self.agents.drain(..clients).collect();
         let (lat, errors, agents) = closed_loop(agents, window, |mut a: EventClient, _| async {
             let r = a.next().await;
             (a, r)
         })
         .await?;
-        let rest = std::mem::replace(&mut self.agents, agents);
-        self.agents.extend(rest);
+        self.agents.splice(0..0, agents);
         trial((lat, errors), cpu).await
     }
 

@@ -860,19 +860,14 @@ async fn caught_up(c: &SupervisorCluster, client: &AdminClient, id: u64) {
         other => panic!("{other:?}"),
     };
     let mine = c.client_for(id, Duration::from_secs(2)).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(AdminReply::Status(s)) = mine.call(AdminRequest::Status, true).await {
-            if s.applied_index >= target {
-                return;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "member {id} did not catch up to {target}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    read_until(
+        &mine,
+        AdminRequest::Status,
+        Duration::from_millis(100),
+        &format!("member {id} did not catch up to {target}"),
+        |r| matches!(r, AdminReply::Status(s) if s.applied_index >= target),
+    )
+    .await;
 }
 
 /// Issue: a leader whose disk filled went on as leader with a dead Raft
