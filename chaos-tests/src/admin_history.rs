@@ -277,12 +277,27 @@ pub struct HistoryVerdict {
     /// line (for diagnosis).
     #[serde(skip)]
     pub failed_histories: Vec<(String, String)>,
+    /// When each successful operation returned (ms since the load
+    /// started), sorted: scenarios measure their own windows in it.
+    #[serde(skip)]
+    pub successes: Vec<u64>,
 }
 
 impl HistoryVerdict {
     /// Every check passed.
     pub fn ok(&self) -> bool {
         self.linearizable && self.lost_ops == 0 && self.unexpected.is_empty() && self.acked_ops > 0
+    }
+
+    /// Writes the history of every host that failed the check into `dir`
+    /// (`history-<host>.txt`, one operation per line), for diagnosis.
+    pub fn keep_failed(&self, dir: &std::path::Path, scenario: &str) {
+        for (host, text) in &self.failed_histories {
+            let path = dir.join(format!("history-{host}.txt"));
+            if std::fs::write(&path, text).is_ok() {
+                eprintln!("[{scenario}] history written to {}", path.display());
+            }
+        }
     }
 }
 
@@ -415,7 +430,9 @@ impl HistoryLoad {
         }
         let linearizable = verdicts.iter().all(|v| *v == Verdict::Linearizable);
         let undecided = verdicts.contains(&Verdict::Undecided);
-        let (gap_at, max_unavailable_ms) = longest_gap(rec.successes.lock().unwrap().clone());
+        let mut successes = rec.successes.lock().unwrap().clone();
+        successes.sort_unstable();
+        let (gap_at, max_unavailable_ms) = longest_gap(successes.clone());
         let unexpected = rec.unexpected.lock().unwrap().clone();
         let unknown_causes = rec.unknown_causes.lock().unwrap().clone();
         Ok(HistoryVerdict {
@@ -438,6 +455,7 @@ impl HistoryLoad {
             max_unavailable_at_ms: gap_at,
             unknown_causes,
             failed_histories,
+            successes,
         })
     }
 }
@@ -595,13 +613,7 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
     for (cause, n) in &v.unknown_causes {
         eprintln!("[{scenario}] {n} outcomes unknown: {cause}");
     }
-    for (host, text) in &v.failed_histories {
-        // Kept for diagnosis, one operation per line.
-        let path = cluster.run_dir.join(format!("history-{host}.txt"));
-        if std::fs::write(&path, text).is_ok() {
-            eprintln!("[{scenario}] history written to {}", path.display());
-        }
-    }
+    v.keep_failed(&cluster.run_dir, scenario);
     for u in v.unexpected.iter().take(5) {
         eprintln!("[{scenario}] unexpected: {u}");
     }

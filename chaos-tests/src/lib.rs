@@ -11,6 +11,8 @@
 //!   cluster and client it compares with (`--peer etcd`).
 //! - [`detect`]: the `detect` benchmark (flap and host-loss detection times).
 //! - [`demo`]: the README's first command.
+//! - [`disk_faults`]: `disk-faults` (supervisors' disks that fill, turn
+//!   read-only or stall, under admin writes; clock steps on hosts).
 //! - [`nic_flap`]: the `nic-flap` scenario and its transition checker.
 //! - [`qp`]: traffic over resilient connections between testbed hosts: the
 //!   `qp-migrate` scenario and the `failover` bench.
@@ -36,6 +38,7 @@ pub mod clock_sync;
 pub mod contention;
 pub mod demo;
 pub mod detect;
+pub mod disk_faults;
 pub mod etcd;
 pub mod gray_link;
 pub mod linearizability;

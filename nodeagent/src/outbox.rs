@@ -22,6 +22,7 @@
 //! the others; the variants are appended to [`Report`], so an outbox written
 //! by an older agent still reads (format 2).
 
+use durable_sled::DurableDb;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -106,7 +107,7 @@ fn corrupt(e: impl std::fmt::Display) -> OutboxError {
 
 /// The outbox.
 pub struct Outbox {
-    db: sled::Db,
+    db: DurableDb,
     queue: sled::Tree,
     meta: sled::Tree,
     path: String,
@@ -123,7 +124,7 @@ impl Outbox {
             path: path.clone(),
             source,
         };
-        let db = sled::Config::new().path(dir).open().map_err(e)?;
+        let db = DurableDb::open_path(dir).map_err(e)?;
         let queue = db.open_tree("queue").map_err(e)?;
         let meta = db.open_tree("meta").map_err(e)?;
         let next_seq = match meta.get(KEY_NEXT).map_err(e)? {
@@ -334,7 +335,7 @@ impl Outbox {
 
     /// The database and its path, for other durable agent state (the job
     /// launcher's trees).
-    pub fn database(&self) -> (sled::Db, String) {
+    pub fn database(&self) -> (DurableDb, String) {
         (self.db.clone(), self.path.clone())
     }
 
@@ -402,7 +403,7 @@ pub const ORDER_LOG_FORMAT: u32 = 2;
 /// Executed orders by id (durable, the `capacity` highest ids kept).
 #[derive(Clone)]
 pub struct OrderLog {
-    db: sled::Db,
+    db: DurableDb,
     tree: sled::Tree,
     path: String,
     capacity: usize,
@@ -410,7 +411,7 @@ pub struct OrderLog {
 
 impl OrderLog {
     /// Opens the tree, checking its format and migrating format 1.
-    fn open(db: &sled::Db, path: &str, capacity: usize) -> Result<OrderLog, OutboxError> {
+    fn open(db: &DurableDb, path: &str, capacity: usize) -> Result<OrderLog, OutboxError> {
         let e = |source| OutboxError::Sled {
             path: path.to_owned(),
             source,

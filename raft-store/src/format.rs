@@ -19,6 +19,7 @@
 //! but no marker was written before records carried a version and is
 //! refused ([`StoreError::Unversioned`]): its records would be misread.
 
+use durable_sled::DurableDb;
 use std::fmt::Display;
 use std::path::Path;
 
@@ -157,7 +158,7 @@ pub(crate) fn decode_raw<'a>(
 
 /// Checks the store marker of the database in `dir`, writing it (flushed)
 /// into a database that holds nothing yet.
-pub(crate) fn check_store(db: &sled::Db, dir: &Path) -> Result<(), StoreError> {
+pub(crate) fn check_store(db: &DurableDb, dir: &Path) -> Result<(), StoreError> {
     let sled_err = |source| StoreError::Sled {
         path: dir.display().to_string(),
         source,

@@ -5,7 +5,10 @@
 //! - [`SledLogStore`]: the Raft log, the vote, the committed log id and the
 //!   purge marker. Every write that openraft must be able to rely on after a
 //!   crash (appends, votes, truncation, purge) is flushed before it is
-//!   acknowledged.
+//!   acknowledged — through [`durable_sled::DurableDb`], whose flush also
+//!   fsyncs what sled's own leaves to the filesystem's next journal commit,
+//!   so "flushed" holds across a machine crash or a disk error, not only a
+//!   killed process.
 //! - [`SledStateMachine`]: applies committed entries to an in-memory
 //!   [`StateModel`] and persists snapshots (meta and data) in sled. After a
 //!   restart the model is loaded from the last snapshot and openraft re-applies
@@ -41,6 +44,8 @@ mod state_machine;
 
 use std::path::Path;
 
+use durable_sled::DurableDb;
+
 pub use error::StoreError;
 pub use format::FORMAT_VERSION;
 pub use log_store::SledLogStore;
@@ -61,14 +66,12 @@ where
     C::D: serde::Serialize + serde::de::DeserializeOwned,
     M: StateModel<C>,
 {
-    let db = sled::Config::new()
-        .path(dir)
-        .mode(sled::Mode::HighThroughput)
-        .open()
-        .map_err(|source| StoreError::Sled {
+    let db = DurableDb::open(sled::Config::new().mode(sled::Mode::HighThroughput), dir).map_err(
+        |source| StoreError::Sled {
             path: dir.display().to_string(),
             source,
-        })?;
+        },
+    )?;
     format::check_store(&db, dir)?;
     let log = SledLogStore::new(&db, M::FORMAT_VERSION).map_err(|source| StoreError::Sled {
         path: dir.display().to_string(),

@@ -2,9 +2,11 @@
 //!
 //! **Durability:** an append is reported to openraft (through `LogFlushed`)
 //! only after `flush_async` has completed, and votes, truncations and purges
-//! are flushed before they return. A crash therefore never loses something
+//! are flushed before they return (a durable flush: `durable_sled`). A
+//! crash, of the process or of the machine, therefore never loses something
 //! openraft was told is stored.
 
+use durable_sled::DurableDb;
 use std::fmt::Debug;
 use std::marker::PhantomData;
 use std::ops::{Bound, RangeBounds};
@@ -29,7 +31,7 @@ const KEY_LAST_PURGED: &[u8] = b"last_purged";
 /// Cloning is cheap (sled handles are reference counted); clones serve as
 /// openraft's log readers and see every flushed write.
 pub struct SledLogStore<C: RaftTypeConfig> {
-    db: sled::Db,
+    db: DurableDb,
     log: sled::Tree,
     meta: sled::Tree,
     /// The model's format byte in every entry written and read.
@@ -79,7 +81,7 @@ where
     C: RaftTypeConfig<Entry = Entry<C>>,
     C::D: Serialize + DeserializeOwned,
 {
-    pub(crate) fn new(db: &sled::Db, model_format: u8) -> Result<Self, sled::Error> {
+    pub(crate) fn new(db: &DurableDb, model_format: u8) -> Result<Self, sled::Error> {
         Ok(Self {
             db: db.clone(),
             log: db.open_tree(TREE_LOG)?,

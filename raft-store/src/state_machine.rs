@@ -7,6 +7,7 @@
 //! openraft is told they exist, so a purge never removes log entries that are
 //! not covered by a durable snapshot.
 
+use durable_sled::DurableDb;
 use std::io::Cursor;
 use std::marker::PhantomData;
 use std::path::Path;
@@ -69,7 +70,7 @@ pub type SharedApplied<C, M> = Arc<RwLock<Applied<C, M>>>;
 
 /// The state machine half of the store.
 pub struct SledStateMachine<C: RaftTypeConfig, M> {
-    db: sled::Db,
+    db: DurableDb,
     snapshots: sled::Tree,
     state: SharedApplied<C, M>,
     snapshot_seq: u64,
@@ -83,7 +84,7 @@ where
     C: RaftTypeConfig<Entry = Entry<C>, SnapshotData = Cursor<Vec<u8>>>,
     M: StateModel<C>,
 {
-    pub(crate) fn new(db: &sled::Db, dir: &Path) -> Result<Self, StoreError> {
+    pub(crate) fn new(db: &DurableDb, dir: &Path) -> Result<Self, StoreError> {
         let sled_err = |source| StoreError::Sled {
             path: dir.display().to_string(),
             source,
@@ -162,7 +163,7 @@ where
 
 /// Writes snapshot meta and data in one batch and flushes them.
 async fn persist_snapshot<C: RaftTypeConfig>(
-    db: &sled::Db,
+    db: &DurableDb,
     snapshots: &sled::Tree,
     meta: &Meta<C>,
     data: &[u8],
@@ -183,7 +184,7 @@ async fn persist_snapshot<C: RaftTypeConfig>(
 
 /// Builds snapshots from the shared applied state.
 pub struct SledSnapshotBuilder<C: RaftTypeConfig, M> {
-    db: sled::Db,
+    db: DurableDb,
     snapshots: sled::Tree,
     state: SharedApplied<C, M>,
     seq: u64,

@@ -53,10 +53,12 @@ pub fn unregister_pid(pid: u32) {
         .retain(|p| *p != pid);
 }
 
-/// Kills every registered process, deletes every registered namespace and
-/// removes every registered run directory (for a SIGINT handler; `Drop`
-/// does the same for one testbed).
+/// Undoes every test disk, kills every registered process, deletes every
+/// registered namespace and removes every registered run directory (for a
+/// SIGINT handler; `Drop` does the same for one testbed).
 pub fn cleanup_all_live() {
+    // First, since a process blocked on a frozen disk cannot die.
+    crate::disk::cleanup_disks();
     for pid in std::mem::take(&mut *LIVE_PIDS.lock().unwrap_or_else(|e| e.into_inner())) {
         // SAFETY: signalling a process this run started.
         unsafe { libc::kill(pid as i32, libc::SIGKILL) };

@@ -116,7 +116,28 @@ impl SupervisorCluster {
         Self::start_full(n, extra_args, true, filter)
     }
 
+    /// Like [`Self::start_with`], calling `prepare` with each member
+    /// before it starts (e.g. to mount a test disk on its data directory).
+    pub fn start_prepared(
+        n: usize,
+        extra_args: &[&str],
+        prepare: impl FnMut(&SupNode) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Self> {
+        let filter = std::env::var("RAILGUARD_SUP_LOG").unwrap_or_else(|_| DEFAULT_LOG.into());
+        Self::start_full_prepared(n, extra_args, true, &filter, prepare)
+    }
+
     fn start_full(n: usize, extra_args: &[&str], mtls: bool, filter: &str) -> anyhow::Result<Self> {
+        Self::start_full_prepared(n, extra_args, mtls, filter, |_| Ok(()))
+    }
+
+    fn start_full_prepared(
+        n: usize,
+        extra_args: &[&str],
+        mtls: bool,
+        filter: &str,
+        mut prepare: impl FnMut(&SupNode) -> anyhow::Result<()>,
+    ) -> anyhow::Result<Self> {
         let bin = bin_path("railguard-supervisor")?;
         let dir = tempfile::Builder::new()
             .prefix("railguard-chaos-")
@@ -149,6 +170,7 @@ impl SupervisorCluster {
             pki,
         };
         for id in 1..=n as u64 {
+            prepare(c.node(id))?;
             c.restart(id)?;
         }
         Ok(c)
@@ -461,6 +483,9 @@ impl Drop for SupervisorCluster {
         for id in ids {
             self.kill(id);
         }
+        // A test disk still mounted on a data directory (its owner failed
+        // half-way) would keep the run directory from being removed.
+        crate::disk::unmount_under(&self.run_dir);
         if std::env::var_os("RAILGUARD_KEEP").is_some() {
             let p = self.keep();
             eprintln!("kept run directory {}", p.display());

@@ -31,6 +31,9 @@
 //!   processes on loopback (SIGKILL, restart, joiners), and
 //!   [`cluster::bin_path`], how every scenario finds the workspace's
 //!   binaries.
+//! - [`disk`]: [`disk::LoopDisk`], a small ext4 filesystem on a loop
+//!   device that fills, turns read-only or freezes on demand (the disk
+//!   faults of `scenario disk-faults`).
 //! - [`agentsim`]: a client of the agent API that stands in for agents on
 //!   loopback clusters.
 //! - [`netcluster`]: supervisors and agents running inside the testbed.
@@ -50,6 +53,7 @@ pub mod bulk;
 pub mod burst;
 pub mod cleanup;
 pub mod cluster;
+pub mod disk;
 pub mod drops;
 pub mod job_user;
 pub mod jobsim;

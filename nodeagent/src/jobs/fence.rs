@@ -3,6 +3,7 @@
 //! covered. The launcher decides with them (stale incarnations are
 //! refused); this module only stores them, bounded by [`MAX_FENCES`].
 
+use durable_sled::DurableDb;
 use std::collections::HashSet;
 
 use serde::{Deserialize, Serialize};
@@ -30,7 +31,7 @@ pub(crate) struct Fence {
 /// The `job_fences` tree.
 #[derive(Clone)]
 pub(crate) struct FenceStore {
-    db: sled::Db,
+    db: DurableDb,
     tree: sled::Tree,
 }
 
@@ -38,7 +39,7 @@ impl FenceStore {
     /// Opens the tree in the agent's database (at `path`), checking its
     /// format ([`FENCE_FORMAT`]; a tree written before formats were kept is
     /// that format and is stamped now).
-    pub(crate) fn open(db: &sled::Db, path: &str) -> Result<FenceStore, FormatError> {
+    pub(crate) fn open(db: &DurableDb, path: &str) -> Result<FenceStore, FormatError> {
         let tree = db
             .open_tree(FENCE_TREE)
             .map_err(|source| FormatError::Sled {

@@ -3,6 +3,7 @@
 //! in the outbox, so a restarted agent finds (and reports) the ranks an
 //! earlier run left.
 
+use durable_sled::DurableDb;
 use serde::{Deserialize, Serialize};
 
 use crate::store_format::{self, FormatError};
@@ -46,7 +47,7 @@ fn record_key(k: &RankKey) -> Vec<u8> {
 /// The `job_ranks` tree.
 #[derive(Clone)]
 pub(crate) struct RankStore {
-    db: sled::Db,
+    db: DurableDb,
     tree: sled::Tree,
 }
 
@@ -54,7 +55,7 @@ impl RankStore {
     /// Opens the tree in the agent's database (at `path`), checking its
     /// format ([`RANK_FORMAT`]; a tree written before formats were kept is
     /// that format and is stamped now).
-    pub(crate) fn open(db: &sled::Db, path: &str) -> Result<RankStore, FormatError> {
+    pub(crate) fn open(db: &DurableDb, path: &str) -> Result<RankStore, FormatError> {
         let tree = db
             .open_tree(RANK_TREE)
             .map_err(|source| FormatError::Sled {

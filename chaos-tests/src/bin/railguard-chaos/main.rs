@@ -19,9 +19,11 @@ use serde::Serialize;
 /// Large messages are allocated and freed at GB/s on the receive path;
 /// mimalloc keeps freed pages for reuse where glibc returns them to the
 /// kernel and faults them in again (measured: up to 2x on `bench failover`).
+mod fault_runs;
 mod runner;
 mod training_runs;
 
+use fault_runs::DiskFaults;
 use runner::{need_root, report, value_report, Outcome, Runner};
 use training_runs::{
     CutOffHost, Drain, Goodput, HostLoss, NoCommonRail, TcpFailover, TorchDrain, TorchGoodput,
@@ -154,6 +156,14 @@ const SCENARIOS: &[Entry] = &[
          admin writes and linearizable reads on loopback (no acknowledged write lost, \
          linearizable), then NIC flap storms with playbook orders in a netns cluster (every \
          playbook completes, no order executed twice). Needs root",
+    ),
+    entry::<DiskFaults>(
+        "disk-faults",
+        "Each supervisor on its own small ext4 disk: the leader's disk, then a follower's, \
+         fills, turns read-only (an ext4 error) and stalls (frozen) under admin writes and \
+         linearizable reads; the member stops on a failed write and catches up once repaired \
+         and restarted, survives a stall, no acknowledged write is lost and the history is \
+         linearizable. Needs root",
     ),
     entry::<Partitions>(
         "partitions",

@@ -1,0 +1,45 @@
+//! Runners of the fault scenarios that grew beside the first ones.
+
+use std::time::Duration;
+
+use anyhow::ensure;
+use clap::Args;
+
+use crate::runner::{need_root, report, Outcome, Runner};
+
+#[derive(Args, Debug)]
+pub(crate) struct DiskFaults {
+    /// How long a stalled disk stays frozen, in seconds.
+    #[arg(long, default_value_t = 5.0)]
+    stall_s: f64,
+    /// Concurrent admin clients writing and reading throughout.
+    #[arg(long, default_value_t = 4)]
+    clients: usize,
+    /// Seconds of load before each fault and after the last.
+    #[arg(long, default_value_t = 2.0)]
+    settle_s: f64,
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+}
+
+impl Runner for DiskFaults {
+    async fn run(self, what: String) -> Outcome {
+        need_root(&what)?;
+        ensure!(
+            self.stall_s.is_finite() && (1.0..=60.0).contains(&self.stall_s),
+            "--stall-s takes 1..=60"
+        );
+        ensure!(
+            self.settle_s.is_finite() && (0.5..=60.0).contains(&self.settle_s),
+            "--settle-s takes 0.5..=60"
+        );
+        let r = chaos_tests::disk_faults::disk_faults(chaos_tests::disk_faults::DiskFaultsRun {
+            stall: Duration::from_secs_f64(self.stall_s),
+            clients: self.clients,
+            seed: self.seed,
+            settle: Duration::from_secs_f64(self.settle_s),
+        })
+        .await?;
+        report(r.ok, &r)
+    }
+}
