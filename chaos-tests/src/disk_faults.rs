@@ -22,7 +22,11 @@
 //! Checked over the whole run: every acknowledged write survives
 //! (`lost_acked_ops`), the history is linearizable, no member panics.
 //!
-//! **Clock steps** ([`clock_steps`]): see that function.
+//! **Clock steps** ([`clock_steps`]): two hosts' clocks step by ±1 s (the
+//! agents' test clock, as an NTP daemon steps a clock) and back, in a
+//! netns cluster with the probe mesh and the contention detector running:
+//! no NIC, host or contention finding may follow, and the clock solution
+//! must follow the steps.
 
 use std::time::{Duration, Instant};
 
@@ -50,6 +54,10 @@ pub struct DiskFaultsRun {
     pub seed: u64,
     /// Load between two faults.
     pub settle: Duration,
+    /// Size of the clock steps (`None`: no clock part).
+    pub clock_step: Option<Duration>,
+    /// Time between a step and the step back.
+    pub clock_gap: Duration,
 }
 
 /// One fault and what it did.
@@ -306,6 +314,221 @@ pub async fn disks(p: &DiskFaultsRun) -> anyhow::Result<DiskReport> {
     Ok(report)
 }
 
+/// What the clock steps did.
+#[derive(Debug, Clone, Serialize)]
+pub struct ClockStepReport {
+    /// Size of every step, ms (forward, then back).
+    pub step_ms: i64,
+    /// Steps taken, over all hosts.
+    pub steps: usize,
+    /// Committed NIC transitions to Degraded, Down or Flapping, and host
+    /// liveness changes, while nothing but clocks changed (must be none).
+    pub false_link_findings: Vec<String>,
+    /// Incidents opened other than `clock_unsynced` (must be none).
+    pub false_incidents: Vec<String>,
+    /// Committed clock-state changes to Unsynced.
+    pub clock_unsynced: usize,
+    /// Per step: from the step until the leader's estimate of the stepped
+    /// host's offset was within 100 µs of the truth (`null`: never, within
+    /// the time before the next step).
+    pub resync_ms: Vec<Option<u64>>,
+    pub errors: Vec<String>,
+}
+
+/// How a stepped host's clock is judged back in sync (ns).
+const RESYNC_WITHIN_NS: f64 = 100_000.0;
+/// Hosts of the clock part, and which of them step.
+const CLOCK_HOSTS: usize = 4;
+const STEPPED: [usize; 2] = [1, 2];
+
+/// The clock part: a netns cluster (3 supervisors, 4 hosts with agents and
+/// the probe mesh; rail0 split into two leaves joined by an idle 1 Gbit/s
+/// uplink, so the contention detector watches every path). Once the
+/// clocks converged, h1's clock steps forward by `step` and h2's back;
+/// `gap` later both step back to where they were. Nothing else changes:
+/// every NIC and host finding in that window is false. Reports how long
+/// the leader's clock solution takes to follow each step.
+pub async fn clock_steps(step: Duration, gap: Duration) -> anyhow::Result<ClockStepReport> {
+    use testbed::netcluster::{NetCluster, NetClusterOptions};
+    anyhow::ensure!(
+        (Duration::from_millis(1)..=Duration::from_secs(60)).contains(&step),
+        "--clock-step-ms takes 1..=60000"
+    );
+    anyhow::ensure!(
+        (Duration::from_secs(5)..=Duration::from_secs(120)).contains(&gap),
+        "--clock-gap-s takes 5..=120"
+    );
+    let delta = step.as_nanos() as i64;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos() as i64;
+    // Convergence takes a few seconds; the first step comes well after.
+    let lead = Duration::from_secs(25);
+    let first = now + lead.as_nanos() as i64;
+    let second = first + gap.as_nanos() as i64;
+    // (host, at, delta) of every step; h2 steps a second after h1.
+    let mut plan: Vec<(usize, i64, i64)> = Vec::new();
+    for (k, &h) in STEPPED.iter().enumerate() {
+        let sign = if k == 0 { 1 } else { -1 };
+        let skew = k as i64 * 1_000_000_000;
+        plan.push((h, first + skew, sign * delta));
+        plan.push((h, second + skew, -sign * delta));
+    }
+    let args: Vec<Vec<String>> = (0..CLOCK_HOSTS)
+        .map(|h| {
+            plan.iter()
+                .filter(|(x, _, _)| *x == h)
+                .map(|(_, at, d)| format!("--test-clock-step={at}:{d}"))
+                .collect()
+        })
+        .collect();
+    eprintln!(
+        "[disk-faults] clock steps: h1 {:+} ms and h2 {:-} ms in {lead:?}, back {gap:?} later",
+        delta / 1_000_000,
+        -delta / 1_000_000
+    );
+    let c = NetCluster::start_opts(
+        testbed::TestbedSpec {
+            supervisors: 3,
+            hosts: CLOCK_HOSTS,
+        },
+        NetClusterOptions {
+            agent_args: args,
+            leaf_splits: vec![testbed::LeafSplit {
+                rail: 0,
+                right: (CLOCK_HOSTS / 2..CLOCK_HOSTS).collect(),
+                uplink_bps: 1_000_000_000,
+            }],
+        },
+    )
+    .await?;
+    let mut errors = Vec::new();
+    let all_up = CLOCK_HOSTS * 2;
+    c.wait_until("every NIC up", Duration::from_secs(30), |c| {
+        c.nics_up() == all_up
+    })
+    .await?;
+    let since = c.last_event_seq()? + 1;
+    let open_before: Vec<u64> = incident_ids(&c)?;
+    // The truth of host h's clock minus the true time, at true time t.
+    let truth = |h: usize, t: i64| -> f64 {
+        plan.iter()
+            .filter(|(x, at, _)| *x == h && *at <= t)
+            .map(|(_, _, d)| *d as f64)
+            .sum()
+    };
+    // Poll the solution every 250 ms until a gap after the last step.
+    let end = second + STEPPED.len() as i64 * 1_000_000_000 + gap.as_nanos() as i64;
+    let mut samples: Vec<(i64, usize, f64)> = Vec::new(); // (at, host, error)
+    let unix_now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as i64)
+            .unwrap_or(0)
+    };
+    while unix_now() < end {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let Ok(v) = c.cli_json(&["clock"]) else {
+            continue;
+        };
+        let Some(r) = v["reference"].as_str().and_then(host_index) else {
+            continue;
+        };
+        let t = unix_now();
+        for h in v["hosts"].as_array().into_iter().flatten() {
+            let Some(i) = h["host"].as_str().and_then(host_index) else {
+                continue;
+            };
+            if let (Some(off), true) = (h["live"]["offset_ns"].as_f64(), STEPPED.contains(&i)) {
+                samples.push((t, i, off - (truth(i, t) - truth(r, t))));
+            }
+        }
+    }
+    // Per step: the first sample after it that is within the bound and
+    // stays so until the next step of that host.
+    let mut resync_ms = Vec::new();
+    for &(h, at, _) in &plan {
+        let next = plan
+            .iter()
+            .filter(|(x, a, _)| *x == h && *a > at)
+            .map(|(_, a, _)| *a)
+            .min()
+            .unwrap_or(end);
+        let window: Vec<&(i64, usize, f64)> = samples
+            .iter()
+            .filter(|(t, x, _)| *x == h && *t > at && *t < next)
+            .collect();
+        let settled = window
+            .iter()
+            .position(|(_, _, e)| e.abs() <= RESYNC_WITHIN_NS)
+            .filter(|&i| {
+                window[i..]
+                    .iter()
+                    .all(|(_, _, e)| e.abs() <= RESYNC_WITHIN_NS)
+            });
+        resync_ms.push(settled.map(|i| ((window[i].0 - at) / 1_000_000) as u64));
+    }
+    let events = c.cli_json(&["events", "--since", &since.to_string(), "--limit", "5000"])?;
+    let mut false_link_findings = Vec::new();
+    let mut clock_unsynced = 0;
+    for e in events["events"].as_array().into_iter().flatten() {
+        let host = e["host"].as_str().unwrap_or_default();
+        let ev = &e["event"];
+        for k in ["NicLink", "NicState"] {
+            let to = &ev[k]["to"];
+            if to == "degraded" || to == "down" || to == "flapping" {
+                false_link_findings.push(format!("{host}/{} → {to}", ev[k]["nic"]));
+            }
+        }
+        if ev["Liveness"].is_object() {
+            false_link_findings.push(format!("{host} → {}", ev["Liveness"]["to"]));
+        }
+        if ev["Clock"]["to"] == "unsynced" {
+            clock_unsynced += 1;
+        }
+    }
+    let all = c.cli_json(&["incidents"])?;
+    let false_incidents = all["incidents"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| {
+            i["id"]
+                .as_u64()
+                .is_some_and(|id| !open_before.contains(&id))
+        })
+        .filter(|i| i["kind"] != "clock_unsynced")
+        .map(|i| format!("{} {}", i["kind"], i["host"]))
+        .collect();
+    if samples.is_empty() {
+        errors.push("no clock solution was read".into());
+    }
+    Ok(ClockStepReport {
+        step_ms: delta / 1_000_000,
+        steps: plan.len(),
+        false_link_findings,
+        false_incidents,
+        clock_unsynced,
+        resync_ms,
+        errors,
+    })
+}
+
+fn host_index(name: &str) -> Option<usize> {
+    name.strip_prefix('h')?.parse().ok()
+}
+
+/// Ids of every incident the cluster has.
+fn incident_ids(c: &testbed::netcluster::NetCluster) -> anyhow::Result<Vec<u64>> {
+    let v = c.cli_json(&["incidents"])?;
+    Ok(v["incidents"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["id"].as_u64())
+        .collect())
+}
+
 /// The scenario's report (the last line of output).
 #[derive(Debug, Clone, Serialize)]
 pub struct DiskFaultsReport {
@@ -314,6 +537,7 @@ pub struct DiskFaultsReport {
     pub lost_acked_ops: usize,
     pub linearizable: bool,
     pub disks: DiskReport,
+    pub clock: Option<ClockStepReport>,
     pub wall_s: f64,
 }
 
@@ -321,18 +545,30 @@ pub struct DiskFaultsReport {
 pub async fn disk_faults(p: DiskFaultsRun) -> anyhow::Result<DiskFaultsReport> {
     let t0 = Instant::now();
     let d = disks(&p).await?;
+    let clock = match p.clock_step {
+        Some(step) => Some(clock_steps(step, p.clock_gap).await?),
+        None => None,
+    };
+    let clock_ok = clock.as_ref().is_none_or(|c| {
+        c.errors.is_empty()
+            && c.false_link_findings.is_empty()
+            && c.false_incidents.is_empty()
+            && c.resync_ms.iter().all(Option::is_some)
+    });
     let ok = d.errors.is_empty()
         && d.lost_acked_ops == 0
         && d.linearizable
         && d.panics == 0
         && d.unexpected_errors == 0
-        && d.acked_ops > 0;
+        && d.acked_ops > 0
+        && clock_ok;
     Ok(DiskFaultsReport {
         ok,
         scenario: "disk-faults",
         lost_acked_ops: d.lost_acked_ops,
         linearizable: d.linearizable,
         disks: d,
+        clock,
         wall_s: t0.elapsed().as_secs_f64(),
     })
 }

@@ -808,6 +808,8 @@ async fn a_member_whose_disk_fills_fails_or_stalls_loses_no_acknowledged_write()
         clients: 3,
         seed: 11,
         settle: Duration::from_secs(1),
+        clock_step: None,
+        clock_gap: Duration::from_secs(20),
     })
     .await
     .unwrap();

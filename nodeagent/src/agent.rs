@@ -420,6 +420,7 @@ fn start_probes(
         tracing::warn!(
             offset_ns = opts.test_clock.offset_ns,
             drift_ppb = opts.test_clock.drift_ppb,
+            steps = ?opts.test_clock.steps.iter().flatten().collect::<Vec<_>>(),
             "TEST CLOCK ERROR applied to every probe timestamp"
         );
     }

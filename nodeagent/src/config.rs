@@ -183,6 +183,8 @@ pub struct Overrides {
     pub test_clock_offset_ns: Option<i64>,
     pub test_clock_drift_ppb: Option<i64>,
     pub test_clock_anchor_ns: Option<i64>,
+    /// Test only: steps of that clock error.
+    pub test_clock_steps: Vec<crate::probe::clock::ClockStep>,
     /// Test only: delay before executing each order (ms).
     pub test_order_delay_ms: Option<u64>,
     /// `--ca`, `--cert`, `--key`, `--insecure`.
@@ -471,7 +473,9 @@ pub const MAX_TEST_ORDER_DELAY_MS: u64 = 10_000;
 
 /// The probe mesh's options from `[probe]` and the flags (None: disabled).
 fn probe_options(fp: FileProbe, over: &Overrides) -> Result<Option<ProbeOptions>, ConfigError> {
-    let test_set = over.test_clock_offset_ns.is_some() || over.test_clock_drift_ppb.is_some();
+    let test_set = over.test_clock_offset_ns.is_some()
+        || over.test_clock_drift_ppb.is_some()
+        || !over.test_clock_steps.is_empty();
     if over.no_probes || fp.enabled == Some(false) {
         if test_set {
             return Err(ConfigError::Invalid(
@@ -527,12 +531,15 @@ fn probe_options(fp: FileProbe, over: &Overrides) -> Result<Option<ProbeOptions>
     let anchor = over
         .test_clock_anchor_ns
         .unwrap_or_else(crate::probe::clock::realtime_ns);
-    let test_clock = TestClock::new(
+    let mut test_clock = TestClock::new(
         over.test_clock_offset_ns.unwrap_or(0),
         over.test_clock_drift_ppb.unwrap_or(0),
         anchor,
     )
     .map_err(ConfigError::Invalid)?;
+    for step in &over.test_clock_steps {
+        test_clock = test_clock.with_step(*step).map_err(ConfigError::Invalid)?;
+    }
     Ok(Some(ProbeOptions {
         port,
         mesh,

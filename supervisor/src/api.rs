@@ -744,6 +744,19 @@ pub struct PathKey {
     pub rail: u32,
 }
 
+impl PathKey {
+    /// The same NIC pair in the other direction.
+    pub fn reversed(&self) -> PathKey {
+        PathKey {
+            src: self.dst.clone(),
+            src_nic: self.dst_nic.clone(),
+            dst: self.src.clone(),
+            dst_nic: self.src_nic.clone(),
+            rail: self.rail,
+        }
+    }
+}
+
 impl std::fmt::Display for PathKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(

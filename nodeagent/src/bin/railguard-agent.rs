@@ -95,6 +95,15 @@ struct Args {
     /// equals --test-clock-offset-ns. Default: the agent's start.
     #[arg(long, allow_hyphen_values = true)]
     test_clock_anchor_ns: Option<i64>,
+    /// TEST ONLY — never on a real cluster: step the test clock by
+    /// DELTA_NS at true Unix time AT_NS (`AT_NS:DELTA_NS`, as an NTP
+    /// daemon steps a clock). Up to 4.
+    #[arg(
+        long = "test-clock-step",
+        value_name = "AT_NS:DELTA_NS",
+        allow_hyphen_values = true
+    )]
+    test_clock_steps: Vec<nodeagent::probe::clock::ClockStep>,
     /// TEST ONLY — never on a real cluster: wait this many ms before
     /// executing each order (a slow action, so a chaos test can crash the
     /// leader while an order is in flight). Range 0..=10000.
@@ -136,6 +145,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             test_clock_offset_ns: args.test_clock_offset_ns,
             test_clock_drift_ppb: args.test_clock_drift_ppb,
             test_clock_anchor_ns: args.test_clock_anchor_ns,
+            test_clock_steps: args.test_clock_steps,
             test_order_delay_ms: args.test_order_delay_ms,
             tls: args.tls.into(),
         },

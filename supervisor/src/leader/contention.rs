@@ -9,10 +9,23 @@
 //! [`ContentionConfig::baseline_seconds`] *uncontended* seconds (a standing
 //! queue does not raise it). A path becomes contended when one second's
 //! median queueing reaches `enter_us` (1 ms) or its p99 queueing
-//! `enter_p99_us` (5 ms: bursty contention), and clears after
-//! `exit_seconds` seconds in a row with the median below `exit_us` and the
-//! p99 below half of `enter_p99_us`. A change of correction (raw → pair →
-//! network) restarts the baseline, since the delays' zero moved.
+//! `enter_p99_us` (5 ms: bursty contention) in `enter_seconds` (2) seconds
+//! in a row, and clears after `exit_seconds` seconds in a row with the
+//! median below `exit_us` and the p99 below half of `enter_p99_us`. A
+//! change of correction (raw → pair → network) restarts the baseline, since
+//! the delays' zero moved.
+//!
+//! **Clock steps.** A queue can only add delay: a second whose minimum
+//! falls below the path's baseline by more than `enter_us` means the
+//! delays' zero moved — a host's clock stepped (an NTP daemon stepping it,
+//! a VM resumed), and until the clock solution follows, the corrected
+//! delays of its paths are off by the step, up one way and down the
+//! other. That path and its reverse (the other half of the same clock
+//! difference) restart their baselines and are not judged for
+//! `clock_hold` (10 s, extended by every further drop while the solution
+//! catches up). The up-side path may be read a second before its reverse
+//! shows the drop; `enter_seconds` = 2 keeps it from being contended
+//! meanwhile.
 //!
 //! **Localisation** (network tomography over a tree): every fresh path is
 //! routed over the topology; each directed link scores the share of its
@@ -53,6 +66,12 @@ pub struct ContentionConfig {
     /// …and so does a second's p99 queueing at or above this (bursty
     /// contention: a ring all-reduce fills a queue for part of a second).
     pub enter_p99_us: f64,
+    /// Seconds in a row that must reach a threshold before a path is
+    /// contended.
+    pub enter_seconds: u32,
+    /// How long a path whose delays fell below its baseline (a clock
+    /// step) and its reverse are not judged.
+    pub clock_hold: Duration,
     /// Below this for `exit_seconds` seconds in a row clears it.
     pub exit_us: f64,
     pub exit_seconds: u32,
@@ -76,6 +95,8 @@ impl Default for ContentionConfig {
             enter_us: 1_000.0,
             enter_p99_us: 5_000.0,
             exit_us: 300.0,
+            enter_seconds: 2,
+            clock_hold: Duration::from_secs(10),
             exit_seconds: 3,
             baseline_seconds: 120,
             min_paths: 2,
@@ -97,7 +118,39 @@ struct Track {
     contended: bool,
     /// Seconds in a row below `exit_us` while contended.
     calm: u32,
+    /// Seconds in a row at or above a threshold while not contended.
+    entering: u32,
     since: Option<Instant>,
+    /// Not judged before this (a clock moved under the path).
+    held_until: Option<Instant>,
+}
+
+impl Track {
+    fn new(correction: Correction, at: Instant) -> Track {
+        Track {
+            baseline: VecDeque::new(),
+            correction,
+            last: at,
+            queue_p50_us: 0.0,
+            queue_p99_us: 0.0,
+            contended: false,
+            calm: 0,
+            entering: 0,
+            since: None,
+            held_until: None,
+        }
+    }
+
+    /// Forgets the baseline and any contention: the delays' zero moved.
+    fn restart(&mut self) {
+        self.baseline.clear();
+        self.queue_p50_us = 0.0;
+        self.queue_p99_us = 0.0;
+        self.contended = false;
+        self.calm = 0;
+        self.entering = 0;
+        self.since = None;
+    }
 }
 
 /// One named bottleneck.
@@ -145,25 +198,32 @@ impl Detector {
             if !(s.min_ns.is_finite() && s.p50_ns.is_finite() && s.p99_ns.is_finite()) {
                 continue;
             }
-            let t = self.tracks.entry(key.clone()).or_insert_with(|| Track {
-                baseline: VecDeque::new(),
-                correction: s.correction,
-                last: s.arrived,
-                queue_p50_us: 0.0,
-                queue_p99_us: 0.0,
-                contended: false,
-                calm: 0,
-                since: None,
-            });
+            let t = self
+                .tracks
+                .entry(key.clone())
+                .or_insert_with(|| Track::new(s.correction, s.arrived));
             if t.correction != s.correction {
-                t.baseline.clear();
+                t.restart();
                 t.correction = s.correction;
-                t.contended = false;
-                t.calm = 0;
-                t.since = None;
             }
-            let floor = t.baseline.iter().copied().fold(s.min_ns, f64::min);
             t.last = s.arrived;
+            let base = t.baseline.iter().copied().fold(f64::INFINITY, f64::min);
+            if base.is_finite() && base - s.min_ns > self.cfg.enter_us * 1_000.0 {
+                tracing::info!(path = %key, below_us = (base - s.min_ns) / 1_000.0, "path delays fell below their floor: a clock moved; the path and its reverse are held");
+                let until = s.arrived + self.cfg.clock_hold;
+                for k in [key.reversed(), key] {
+                    if let Some(t) = self.tracks.get_mut(&k) {
+                        t.restart();
+                        t.held_until = Some(until);
+                    }
+                }
+                continue;
+            }
+            if t.held_until.is_some_and(|h| s.arrived < h) {
+                continue;
+            }
+            t.held_until = None;
+            let floor = base.min(s.min_ns);
             t.queue_p50_us = (s.p50_ns - floor).max(0.0) / 1_000.0;
             t.queue_p99_us = (s.p99_ns - floor).max(0.0) / 1_000.0;
             let entering =
@@ -171,13 +231,15 @@ impl Detector {
             let calm =
                 t.queue_p50_us < self.cfg.exit_us && t.queue_p99_us < self.cfg.enter_p99_us / 2.0;
             if entering {
-                if !t.contended {
+                t.calm = 0;
+                t.entering = t.entering.saturating_add(1);
+                if !t.contended && t.entering >= self.cfg.enter_seconds {
                     tracing::info!(path = %key, queueing_p50_us = t.queue_p50_us, queueing_p99_us = t.queue_p99_us, "path contended");
                     t.since = Some(s.arrived);
+                    t.contended = true;
                 }
-                t.contended = true;
-                t.calm = 0;
             } else if t.contended {
+                t.entering = 0;
                 if calm {
                     t.calm += 1;
                     if t.calm >= self.cfg.exit_seconds {
@@ -189,6 +251,8 @@ impl Detector {
                 } else {
                     t.calm = 0;
                 }
+            } else {
+                t.entering = 0;
             }
             // Only calm seconds move the baseline: a standing queue would
             // otherwise become the new zero.
@@ -763,12 +827,16 @@ switch = "l1"
         let t0 = Instant::now();
         let mut s = sample("h0", "h2", t0, 20.0, 30.0);
         d.ingest(&[s.clone()], t0);
-        // Median calm, p99 8 ms above the baseline: contended.
-        let at = t0 + Duration::from_secs(1);
-        s.arrived = at;
-        s.p99_ns = 8_020e3;
-        d.ingest(&[s.clone()], at);
-        assert!(d.paths(at)[0].contended);
+        // Median calm, p99 8 ms above the baseline for two seconds:
+        // contended (one second is not enough).
+        let mut at = t0;
+        for second in 1..=2 {
+            at += Duration::from_secs(1);
+            s.arrived = at;
+            s.p99_ns = 8_020e3;
+            d.ingest(&[s.clone()], at);
+            assert_eq!(d.paths(at)[0].contended, second == 2);
+        }
         // p99 3 ms: not calm yet (needs < 2.5 ms), so it stays contended
         // however long it lasts.
         let mut at = at;
@@ -786,6 +854,52 @@ switch = "l1"
             d.ingest(&[s.clone()], at);
         }
         assert!(!d.paths(at)[0].contended);
+    }
+
+    /// h1's clock steps +1 s: its incoming paths read 1 s more (first, a
+    /// batch before the rest), its outgoing ones 1 s less; then the clock
+    /// solution catches up over four seconds. Nothing is contended or
+    /// named throughout; once the hold is over, a real uplink queue still
+    /// is.
+    #[test]
+    fn a_clock_step_is_not_contention() {
+        let topo = Topology::parse(TOPO).unwrap();
+        let mut d = Detector::new(ContentionConfig::default());
+        let t0 = Instant::now();
+        let mut at = feed(&mut d, t0, 10, 100, 0.0);
+        let calm = |(s, dd): &(&str, &str), at: Instant, shift_us: f64| {
+            sample(s, dd, at, 20.0 + shift_us, 30.0 + shift_us)
+        };
+        // The step, then the solution following it: 1 s, 0.6 s, … 0.
+        for (i, left) in [1.0, 1.0, 0.6, 0.3, 0.1, 0.0, 0.0].iter().enumerate() {
+            at += Duration::from_secs(1);
+            let shift = |p: &(&str, &str)| match *p {
+                (_, "h1") => left * 1e6,
+                ("h1", _) => -left * 1e6,
+                _ => 0.0,
+            };
+            let (into, rest): (Vec<_>, Vec<_>) = ALL.iter().partition(|p| p.1 == "h1");
+            // The paths into h1 (reading more) arrive first every second.
+            let first: Vec<PathSample> = into.iter().map(|p| calm(p, at, shift(p))).collect();
+            d.ingest(&first, at);
+            let later = at + Duration::from_millis(400);
+            let second: Vec<PathSample> = rest.iter().map(|p| calm(p, later, shift(p))).collect();
+            d.ingest(&second, later);
+            assert!(
+                d.paths(later).iter().all(|p| !p.contended),
+                "second {i}: {:?}",
+                d.paths(later)
+                    .iter()
+                    .filter(|p| p.contended)
+                    .collect::<Vec<_>>()
+            );
+            assert!(d.localise(&topo, later).1.is_empty(), "second {i}");
+        }
+        // The hold ends; a real queue on the uplink is named again.
+        let now = feed(&mut d, at + Duration::from_secs(10), 20, 10, 5_000.0);
+        let (_, named) = d.localise(&topo, now);
+        assert_eq!(named.len(), 1, "{named:?}");
+        assert_eq!(named[0].link.link, "up");
     }
 
     #[test]

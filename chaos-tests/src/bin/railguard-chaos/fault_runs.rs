@@ -20,6 +20,15 @@ pub(crate) struct DiskFaults {
     settle_s: f64,
     #[arg(long, default_value_t = 7)]
     seed: u64,
+    /// Size of the clock steps of the clock part, in ms.
+    #[arg(long, default_value_t = 1000)]
+    clock_step_ms: u64,
+    /// Seconds between a clock step and the step back.
+    #[arg(long, default_value_t = 20)]
+    clock_gap_s: u64,
+    /// Leave out the clock part (the disks only).
+    #[arg(long)]
+    no_clock: bool,
 }
 
 impl Runner for DiskFaults {
@@ -38,6 +47,8 @@ impl Runner for DiskFaults {
             clients: self.clients,
             seed: self.seed,
             settle: Duration::from_secs_f64(self.settle_s),
+            clock_step: (!self.no_clock).then(|| Duration::from_millis(self.clock_step_ms)),
+            clock_gap: Duration::from_secs(self.clock_gap_s),
         })
         .await?;
         report(r.ok, &r)

@@ -163,7 +163,8 @@ const SCENARIOS: &[Entry] = &[
          fills, turns read-only (an ext4 error) and stalls (frozen) under admin writes and \
          linearizable reads; the member stops on a failed write and catches up once repaired \
          and restarted, survives a stall, no acknowledged write is lost and the history is \
-         linearizable. Needs root",
+         linearizable. Then two hosts' clocks step by ±1 s and back in a netns cluster: no \
+         NIC, host or contention finding, and the clock solution follows. Needs root",
     ),
     entry::<Partitions>(
         "partitions",
