@@ -28,6 +28,7 @@
 //! no NIC, host or contention finding may follow, and the clock solution
 //! must follow the steps.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -56,7 +57,7 @@ pub struct DiskFaultsRun {
     pub settle: Duration,
     /// Size of the clock steps (`None`: no clock part).
     pub clock_step: Option<Duration>,
-    /// Time between a step and the step back.
+    /// Time between two clock steps.
     pub clock_gap: Duration,
 }
 
@@ -328,9 +329,9 @@ pub struct ClockStepReport {
     pub false_incidents: Vec<String>,
     /// Committed clock-state changes to Unsynced.
     pub clock_unsynced: usize,
-    /// Per step: from the step until the leader's estimate of the stepped
-    /// host's offset was within 100 µs of the truth (`null`: never, within
-    /// the time before the next step).
+    /// Per step: from the step until the leader's estimate of every
+    /// host's offset was within 100 µs of the truth, and stayed so until
+    /// the next step (`null`: not before the next step).
     pub resync_ms: Vec<Option<u64>>,
     pub errors: Vec<String>,
 }
@@ -344,10 +345,10 @@ const STEPPED: [usize; 2] = [1, 2];
 /// The clock part: a netns cluster (3 supervisors, 4 hosts with agents and
 /// the probe mesh; rail0 split into two leaves joined by an idle 1 Gbit/s
 /// uplink, so the contention detector watches every path). Once the
-/// clocks converged, h1's clock steps forward by `step` and h2's back;
-/// `gap` later both step back to where they were. Nothing else changes:
-/// every NIC and host finding in that window is false. Reports how long
-/// the leader's clock solution takes to follow each step.
+/// clocks converged, one step every `gap`: h1's clock forward by `step`,
+/// h2's back, h1's back, h2's forward. Nothing else changes: every NIC and
+/// host finding in that time is false. Reports how long the leader's clock
+/// solution takes to follow each step.
 pub async fn clock_steps(step: Duration, gap: Duration) -> anyhow::Result<ClockStepReport> {
     use testbed::netcluster::{NetCluster, NetClusterOptions};
     anyhow::ensure!(
@@ -365,15 +366,16 @@ pub async fn clock_steps(step: Duration, gap: Duration) -> anyhow::Result<ClockS
     // Convergence takes a few seconds; the first step comes well after.
     let lead = Duration::from_secs(25);
     let first = now + lead.as_nanos() as i64;
-    let second = first + gap.as_nanos() as i64;
-    // (host, at, delta) of every step; h2 steps a second after h1.
-    let mut plan: Vec<(usize, i64, i64)> = Vec::new();
-    for (k, &h) in STEPPED.iter().enumerate() {
-        let sign = if k == 0 { 1 } else { -1 };
-        let skew = k as i64 * 1_000_000_000;
-        plan.push((h, first + skew, sign * delta));
-        plan.push((h, second + skew, -sign * delta));
-    }
+    let g = gap.as_nanos() as i64;
+    // (host, at, delta), one step every `gap`: h1 forward, h2 back, h1
+    // back, h2 forward; the last window ends a gap after the last step.
+    let plan: Vec<(usize, i64, i64)> = vec![
+        (STEPPED[0], first, delta),
+        (STEPPED[1], first + g, -delta),
+        (STEPPED[0], first + 2 * g, -delta),
+        (STEPPED[1], first + 3 * g, delta),
+    ];
+    let end = first + 4 * g;
     let args: Vec<Vec<String>> = (0..CLOCK_HOSTS)
         .map(|h| {
             plan.iter()
@@ -383,9 +385,8 @@ pub async fn clock_steps(step: Duration, gap: Duration) -> anyhow::Result<ClockS
         })
         .collect();
     eprintln!(
-        "[disk-faults] clock steps: h1 {:+} ms and h2 {:-} ms in {lead:?}, back {gap:?} later",
-        delta / 1_000_000,
-        -delta / 1_000_000
+        "[disk-faults] clock steps of {} ms, one every {gap:?} from {lead:?} on: h1 +, h2 -, h1 -, h2 +",
+        delta / 1_000_000
     );
     let c = NetCluster::start_opts(
         testbed::TestbedSpec {
@@ -418,7 +419,6 @@ pub async fn clock_steps(step: Duration, gap: Duration) -> anyhow::Result<ClockS
             .sum()
     };
     // Poll the solution every 250 ms until a gap after the last step.
-    let end = second + STEPPED.len() as i64 * 1_000_000_000 + gap.as_nanos() as i64;
     let mut samples: Vec<(i64, usize, f64)> = Vec::new(); // (at, host, error)
     let unix_now = || {
         std::time::SystemTime::now()
@@ -439,34 +439,37 @@ pub async fn clock_steps(step: Duration, gap: Duration) -> anyhow::Result<ClockS
             let Some(i) = h["host"].as_str().and_then(host_index) else {
                 continue;
             };
-            if let (Some(off), true) = (h["live"]["offset_ns"].as_f64(), STEPPED.contains(&i)) {
+            if let Some(off) = h["live"]["offset_ns"].as_f64() {
                 samples.push((t, i, off - (truth(i, t) - truth(r, t))));
             }
         }
     }
-    // Per step: the first sample after it that is within the bound and
-    // stays so until the next step of that host.
+    // Per step: the first reading after it from which every host's error
+    // stays within the bound until the next step (a step of the reference
+    // host moves every other host's offset).
     let mut resync_ms = Vec::new();
-    for &(h, at, _) in &plan {
-        let next = plan
+    for (k, &(h, at, _)) in plan.iter().enumerate() {
+        let next = plan.get(k + 1).map_or(end, |p| p.1);
+        let mut readings: BTreeMap<i64, f64> = BTreeMap::new();
+        for &(t, _, e) in samples.iter().filter(|(t, _, _)| *t > at && *t < next) {
+            let worst = readings.entry(t).or_insert(0.0);
+            *worst = worst.max(e.abs());
+        }
+        let readings: Vec<(i64, f64)> = readings.into_iter().collect();
+        let settled = readings
             .iter()
-            .filter(|(x, a, _)| *x == h && *a > at)
-            .map(|(_, a, _)| *a)
-            .min()
-            .unwrap_or(end);
-        let window: Vec<&(i64, usize, f64)> = samples
+            .position(|&(_, e)| e <= RESYNC_WITHIN_NS)
+            .filter(|&i| readings[i..].iter().all(|&(_, e)| e <= RESYNC_WITHIN_NS));
+        let trail: Vec<String> = readings
             .iter()
-            .filter(|(t, x, _)| *x == h && *t > at && *t < next)
+            .step_by(2)
+            .map(|(t, e)| format!("{:.1}s:{:.0}us", (t - at) as f64 / 1e9, e / 1e3))
             .collect();
-        let settled = window
-            .iter()
-            .position(|(_, _, e)| e.abs() <= RESYNC_WITHIN_NS)
-            .filter(|&i| {
-                window[i..]
-                    .iter()
-                    .all(|(_, _, e)| e.abs() <= RESYNC_WITHIN_NS)
-            });
-        resync_ms.push(settled.map(|i| ((window[i].0 - at) / 1_000_000) as u64));
+        eprintln!(
+            "[disk-faults] step {k} (h{h}): worst error after it {}",
+            trail.join(" ")
+        );
+        resync_ms.push(settled.map(|i| ((readings[i].0 - at) / 1_000_000) as u64));
     }
     let events = c.cli_json(&["events", "--since", &since.to_string(), "--limit", "5000"])?;
     let mut false_link_findings = Vec::new();

@@ -1,7 +1,8 @@
 //! The probe mesh in a real netns cluster (needs root; fails instead of
 //! skipping when `CI` is set): short forms of `probe-blackhole`,
-//! `mgmt-partition` and `bench clock-sync`, with generous bounds (the tight
-//! figures come from the benchmarks).
+//! `mgmt-partition`, `bench clock-sync` and the clock part of
+//! `disk-faults`, with generous bounds (the tight figures come from the
+//! benchmarks).
 
 use std::time::Duration;
 
@@ -144,4 +145,25 @@ async fn clocks_hold_under_bursty_cross_traffic_on_both_rails() {
     // reports the real figures).
     assert!(r.railguard.p99_ns < 20_000.0, "{:?}", r.railguard);
     assert!(r.railguard.samples >= 3 * 4, "{:?}", r.railguard);
+}
+
+/// Two hosts' clocks step by 1 s (h1 forward, h2 back, h1 back, h2
+/// forward, one step every 7 s), with the contention detector watching
+/// every path over a leaf uplink: before the fix, every step opened `link_contention` incidents
+/// (1 s of "queueing" one way); now nothing is found and the clock
+/// solution follows each step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_step_is_no_link_finding() {
+    if !require_root("probe_netns::clock_step").unwrap() {
+        return;
+    }
+    let r = chaos_tests::disk_faults::clock_steps(Duration::from_secs(1), Duration::from_secs(7))
+        .await
+        .unwrap();
+    assert!(r.errors.is_empty(), "{r:?}");
+    assert_eq!(r.steps, 4);
+    assert!(r.false_link_findings.is_empty(), "{r:?}");
+    assert!(r.false_incidents.is_empty(), "{r:?}");
+    // Followed within the 7 s before the next step.
+    assert!(r.resync_ms.iter().all(Option::is_some), "{r:?}");
 }

@@ -839,7 +839,6 @@ switch = "l1"
         }
         // p99 3 ms: not calm yet (needs < 2.5 ms), so it stays contended
         // however long it lasts.
-        let mut at = at;
         for _ in 0..5 {
             at += Duration::from_secs(1);
             s.arrived = at;

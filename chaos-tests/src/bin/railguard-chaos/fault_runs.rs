@@ -23,8 +23,8 @@ pub(crate) struct DiskFaults {
     /// Size of the clock steps of the clock part, in ms.
     #[arg(long, default_value_t = 1000)]
     clock_step_ms: u64,
-    /// Seconds between a clock step and the step back.
-    #[arg(long, default_value_t = 20)]
+    /// Seconds between two clock steps (four steps).
+    #[arg(long, default_value_t = 10)]
     clock_gap_s: u64,
     /// Leave out the clock part (the disks only).
     #[arg(long)]
