@@ -483,6 +483,14 @@ impl NsHistory {
     ) -> anyhow::Result<NsHistory> {
         let addrs = c.sup_addrs();
         let admin = pki::ClientTls::from_mode(&pki::TlsMode::Mtls(c.admin_files()?))?;
+        // Each client its own certificate, as independent operators are
+        // (write quotas are per identity).
+        let own: Vec<pki::ClientTls> = (0..clients)
+            .map(|id| {
+                let files = c.pki.admin(&format!("chaos-{id}"), pki::Role::Admin)?;
+                Ok(pki::ClientTls::from_mode(&pki::TlsMode::Mtls(files))?)
+            })
+            .collect::<anyhow::Result<_>>()?;
         let hosts: Vec<String> = (0..NS_HOSTS).map(|i| format!("c{i}")).collect();
         let agents = hosts
             .iter()
@@ -502,8 +510,10 @@ impl NsHistory {
                 for (h, tls) in hosts.iter().zip(&agents) {
                     testbed::agentsim::register_host(&addrs, h, tls).await?;
                 }
-                let clients = (0..clients)
-                    .map(|id| {
+                let clients = own
+                    .iter()
+                    .enumerate()
+                    .map(|(id, tls)| {
                         let mut a = addrs.clone();
                         let n = a.len().max(1);
                         a.rotate_left(id % n);
@@ -511,7 +521,7 @@ impl NsHistory {
                             &a,
                             &format!("chaos-{id}"),
                             Duration::from_secs(3),
-                            &admin,
+                            tls,
                         )?
                         .with_retry_window(Duration::from_secs(10)))
                     })

@@ -315,9 +315,11 @@ impl Rig {
         let (window, cpu) = cpu_window(self.pids(), secs);
         let mut admins = Vec::new();
         for (i, host) in self.hosts[..clients].iter().enumerate() {
-            let c =
-                self.cluster
-                    .client("bench", (self.leader - 1) as usize, Duration::from_secs(5))?;
+            let c = self.cluster.client(
+                &format!("bench{i}"),
+                (self.leader - 1) as usize,
+                Duration::from_secs(5),
+            )?;
             admins.push((c, host.clone(), i));
         }
         let (lat, errors, _) = closed_loop(admins, window, |(c, host, i), n| async move {

@@ -175,7 +175,8 @@ pub fn exit_code(e: &ApiError) -> i32 {
         ErrorKind::InvalidArgument
         | ErrorKind::NotFound
         | ErrorKind::FailedPrecondition
-        | ErrorKind::PermissionDenied => 2,
+        | ErrorKind::PermissionDenied
+        | ErrorKind::ResourceExhausted => 2,
         ErrorKind::Unavailable => 3,
         ErrorKind::Unknown | ErrorKind::Internal => 4,
     }

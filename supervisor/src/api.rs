@@ -626,6 +626,9 @@ pub enum ErrorKind {
     /// The write may or may not have been committed (e.g. leadership changed
     /// after it was proposed). Read before retrying a non-idempotent write.
     Unknown,
+    /// The caller's identity is over its write quota; nothing was written.
+    /// The message says when to retry.
+    ResourceExhausted,
     Internal,
 }
 
@@ -685,6 +688,7 @@ impl From<ApiError> for tonic::Status {
             ErrorKind::PermissionDenied => tonic::Code::PermissionDenied,
             ErrorKind::Unavailable => tonic::Code::Unavailable,
             ErrorKind::Unknown => tonic::Code::Unknown,
+            ErrorKind::ResourceExhausted => tonic::Code::ResourceExhausted,
             ErrorKind::Internal => tonic::Code::Internal,
         };
         let mut status = tonic::Status::new(code, e.message);
@@ -714,6 +718,7 @@ impl From<tonic::Status> for ApiError {
                 "FailedPrecondition" => ErrorKind::FailedPrecondition,
                 "PermissionDenied" => ErrorKind::PermissionDenied,
                 "Unavailable" => ErrorKind::Unavailable,
+                "ResourceExhausted" => ErrorKind::ResourceExhausted,
                 "Internal" => ErrorKind::Internal,
                 _ => ErrorKind::Unknown,
             };

@@ -60,6 +60,8 @@ pub struct FileConfig {
     /// How webhooks are posted.
     #[serde(default)]
     pub webhooks: WebhookFileConfig,
+    /// Admin writes per second per identity (0: no quota).
+    pub admin_write_rate: Option<u32>,
 }
 
 /// `[webhooks]` of the config file.
@@ -91,6 +93,9 @@ pub struct SupervisorConfig {
     /// The CA bundle for `https://` webhooks, when one was given (checked
     /// at load); `None` means the system's, if it has one.
     pub webhook_ca: Option<PathBuf>,
+    /// Admin writes per second per identity (0: no quota;
+    /// [`crate::service::quota`]).
+    pub admin_write_rate: u32,
 }
 
 /// A configuration problem, with what to do about it.
@@ -126,6 +131,8 @@ pub struct Overrides {
     pub tls: pki::TlsArgs,
     /// `--webhook-ca`.
     pub webhook_ca: Option<PathBuf>,
+    /// `--admin-write-rate`.
+    pub admin_write_rate: Option<u32>,
 }
 
 fn parse_addr(what: &str, s: &str) -> Result<SocketAddr, ConfigError> {
@@ -237,6 +244,16 @@ impl SupervisorConfig {
                 ConfigError::Invalid(format!("webhook CA bundle (--webhook-ca): {e}"))
             })?;
         }
+        let admin_write_rate = over
+            .admin_write_rate
+            .or(fc.admin_write_rate)
+            .unwrap_or(crate::service::quota::DEFAULT_WRITE_RATE);
+        if admin_write_rate > crate::service::quota::MAX_WRITE_RATE {
+            return Err(ConfigError::Invalid(format!(
+                "admin write rate {admin_write_rate}/s: want 0 (no quota) to {}",
+                crate::service::quota::MAX_WRITE_RATE
+            )));
+        }
         let topology_path = over.topology.or(fc.topology);
         let topology = topology_path
             .as_deref()
@@ -254,6 +271,7 @@ impl SupervisorConfig {
             topology_path,
             tls,
             webhook_ca,
+            admin_write_rate,
         })
     }
 }

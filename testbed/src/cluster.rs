@@ -396,11 +396,13 @@ impl SupervisorCluster {
         let mut addrs = self.addrs();
         let len = addrs.len();
         addrs.rotate_left(rotate % len);
+        // Each actor its own certificate, as independent operators are
+        // (write quotas are per identity).
         Ok(AdminClient::new(
             &addrs,
             actor,
             timeout,
-            &self.admin_tls()?,
+            &self.tls_as(&pki::Identity::admin(actor, pki::Role::Admin)?)?,
         )?)
     }
 

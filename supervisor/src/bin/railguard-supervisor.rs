@@ -51,6 +51,11 @@ struct Args {
     /// (default: the system's /etc/ssl/certs/ca-certificates.crt).
     #[arg(long, value_name = "FILE")]
     webhook_ca: Option<PathBuf>,
+    /// Admin writes per second each identity may make through this
+    /// supervisor (twice as many at once); 0 turns the quota off. Default
+    /// 500.
+    #[arg(long, value_name = "N")]
+    admin_write_rate: Option<u32>,
     /// Log format: text (coloured only on a terminal) or json (one
     /// object per line).
     #[arg(long, value_enum, default_value = "text")]
@@ -113,6 +118,7 @@ async fn run(args: Args, fd_limit: Option<u64>) -> anyhow::Result<()> {
             topology: args.topology,
             tls: args.tls.into(),
             webhook_ca: args.webhook_ca,
+            admin_write_rate: args.admin_write_rate,
         },
     )
     .context("invalid configuration")?;

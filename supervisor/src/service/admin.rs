@@ -21,12 +21,15 @@ use crate::leader::services::Leader;
 use crate::model::{AdminOp, ClusterEvent, CmdOk, Command, IntentStatus};
 use crate::node::Supervisor;
 use crate::service::auth::{admin_identity, check_role, guarded, peer_of};
+use crate::service::quota::WriteQuota;
 use crate::service::transfer::transfer_leader;
 
 /// The `Admin` gRPC service.
 pub struct AdminService {
     /// The leader's memory and, through it, this node.
     pub leader: Arc<Leader>,
+    /// Writes per identity.
+    pub quota: WriteQuota,
 }
 
 /// Most events returned by one `events` call.
@@ -708,6 +711,14 @@ impl Admin for AdminService {
             }
         }
         authorize(&self.leader, &call.actor, role, &call.request).await?;
+        if call.request.is_write() {
+            self.quota
+                .take(&call.actor, Instant::now())
+                .map_err(|e| {
+                    tracing::debug!(actor = %call.actor, retry_ms = e.retry_ms, "admin write over quota");
+                    Status::from(ApiError::new(ErrorKind::ResourceExhausted, e.to_string()))
+                })?;
+        }
         tracing::debug!(actor = %call.actor, request = ?call.request, "admin call");
         let reply = handle(&self.leader, call).await.map_err(Status::from)?;
         let body = serde_json::to_vec(&reply).map_err(|e| Status::internal(e.to_string()))?;

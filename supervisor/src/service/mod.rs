@@ -4,6 +4,7 @@ pub mod admin;
 pub mod agent;
 pub mod auth;
 pub mod peer;
+pub mod quota;
 pub mod raft_check;
 pub mod transfer;
 
@@ -53,6 +54,7 @@ pub async fn serve(
         )
         .add_service(
             AdminServer::new(admin::AdminService {
+                quota: quota::WriteQuota::new(leader.node.config.admin_write_rate),
                 leader: leader.clone(),
             })
             .max_decoding_message_size(proto::MAX_ADMIN_MESSAGE_BYTES)
