@@ -11,6 +11,8 @@
 //!   cluster and client it compares with (`--peer etcd`).
 //! - [`detect`]: the `detect` benchmark (flap and host-loss detection times).
 //! - [`demo`]: the README's first command.
+//! - [`sim`]: `fuzz`, the deterministic simulation of the supervisor
+//!   cluster (openraft and the model, seeded faults, named checkers).
 //! - [`disk_faults`]: `disk-faults` (supervisors' disks that fill, turn
 //!   read-only or stall, under admin writes; clock steps on hosts).
 //! - [`nic_flap`]: the `nic-flap` scenario and its transition checker.
@@ -51,6 +53,7 @@ pub mod probe_scenarios;
 pub mod qp;
 pub mod rail_cuts;
 pub mod security;
+pub mod sim;
 pub mod splits;
 pub mod tcp_failover;
 pub mod torch;

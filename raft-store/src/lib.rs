@@ -13,6 +13,8 @@
 //!   [`StateModel`] and persists snapshots (meta and data) in sled. After a
 //!   restart the model is loaded from the last snapshot and openraft re-applies
 //!   the committed tail of the log (the committed log id is stored too).
+//! - [`mem`]: the same store in memory (a [`mem::MemDisk`] survives a
+//!   simulated crash), for the deterministic simulation.
 //! - [`StateModel`]: the small trait through which an application's replicated
 //!   model (railguard's cluster model, or openraft's test types) plugs into the
 //!   same store.
@@ -40,6 +42,7 @@
 mod error;
 mod format;
 mod log_store;
+pub mod mem;
 mod state_machine;
 
 use std::path::Path;

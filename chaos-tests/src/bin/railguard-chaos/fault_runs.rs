@@ -54,3 +54,44 @@ impl Runner for DiskFaults {
         report(r.ok, &r)
     }
 }
+
+#[derive(Args, Debug)]
+pub(crate) struct Fuzz {
+    /// How many seeds to run.
+    #[arg(long, default_value_t = 1000)]
+    seeds: u64,
+    /// The first seed (a failing seed replays with `--first S --seeds 1`).
+    #[arg(long, default_value_t = 0)]
+    first: u64,
+    /// Threads running seeds side by side.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Scheduled actions per seed.
+    #[arg(long, default_value_t = 150)]
+    steps: usize,
+}
+
+impl Runner for Fuzz {
+    async fn run(self, _what: String) -> Outcome {
+        ensure!(
+            (1..=1_000_000).contains(&self.seeds),
+            "--seeds takes 1..=1000000"
+        );
+        ensure!((1..=64).contains(&self.threads), "--threads takes 1..=64");
+        ensure!(
+            (1..=10_000).contains(&self.steps),
+            "--steps takes 1..=10000"
+        );
+        let opts = chaos_tests::sim::SimOptions {
+            nodes: 3,
+            steps: self.steps,
+            amnesia: false,
+        };
+        let (first, seeds, threads) = (self.first, self.seeds, self.threads);
+        let r = tokio::task::spawn_blocking(move || {
+            chaos_tests::sim::fuzz(first, seeds, threads, opts)
+        })
+        .await?;
+        report(r.ok, &r)
+    }
+}

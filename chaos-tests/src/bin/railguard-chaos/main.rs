@@ -23,7 +23,7 @@ mod fault_runs;
 mod runner;
 mod training_runs;
 
-use fault_runs::DiskFaults;
+use fault_runs::{DiskFaults, Fuzz};
 use runner::{need_root, report, value_report, Outcome, Runner};
 use training_runs::{
     CutOffHost, Drain, Goodput, HostLoss, NoCommonRail, TcpFailover, TorchDrain, TorchGoodput,
@@ -62,6 +62,15 @@ fn start<R: Runner>(m: &ArgMatches, what: String) -> anyhow::Result<Run> {
     let r = R::from_arg_matches(m)?;
     Ok(Box::pin(r.run(what)))
 }
+
+/// `railguard-chaos fuzz`.
+const FUZZ: Entry = entry::<Fuzz>(
+    "fuzz",
+    "A deterministic simulation of the supervisor cluster (openraft and the replicated \
+     model, one thread, tokio's clock paused): seeded schedules of writes, partitions, \
+     crashes, loss and delays, the Raft and model invariants checked after every step; \
+     a failing seed replays with --first SEED --seeds 1. No root",
+);
 
 /// `railguard-chaos demo`.
 const DEMO: Entry = entry::<Demo>(
@@ -964,6 +973,7 @@ fn cli() -> Command {
         .subcommand_required(true)
         .arg_required_else_help(true)
         .subcommand(leaf(&DEMO))
+        .subcommand(leaf(&FUZZ))
         .subcommand(group(
             "scenario",
             "Run a scenario and check its invariants",
@@ -978,8 +988,10 @@ fn chosen(m: &ArgMatches) -> anyhow::Result<(&'static Entry, String, &ArgMatches
     let Some((top, sub)) = m.subcommand() else {
         bail!("no subcommand");
     };
-    if top == DEMO.name {
-        return Ok((&DEMO, top.to_string(), sub));
+    for e in [&DEMO, &FUZZ] {
+        if top == e.name {
+            return Ok((e, top.to_string(), sub));
+        }
     }
     let table = match top {
         "scenario" => SCENARIOS,
@@ -1074,7 +1086,7 @@ mod tests {
             let table = match words.first().copied() {
                 Some("scenario") => SCENARIOS,
                 Some("bench") => BENCHES,
-                Some("demo") => {
+                Some("demo") | Some("fuzz") => {
                     seen += 1;
                     continue;
                 }
