@@ -50,6 +50,27 @@ impl<C: RaftTypeConfig> Default for MemDisk<C> {
 }
 
 impl<C: RaftTypeConfig> MemDisk<C> {
+    /// The stored vote.
+    pub fn vote(&self) -> Option<&Vote<C::NodeId>> {
+        self.vote.as_ref()
+    }
+
+    /// The id of the stored entry at `index`, if the log still has it.
+    pub fn log_id_at(&self, index: u64) -> Option<LogId<C::NodeId>>
+    where
+        Entry<C>: RaftLogId<C::NodeId>,
+    {
+        self.log.get(&index).map(|e| e.get_log_id().clone())
+    }
+
+    /// The last entry the stored snapshot covers (the log may have been
+    /// purged up to it).
+    pub fn snapshot_last(&self) -> Option<LogId<C::NodeId>> {
+        self.snapshot
+            .as_ref()
+            .and_then(|(m, _)| m.last_log_id.clone())
+    }
+
     /// Fault injection: loses the last `n` log entries, the vote and a
     /// committed id past what is left, as a disk that acknowledged writes
     /// it had not stored does at a crash

@@ -15,7 +15,10 @@
 //! healed and the cluster must converge.
 //!
 //! The checkers (named in each violation):
-//! - `election-safety`: at most one leader per term, after every step;
+//! - `leader-completeness`: a newly seen leader, holding the newest vote,
+//!   has every entry committed so far, checked after every step (openraft
+//!   elects leaders by `(term, node)`, so two leaders in one term are
+//!   allowed there, the later id winning; see `Sim::check_leaders`);
 //! - `state-machine-safety`: every entry applied at an index, by any node,
 //!   at any time (restarts re-apply), is the same entry (log id and
 //!   payload);
@@ -202,7 +205,8 @@ struct Sim {
     disks: Vec<SharedDisk<SimConfig>>,
     /// The running nodes' applied state, for the final comparison.
     models: BTreeMap<u64, SharedApplied<SimConfig, SimModel>>,
-    leaders: BTreeMap<u64, u64>,
+    /// Leaders already checked, by (term, node).
+    leaders: BTreeSet<(u64, u64)>,
     amnesia: bool,
 }
 
@@ -243,23 +247,51 @@ impl Sim {
             .collect()
     }
 
-    /// `election-safety`, from every running node's metrics.
+    /// `leader-completeness`, from every running node's metrics: a leader
+    /// seen for the first time whose vote is the newest on any disk holds
+    /// every entry applied anywhere so far (in its log, or covered by its
+    /// snapshot). Only the newest: an older leader cut off from the others
+    /// may still believe it leads without what was committed since.
+    /// (openraft elects leaders by `(term, node)`: two may be elected in
+    /// one term, the later id winning, so Raft's one-leader-per-term is
+    /// not an invariant here; what it protects, the log, is checked here
+    /// and by `state-machine-safety`.) Returns the highest term seen.
     fn check_leaders(&mut self) -> u64 {
         let mut max_term = 0;
+        let newest = self
+            .disks
+            .iter()
+            .filter_map(|d| d.lock().unwrap_or_else(|e| e.into_inner()).vote().cloned())
+            .max_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
         for (id, r) in self.running() {
             let m = r.metrics().borrow().clone();
             max_term = max_term.max(m.current_term);
-            if m.state == ServerState::Leader {
-                match self.leaders.get(&m.current_term) {
-                    Some(&other) if other != id => violation(format!(
-                        "election-safety: term {} has leaders {other} and {id}",
-                        m.current_term
-                    )),
-                    _ => {
-                        self.leaders.insert(m.current_term, id);
-                    }
-                }
+            if m.state != ServerState::Leader || Some(&m.vote) != newest.as_ref() {
+                continue;
             }
+            if !self.leaders.insert((m.vote.leader_id().term, id)) {
+                continue;
+            }
+            let disk = self.disks[(id - 1) as usize]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let covered = disk.snapshot_last().map_or(0, |l| l.index);
+            WATCH.with(|w| {
+                let missing = w
+                    .borrow()
+                    .applied
+                    .iter()
+                    .filter(|(i, _)| **i > covered)
+                    .find(|(i, (l, _))| disk.log_id_at(**i).as_ref() != Some(l))
+                    .map(|(i, (l, _))| (*i, *l));
+                if let Some((i, l)) = missing {
+                    let msg = format!(
+                        "leader-completeness: leader {id} of term {} lacks committed entry {l} at index {i}",
+                        m.current_term
+                    );
+                    violation(msg);
+                }
+            });
         }
         max_term
     }
@@ -363,7 +395,7 @@ async fn drive(seed: u64, opts: SimOptions) -> SeedReport {
         config,
         disks: (0..opts.nodes).map(|_| SharedDisk::default()).collect(),
         models: BTreeMap::new(),
-        leaders: BTreeMap::new(),
+        leaders: BTreeSet::new(),
         amnesia: opts.amnesia,
     };
     let ids: Vec<u64> = (1..=opts.nodes).collect();
@@ -719,7 +751,7 @@ mod tests {
             r.failed_seeds
         );
         assert!(!r.ok && r.failed_seeds > 0, "{r:?}");
-        let named = ["durability", "state-machine-safety", "election-safety"];
+        let named = ["durability", "state-machine-safety", "leader-completeness"];
         assert!(
             r.failures
                 .iter()
