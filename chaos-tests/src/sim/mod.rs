@@ -8,7 +8,7 @@
 //! seeds run in minutes; a failing seed replays exactly.
 //!
 //! Each seed: three supervisors, then a schedule of admin writes (cordon,
-//! uncordon, labels) sent to the leader or any node, partitions (a node
+//! uncordon, labels) and agents' NIC reports sent to the leader or any node, partitions (a node
 //! cut both ways, or one way only), healing, crashes (a node's Raft shut
 //! down; what it keeps is its [`raft_store::mem::MemDisk`]) and restarts,
 //! message loss up to 30 % and delays up to 50 ms. Then every fault is
@@ -29,7 +29,13 @@
 //! - `convergence`: once healed, a leader is elected and every node
 //!   applies the whole log within 30 simulated seconds;
 //! - `replica-agreement`: then every node's model is the same, byte for
-//!   byte.
+//!   byte;
+//! - `exactly-once`: each host's simulated agent sends NIC reports
+//!   numbered from 1, one at a time, resending a number until it is
+//!   acknowledged (to whichever node it picks); the model must have
+//!   applied each exactly once and in order — through at least the last
+//!   acknowledged, at most the last sent, and the NIC showing the report
+//!   of the last sequence applied.
 //!
 //! Not simulated: the gRPC services, the proposal batcher and client
 //! sessions (a real cluster's `leader-kill`, `partitions` and
@@ -180,6 +186,8 @@ impl Default for SimOptions {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SeedReport {
     pub seed: u64,
+    /// NIC reports sent by the simulated agents (resends included).
+    pub reports: u64,
     pub writes: u64,
     pub acked: u64,
     pub crashes: u64,
@@ -322,6 +330,80 @@ fn admin(op: AdminOp) -> Proposal {
 
 const HOSTS: [&str; 2] = ["h0", "h1"];
 
+/// A host's agent: NIC reports numbered from 1, one in flight, the same
+/// sequence number sent again until a reply says it was applied (the
+/// outbox's contract).
+struct AgentSim {
+    host: &'static str,
+    /// The sequence number being sent (or next to send).
+    seq: u64,
+    /// Highest sequence acknowledged.
+    acked: u64,
+    inflight: Option<tokio::task::JoinHandle<bool>>,
+}
+
+fn nic_report(host: &str, seq: u64) -> Proposal {
+    use proto::agent::{NicHealth, NicReport, Report};
+    let up = seq.is_multiple_of(2);
+    Proposal {
+        at_ms: 0,
+        cmds: vec![Command::AgentEvents {
+            host: host.into(),
+            events: vec![supervisor::model::AgentEvent {
+                seq,
+                report: Report::Nic(NicReport {
+                    nic: "rail0".into(),
+                    health: if up { NicHealth::Up } else { NicHealth::Down },
+                    link_up: up,
+                    // The sequence: what the model keeps shows which
+                    // report it applied last.
+                    carrier_changes: seq,
+                    flaps: 0,
+                    penalty: 0.0,
+                    at_unix_ns: seq,
+                    coalesced: 0,
+                    probes_lost: false,
+                }),
+            }],
+        }],
+    }
+}
+
+impl AgentSim {
+    /// Collects the reply in flight, if it came; sends the current
+    /// sequence number if nothing is in flight. Whether it sent one.
+    fn step(&mut self, sim: &Sim, rng: &mut StdRng) -> bool {
+        if let Some(h) = &self.inflight {
+            if !h.is_finished() {
+                return false;
+            }
+        }
+        if let Some(h) = self.inflight.take() {
+            if futures::FutureExt::now_or_never(h).and_then(Result::ok) == Some(true) {
+                self.acked = self.acked.max(self.seq);
+                self.seq += 1;
+            }
+        }
+        let running = sim.running();
+        let target = if rng.gen_bool(0.8) {
+            sim.leader()
+        } else if running.is_empty() {
+            None
+        } else {
+            Some(running[rng.gen_range(0..running.len())].1.clone())
+        };
+        let Some(raft) = target else { return false };
+        let p = nic_report(self.host, self.seq);
+        self.inflight = Some(tokio::spawn(async move {
+            matches!(
+                tokio::time::timeout(Duration::from_secs(3), raft.client_write(p)).await,
+                Ok(Ok(r)) if matches!(r.data.first(), Some(Ok(_)))
+            )
+        }));
+        true
+    }
+}
+
 /// Runs one seed (on the calling thread, in a runtime of its own),
 /// without logs: openraft warns about every lost message, which a
 /// simulation of lost messages is full of.
@@ -343,6 +425,7 @@ fn run_seed_logged(seed: u64, opts: SimOptions) -> SeedReport {
         Err(e) => {
             return SeedReport {
                 seed,
+                reports: 0,
                 writes: 0,
                 acked: 0,
                 crashes: 0,
@@ -365,6 +448,7 @@ async fn drive(seed: u64, opts: SimOptions) -> SeedReport {
     let t0 = tokio::time::Instant::now();
     let mut rep = SeedReport {
         seed,
+        reports: 0,
         writes: 0,
         acked: 0,
         crashes: 0,
@@ -445,9 +529,22 @@ async fn drive(seed: u64, opts: SimOptions) -> SeedReport {
     }
     let mut crashed: BTreeSet<u64> = BTreeSet::new();
     let mut clients = Vec::new();
+    let mut agents: Vec<AgentSim> = HOSTS
+        .iter()
+        .map(|&host| AgentSim {
+            host,
+            seq: 1,
+            acked: 0,
+            inflight: None,
+        })
+        .collect();
     for _ in 0..opts.steps {
         match rng.gen_range(0..100) {
-            0..=49 => {
+            0..=9 => {
+                let i = rng.gen_range(0..agents.len());
+                rep.reports += u64::from(agents[i].step(&sim, &mut rng));
+            }
+            10..=49 => {
                 let running = sim.running();
                 let target = if rng.gen_bool(0.8) {
                     sim.leader()
@@ -548,6 +645,24 @@ async fn drive(seed: u64, opts: SimOptions) -> SeedReport {
         let _ = c.await;
     }
     let converged = converge(&mut sim).await;
+    // The agents finish what they have in flight (bounded: each reply
+    // within 3 s, a few resends).
+    for a in agents.iter_mut() {
+        for _ in 0..20 {
+            if let Some(h) = a.inflight.take() {
+                if h.await.unwrap_or(false) {
+                    a.acked = a.acked.max(a.seq);
+                    break;
+                }
+            }
+            rep.reports += u64::from(a.step(&sim, &mut rng));
+        }
+    }
+    if converged {
+        // Reports up to this one are all applied by now (the last acked
+        // one's write committed the ones before it).
+        let _ = converge(&mut sim).await;
+    }
     rep.max_term = rep.max_term.max(sim.check_leaders());
     if !converged {
         violation("convergence: no leader with every node caught up 30 s after healing".into());
@@ -566,6 +681,24 @@ async fn drive(seed: u64, opts: SimOptions) -> SeedReport {
                 if b != bytes {
                     violation(format!(
                         "replica-agreement: nodes {first} and {id} applied the same log to different models"
+                    ));
+                }
+            }
+        }
+        // exactly-once
+        if let Some(m) = sim.models.values().next() {
+            let st = m.read().unwrap_or_else(|e| e.into_inner());
+            for a in &agents {
+                let Some(h) = st.model.0.hosts.get(a.host) else {
+                    violation(format!("exactly-once: host {} is gone", a.host));
+                    continue;
+                };
+                let applied = h.last_event_seq;
+                let nic = h.nics.get("rail0").map(|n| n.carrier_changes);
+                if applied < a.acked || applied > a.seq || (applied > 0 && nic != Some(applied)) {
+                    violation(format!(
+                        "exactly-once: {} applied through {applied} (its NIC shows report {nic:?}), acknowledged through {}, sent through {}",
+                        a.host, a.acked, a.seq
                     ));
                 }
             }
@@ -636,6 +769,8 @@ pub struct FuzzReport {
     pub seeds_per_s: f64,
     pub writes: u64,
     pub acked: u64,
+    /// NIC reports the simulated agents sent, resends included.
+    pub reports: u64,
     pub crashes: u64,
     pub cuts: u64,
     pub messages_lost: u64,
@@ -653,7 +788,7 @@ pub fn fuzz(first: u64, seeds: u64, threads: usize, opts: SimOptions) -> FuzzRep
     let end = first.saturating_add(seeds);
     let done = AtomicU64::new(0);
     let results: Mutex<Vec<SeedReport>> = Mutex::new(Vec::new());
-    let totals: Mutex<[u64; 7]> = Mutex::new([0; 7]);
+    let totals: Mutex<[u64; 8]> = Mutex::new([0; 8]);
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
             s.spawn(|| loop {
@@ -671,6 +806,7 @@ pub fn fuzz(first: u64, seeds: u64, threads: usize, opts: SimOptions) -> FuzzRep
                     t[4] += r.messages_lost;
                     t[5] += r.sim_ms;
                     t[6] += u64::from(!r.violations.is_empty());
+                    t[7] += r.reports;
                 }
                 if !r.violations.is_empty() {
                     eprintln!("[fuzz] seed {seed}: {}", r.violations[0]);
@@ -702,6 +838,7 @@ pub fn fuzz(first: u64, seeds: u64, threads: usize, opts: SimOptions) -> FuzzRep
         seeds_per_s: seeds as f64 / runtime_s.max(1e-9),
         writes: t[0],
         acked: t[1],
+        reports: t[7],
         crashes: t[2],
         cuts: t[3],
         messages_lost: t[4],
