@@ -2,8 +2,8 @@
 //! (SIGKILL the current leader every round, restart it later) and
 //! `cluster-crash` (SIGKILL every supervisor at once, restart them all).
 //!
-//! Clients issue concurrent cordon/uncordon/drain/undrain/label writes and
-//! linearizable reads against random supervisors (followers forward to the
+//! Clients issue concurrent cordon/uncordon/drain/undrain/label writes, NIC
+//! failovers and failbacks, and linearizable reads against random supervisors (followers forward to the
 //! leader). Every operation is recorded with call and return times; at the
 //! end the checkers decide:
 //! - [`check_durability`]: every acknowledged label write is present in the
@@ -23,6 +23,7 @@ use supervisor::api::{AdminReply, AdminRequest, ErrorKind};
 use supervisor::client::AdminClient;
 use supervisor::model::{AdminOp, Host};
 
+use crate::linearizability::host::NICS;
 use crate::linearizability::{
     check_with, HostModel, HostOp, HostResult, HostView, Limits, Operation, Verdict, MAX_FRONTIER,
 };
@@ -100,6 +101,12 @@ pub fn view(h: &Host) -> HostView {
             .filter(|(k, _)| k.starts_with('c'))
             .filter_map(|(k, v)| v.parse().ok().map(|v| (k.clone(), v)))
             .collect(),
+        held: h
+            .nics
+            .values()
+            .filter(|n| n.held_out.is_some())
+            .map(|n| n.name.clone())
+            .collect(),
     }
 }
 
@@ -126,12 +133,15 @@ async fn client_loop(
         let hi = rng.gen_range(0..hosts.len());
         let host = hosts[hi].clone();
         let roll = rng.gen_range(0..100);
+        let nic = NICS[rng.gen_range(0..NICS.len())].to_string();
         let input = match roll {
-            0..=14 => HostOp::Cordon,
-            15..=29 => HostOp::Uncordon,
-            30..=37 => HostOp::Drain,
-            38..=45 => HostOp::Undrain,
-            46..=70 => {
+            0..=11 => HostOp::Cordon,
+            12..=23 => HostOp::Uncordon,
+            24..=30 => HostOp::Drain,
+            31..=37 => HostOp::Undrain,
+            38..=43 => HostOp::Failover(nic),
+            44..=49 => HostOp::Failback(nic),
+            50..=70 => {
                 next_value += 1;
                 HostOp::SetLabel(key.clone(), next_value)
             }
@@ -161,6 +171,19 @@ async fn client_loop(
                     remove: vec![],
                 },
             },
+            HostOp::Failover(nic) => AdminRequest::Write {
+                op: AdminOp::NicFailover {
+                    host: host.clone(),
+                    nic: nic.clone(),
+                    to: None,
+                },
+            },
+            HostOp::Failback(nic) => AdminRequest::Write {
+                op: AdminOp::NicFailback {
+                    host: host.clone(),
+                    nic: nic.clone(),
+                },
+            },
             HostOp::Read => AdminRequest::NodeShow { host: host.clone() },
         };
         let call = ns_since(start);
@@ -168,7 +191,10 @@ async fn client_loop(
         let ret = ns_since(start);
         let (output, ret) = match res {
             Ok(AdminReply::Host { host, .. }) => (Some(HostResult::Read(view(&host))), Some(ret)),
-            Ok(AdminReply::Committed { .. }) => (Some(HostResult::Ok), Some(ret)),
+            // A failover or failback answers with the intent it opened.
+            Ok(AdminReply::Committed { .. } | AdminReply::IntentOpened { .. }) => {
+                (Some(HostResult::Ok), Some(ret))
+            }
             Ok(other) => {
                 rec.unexpected
                     .lock()
@@ -176,7 +202,10 @@ async fn client_loop(
                     .push(format!("unexpected reply {other:?}"));
                 continue;
             }
-            Err(e) if e.kind == ErrorKind::FailedPrecondition && input == HostOp::Uncordon => {
+            Err(e)
+                if e.kind == ErrorKind::FailedPrecondition
+                    && matches!(input, HostOp::Uncordon | HostOp::Failover(_)) =>
+            {
                 (Some(HostResult::Refused), Some(ret))
             }
             // Definitely not applied (or a read that saw nothing): not part of the history.

@@ -1,8 +1,8 @@
 //! [`HostModel`]: the sequential specification of one host's admin-visible
-//! state (cordon, drain, labels) that the supervisor scenarios check their
-//! histories against.
+//! state (cordon, drain, labels, NICs held out of service by an admin's
+//! failover) that the supervisor scenarios check their histories against.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::hash::Hash;
 
 use super::model::{Model, Operation};
@@ -17,6 +17,20 @@ pub struct HostView {
     /// Label key -> value; each client writes its own key with increasing
     /// values.
     pub labels: BTreeMap<String, u64>,
+    /// NICs held out of service (`nic failover` until `nic failback`).
+    pub held: BTreeSet<String>,
+}
+
+/// The simulated hosts' NICs, each the other's backup.
+pub const NICS: [&str; 2] = ["rail0", "rail1"];
+
+/// The backup of a simulated host's NIC.
+fn backup(nic: &str) -> &'static str {
+    if nic == NICS[0] {
+        NICS[1]
+    } else {
+        NICS[0]
+    }
 }
 
 /// Admin operations on one host.
@@ -27,6 +41,12 @@ pub enum HostOp {
     Drain,
     Undrain,
     SetLabel(String, u64),
+    /// `nic failover HOST NIC` (to its backup): refused while the backup
+    /// is itself held; else the NIC is held.
+    Failover(String),
+    /// `nic failback HOST NIC`: releases the NIC (the simulated hosts'
+    /// NICs never report a state, so it is never refused).
+    Failback(String),
     Read,
 }
 
@@ -34,9 +54,18 @@ pub enum HostOp {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HostResult {
     Ok,
-    /// Refused by a precondition (uncordon while draining); no effect.
+    /// Refused by a precondition (uncordon while draining, failover onto
+    /// a held NIC); no effect.
     Refused,
     Read(HostView),
+}
+
+/// The NIC a failover or failback names.
+fn input_nic(op: &HostOp) -> &str {
+    match op {
+        HostOp::Failover(n) | HostOp::Failback(n) => n,
+        _ => "",
+    }
 }
 
 /// The sequential specification of one host (see `supervisor::model`).
@@ -78,6 +107,15 @@ impl Model for HostModel {
             }
             HostOp::SetLabel(k, v) if ok => {
                 n.labels.insert(k.clone(), *v);
+            }
+            HostOp::Failover(_) if s.held.contains(backup(input_nic(input))) => {
+                return matches!(out, None | Some(HostResult::Refused)).then_some(n)
+            }
+            HostOp::Failover(nic) if ok => {
+                n.held.insert(nic.clone());
+            }
+            HostOp::Failback(nic) if ok => {
+                n.held.remove(nic);
             }
             _ => return None,
         }

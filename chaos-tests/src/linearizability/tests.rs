@@ -2,7 +2,7 @@
 //! verdicts, generated histories (long, busy, corrupted), and a property
 //! test that the segmented checker agrees with the plain search.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use super::*;
 use proptest::prelude::*;
@@ -50,7 +50,7 @@ fn read(cordoned: bool, draining: bool) -> HostResult {
     HostResult::Read(HostView {
         cordoned,
         draining,
-        labels: BTreeMap::new(),
+        ..Default::default()
     })
 }
 
@@ -59,6 +59,7 @@ fn read_labels(cordoned: bool, labels: &[(&str, u64)]) -> HostResult {
         cordoned,
         draining: false,
         labels: labels.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+        ..Default::default()
     })
 }
 
@@ -115,6 +116,52 @@ fn reads_must_not_go_back_in_time() {
         op(2, HostOp::Read, 30, 40, read(false, false)),
     ];
     assert_rejected(&h);
+}
+
+/// A failover holds its NIC; one onto a held NIC is refused; a failback
+/// releases it. A refusal only fits a history where the backup is held.
+#[test]
+fn failover_holds_and_refuses_onto_a_held_nic() {
+    let f = |n: &str| HostOp::Failover(n.into());
+    let held = |nics: &[&str]| {
+        HostResult::Read(HostView {
+            held: nics.iter().map(|n| n.to_string()).collect(),
+            ..Default::default()
+        })
+    };
+    let ok = [
+        op(0, f("rail0"), 0, 10, HostResult::Ok),
+        op(1, f("rail1"), 20, 30, HostResult::Refused),
+        op(0, HostOp::Read, 40, 50, held(&["rail0"])),
+        op(1, HostOp::Failback("rail0".into()), 60, 70, HostResult::Ok),
+        op(0, f("rail1"), 80, 90, HostResult::Ok),
+        op(1, HostOp::Read, 100, 110, held(&["rail1"])),
+    ];
+    assert_linearizable(&ok, "failover, refusal, failback, failover");
+    // Refused with nothing held: no order of these explains it.
+    assert_rejected(&[
+        op(0, f("rail1"), 0, 10, HostResult::Refused),
+        op(0, HostOp::Read, 20, 30, held(&[])),
+    ]);
+    // Accepted although its backup was held before it was called.
+    assert_rejected(&[
+        op(0, f("rail0"), 0, 10, HostResult::Ok),
+        op(1, f("rail1"), 20, 30, HostResult::Ok),
+    ]);
+    // Two concurrent failovers of a host's two NICs cannot both succeed,
+    // whichever came first; one accepted and one refused can.
+    assert_rejected(&[
+        op(0, f("rail0"), 0, 30, HostResult::Ok),
+        op(1, f("rail1"), 10, 20, HostResult::Ok),
+    ]);
+    assert_linearizable(
+        &[
+            op(0, f("rail0"), 0, 30, HostResult::Ok),
+            op(1, f("rail1"), 10, 20, HostResult::Refused),
+            op(0, HostOp::Read, 40, 50, held(&["rail0"])),
+        ],
+        "rail0 taken first, though it returned last",
+    );
 }
 
 #[test]
