@@ -3,13 +3,14 @@
 //! `cluster-crash` (SIGKILL every supervisor at once, restart them all).
 //!
 //! Clients issue concurrent cordon/uncordon/drain/undrain/label writes, NIC
-//! failovers and failbacks, and linearizable reads against random supervisors (followers forward to the
+//! failovers and failbacks, playbook applies and deletes, and
+//! linearizable reads against random supervisors (followers forward to the
 //! leader). Every operation is recorded with call and return times; at the
 //! end the checkers decide:
 //! - [`check_durability`]: every acknowledged label write is present in the
 //!   final state (invariant "acknowledged admin operations survive");
-//! - [`crate::linearizability`]: the whole history, per host, is
-//!   linearizable.
+//! - [`crate::linearizability`]: the whole history, per host and per
+//!   playbook, is linearizable.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +25,7 @@ use supervisor::client::AdminClient;
 use supervisor::model::{AdminOp, Host};
 
 use crate::linearizability::host::NICS;
+use crate::linearizability::playbook::{PbOp, PbResult, PlaybookModel};
 use crate::linearizability::{
     check_with, HostModel, HostOp, HostResult, HostView, Limits, Operation, Verdict, MAX_FRONTIER,
 };
@@ -88,6 +90,87 @@ struct Recorder {
     acked_labels: Mutex<Vec<(usize, String, u64)>>,
     /// Why outcomes were unknown (message prefix -> count), for diagnosis.
     unknown_causes: Mutex<BTreeMap<String, usize>>,
+    /// Per playbook of [`PLAYBOOKS`]: its history.
+    pb_ops: [Mutex<Vec<PbOperation>>; PLAYBOOKS.len()],
+}
+
+type PbOperation = Operation<PbOp, PbResult>;
+
+/// The playbooks the clients apply, delete and show (never triggered:
+/// they have no trigger).
+pub const PLAYBOOKS: [&str; 2] = ["lin-pb0", "lin-pb1"];
+
+/// One playbook operation of client `id` (value `value` for an apply),
+/// recorded like the host operations.
+async fn playbook_op(
+    id: usize,
+    client: &AdminClient,
+    rec: &Recorder,
+    start: Instant,
+    pi: usize,
+    input: PbOp,
+) {
+    let name = PLAYBOOKS[pi].to_string();
+    let request = match &input {
+        PbOp::Apply(v) => AdminRequest::Write {
+            op: AdminOp::PlaybookApply {
+                files: vec![supervisor::model::playbook_store::PlaybookFile {
+                    file: format!("{name}.toml"),
+                    text: crate::linearizability::playbook::text(&name, *v),
+                }],
+            },
+        },
+        PbOp::Delete => AdminRequest::Write {
+            op: AdminOp::PlaybookDelete { name: name.clone() },
+        },
+        PbOp::Read => AdminRequest::PlaybookShow { name: name.clone() },
+    };
+    let call = ns_since(start);
+    let res = client.call(request, false).await;
+    let ret = ns_since(start);
+    let output = match res {
+        Ok(AdminReply::Playbook { playbook }) => Some(PbResult::Read(
+            crate::linearizability::playbook::value_of(&playbook.source),
+        )),
+        Ok(AdminReply::Committed { .. }) => Some(PbResult::Ok),
+        Ok(other) => {
+            rec.unexpected
+                .lock()
+                .unwrap()
+                .push(format!("unexpected reply {other:?}"));
+            return;
+        }
+        Err(e) if e.kind == ErrorKind::NotFound && input == PbOp::Read => {
+            Some(PbResult::Read(None))
+        }
+        Err(e) if e.kind == ErrorKind::NotFound && input == PbOp::Delete => Some(PbResult::Refused),
+        Err(e) if e.kind == ErrorKind::Unavailable || input == PbOp::Read => {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            return;
+        }
+        Err(e) if matches!(e.kind, ErrorKind::Unknown | ErrorKind::Internal) => {
+            let key: String = e.message.chars().take(90).collect();
+            *rec.unknown_causes.lock().unwrap().entry(key).or_insert(0) += 1;
+            None
+        }
+        Err(e) => {
+            rec.unexpected
+                .lock()
+                .unwrap()
+                .push(format!("{input:?} on playbook {name}: {e}"));
+            return;
+        }
+    };
+    if output.is_some() {
+        rec.successes.lock().unwrap().push(ret / 1_000_000);
+    }
+    rec.pb_ops[pi].lock().unwrap().push(Operation {
+        client: id,
+        input,
+        call,
+        ret: output.as_ref().map(|_| ret),
+        output,
+    });
 }
 
 /// Projects a host onto what the model observes.
@@ -133,6 +216,20 @@ async fn client_loop(
         let hi = rng.gen_range(0..hosts.len());
         let host = hosts[hi].clone();
         let roll = rng.gen_range(0..100);
+        if (71..=80).contains(&roll) {
+            // Playbooks: every apply writes a value of its own.
+            let pi = rng.gen_range(0..PLAYBOOKS.len());
+            let input = match rng.gen_range(0..4) {
+                0 | 1 => {
+                    next_value += 1;
+                    PbOp::Apply((id as u64) << 32 | next_value)
+                }
+                2 => PbOp::Delete,
+                _ => PbOp::Read,
+            };
+            playbook_op(id, &client, &rec, start, pi, input).await;
+            continue;
+        }
         let nic = NICS[rng.gen_range(0..NICS.len())].to_string();
         let input = match roll {
             0..=11 => HostOp::Cordon,
@@ -419,6 +516,45 @@ impl HistoryLoad {
             };
             finals.push(v);
         }
+        // A final show of every playbook too, part of its history.
+        for (pi, name) in PLAYBOOKS.iter().enumerate() {
+            let mut attempt = 0;
+            loop {
+                let call = ns_since(start);
+                let out = match reader
+                    .call(
+                        AdminRequest::PlaybookShow {
+                            name: name.to_string(),
+                        },
+                        false,
+                    )
+                    .await
+                {
+                    Ok(AdminReply::Playbook { playbook }) => {
+                        Some(crate::linearizability::playbook::value_of(&playbook.source))
+                    }
+                    Err(e) if e.kind == ErrorKind::NotFound => Some(None),
+                    Ok(other) => anyhow::bail!("unexpected reply {other:?}"),
+                    Err(e) if attempt < 50 => {
+                        attempt += 1;
+                        tracing::debug!(error = %e, "final playbook read retry");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        None
+                    }
+                    Err(e) => anyhow::bail!("final read of playbook {name} failed: {e}"),
+                };
+                if let Some(v) = out {
+                    rec.pb_ops[pi].lock().unwrap().push(Operation {
+                        client: usize::MAX,
+                        input: PbOp::Read,
+                        call,
+                        ret: Some(ns_since(start)),
+                        output: Some(PbResult::Read(v)),
+                    });
+                    break;
+                }
+            }
+        }
         let acked_labels = rec.acked_labels.lock().unwrap().clone();
         let lost_ops = check_durability(&acked_labels, &finals);
         let (mut acked, mut refused, mut unknown, mut reads) = (0, 0, 0, 0);
@@ -454,6 +590,32 @@ impl HistoryLoad {
             if r.verdict != Verdict::Linearizable {
                 let text: String = ops.iter().map(|o| format!("{o:?}\n")).collect();
                 failed_histories.push((hosts[hi].clone(), text));
+            }
+            verdicts.push(r.verdict);
+        }
+        for (pi, ops) in rec.pb_ops.iter().enumerate() {
+            let ops = ops.lock().unwrap();
+            for o in ops.iter() {
+                match (&o.input, &o.output) {
+                    (PbOp::Read, _) => reads += 1,
+                    (_, Some(PbResult::Refused)) => refused += 1,
+                    (_, Some(_)) => acked += 1,
+                    (_, None) => unknown += 1,
+                }
+            }
+            let t = Instant::now();
+            let r = check_with(&PlaybookModel, &ops, CHECK_LIMITS);
+            eprintln!(
+                "[{scenario}] playbook {}: {:?} in {} ms: {} ops, {} segments",
+                PLAYBOOKS[pi],
+                r.verdict,
+                t.elapsed().as_millis(),
+                ops.len(),
+                r.segments,
+            );
+            if r.verdict != Verdict::Linearizable {
+                let text: String = ops.iter().map(|o| format!("{o:?}\n")).collect();
+                failed_histories.push((PLAYBOOKS[pi].to_string(), text));
             }
             verdicts.push(r.verdict);
         }

@@ -66,11 +66,14 @@
 //! - [`unsegmented`]: the plain search over a whole history, the reference.
 //! - [`host`]: [`HostModel`], the sequential spec of a host's
 //!   admin-visible state.
+//! - [`playbook`]: [`playbook::PlaybookModel`], one stored playbook
+//!   (apply, delete, show).
 
 pub mod check;
 mod entries;
 pub mod host;
 pub mod model;
+pub mod playbook;
 mod search;
 mod segment;
 pub mod unsegmented;
