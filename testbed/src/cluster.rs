@@ -481,13 +481,14 @@ impl SupervisorCluster {
 
 impl Drop for SupervisorCluster {
     fn drop(&mut self) {
+        // First: a test disk left frozen on a data directory (its owner
+        // failed half-way) would keep a killed member from ever exiting,
+        // and a mounted one the run directory from being removed.
+        crate::disk::unmount_under(&self.run_dir);
         let ids: Vec<u64> = self.nodes.iter().map(|n| n.id).collect();
         for id in ids {
             self.kill(id);
         }
-        // A test disk still mounted on a data directory (its owner failed
-        // half-way) would keep the run directory from being removed.
-        crate::disk::unmount_under(&self.run_dir);
         if std::env::var_os("RAILGUARD_KEEP").is_some() {
             let p = self.keep();
             eprintln!("kept run directory {}", p.display());

@@ -22,10 +22,12 @@
 //! delays of its paths are off by the step, up one way and down the
 //! other. That path and its reverse (the other half of the same clock
 //! difference) restart their baselines and are not judged for
-//! `clock_hold` (10 s, extended by every further drop while the solution
-//! catches up). The up-side path may be read a second before its reverse
-//! shows the drop; `enter_seconds` = 2 keeps it from being contended
-//! meanwhile.
+//! `clock_hold` (10 s, extended by every further drop below the lowest
+//! delay seen while held: the up-side path comes down step by step while
+//! the clock solution catches up). The up-side path may be read a second
+//! before its reverse shows the drop; `enter_seconds` = 2 keeps it from
+//! being contended meanwhile (two seconds that follow each other: a
+//! missing second starts the count again).
 //!
 //! **Localisation** (network tomography over a tree): every fresh path is
 //! routed over the topology; each directed link scores the share of its
@@ -123,6 +125,10 @@ struct Track {
     since: Option<Instant>,
     /// Not judged before this (a clock moved under the path).
     held_until: Option<Instant>,
+    /// The lowest minimum seen while held: a further drop below it means
+    /// the zero is still moving (the clock solution catching up), and the
+    /// hold is extended.
+    hold_min: f64,
 }
 
 impl Track {
@@ -138,6 +144,7 @@ impl Track {
             entering: 0,
             since: None,
             held_until: None,
+            hold_min: f64::INFINITY,
         }
     }
 
@@ -206,23 +213,42 @@ impl Detector {
                 t.restart();
                 t.correction = s.correction;
             }
+            // "In a row" means consecutive seconds: a missing one breaks it.
+            if s.arrived.saturating_duration_since(t.last) > Duration::from_millis(1_500) {
+                t.entering = 0;
+            }
             t.last = s.arrived;
+            let enter_ns = self.cfg.enter_us * 1_000.0;
             let base = t.baseline.iter().copied().fold(f64::INFINITY, f64::min);
-            if base.is_finite() && base - s.min_ns > self.cfg.enter_us * 1_000.0 {
-                tracing::info!(path = %key, below_us = (base - s.min_ns) / 1_000.0, "path delays fell below their floor: a clock moved; the path and its reverse are held");
+            let held = t.held_until.is_some_and(|h| s.arrived < h);
+            // A drop below the floor, or (while held) below what the hold
+            // has seen: the delays' zero moved, or is still moving.
+            let floor = if held { t.hold_min } else { base };
+            if floor.is_finite() && floor - s.min_ns > enter_ns {
+                if !held {
+                    tracing::info!(path = %key, below_us = (floor - s.min_ns) / 1_000.0, "path delays fell below their floor: a clock moved; the path and its reverse are held");
+                }
                 let until = s.arrived + self.cfg.clock_hold;
-                for k in [key.reversed(), key] {
+                for k in [key.reversed(), key.clone()] {
                     if let Some(t) = self.tracks.get_mut(&k) {
-                        t.restart();
+                        if t.held_until.is_none_or(|h| s.arrived >= h) {
+                            t.restart();
+                            t.hold_min = f64::INFINITY;
+                        }
                         t.held_until = Some(until);
                     }
                 }
+                if let Some(t) = self.tracks.get_mut(&key) {
+                    t.hold_min = t.hold_min.min(s.min_ns);
+                }
                 continue;
             }
-            if t.held_until.is_some_and(|h| s.arrived < h) {
+            if held {
+                t.hold_min = t.hold_min.min(s.min_ns);
                 continue;
             }
             t.held_until = None;
+            t.hold_min = f64::INFINITY;
             let floor = base.min(s.min_ns);
             t.queue_p50_us = (s.p50_ns - floor).max(0.0) / 1_000.0;
             t.queue_p99_us = (s.p99_ns - floor).max(0.0) / 1_000.0;
@@ -862,6 +888,22 @@ switch = "l1"
     /// is.
     #[test]
     fn a_clock_step_is_not_contention() {
+        // The step, then the clock solution following it: fast (gone in
+        // four seconds) and slow (fifteen seconds, longer than the hold,
+        // which each further drop extends).
+        let slow: Vec<f64> = std::iter::once(1.0)
+            .chain((0..=15).map(|i| 1.0 - f64::from(i) / 15.0))
+            .chain([0.0])
+            .collect();
+        for ramp in [vec![1.0, 1.0, 0.6, 0.3, 0.1, 0.0, 0.0], slow] {
+            step_then(&ramp);
+        }
+    }
+
+    /// Feeds calm seconds, then h1's clock off by `ramp[i]` seconds in
+    /// second i, and checks nothing is ever contended or named; then a
+    /// real uplink queue after the hold still is.
+    fn step_then(ramp: &[f64]) {
         let topo = Topology::parse(TOPO).unwrap();
         let mut d = Detector::new(ContentionConfig::default());
         let t0 = Instant::now();
@@ -869,8 +911,7 @@ switch = "l1"
         let calm = |(s, dd): &(&str, &str), at: Instant, shift_us: f64| {
             sample(s, dd, at, 20.0 + shift_us, 30.0 + shift_us)
         };
-        // The step, then the solution following it: 1 s, 0.6 s, … 0.
-        for (i, left) in [1.0, 1.0, 0.6, 0.3, 0.1, 0.0, 0.0].iter().enumerate() {
+        for (i, left) in ramp.iter().enumerate() {
             at += Duration::from_secs(1);
             let shift = |p: &(&str, &str)| match *p {
                 (_, "h1") => left * 1e6,
@@ -886,7 +927,7 @@ switch = "l1"
             d.ingest(&second, later);
             assert!(
                 d.paths(later).iter().all(|p| !p.contended),
-                "second {i}: {:?}",
+                "ramp {ramp:?}, second {i}: {:?}",
                 d.paths(later)
                     .iter()
                     .filter(|p| p.contended)
