@@ -3,14 +3,14 @@
 //! `cluster-crash` (SIGKILL every supervisor at once, restart them all).
 //!
 //! Clients issue concurrent cordon/uncordon/drain/undrain/label writes, NIC
-//! failovers and failbacks, playbook applies and deletes, and
-//! linearizable reads against random supervisors (followers forward to the
+//! failovers and failbacks, playbook applies and deletes, job submits and
+//! cancels, and linearizable reads against random supervisors (followers forward to the
 //! leader). Every operation is recorded with call and return times; at the
 //! end the checkers decide:
 //! - [`check_durability`]: every acknowledged label write is present in the
 //!   final state (invariant "acknowledged admin operations survive");
-//! - [`crate::linearizability`]: the whole history, per host and per
-//!   playbook, is linearizable.
+//! - [`crate::linearizability`]: the whole history, per host, per
+//!   playbook and per job name, is linearizable.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +25,7 @@ use supervisor::client::AdminClient;
 use supervisor::model::{AdminOp, Host};
 
 use crate::linearizability::host::NICS;
+use crate::linearizability::job::{JobModel, JobOp as LinJobOp, JobResult};
 use crate::linearizability::playbook::{PbOp, PbResult, PlaybookModel};
 use crate::linearizability::{
     check_with, HostModel, HostOp, HostResult, HostView, Limits, Operation, Verdict, MAX_FRONTIER,
@@ -91,25 +92,98 @@ struct Recorder {
     /// Why outcomes were unknown (message prefix -> count), for diagnosis.
     unknown_causes: Mutex<BTreeMap<String, usize>>,
     /// Per playbook of [`PLAYBOOKS`]: its history.
-    pb_ops: [Mutex<Vec<PbOperation>>; PLAYBOOKS.len()],
+    pb_ops: [Mutex<Vec<Operation<PbOp, PbResult>>>; PLAYBOOKS.len()],
+    /// Per job name of [`JOBS`]: its history.
+    job_ops: [Mutex<Vec<Operation<LinJobOp, JobResult>>>; JOBS.len()],
 }
 
-type PbOperation = Operation<PbOp, PbResult>;
+/// The job names the clients submit, cancel and show (never placed).
+pub const JOBS: [&str; 2] = ["lin-job0", "lin-job1"];
 
 /// The playbooks the clients apply, delete and show (never triggered:
 /// they have no trigger).
 pub const PLAYBOOKS: [&str; 2] = ["lin-pb0", "lin-pb1"];
 
-/// One playbook operation of client `id` (value `value` for an apply),
-/// recorded like the host operations.
-async fn playbook_op(
-    id: usize,
-    client: &AdminClient,
+/// What a reply means for an object's history.
+enum Outcome<O> {
+    /// Part of the history: the output (`None`: unknown, it may have
+    /// taken effect).
+    Record(Option<O>),
+    /// Definitely not applied (or a read that saw nothing): left out.
+    Skip,
+}
+
+/// The shared part of a playbook or job reply: unknown outcomes, skips,
+/// unexpected replies (recorded).
+fn common_outcome<O>(
     rec: &Recorder,
+    res: Result<AdminReply, supervisor::api::ApiError>,
+    is_read: bool,
+    what: &str,
+) -> Outcome<O> {
+    match res {
+        Ok(other) => {
+            rec.unexpected
+                .lock()
+                .unwrap()
+                .push(format!("unexpected reply {other:?}"));
+            Outcome::Skip
+        }
+        Err(e) if e.kind == ErrorKind::Unavailable || is_read => Outcome::Skip,
+        Err(e) if matches!(e.kind, ErrorKind::Unknown | ErrorKind::Internal) => {
+            let key: String = e.message.chars().take(90).collect();
+            *rec.unknown_causes.lock().unwrap().entry(key).or_insert(0) += 1;
+            Outcome::Record(None)
+        }
+        Err(e) => {
+            rec.unexpected.lock().unwrap().push(format!("{what}: {e}"));
+            Outcome::Skip
+        }
+    }
+}
+
+/// A client making a call: who, through what, recorded where.
+struct Caller<'a> {
+    id: usize,
+    client: &'a AdminClient,
+    rec: &'a Recorder,
     start: Instant,
-    pi: usize,
-    input: PbOp,
+}
+
+/// Calls `request` for the caller and records the operation in `ops` as
+/// `outcome` reads the reply.
+async fn object_op<I, O>(
+    c: &Caller<'_>,
+    ops: &Mutex<Vec<Operation<I, O>>>,
+    input: I,
+    request: AdminRequest,
+    outcome: impl FnOnce(Result<AdminReply, supervisor::api::ApiError>) -> Outcome<O>,
 ) {
+    let call = ns_since(c.start);
+    let res = c.client.call(request, false).await;
+    let ret = ns_since(c.start);
+    let output = match outcome(res) {
+        Outcome::Record(o) => o,
+        Outcome::Skip => {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            return;
+        }
+    };
+    if output.is_some() {
+        c.rec.successes.lock().unwrap().push(ret / 1_000_000);
+    }
+    ops.lock().unwrap().push(Operation {
+        client: c.id,
+        input,
+        call,
+        ret: output.as_ref().map(|_| ret),
+        output,
+    });
+}
+
+/// One playbook operation.
+async fn playbook_op(c: &Caller<'_>, pi: usize, input: PbOp) {
+    let rec = c.rec;
     let name = PLAYBOOKS[pi].to_string();
     let request = match &input {
         PbOp::Apply(v) => AdminRequest::Write {
@@ -125,52 +199,60 @@ async fn playbook_op(
         },
         PbOp::Read => AdminRequest::PlaybookShow { name: name.clone() },
     };
-    let call = ns_since(start);
-    let res = client.call(request, false).await;
-    let ret = ns_since(start);
-    let output = match res {
-        Ok(AdminReply::Playbook { playbook }) => Some(PbResult::Read(
+    let what = format!("{input:?} on playbook {name}");
+    let is_read = input == PbOp::Read;
+    let is_delete = input == PbOp::Delete;
+    object_op(c, &rec.pb_ops[pi], input, request, |res| match res {
+        Ok(AdminReply::Playbook { playbook }) => Outcome::Record(Some(PbResult::Read(
             crate::linearizability::playbook::value_of(&playbook.source),
-        )),
-        Ok(AdminReply::Committed { .. }) => Some(PbResult::Ok),
-        Ok(other) => {
-            rec.unexpected
-                .lock()
-                .unwrap()
-                .push(format!("unexpected reply {other:?}"));
-            return;
+        ))),
+        Ok(AdminReply::Committed { .. }) => Outcome::Record(Some(PbResult::Ok)),
+        Err(e) if e.kind == ErrorKind::NotFound && is_read => {
+            Outcome::Record(Some(PbResult::Read(None)))
         }
-        Err(e) if e.kind == ErrorKind::NotFound && input == PbOp::Read => {
-            Some(PbResult::Read(None))
+        Err(e) if e.kind == ErrorKind::NotFound && is_delete => {
+            Outcome::Record(Some(PbResult::Refused))
         }
-        Err(e) if e.kind == ErrorKind::NotFound && input == PbOp::Delete => Some(PbResult::Refused),
-        Err(e) if e.kind == ErrorKind::Unavailable || input == PbOp::Read => {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            return;
-        }
-        Err(e) if matches!(e.kind, ErrorKind::Unknown | ErrorKind::Internal) => {
-            let key: String = e.message.chars().take(90).collect();
-            *rec.unknown_causes.lock().unwrap().entry(key).or_insert(0) += 1;
-            None
-        }
-        Err(e) => {
-            rec.unexpected
-                .lock()
-                .unwrap()
-                .push(format!("{input:?} on playbook {name}: {e}"));
-            return;
-        }
+        other => common_outcome(rec, other, is_read, &what),
+    })
+    .await;
+}
+
+/// One job operation.
+async fn job_op(c: &Caller<'_>, ji: usize, input: LinJobOp) {
+    let rec = c.rec;
+    use crate::linearizability::job;
+    let name = JOBS[ji].to_string();
+    let request = match &input {
+        LinJobOp::Submit(v) => AdminRequest::Write {
+            op: AdminOp::Job(supervisor::model::JobOp::Submit {
+                spec: job::spec(&name, *v),
+            }),
+        },
+        LinJobOp::Cancel => AdminRequest::Write {
+            op: AdminOp::Job(supervisor::model::JobOp::Cancel { job: name.clone() }),
+        },
+        LinJobOp::Read => AdminRequest::JobShow { job: name.clone() },
     };
-    if output.is_some() {
-        rec.successes.lock().unwrap().push(ret / 1_000_000);
-    }
-    rec.pb_ops[pi].lock().unwrap().push(Operation {
-        client: id,
-        input,
-        call,
-        ret: output.as_ref().map(|_| ret),
-        output,
-    });
+    let what = format!("{input:?} on job {name}");
+    let is_read = input == LinJobOp::Read;
+    object_op(c, &rec.job_ops[ji], input, request, |res| match res {
+        Ok(AdminReply::Job { job, .. }) => {
+            Outcome::Record(Some(JobResult::Read(job::observe(&job))))
+        }
+        Ok(AdminReply::Committed { .. }) => Outcome::Record(Some(JobResult::Ok)),
+        Err(e) if e.kind == ErrorKind::NotFound && is_read => {
+            Outcome::Record(Some(JobResult::Read(None)))
+        }
+        Err(e)
+            if matches!(e.kind, ErrorKind::NotFound | ErrorKind::FailedPrecondition)
+                && !is_read =>
+        {
+            Outcome::Record(Some(JobResult::Refused))
+        }
+        other => common_outcome(rec, other, is_read, &what),
+    })
+    .await;
 }
 
 /// Projects a host onto what the model observes.
@@ -216,6 +298,26 @@ async fn client_loop(
         let hi = rng.gen_range(0..hosts.len());
         let host = hosts[hi].clone();
         let roll = rng.gen_range(0..100);
+        if (81..=88).contains(&roll) {
+            // Jobs: every submit carries a value of its own.
+            let ji = rng.gen_range(0..JOBS.len());
+            let input = match rng.gen_range(0..3) {
+                0 => {
+                    next_value += 1;
+                    LinJobOp::Submit((id as u64) << 32 | next_value)
+                }
+                1 => LinJobOp::Cancel,
+                _ => LinJobOp::Read,
+            };
+            let caller = Caller {
+                id,
+                client: &client,
+                rec: &rec,
+                start,
+            };
+            job_op(&caller, ji, input).await;
+            continue;
+        }
         if (71..=80).contains(&roll) {
             // Playbooks: every apply writes a value of its own.
             let pi = rng.gen_range(0..PLAYBOOKS.len());
@@ -227,7 +329,13 @@ async fn client_loop(
                 2 => PbOp::Delete,
                 _ => PbOp::Read,
             };
-            playbook_op(id, &client, &rec, start, pi, input).await;
+            let caller = Caller {
+                id,
+                client: &client,
+                rec: &rec,
+                start,
+            };
+            playbook_op(&caller, pi, input).await;
             continue;
         }
         let nic = NICS[rng.gen_range(0..NICS.len())].to_string();
@@ -516,44 +624,47 @@ impl HistoryLoad {
             };
             finals.push(v);
         }
-        // A final show of every playbook too, part of its history.
+        // A final show of every playbook and job too, part of their
+        // histories.
         for (pi, name) in PLAYBOOKS.iter().enumerate() {
-            let mut attempt = 0;
-            loop {
-                let call = ns_since(start);
-                let out = match reader
-                    .call(
-                        AdminRequest::PlaybookShow {
-                            name: name.to_string(),
-                        },
-                        false,
-                    )
-                    .await
-                {
-                    Ok(AdminReply::Playbook { playbook }) => {
-                        Some(crate::linearizability::playbook::value_of(&playbook.source))
+            let request = AdminRequest::PlaybookShow {
+                name: name.to_string(),
+            };
+            final_read(
+                reader,
+                start,
+                &rec.pb_ops[pi],
+                PbOp::Read,
+                request,
+                |r| match r {
+                    Ok(AdminReply::Playbook { playbook }) => Some(PbResult::Read(
+                        crate::linearizability::playbook::value_of(&playbook.source),
+                    )),
+                    Err(e) if e.kind == ErrorKind::NotFound => Some(PbResult::Read(None)),
+                    _ => None,
+                },
+            )
+            .await?;
+        }
+        for (ji, name) in JOBS.iter().enumerate() {
+            let request = AdminRequest::JobShow {
+                job: name.to_string(),
+            };
+            final_read(
+                reader,
+                start,
+                &rec.job_ops[ji],
+                LinJobOp::Read,
+                request,
+                |r| match r {
+                    Ok(AdminReply::Job { job, .. }) => {
+                        Some(JobResult::Read(crate::linearizability::job::observe(&job)))
                     }
-                    Err(e) if e.kind == ErrorKind::NotFound => Some(None),
-                    Ok(other) => anyhow::bail!("unexpected reply {other:?}"),
-                    Err(e) if attempt < 50 => {
-                        attempt += 1;
-                        tracing::debug!(error = %e, "final playbook read retry");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        None
-                    }
-                    Err(e) => anyhow::bail!("final read of playbook {name} failed: {e}"),
-                };
-                if let Some(v) = out {
-                    rec.pb_ops[pi].lock().unwrap().push(Operation {
-                        client: usize::MAX,
-                        input: PbOp::Read,
-                        call,
-                        ret: Some(ns_since(start)),
-                        output: Some(PbResult::Read(v)),
-                    });
-                    break;
-                }
-            }
+                    Err(e) if e.kind == ErrorKind::NotFound => Some(JobResult::Read(None)),
+                    _ => None,
+                },
+            )
+            .await?;
         }
         let acked_labels = rec.acked_labels.lock().unwrap().clone();
         let lost_ops = check_durability(&acked_labels, &finals);
@@ -593,31 +704,44 @@ impl HistoryLoad {
             }
             verdicts.push(r.verdict);
         }
+        let mut objects = Vec::new();
         for (pi, ops) in rec.pb_ops.iter().enumerate() {
             let ops = ops.lock().unwrap();
-            for o in ops.iter() {
-                match (&o.input, &o.output) {
-                    (PbOp::Read, _) => reads += 1,
-                    (_, Some(PbResult::Refused)) => refused += 1,
-                    (_, Some(_)) => acked += 1,
-                    (_, None) => unknown += 1,
-                }
-            }
-            let t = Instant::now();
-            let r = check_with(&PlaybookModel, &ops, CHECK_LIMITS);
-            eprintln!(
-                "[{scenario}] playbook {}: {:?} in {} ms: {} ops, {} segments",
+            objects.push(check_object(
+                &PlaybookModel,
+                &ops,
                 PLAYBOOKS[pi],
-                r.verdict,
-                t.elapsed().as_millis(),
-                ops.len(),
-                r.segments,
-            );
-            if r.verdict != Verdict::Linearizable {
-                let text: String = ops.iter().map(|o| format!("{o:?}\n")).collect();
-                failed_histories.push((PLAYBOOKS[pi].to_string(), text));
-            }
-            verdicts.push(r.verdict);
+                scenario,
+                |o| match (&o.input, &o.output) {
+                    (PbOp::Read, _) => 3,
+                    (_, Some(PbResult::Refused)) => 1,
+                    (_, Some(_)) => 0,
+                    (_, None) => 2,
+                },
+            ));
+        }
+        for (ji, ops) in rec.job_ops.iter().enumerate() {
+            let ops = ops.lock().unwrap();
+            objects.push(check_object(
+                &JobModel,
+                &ops,
+                JOBS[ji],
+                scenario,
+                |o| match (&o.input, &o.output) {
+                    (LinJobOp::Read, _) => 3,
+                    (_, Some(JobResult::Refused)) => 1,
+                    (_, Some(_)) => 0,
+                    (_, None) => 2,
+                },
+            ));
+        }
+        for (counts, verdict, failed) in objects {
+            acked += counts[0];
+            refused += counts[1];
+            unknown += counts[2];
+            reads += counts[3];
+            failed_histories.extend(failed);
+            verdicts.push(verdict);
         }
         let linearizable = verdicts.iter().all(|v| *v == Verdict::Linearizable);
         let undecided = verdicts.contains(&Verdict::Undecided);
@@ -740,6 +864,68 @@ impl NsHistory {
             .join()
             .map_err(|_| anyhow::anyhow!("the admin clients' thread panicked"))??
     }
+}
+
+/// Reads an object once more through `reader` (retried, bounded), as the
+/// last operation of its history; `parse` says what the reply read
+/// (`None`: try again).
+async fn final_read<I, O>(
+    reader: &AdminClient,
+    start: Instant,
+    ops: &Mutex<Vec<Operation<I, O>>>,
+    input: I,
+    request: AdminRequest,
+    parse: impl Fn(Result<AdminReply, supervisor::api::ApiError>) -> Option<O>,
+) -> anyhow::Result<()> {
+    for _ in 0..50 {
+        let call = ns_since(start);
+        if let Some(out) = parse(reader.call(request.clone(), false).await) {
+            ops.lock().unwrap().push(Operation {
+                client: usize::MAX,
+                input,
+                call,
+                ret: Some(ns_since(start)),
+                output: Some(out),
+            });
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("the final read {request:?} failed 50 times")
+}
+
+/// Checks one object's history against `model`: the counts of acknowledged,
+/// refused, unknown and read operations (`class` puts each in 0..4), the
+/// verdict, and the history when it failed.
+fn check_object<M: crate::linearizability::Model>(
+    model: &M,
+    ops: &[Operation<M::Input, M::Output>],
+    name: &str,
+    scenario: &str,
+    class: impl Fn(&Operation<M::Input, M::Output>) -> usize,
+) -> ([usize; 4], Verdict, Option<(String, String)>)
+where
+    M::Input: std::fmt::Debug,
+    M::Output: std::fmt::Debug,
+{
+    let mut counts = [0; 4];
+    for o in ops {
+        counts[class(o).min(3)] += 1;
+    }
+    let t = Instant::now();
+    let r = check_with(model, ops, CHECK_LIMITS);
+    eprintln!(
+        "[{scenario}] {name}: {:?} in {} ms: {} ops, {} segments",
+        r.verdict,
+        t.elapsed().as_millis(),
+        ops.len(),
+        r.segments,
+    );
+    let failed = (r.verdict != Verdict::Linearizable).then(|| {
+        let text: String = ops.iter().map(|o| format!("{o:?}\n")).collect();
+        (name.to_string(), text)
+    });
+    (counts, r.verdict, failed)
 }
 
 /// Runs the scenario and returns its report.

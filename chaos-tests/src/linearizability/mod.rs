@@ -67,11 +67,13 @@
 //! - [`host`]: [`HostModel`], the sequential spec of a host's
 //!   admin-visible state.
 //! - [`playbook`]: [`playbook::PlaybookModel`], one stored playbook
-//!   (apply, delete, show).
+//!   (apply, delete, show); [`job`]: [`job::JobModel`], one job name
+//!   (submit, cancel, show).
 
 pub mod check;
 mod entries;
 pub mod host;
+pub mod job;
 pub mod model;
 pub mod playbook;
 mod search;
