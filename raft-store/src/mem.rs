@@ -15,17 +15,13 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
 use openraft::{
-    Entry, EntryPayload, LogId, OptionalSend, RaftLogId, RaftLogReader, RaftSnapshotBuilder,
-    RaftTypeConfig, SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
+    Entry, LogId, OptionalSend, RaftLogId, RaftLogReader, RaftSnapshotBuilder, RaftTypeConfig,
+    SnapshotMeta, StorageError, StorageIOError, StoredMembership, Vote,
 };
 
-use crate::state_machine::{Applied, SharedApplied, StateModel};
-
-/// A stored snapshot: its meta and the model's bytes.
-type StoredSnapshot<C> = (
-    SnapshotMeta<<C as RaftTypeConfig>::NodeId, <C as RaftTypeConfig>::Node>,
-    Vec<u8>,
-);
+use crate::state_machine::{
+    apply_entries, snapshot_of, Applied, SharedApplied, SnapshotParts, StateModel,
+};
 
 /// What survives a crash of a simulated node.
 pub struct MemDisk<C: RaftTypeConfig> {
@@ -34,7 +30,7 @@ pub struct MemDisk<C: RaftTypeConfig> {
     committed: Option<LogId<C::NodeId>>,
     last_purged: Option<LogId<C::NodeId>>,
     /// The latest snapshot.
-    snapshot: Option<StoredSnapshot<C>>,
+    snapshot: Option<SnapshotParts<C>>,
 }
 
 impl<C: RaftTypeConfig> Default for MemDisk<C> {
@@ -260,23 +256,7 @@ where
     M: StateModel<C>,
 {
     async fn build_snapshot(&mut self) -> Result<Snapshot<C>, StorageError<C::NodeId>> {
-        let (meta, data) = {
-            let st = self.state.read().unwrap_or_else(|e| e.into_inner());
-            let data = st
-                .model
-                .encode()
-                .map_err(|e| StorageIOError::write_snapshot(None, &io_err(e)))?;
-            let snapshot_id = match &st.last_applied {
-                Some(l) => format!("{}-{}-{}", l.leader_id, l.index, self.seq),
-                None => format!("none-{}", self.seq),
-            };
-            let meta = SnapshotMeta {
-                last_log_id: st.last_applied.clone(),
-                last_membership: st.membership.clone(),
-                snapshot_id,
-            };
-            (meta, data)
-        };
+        let (meta, data) = snapshot_of(&self.state, self.seq)?;
         lock(&self.disk).snapshot = Some((meta.clone(), data.clone()));
         Ok(Snapshot {
             meta,
@@ -311,20 +291,7 @@ where
         I::IntoIter: OptionalSend,
     {
         let mut st = self.state.write().unwrap_or_else(|e| e.into_inner());
-        let mut out = Vec::new();
-        for entry in entries {
-            st.last_applied = Some(entry.log_id.clone());
-            let resp = match &entry.payload {
-                EntryPayload::Blank => st.model.non_app_response(&entry.log_id),
-                EntryPayload::Normal(data) => st.model.apply(&entry.log_id, data),
-                EntryPayload::Membership(m) => {
-                    st.membership = StoredMembership::new(Some(entry.log_id.clone()), m.clone());
-                    st.model.non_app_response(&entry.log_id)
-                }
-            };
-            out.push(resp);
-        }
-        Ok(out)
+        Ok(apply_entries(&mut st, entries))
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {

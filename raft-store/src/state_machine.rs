@@ -182,6 +182,59 @@ async fn persist_snapshot<C: RaftTypeConfig>(
     Ok(())
 }
 
+/// Applies committed entries to the applied state (both stores' apply).
+pub(crate) fn apply_entries<C, M, I>(st: &mut Applied<C, M>, entries: I) -> Vec<C::R>
+where
+    C: RaftTypeConfig<Entry = Entry<C>>,
+    M: StateModel<C>,
+    I: IntoIterator<Item = C::Entry>,
+{
+    let mut out = Vec::new();
+    for entry in entries {
+        st.last_applied = Some(entry.log_id.clone());
+        let resp = match &entry.payload {
+            EntryPayload::Blank => st.model.non_app_response(&entry.log_id),
+            EntryPayload::Normal(data) => st.model.apply(&entry.log_id, data),
+            EntryPayload::Membership(m) => {
+                st.membership = StoredMembership::new(Some(entry.log_id.clone()), m.clone());
+                st.model.non_app_response(&entry.log_id)
+            }
+        };
+        out.push(resp);
+    }
+    out
+}
+
+/// A snapshot's meta and the model's bytes.
+pub(crate) type SnapshotParts<C> = (Meta<C>, Vec<u8>);
+
+/// A snapshot of the applied state (meta and the model's bytes); `seq`
+/// tells apart snapshots of the same log id.
+pub(crate) fn snapshot_of<C, M>(
+    state: &SharedApplied<C, M>,
+    seq: u64,
+) -> Result<SnapshotParts<C>, StorageError<C::NodeId>>
+where
+    C: RaftTypeConfig,
+    M: StateModel<C>,
+{
+    let st = state.read().unwrap_or_else(|e| e.into_inner());
+    let data = st
+        .model
+        .encode()
+        .map_err(|e| StorageIOError::write_snapshot(None, &std::io::Error::other(e)))?;
+    let snapshot_id = match st.last_applied {
+        Some(ref l) => format!("{}-{}-{}", l.leader_id, l.index, seq),
+        None => format!("none-{seq}"),
+    };
+    let meta = SnapshotMeta {
+        last_log_id: st.last_applied.clone(),
+        last_membership: st.membership.clone(),
+        snapshot_id,
+    };
+    Ok((meta, data))
+}
+
 /// Builds snapshots from the shared applied state.
 pub struct SledSnapshotBuilder<C: RaftTypeConfig, M> {
     db: DurableDb,
@@ -196,23 +249,7 @@ where
     M: StateModel<C>,
 {
     async fn build_snapshot(&mut self) -> Result<Snapshot<C>, StorageError<C::NodeId>> {
-        let (meta, data) = {
-            let st = self.state.read().expect("state lock poisoned");
-            let data = st
-                .model
-                .encode()
-                .map_err(|e| StorageIOError::write_snapshot(None, &std::io::Error::other(e)))?;
-            let snapshot_id = match st.last_applied {
-                Some(ref l) => format!("{}-{}-{}", l.leader_id, l.index, self.seq),
-                None => format!("none-{}", self.seq),
-            };
-            let meta = SnapshotMeta {
-                last_log_id: st.last_applied.clone(),
-                last_membership: st.membership.clone(),
-                snapshot_id,
-            };
-            (meta, data)
-        };
+        let (meta, data) = snapshot_of(&self.state, self.seq)?;
         persist_snapshot::<C>(&self.db, &self.snapshots, &meta, &data).await?;
         tracing::info!(snapshot_id = %meta.snapshot_id, bytes = data.len(), "snapshot built");
         Ok(Snapshot {
@@ -248,20 +285,7 @@ where
         I::IntoIter: openraft::OptionalSend,
     {
         let mut st = self.state.write().expect("state lock poisoned");
-        let mut out = Vec::new();
-        for entry in entries {
-            st.last_applied = Some(entry.log_id.clone());
-            let resp = match &entry.payload {
-                EntryPayload::Blank => st.model.non_app_response(&entry.log_id),
-                EntryPayload::Normal(data) => st.model.apply(&entry.log_id, data),
-                EntryPayload::Membership(m) => {
-                    st.membership = StoredMembership::new(Some(entry.log_id.clone()), m.clone());
-                    st.model.non_app_response(&entry.log_id)
-                }
-            };
-            out.push(resp);
-        }
-        Ok(out)
+        Ok(apply_entries(&mut st, entries))
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {

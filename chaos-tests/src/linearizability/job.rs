@@ -86,22 +86,6 @@ mod tests {
     use super::*;
     use crate::linearizability::{check, Operation, Verdict};
 
-    fn op(
-        client: usize,
-        input: JobOp,
-        call: u64,
-        ret: u64,
-        out: JobResult,
-    ) -> Operation<JobOp, JobResult> {
-        Operation {
-            client,
-            input,
-            call,
-            ret: Some(ret),
-            output: Some(out),
-        }
-    }
-
     #[test]
     fn the_spec_is_valid() {
         spec("lin-job0", 7).validate().expect("valid");
@@ -110,19 +94,19 @@ mod tests {
     #[test]
     fn submit_cancel_resubmit() {
         let good = [
-            op(0, JobOp::Cancel, 0, 5, JobResult::Refused),
-            op(0, JobOp::Submit(1), 10, 20, JobResult::Ok),
-            op(1, JobOp::Submit(2), 30, 40, JobResult::Refused),
-            op(1, JobOp::Read, 50, 60, JobResult::Read(Some((1, true)))),
-            op(0, JobOp::Cancel, 70, 80, JobResult::Ok),
-            op(1, JobOp::Read, 90, 95, JobResult::Read(Some((1, false)))),
-            op(1, JobOp::Submit(3), 100, 110, JobResult::Ok),
+            Operation::done(0, JobOp::Cancel, 0, 5, JobResult::Refused),
+            Operation::done(0, JobOp::Submit(1), 10, 20, JobResult::Ok),
+            Operation::done(1, JobOp::Submit(2), 30, 40, JobResult::Refused),
+            Operation::done(1, JobOp::Read, 50, 60, JobResult::Read(Some((1, true)))),
+            Operation::done(0, JobOp::Cancel, 70, 80, JobResult::Ok),
+            Operation::done(1, JobOp::Read, 90, 95, JobResult::Read(Some((1, false)))),
+            Operation::done(1, JobOp::Submit(3), 100, 110, JobResult::Ok),
         ];
         assert_eq!(check(&JobModel, &good, 100_000), Verdict::Linearizable);
         // Two submits of one name both accepted, one after the other.
         let twice = [
-            op(0, JobOp::Submit(1), 0, 10, JobResult::Ok),
-            op(1, JobOp::Submit(2), 20, 30, JobResult::Ok),
+            Operation::done(0, JobOp::Submit(1), 0, 10, JobResult::Ok),
+            Operation::done(1, JobOp::Submit(2), 20, 30, JobResult::Ok),
         ];
         assert!(matches!(
             check(&JobModel, &twice, 100_000),

@@ -46,6 +46,20 @@ pub struct Operation<I, O> {
     pub output: Option<O>,
 }
 
+impl<I, O> Operation<I, O> {
+    /// An operation of `client` called at `call` that returned `out` at
+    /// `ret`.
+    pub fn done(client: usize, input: I, call: u64, ret: u64, out: O) -> Self {
+        Operation {
+            client,
+            input,
+            call,
+            ret: Some(ret),
+            output: Some(out),
+        }
+    }
+}
+
 /// The checker's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {

@@ -81,22 +81,6 @@ mod tests {
     use super::*;
     use crate::linearizability::{check, Operation, Verdict};
 
-    fn op(
-        client: usize,
-        input: PbOp,
-        call: u64,
-        ret: u64,
-        out: PbResult,
-    ) -> Operation<PbOp, PbResult> {
-        Operation {
-            client,
-            input,
-            call,
-            ret: Some(ret),
-            output: Some(out),
-        }
-    }
-
     #[test]
     fn the_text_is_a_valid_playbook_and_carries_its_value() {
         let t = text("lin-pb0", 42);
@@ -107,18 +91,18 @@ mod tests {
     #[test]
     fn apply_delete_read() {
         let good = [
-            op(0, PbOp::Delete, 0, 5, PbResult::Refused),
-            op(0, PbOp::Apply(1), 10, 20, PbResult::Ok),
-            op(1, PbOp::Read, 30, 40, PbResult::Read(Some(1))),
-            op(1, PbOp::Delete, 50, 60, PbResult::Ok),
-            op(0, PbOp::Read, 70, 80, PbResult::Read(None)),
+            Operation::done(0, PbOp::Delete, 0, 5, PbResult::Refused),
+            Operation::done(0, PbOp::Apply(1), 10, 20, PbResult::Ok),
+            Operation::done(1, PbOp::Read, 30, 40, PbResult::Read(Some(1))),
+            Operation::done(1, PbOp::Delete, 50, 60, PbResult::Ok),
+            Operation::done(0, PbOp::Read, 70, 80, PbResult::Read(None)),
         ];
         assert_eq!(check(&PlaybookModel, &good, 100_000), Verdict::Linearizable);
         // A read of a deleted value, after the delete returned.
         let stale = [
-            op(0, PbOp::Apply(1), 0, 10, PbResult::Ok),
-            op(1, PbOp::Delete, 20, 30, PbResult::Ok),
-            op(0, PbOp::Read, 40, 50, PbResult::Read(Some(1))),
+            Operation::done(0, PbOp::Apply(1), 0, 10, PbResult::Ok),
+            Operation::done(1, PbOp::Delete, 20, 30, PbResult::Ok),
+            Operation::done(0, PbOp::Read, 40, 50, PbResult::Read(Some(1))),
         ];
         assert!(matches!(
             check(&PlaybookModel, &stale, 100_000),
@@ -126,8 +110,8 @@ mod tests {
         ));
         // A delete refused while a value is stored.
         let refused = [
-            op(0, PbOp::Apply(1), 0, 10, PbResult::Ok),
-            op(1, PbOp::Delete, 20, 30, PbResult::Refused),
+            Operation::done(0, PbOp::Apply(1), 0, 10, PbResult::Ok),
+            Operation::done(1, PbOp::Delete, 20, 30, PbResult::Refused),
         ];
         assert!(matches!(
             check(&PlaybookModel, &refused, 100_000),

@@ -11,13 +11,7 @@ use rand::{Rng, SeedableRng};
 type Op = Operation<HostOp, HostResult>;
 
 fn op(client: usize, input: HostOp, call: u64, ret: u64, out: HostResult) -> Op {
-    Operation {
-        client,
-        input,
-        call,
-        ret: Some(ret),
-        output: Some(out),
-    }
+    Operation::done(client, input, call, ret, out)
 }
 
 /// Asserts that the checker finds history `h` linearizable (`what` names

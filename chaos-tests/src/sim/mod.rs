@@ -189,7 +189,7 @@ impl Default for SimOptions {
 }
 
 /// What one seed did and found.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct SeedReport {
     pub seed: u64,
     /// NIC reports sent by the simulated agents (resends included).
@@ -431,15 +431,8 @@ fn run_seed_logged(seed: u64, opts: SimOptions) -> SeedReport {
         Err(e) => {
             return SeedReport {
                 seed,
-                reports: 0,
-                writes: 0,
-                acked: 0,
-                crashes: 0,
-                cuts: 0,
-                max_term: 0,
-                messages_lost: 0,
-                sim_ms: 0,
                 violations: vec![format!("harness: no runtime: {e}")],
+                ..Default::default()
             }
         }
     };
@@ -454,15 +447,7 @@ async fn drive(seed: u64, opts: SimOptions) -> SeedReport {
     let t0 = tokio::time::Instant::now();
     let mut rep = SeedReport {
         seed,
-        reports: 0,
-        writes: 0,
-        acked: 0,
-        crashes: 0,
-        cuts: 0,
-        max_term: 0,
-        messages_lost: 0,
-        sim_ms: 0,
-        violations: Vec::new(),
+        ..Default::default()
     };
     let config = openraft::Config {
         heartbeat_interval: 50,
