@@ -310,6 +310,19 @@ impl Sim {
         max_term
     }
 
+    /// Where a client sends a write: the leader most of the time, any
+    /// running node otherwise (a follower refuses it: `ForwardToLeader`).
+    fn pick_target(&self, rng: &mut StdRng) -> Option<Raft<SimConfig>> {
+        if rng.gen_bool(0.8) {
+            return self.leader();
+        }
+        let running = self.running();
+        if running.is_empty() {
+            return None;
+        }
+        Some(running[rng.gen_range(0..running.len())].1.clone())
+    }
+
     /// The leader a running node names, if it runs.
     fn leader(&self) -> Option<Raft<SimConfig>> {
         let running = self.running();
@@ -390,15 +403,9 @@ impl AgentSim {
                 self.seq += 1;
             }
         }
-        let running = sim.running();
-        let target = if rng.gen_bool(0.8) {
-            sim.leader()
-        } else if running.is_empty() {
-            None
-        } else {
-            Some(running[rng.gen_range(0..running.len())].1.clone())
+        let Some(raft) = sim.pick_target(rng) else {
+            return false;
         };
-        let Some(raft) = target else { return false };
         let p = nic_report(self.host, self.seq);
         self.inflight = Some(tokio::spawn(async move {
             matches!(
@@ -536,15 +543,7 @@ async fn drive(seed: u64, opts: SimOptions) -> SeedReport {
                 rep.reports += u64::from(agents[i].step(&sim, &mut rng));
             }
             10..=49 => {
-                let running = sim.running();
-                let target = if rng.gen_bool(0.8) {
-                    sim.leader()
-                } else if running.is_empty() {
-                    None
-                } else {
-                    Some(running[rng.gen_range(0..running.len())].1.clone())
-                };
-                if let Some(raft) = target {
+                if let Some(raft) = sim.pick_target(&mut rng) {
                     let host = HOSTS[rng.gen_range(0..HOSTS.len())].to_string();
                     let op = match rng.gen_range(0..4) {
                         0 => AdminOp::Cordon { host },
