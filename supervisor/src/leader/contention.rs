@@ -24,10 +24,13 @@
 //! difference) restart their baselines and are not judged for
 //! `clock_hold` (10 s, extended by every further drop below the lowest
 //! delay seen while held: the up-side path comes down step by step while
-//! the clock solution catches up). The up-side path may be read a second
-//! before its reverse shows the drop; `enter_seconds` = 2 keeps it from
-//! being contended meanwhile (two seconds that follow each other: a
-//! missing second starts the count again).
+//! the clock solution catches up). A second whose minimum delay rose by
+//! more than `max_queue_us` (500 ms: no fabric queue holds that) is taken
+//! the same way, so the up-side path of a large step is held at once even
+//! when its reverse's drop arrives late (a loaded leader); for smaller
+//! steps `enter_seconds` = 2 gives the reverse a second to show its drop
+//! (two seconds that follow each other: a missing second starts the count
+//! again).
 //!
 //! **Localisation** (network tomography over a tree): every fresh path is
 //! routed over the topology; each directed link scores the share of its
@@ -74,6 +77,10 @@ pub struct ContentionConfig {
     /// How long a path whose delays fell below its baseline (a clock
     /// step) and its reverse are not judged.
     pub clock_hold: Duration,
+    /// A second whose *minimum* delay is this far above the path's floor
+    /// is a clock step too, not a queue: even its fastest packet would
+    /// have waited that long (a fabric's buffers hold milliseconds).
+    pub max_queue_us: f64,
     /// Below this for `exit_seconds` seconds in a row clears it.
     pub exit_us: f64,
     pub exit_seconds: u32,
@@ -99,6 +106,7 @@ impl Default for ContentionConfig {
             exit_us: 300.0,
             enter_seconds: 2,
             clock_hold: Duration::from_secs(10),
+            max_queue_us: 500_000.0,
             exit_seconds: 3,
             baseline_seconds: 120,
             min_paths: 2,
@@ -224,9 +232,11 @@ impl Detector {
             // A drop below the floor, or (while held) below what the hold
             // has seen: the delays' zero moved, or is still moving.
             let floor = if held { t.hold_min } else { base };
-            if floor.is_finite() && floor - s.min_ns > enter_ns {
+            let jumped =
+                !held && base.is_finite() && s.min_ns - base > self.cfg.max_queue_us * 1_000.0;
+            if jumped || (floor.is_finite() && floor - s.min_ns > enter_ns) {
                 if !held {
-                    tracing::info!(path = %key, below_us = (floor - s.min_ns) / 1_000.0, "path delays fell below their floor: a clock moved; the path and its reverse are held");
+                    tracing::info!(path = %key, moved_us = (s.min_ns - floor) / 1_000.0, "path delays moved past what a queue can do: a clock moved; the path and its reverse are held");
                 }
                 let until = s.arrived + self.cfg.clock_hold;
                 for k in [key.reversed(), key.clone()] {
@@ -897,6 +907,27 @@ switch = "l1"
             .collect();
         for ramp in [vec![1.0, 1.0, 0.6, 0.3, 0.1, 0.0, 0.0], slow] {
             step_then(&ramp);
+        }
+    }
+
+    /// A loaded leader: after a 1 s step, the up-side paths' seconds keep
+    /// arriving while their reverses' stay away for three seconds. The
+    /// rise alone (no queue holds half a second) holds them.
+    #[test]
+    fn a_large_step_is_held_before_its_reverse_arrives() {
+        let topo = Topology::parse(TOPO).unwrap();
+        let mut d = Detector::new(ContentionConfig::default());
+        let mut at = feed(&mut d, Instant::now(), 10, 100, 0.0);
+        for _ in 0..3 {
+            at += Duration::from_secs(1);
+            let up: Vec<PathSample> = ALL
+                .iter()
+                .filter(|p| p.1 == "h1")
+                .map(|(s, dd)| sample(s, dd, at, 20.0 + 1e6, 30.0 + 1e6))
+                .collect();
+            d.ingest(&up, at);
+            assert!(d.paths(at).iter().all(|p| !p.contended));
+            assert!(d.localise(&topo, at).1.is_empty());
         }
     }
 
