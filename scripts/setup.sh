@@ -22,10 +22,12 @@ set -euo pipefail
 # machine booted with systemd the package also starts its own etcd on
 # localhost:2379; the bench starts separate members on free ports and does
 # not use it: `systemctl disable --now etcd` stops it).
+# e2fsprogs (mkfs.ext4, e2fsck) and util-linux (losetup, fsfreeze, mount)
+# build and break the test disks of `scenario disk-faults`.
 PACKAGES=(build-essential pkg-config iproute2 python3 passwd
   libibverbs-dev librdmacm-dev libclang-dev libclang-common-14-dev
   python3-pytest python3-torch iperf3 systemd hostname python3-yaml
-  etcd-server)
+  etcd-server e2fsprogs util-linux mount)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
