@@ -130,23 +130,36 @@ pub struct Client {
     to: NodeId,
 }
 
-impl RaftNetwork<SimConfig> for Client {
-    async fn append_entries(
-        &mut self,
-        rpc: AppendEntriesRequest<SimConfig>,
-        _option: RPCOption,
-    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+impl Client {
+    /// Delivers one RPC to the target's handler `f` and its answer back,
+    /// either way through the switchboard.
+    async fn call<R, E, F, Fut>(&self, f: F) -> Result<R, RPCError<NodeId, BasicNode, E>>
+    where
+        E: std::error::Error,
+        F: FnOnce(Raft<SimConfig>) -> Fut,
+        Fut: std::future::Future<Output = Result<R, E>>,
+    {
         let Some(raft) = self.net.deliver(self.from, self.to).await else {
             return Err(unreachable());
         };
-        let r = raft
-            .append_entries(rpc)
+        let r = f(raft)
             .await
             .map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))?;
         if !self.net.reply(self.from, self.to).await {
             return Err(unreachable());
         }
         Ok(r)
+    }
+}
+
+impl RaftNetwork<SimConfig> for Client {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<SimConfig>,
+        _option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        self.call(|raft| async move { raft.append_entries(rpc).await })
+            .await
     }
 
     async fn install_snapshot(
@@ -157,17 +170,8 @@ impl RaftNetwork<SimConfig> for Client {
         InstallSnapshotResponse<NodeId>,
         RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
     > {
-        let Some(raft) = self.net.deliver(self.from, self.to).await else {
-            return Err(unreachable());
-        };
-        let r = raft
-            .install_snapshot(rpc)
+        self.call(|raft| async move { raft.install_snapshot(rpc).await })
             .await
-            .map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))?;
-        if !self.net.reply(self.from, self.to).await {
-            return Err(unreachable());
-        }
-        Ok(r)
     }
 
     async fn vote(
@@ -175,16 +179,6 @@ impl RaftNetwork<SimConfig> for Client {
         rpc: VoteRequest<NodeId>,
         _option: RPCOption,
     ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
-        let Some(raft) = self.net.deliver(self.from, self.to).await else {
-            return Err(unreachable());
-        };
-        let r = raft
-            .vote(rpc)
-            .await
-            .map_err(|e| RPCError::RemoteError(RemoteError::new(self.to, e)))?;
-        if !self.net.reply(self.from, self.to).await {
-            return Err(unreachable());
-        }
-        Ok(r)
+        self.call(|raft| async move { raft.vote(rpc).await }).await
     }
 }
