@@ -10,7 +10,18 @@
 //! - [`check_durability`]: every acknowledged label write is present in the
 //!   final state (invariant "acknowledged admin operations survive");
 //! - [`crate::linearizability`]: the whole history, per host, per
-//!   playbook and per job name, is linearizable.
+//!   playbook and per job name, is linearizable; so is the membership's,
+//!   when a spare supervisor is added and removed meanwhile ([`Spare`]:
+//!   `leader-kill`, `cluster-crash` and `pause-leader` have one).
+//!
+//! Files: `record` (the histories and how an operation is recorded),
+//! `members` (the membership writer and reads).
+
+mod members;
+mod record;
+
+pub use members::Spare;
+pub use record::{JOBS, PLAYBOOKS};
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,10 +37,12 @@ use supervisor::model::{AdminOp, Host};
 
 use crate::linearizability::host::NICS;
 use crate::linearizability::job::{JobModel, JobOp as LinJobOp, JobResult};
+use crate::linearizability::member::{MemberModel, MemberOp, MemberResult};
 use crate::linearizability::playbook::{PbOp, PbResult, PlaybookModel};
 use crate::linearizability::{
     check_with, HostModel, HostOp, HostResult, HostView, Limits, Operation, Verdict, MAX_FRONTIER,
 };
+use record::{common_outcome, ns_since, object_op, Caller, Outcome, Recorder};
 use testbed::cluster::SupervisorCluster;
 
 /// Step budget of the linearizability search, per host.
@@ -76,112 +89,8 @@ pub struct HistoryReport {
     pub check_ms: u64,
     pub unexpected_errors: usize,
     pub max_unavailable_ms: u64,
-}
-
-type Op = Operation<HostOp, HostResult>;
-
-#[derive(Default)]
-struct Recorder {
-    /// Per host index: its history.
-    ops: Vec<Mutex<Vec<Op>>>,
-    /// Completion times (ms since start) of successful operations.
-    successes: Mutex<Vec<u64>>,
-    unexpected: Mutex<Vec<String>>,
-    /// (host, client key, value) of every acknowledged label write.
-    acked_labels: Mutex<Vec<(usize, String, u64)>>,
-    /// Why outcomes were unknown (message prefix -> count), for diagnosis.
-    unknown_causes: Mutex<BTreeMap<String, usize>>,
-    /// Per playbook of [`PLAYBOOKS`]: its history.
-    pb_ops: [Mutex<Vec<Operation<PbOp, PbResult>>>; PLAYBOOKS.len()],
-    /// Per job name of [`JOBS`]: its history.
-    job_ops: [Mutex<Vec<Operation<LinJobOp, JobResult>>>; JOBS.len()],
-    /// Whether clients fail NICs over and back (else those rolls write
-    /// labels).
-    failovers: bool,
-}
-
-/// The job names the clients submit, cancel and show (never placed).
-pub const JOBS: [&str; 2] = ["lin-job0", "lin-job1"];
-
-/// The playbooks the clients apply, delete and show (never triggered:
-/// they have no trigger).
-pub const PLAYBOOKS: [&str; 2] = ["lin-pb0", "lin-pb1"];
-
-/// What a reply means for an object's history.
-enum Outcome<O> {
-    /// Part of the history: the output (`None`: unknown, it may have
-    /// taken effect).
-    Record(Option<O>),
-    /// Definitely not applied (or a read that saw nothing): left out.
-    Skip,
-}
-
-/// The shared part of a playbook or job reply: unknown outcomes, skips,
-/// unexpected replies (recorded).
-fn common_outcome<O>(
-    rec: &Recorder,
-    res: Result<AdminReply, supervisor::api::ApiError>,
-    is_read: bool,
-    what: &str,
-) -> Outcome<O> {
-    match res {
-        Ok(other) => {
-            rec.unexpected
-                .lock()
-                .unwrap()
-                .push(format!("unexpected reply {other:?}"));
-            Outcome::Skip
-        }
-        Err(e) if e.kind == ErrorKind::Unavailable || is_read => Outcome::Skip,
-        Err(e) if matches!(e.kind, ErrorKind::Unknown | ErrorKind::Internal) => {
-            let key: String = e.message.chars().take(90).collect();
-            *rec.unknown_causes.lock().unwrap().entry(key).or_insert(0) += 1;
-            Outcome::Record(None)
-        }
-        Err(e) => {
-            rec.unexpected.lock().unwrap().push(format!("{what}: {e}"));
-            Outcome::Skip
-        }
-    }
-}
-
-/// A client making a call: who, through what, recorded where.
-struct Caller<'a> {
-    id: usize,
-    client: &'a AdminClient,
-    rec: &'a Recorder,
-    start: Instant,
-}
-
-/// Calls `request` for the caller and records the operation in `ops` as
-/// `outcome` reads the reply.
-async fn object_op<I, O>(
-    c: &Caller<'_>,
-    ops: &Mutex<Vec<Operation<I, O>>>,
-    input: I,
-    request: AdminRequest,
-    outcome: impl FnOnce(Result<AdminReply, supervisor::api::ApiError>) -> Outcome<O>,
-) {
-    let call = ns_since(c.start);
-    let res = c.client.call(request, false).await;
-    let ret = ns_since(c.start);
-    let output = match outcome(res) {
-        Outcome::Record(o) => o,
-        Outcome::Skip => {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            return;
-        }
-    };
-    if output.is_some() {
-        c.rec.successes.lock().unwrap().push(ret / 1_000_000);
-    }
-    ops.lock().unwrap().push(Operation {
-        client: c.id,
-        input,
-        call,
-        ret: output.as_ref().map(|_| ret),
-        output,
-    });
+    /// Acknowledged additions and removals of the spare supervisor.
+    pub member_changes: usize,
 }
 
 /// One playbook operation.
@@ -278,10 +187,6 @@ pub fn view(h: &Host) -> HostView {
     }
 }
 
-fn ns_since(start: Instant) -> u64 {
-    start.elapsed().as_nanos() as u64
-}
-
 async fn client_loop(
     id: usize,
     client: AdminClient,
@@ -301,6 +206,17 @@ async fn client_loop(
         let hi = rng.gen_range(0..hosts.len());
         let host = hosts[hi].clone();
         let roll = rng.gen_range(0..100);
+        if let (Some(spare), 89..=90) = (rec.spare, roll) {
+            let caller = Caller {
+                id,
+                client: &client,
+                rec: &rec,
+                start,
+            };
+            // Reads only: the address is not used.
+            members::member_op(&caller, spare, "", MemberOp::Read).await;
+            continue;
+        }
         if (81..=88).contains(&roll) {
             // Jobs: every submit carries a value of its own.
             let ji = rng.gen_range(0..JOBS.len());
@@ -508,6 +424,9 @@ pub struct HistoryVerdict {
     /// the load started).
     pub max_unavailable_ms: u64,
     pub max_unavailable_at_ms: u64,
+    /// Acknowledged membership changes (additions and removals of a
+    /// spare supervisor; 0 without one).
+    pub member_changes: usize,
     /// Why outcomes were unknown (message prefix → count).
     pub unknown_causes: BTreeMap<String, usize>,
     /// The history of each host that failed the check, one operation per
@@ -542,28 +461,33 @@ impl HistoryLoad {
     /// Starts one task per client on the current runtime, each on its own
     /// label key, over `hosts`.
     pub fn start(clients: Vec<AdminClient>, hosts: Vec<String>, seed: u64) -> Self {
-        Self::start_mix(clients, hosts, seed, true)
+        Self::start_mix(clients, hosts, seed, true, None)
     }
 
     /// Like [`Self::start`]; without `failovers` the clients write labels
     /// instead of failing NICs over and back (each failover of a simulated
     /// host's NIC opens detour-route intents for every host, which would
-    /// crowd a scenario's own intents out of the log it checks).
+    /// crowd a scenario's own intents out of the log it checks). With a
+    /// `spare`, one more client adds it to the membership and removes it
+    /// again, and the others read the membership too.
     pub fn start_mix(
         clients: Vec<AdminClient>,
         hosts: Vec<String>,
         seed: u64,
         failovers: bool,
+        spare: Option<Spare>,
     ) -> Self {
         let rec = Arc::new(Recorder {
             ops: hosts.iter().map(|_| Mutex::new(Vec::new())).collect(),
             failovers,
+            spare: spare.as_ref().map(|s| s.id),
             ..Default::default()
         });
         let stop = Arc::new(AtomicBool::new(false));
         let start = Instant::now();
         let hosts = Arc::new(hosts);
-        let tasks = clients
+        let writer_id = clients.len();
+        let mut tasks: Vec<_> = clients
             .into_iter()
             .enumerate()
             .map(|(id, client)| {
@@ -578,6 +502,16 @@ impl HistoryLoad {
                 ))
             })
             .collect();
+        if let Some(spare) = spare {
+            tasks.push(tokio::spawn(members::writer(
+                spare,
+                writer_id,
+                rec.clone(),
+                stop.clone(),
+                start,
+                seed,
+            )));
+        }
         Self {
             rec,
             stop,
@@ -683,6 +617,22 @@ impl HistoryLoad {
             )
             .await?;
         }
+        if let Some(spare) = rec.spare {
+            final_read(
+                reader,
+                start,
+                &rec.member_ops,
+                MemberOp::Read,
+                AdminRequest::ClusterMembers,
+                |r| match r {
+                    Ok(AdminReply::Members { members }) => Some(MemberResult::Read(
+                        members.iter().any(|m| m.id == spare && m.voter),
+                    )),
+                    _ => None,
+                },
+            )
+            .await?;
+        }
         let acked_labels = rec.acked_labels.lock().unwrap().clone();
         let lost_ops = check_durability(&acked_labels, &finals);
         let (mut acked, mut refused, mut unknown, mut reads) = (0, 0, 0, 0);
@@ -752,6 +702,21 @@ impl HistoryLoad {
                 },
             ));
         }
+        if rec.spare.is_some() {
+            let ops = rec.member_ops.lock().unwrap();
+            objects.push(check_object(
+                &MemberModel,
+                &ops,
+                "membership",
+                scenario,
+                |o| match (&o.input, &o.output) {
+                    (MemberOp::Read, _) => 3,
+                    (_, Some(MemberResult::Refused)) => 1,
+                    (_, Some(_)) => 0,
+                    (_, None) => 2,
+                },
+            ));
+        }
         for (counts, verdict, failed) in objects {
             acked += counts[0];
             refused += counts[1];
@@ -767,7 +732,15 @@ impl HistoryLoad {
         let (gap_at, max_unavailable_ms) = longest_gap(successes.clone());
         let unexpected = rec.unexpected.lock().unwrap().clone();
         let unknown_causes = rec.unknown_causes.lock().unwrap().clone();
+        let member_changes = rec
+            .member_ops
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|o| o.input != MemberOp::Read && o.output == Some(MemberResult::Ok))
+            .count();
         Ok(HistoryVerdict {
+            member_changes,
             acked_ops: acked,
             refused_ops: refused,
             unknown_ops: unknown,
@@ -859,7 +832,7 @@ impl NsHistory {
                     })
                     .collect::<anyhow::Result<Vec<_>>>()?;
                 // The playbook checker reads the intent log: no failovers.
-                let load = HistoryLoad::start_mix(clients, hosts, seed, false);
+                let load = HistoryLoad::start_mix(clients, hosts, seed, false, None);
                 let _ = stopped.await;
                 let reader =
                     AdminClient::new(&addrs, "chaos-final", Duration::from_secs(5), &admin)?;
@@ -972,19 +945,34 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
                 .with_retry_window(Duration::from_secs(10)))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let load = HistoryLoad::start(clients, hosts, cfg.seed);
+    // The membership writer's client knows the three founders; its
+    // timeout outlasts an add's 6 s catch-up wait.
+    let members_client = cluster
+        .client("chaos-members", 0, Duration::from_secs(15))?
+        .with_retry_window(Duration::from_secs(10));
+    let spare_id = cluster.spawn_joiner()?;
+    let spare = Spare {
+        id: spare_id,
+        addr: cluster.nodes[(spare_id - 1) as usize].addr.clone(),
+        client: members_client,
+    };
+    eprintln!(
+        "[{scenario}] supervisor {spare_id} is the spare the membership writer adds and removes"
+    );
+    let load = HistoryLoad::start_mix(clients, hosts, cfg.seed, true, Some(spare));
+    let all: Vec<u64> = (1..=spare_id).collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
     let mut kills = 0;
     for round in 1..=cfg.rounds {
         tokio::time::sleep(cfg.load_per_round).await;
         if cfg.whole_cluster {
-            for id in 1..=3 {
+            for &id in &all {
                 cluster.kill(id);
                 kills += 1;
             }
             eprintln!("[{scenario}] round {round}: SIGKILLed all supervisors");
             tokio::time::sleep(Duration::from_millis(rng.gen_range(200..800))).await;
-            for id in 1..=3 {
+            for &id in &all {
                 cluster.restart(id)?;
             }
         } else if let Some(pause) = cfg.pause {
@@ -1050,6 +1038,7 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
         check_ms: v.check_ms,
         unexpected_errors: v.unexpected.len(),
         max_unavailable_ms: v.max_unavailable_ms,
+        member_changes: v.member_changes,
     })
 }
 

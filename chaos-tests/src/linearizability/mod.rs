@@ -68,12 +68,15 @@
 //!   admin-visible state.
 //! - [`playbook`]: [`playbook::PlaybookModel`], one stored playbook
 //!   (apply, delete, show); [`job`]: [`job::JobModel`], one job name
-//!   (submit, cancel, show).
+//!   (submit, cancel, show); [`member`]: [`member::MemberModel`], a spare
+//!   supervisor's place in the membership (add-member, remove-member,
+//!   members).
 
 pub mod check;
 mod entries;
 pub mod host;
 pub mod job;
+pub mod member;
 pub mod model;
 pub mod playbook;
 mod search;
