@@ -53,6 +53,9 @@ pub struct PauseLeaderReport {
     pub linearizability: String,
     /// Longest time no admin operation succeeded.
     pub max_unavailable_ms: u64,
+    /// Acknowledged additions and removals of the spare supervisor in the
+    /// admin-history part (its membership history is checked too).
+    pub member_changes: usize,
     pub playbooks_completed: usize,
     /// From incident opened to run completed (the runs' own committed
     /// times, not when the harness saw them), ms: below the pause when the
@@ -125,6 +128,7 @@ pub async fn pause_leader(p: PauseLeaderRun) -> anyhow::Result<PauseLeaderReport
         linearizable: h.linearizable,
         linearizability: h.linearizability,
         max_unavailable_ms: h.max_unavailable_ms,
+        member_changes: h.member_changes,
         playbooks_completed: k.playbooks_completed,
         playbook_ms_p50: k.playbook_ms_p50,
         playbook_ms_max: k.playbook_ms_max,

@@ -290,6 +290,7 @@ async fn a_shape_order_with_edge_hold_holds_the_connection_to_the_loaded_peer() 
                 flow(h1, 0, 5301),
             ],
             label: "job a".into(),
+            job: "a".into(),
         }],
         default_rate_bps: 1_000_000_000,
         pace: vec![PaceJob {

@@ -524,25 +524,27 @@ async fn shape_orders_apply_verify_count_and_clear() {
     shaper.adopt_existing().await;
     assert!(shaper.shaped_nics().is_empty());
 
-    let class = |minor: u32, label: &str, flows| ShapeClass {
+    // A job's class (`Some(job)`) or the class of everything else.
+    let class = |minor: u32, job: Option<&str>, flows| ShapeClass {
         minor,
         rate_bps: 120_000_000,
         ceil_bps: 120_000_000,
         flows,
-        label: label.into(),
+        label: job.map_or("other".into(), |j| format!("job {j}")),
+        job: job.unwrap_or_default().into(),
     };
     let classes = vec![
         class(
             0x10,
-            "job a",
+            Some("a"),
             vec![wire_flow(h1, 6, 5501, 0), wire_flow(h1, 6, 0, 5501)],
         ),
         class(
             0x20,
-            "job b",
+            Some("b"),
             vec![wire_flow(h1, 6, 5502, 0), wire_flow(h1, 6, 0, 5502)],
         ),
-        class(0x30, "other", vec![wire_flow(h1, 0, 0, 0)]),
+        class(0x30, None, vec![wire_flow(h1, 0, 0, 0)]),
     ];
     let shape_order = order(
         "rail0",

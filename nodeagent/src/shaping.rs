@@ -16,7 +16,7 @@
 //!
 //! **Edge holding.** An order with `hold_queueing_us > 0` also starts a
 //! [`HoldLoop`] for the NIC (see [`crate::hold`]) over the jobs of its
-//! classes labelled `job <name>`, fed by the probe mesh's outgoing queueing
+//! job classes (`ShapeClass.job`), fed by the probe mesh's outgoing queueing
 //! ([`Shaper::attach_queueing`]; without a probe mesh the order succeeds and
 //! its detail says holding is off). Every order for the NIC (and
 //! `ClearShape`) first stops the NIC's loop, which releases what it held;
@@ -65,6 +65,8 @@ pub enum ShapeOrder {
 struct WantedClass {
     shape: Shape,
     label: String,
+    /// The job whose edges the class holds (`None`: not a job's).
+    job: Option<String>,
 }
 
 /// A `ShapeNic`, validated and in [`tc_htb`]'s types.
@@ -78,16 +80,13 @@ struct Plan {
     hold_threshold_ns: Option<i64>,
 }
 
-/// Label prefix of a job's class (the supervisor's `job <name>`).
-const JOB_LABEL: &str = "job ";
-
 impl Plan {
-    /// The jobs to hold: each class labelled `job <name>`, its
-    /// destinations and the job's pace from the order.
+    /// The jobs to hold: each job's class, its destinations and the
+    /// job's pace from the order.
     fn holds(&self) -> BTreeMap<String, JobHold> {
         let mut out: BTreeMap<String, JobHold> = BTreeMap::new();
         for c in &self.classes {
-            let Some(job) = c.label.strip_prefix(JOB_LABEL) else {
+            let Some(job) = c.job.as_deref() else {
                 continue;
             };
             let release = self
@@ -161,6 +160,7 @@ fn plan_from_wire(s: &ShapeNic) -> Result<Plan, String> {
                 matches,
             },
             label: c.label.clone(),
+            job: (!c.job.is_empty()).then(|| c.job.clone()),
         });
     }
     let plan_shapes: Vec<Shape> = classes.iter().map(|c| c.shape.clone()).collect();
@@ -847,6 +847,7 @@ mod tests {
                         wire_flow("10.0.0.2", 6, 0, 7000),
                     ],
                     label: "job a".into(),
+                    job: "a".into(),
                 },
                 ShapeClass {
                     minor: 0x20,
@@ -854,6 +855,7 @@ mod tests {
                     ceil_bps: 240_000_000,
                     flows: vec![wire_flow("10.0.0.2", 0, 0, 0)],
                     label: "other".into(),
+                    job: String::new(),
                 },
             ],
             default_rate_bps: 1_000_000_000,

@@ -379,6 +379,7 @@ async fn shaping_orders_take_the_order_path_and_refuse_unknown_nics() {
                     src_port: 0,
                 }],
                 label: "job a".into(),
+                job: "a".into(),
             }],
             default_rate_bps: 1_000_000_000,
             pace: vec![],

@@ -152,8 +152,16 @@ pub struct Link {
     pub a: String,
     pub b: String,
     pub rate_bps: Option<u64>,
-    /// A NIC's cable (`HOST:NIC`) rather than a link between switches.
-    pub access: bool,
+    /// A NIC's cable (named `HOST:NIC`): that host and NIC; `None` for a
+    /// link between switches.
+    pub cable: Option<(String, String)>,
+}
+
+impl Link {
+    /// A NIC's cable rather than a link between switches.
+    pub fn access(&self) -> bool {
+        self.cable.is_some()
+    }
 }
 
 /// A validated topology.
@@ -312,7 +320,7 @@ impl Topology {
                     a: l.a.clone(),
                     b: l.b.clone(),
                     rate_bps,
-                    access: false,
+                    cable: None,
                 },
             );
         }
@@ -362,7 +370,7 @@ impl Topology {
                 a: format!("{host}:{nic}"),
                 b: switch.clone(),
                 rate_bps: *rate_bps,
-                access: true,
+                cable: Some((host.clone(), nic.clone())),
             });
         }
         out
@@ -380,7 +388,7 @@ impl Topology {
             a: name.to_owned(),
             b: switch.clone(),
             rate_bps: *rate_bps,
-            access: true,
+            cable: Some((host.to_owned(), nic.to_owned())),
         })
     }
 
@@ -538,7 +546,7 @@ switch = "r1"
         assert_eq!(t.route("h9", "rail0", "h2", "rail0"), None);
         assert_eq!(t.link("uplink").unwrap().rate_bps, Some(400_000_000));
         assert_eq!(t.link("h2:rail0").unwrap().rate_bps, Some(10_000_000_000));
-        assert!(t.link("h2:rail0").unwrap().access);
+        assert!(t.link("h2:rail0").unwrap().access());
         assert_eq!(t.links().len(), 5);
         let left = t.side("uplink", "leaf0");
         assert_eq!(

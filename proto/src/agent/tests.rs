@@ -53,6 +53,7 @@ fn orders() -> Vec<Order> {
                     src_port: 0,
                 }],
                 label: "job train".into(),
+                job: "train".into(),
             }],
             default_rate_bps: 10_000_000,
             pace: vec![v1::PaceJob {

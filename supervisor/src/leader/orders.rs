@@ -170,6 +170,7 @@ fn shape_order(nic: &str, want: &crate::model::shaping::NicShape) -> proto::v1::
                     })
                     .collect(),
                 label: c.label.clone(),
+                job: c.job.clone().unwrap_or_default(),
             })
             .collect(),
         default_rate_bps: want.default_rate_bps,

@@ -35,7 +35,9 @@ use std::collections::{BTreeMap, BTreeSet};
 /// 10: `NicState::Degraded` (and the agents' `NicHealth::Degraded`); a
 /// refused retry is remembered in its session, a first attempt older than
 /// its session remembers is refused as forgotten.
-pub const MODEL_FORMAT_VERSION: u8 = 10;
+/// 11: `ClassSpec.job` (a job's class says whose it is in a field, not in
+/// its label).
+pub const MODEL_FORMAT_VERSION: u8 = 11;
 
 /// The whole replicated model.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]

@@ -148,6 +148,7 @@ pub fn plan(
             classes.push(ClassSpec {
                 minor: 0x10 + classes.len() as u16,
                 label: format!("job {job}"),
+                job: Some((*job).to_owned()),
                 rate_bps: rate,
                 ceil_bps: rate,
                 flows,
@@ -168,6 +169,7 @@ pub fn plan(
         classes.push(ClassSpec {
             minor: 0x10 + classes.len() as u16,
             label: "other".into(),
+            job: None,
             rate_bps: other_rate,
             ceil_bps: other_rate,
             flows,

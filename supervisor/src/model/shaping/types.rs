@@ -80,8 +80,11 @@ pub struct FlowSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClassSpec {
     pub minor: u16,
-    /// `job NAME` or `other`.
+    /// For people and logs: `job NAME` or `other`.
     pub label: String,
+    /// The job whose ranks' traffic the class carries (`None`: the class
+    /// of everything else).
+    pub job: Option<String>,
     pub rate_bps: u64,
     pub ceil_bps: u64,
     pub flows: Vec<FlowSpec>,
