@@ -640,82 +640,37 @@ impl HistoryLoad {
         let mut failed_histories = Vec::new();
         eprintln!("[{scenario}] checking linearizability");
         let check_start = Instant::now();
-        for (hi, ops) in rec.ops.iter().enumerate() {
-            let ops = ops.lock().unwrap();
-            for o in ops.iter() {
-                match (&o.input, &o.output) {
-                    (HostOp::Read, _) => reads += 1,
-                    (_, Some(HostResult::Refused)) => refused += 1,
-                    (_, Some(_)) => acked += 1,
-                    (_, None) => unknown += 1,
-                }
-            }
-            let t = Instant::now();
-            let r = check_with(&HostModel, &ops, CHECK_LIMITS);
-            eprintln!(
-                "[{scenario}] host {}: {:?} in {} ms: {} ops, {} segments (largest {}), \
-                 {} steps, frontier up to {}, {} unknown-outcome ops left out",
-                hosts[hi],
-                r.verdict,
-                t.elapsed().as_millis(),
-                ops.len(),
-                r.segments,
-                r.largest_segment,
-                r.steps,
-                r.max_frontier,
-                r.dropped
-            );
-            if r.verdict != Verdict::Linearizable {
-                let text: String = ops.iter().map(|o| format!("{o:?}\n")).collect();
-                failed_histories.push((hosts[hi].clone(), text));
-            }
-            verdicts.push(r.verdict);
-        }
         let mut objects = Vec::new();
+        for (hi, ops) in rec.ops.iter().enumerate() {
+            let name = format!("host {}", hosts[hi]);
+            objects.push(check_object(
+                &HostModel,
+                &ops.lock().unwrap(),
+                &name,
+                scenario,
+            ));
+        }
         for (pi, ops) in rec.pb_ops.iter().enumerate() {
-            let ops = ops.lock().unwrap();
+            let name = format!("playbook {}", PLAYBOOKS[pi]);
             objects.push(check_object(
                 &PlaybookModel,
-                &ops,
-                PLAYBOOKS[pi],
+                &ops.lock().unwrap(),
+                &name,
                 scenario,
-                |o| match (&o.input, &o.output) {
-                    (PbOp::Read, _) => 3,
-                    (_, Some(PbResult::Refused)) => 1,
-                    (_, Some(_)) => 0,
-                    (_, None) => 2,
-                },
             ));
         }
         for (ji, ops) in rec.job_ops.iter().enumerate() {
-            let ops = ops.lock().unwrap();
+            let name = format!("job {}", JOBS[ji]);
             objects.push(check_object(
                 &JobModel,
-                &ops,
-                JOBS[ji],
+                &ops.lock().unwrap(),
+                &name,
                 scenario,
-                |o| match (&o.input, &o.output) {
-                    (LinJobOp::Read, _) => 3,
-                    (_, Some(JobResult::Refused)) => 1,
-                    (_, Some(_)) => 0,
-                    (_, None) => 2,
-                },
             ));
         }
         if rec.spare.is_some() {
             let ops = rec.member_ops.lock().unwrap();
-            objects.push(check_object(
-                &MemberModel,
-                &ops,
-                "membership",
-                scenario,
-                |o| match (&o.input, &o.output) {
-                    (MemberOp::Read, _) => 3,
-                    (_, Some(MemberResult::Refused)) => 1,
-                    (_, Some(_)) => 0,
-                    (_, None) => 2,
-                },
-            ));
+            objects.push(check_object(&MemberModel, &ops, "membership", scenario));
         }
         for (counts, verdict, failed) in objects {
             acked += counts[0];
@@ -886,35 +841,41 @@ async fn final_read<I, O>(
 }
 
 /// Checks one object's history against `model`: the counts of acknowledged,
-/// refused, unknown and read operations (`class` puts each in 0..4), the
-/// verdict, and the history when it failed.
+/// refused, unknown and read operations, the verdict, and the history when
+/// it failed (named `name`, for diagnosis).
 fn check_object<M: crate::linearizability::Model>(
     model: &M,
     ops: &[Operation<M::Input, M::Output>],
     name: &str,
     scenario: &str,
-    class: impl Fn(&Operation<M::Input, M::Output>) -> usize,
-) -> ([usize; 4], Verdict, Option<(String, String)>)
-where
-    M::Input: std::fmt::Debug,
-    M::Output: std::fmt::Debug,
-{
+) -> ([usize; 4], Verdict, Option<(String, String)>) {
     let mut counts = [0; 4];
     for o in ops {
-        counts[class(o).min(3)] += 1;
+        let class = match &o.output {
+            _ if model.is_read(&o.input) => 3,
+            Some(out) if model.is_refused(out) => 1,
+            Some(_) => 0,
+            None => 2,
+        };
+        counts[class] += 1;
     }
     let t = Instant::now();
     let r = check_with(model, ops, CHECK_LIMITS);
     eprintln!(
-        "[{scenario}] {name}: {:?} in {} ms: {} ops, {} segments",
+        "[{scenario}] {name}: {:?} in {} ms: {} ops, {} segments (largest {}), \
+         {} steps, frontier up to {}, {} unknown-outcome ops left out",
         r.verdict,
         t.elapsed().as_millis(),
         ops.len(),
         r.segments,
+        r.largest_segment,
+        r.steps,
+        r.max_frontier,
+        r.dropped
     );
     let failed = (r.verdict != Verdict::Linearizable).then(|| {
         let text: String = ops.iter().map(|o| format!("{o:?}\n")).collect();
-        (name.to_string(), text)
+        (name.replace(' ', "-"), text)
     });
     (counts, r.verdict, failed)
 }

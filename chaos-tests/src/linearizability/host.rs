@@ -80,6 +80,14 @@ impl Model for HostModel {
         HostView::default()
     }
 
+    fn is_read(&self, input: &HostOp) -> bool {
+        *input == HostOp::Read
+    }
+
+    fn is_refused(&self, out: &HostResult) -> bool {
+        *out == HostResult::Refused
+    }
+
     fn step(&self, s: &HostView, input: &HostOp, out: Option<&HostResult>) -> Option<HostView> {
         if *input == HostOp::Read {
             // The common case: no clone unless the read matches.

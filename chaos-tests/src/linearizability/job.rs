@@ -38,6 +38,14 @@ impl Model for JobModel {
         None
     }
 
+    fn is_read(&self, input: &JobOp) -> bool {
+        *input == JobOp::Read
+    }
+
+    fn is_refused(&self, out: &JobResult) -> bool {
+        *out == JobResult::Refused
+    }
+
     fn step(&self, s: &Self::State, input: &JobOp, out: Option<&JobResult>) -> Option<Self::State> {
         let ok = matches!(out, None | Some(JobResult::Ok));
         let refused = matches!(out, None | Some(JobResult::Refused));

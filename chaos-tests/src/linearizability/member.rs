@@ -49,6 +49,14 @@ impl Model for MemberModel {
         false
     }
 
+    fn is_read(&self, input: &MemberOp) -> bool {
+        *input == MemberOp::Read
+    }
+
+    fn is_refused(&self, out: &MemberResult) -> bool {
+        *out == MemberResult::Refused
+    }
+
     fn step(&self, voter: &bool, input: &MemberOp, out: Option<&MemberResult>) -> Option<bool> {
         match (input, out) {
             (MemberOp::Read, None) => Some(*voter),

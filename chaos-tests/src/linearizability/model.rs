@@ -31,6 +31,14 @@ pub trait Model {
     fn unobservable(&self, history: &[Operation<Self::Input, Self::Output>]) -> Vec<bool> {
         vec![false; history.len()]
     }
+    /// Whether `input` only reads (for the counts a scenario reports).
+    fn is_read(&self, _input: &Self::Input) -> bool {
+        false
+    }
+    /// Whether `output` says the operation was refused and had no effect.
+    fn is_refused(&self, _output: &Self::Output) -> bool {
+        false
+    }
 }
 
 /// One operation in a history.

@@ -37,6 +37,14 @@ impl Model for PlaybookModel {
         None
     }
 
+    fn is_read(&self, input: &PbOp) -> bool {
+        *input == PbOp::Read
+    }
+
+    fn is_refused(&self, out: &PbResult) -> bool {
+        *out == PbResult::Refused
+    }
+
     fn step(&self, s: &Option<u64>, input: &PbOp, out: Option<&PbResult>) -> Option<Option<u64>> {
         let ok = matches!(out, None | Some(PbResult::Ok));
         match input {
