@@ -907,10 +907,9 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     // The membership writer's client knows the three founders; its
-    // timeout outlasts an add's 6 s catch-up wait.
-    let members_client = cluster
-        .client("chaos-members", 0, Duration::from_secs(15))?
-        .with_retry_window(Duration::from_secs(10));
+    // timeout outlasts an add's 6 s catch-up wait (membership calls are
+    // sent once, never retried by the client).
+    let members_client = cluster.client("chaos-members", 0, Duration::from_secs(15))?;
     let spare_id = cluster.spawn_joiner()?;
     let spare = Spare {
         id: spare_id,

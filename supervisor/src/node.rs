@@ -369,7 +369,18 @@ impl Supervisor {
     /// Members as this node sees them.
     pub fn members(&self) -> Vec<MemberView> {
         let m = self.raft.metrics().borrow().clone();
-        let mem = m.membership_config.membership();
+        // The applied membership, not openraft's effective one: a
+        // configuration is in effect from the moment it is appended, and
+        // one that never commits (its leader died first) must never have
+        // been shown, so a read after the barrier answers from what is
+        // applied (hence committed).
+        let mem = self
+            .state
+            .read()
+            .expect("state lock poisoned")
+            .membership
+            .membership()
+            .clone();
         let voters: BTreeSet<NodeId> = mem.voter_ids().collect();
         let repl = m.replication.clone().unwrap_or_default();
         mem.nodes()

@@ -152,16 +152,13 @@ pub struct Link {
     pub a: String,
     pub b: String,
     pub rate_bps: Option<u64>,
-    /// A NIC's cable (named `HOST:NIC`): that host and NIC; `None` for a
-    /// link between switches.
+    /// A NIC's cable (`HOST:NIC`) rather than a link between switches
+    /// (`cable.is_some()`, kept for the API's readers).
+    pub access: bool,
+    /// A NIC's cable: that host and NIC; `None` for a link between
+    /// switches.
+    #[serde(default)]
     pub cable: Option<(String, String)>,
-}
-
-impl Link {
-    /// A NIC's cable rather than a link between switches.
-    pub fn access(&self) -> bool {
-        self.cable.is_some()
-    }
 }
 
 /// A validated topology.
@@ -320,6 +317,7 @@ impl Topology {
                     a: l.a.clone(),
                     b: l.b.clone(),
                     rate_bps,
+                    access: false,
                     cable: None,
                 },
             );
@@ -370,6 +368,7 @@ impl Topology {
                 a: format!("{host}:{nic}"),
                 b: switch.clone(),
                 rate_bps: *rate_bps,
+                access: true,
                 cable: Some((host.clone(), nic.clone())),
             });
         }
@@ -388,6 +387,7 @@ impl Topology {
             a: name.to_owned(),
             b: switch.clone(),
             rate_bps: *rate_bps,
+            access: true,
             cable: Some((host.to_owned(), nic.to_owned())),
         })
     }
@@ -546,7 +546,7 @@ switch = "r1"
         assert_eq!(t.route("h9", "rail0", "h2", "rail0"), None);
         assert_eq!(t.link("uplink").unwrap().rate_bps, Some(400_000_000));
         assert_eq!(t.link("h2:rail0").unwrap().rate_bps, Some(10_000_000_000));
-        assert!(t.link("h2:rail0").unwrap().access());
+        assert!(t.link("h2:rail0").unwrap().access);
         assert_eq!(t.links().len(), 5);
         let left = t.side("uplink", "leaf0");
         assert_eq!(

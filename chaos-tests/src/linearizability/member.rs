@@ -3,9 +3,13 @@
 //! remove-member` and `cluster members` see it.
 //!
 //! What the model observes is whether the spare is a *voter*. An add is
-//! two Raft changes (a learner, then its promotion), so a read during an
-//! add may see a learner: that is "not a voter" before the promotion
-//! commits, which is the add's linearization point. A refused add (the
+//! two Raft changes (a learner, then its promotion, itself a joint
+//! configuration and then the final one), so a read during an add may see
+//! a learner: that is "not a voter" until the joint configuration that
+//! counts it commits, the add's linearization point (a joint
+//! configuration's voters are both sides'; `cluster members` answers from
+//! the applied membership). A remove takes effect when its configuration
+//! commits. A refused add (the
 //! spare did not catch up in time) removes the learner it added, so it
 //! changes nothing a voter read can see (nor does one refused for a
 //! spare that already was a member: it stays as it was); an add whose

@@ -408,7 +408,7 @@ impl Detector {
                 LinkScore {
                     link: l.clone(),
                     rate_bps: link.as_ref().and_then(|x| x.rate_bps),
-                    access: link.is_some_and(|x| x.access()),
+                    access: link.is_some_and(|x| x.access),
                     paths: a.paths,
                     contended: a.contended.len(),
                     score: a.contended.len() as f64 / a.paths as f64,
@@ -575,7 +575,7 @@ pub fn persistent_cables(
 ) -> HashMap<DirLink, u32> {
     let cables: HashMap<DirLink, u32> = named
         .iter()
-        .filter(|n| topo.link(&n.link.link).is_some_and(|l| l.access()))
+        .filter(|n| topo.link(&n.link.link).is_some_and(|l| l.access))
         .map(|n| {
             let s = streak.get(&n.link).copied().unwrap_or(0);
             (n.link.clone(), s.saturating_add(1))

@@ -99,26 +99,37 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
             // `Unknown`): the next leader finishes the add, once — this
             // node if it leads again, else the new leader by a forward
             // (not for a call already forwarded). The same id and address
-            // is idempotent.
-            let mut again = true;
+            // is idempotent. Once the first attempt's outcome is unknown,
+            // a failed second attempt leaves it unknown (the first may
+            // have changed the membership: "refused" would be wrong).
+            let mut first: Option<ApiError> = None;
+            let still_unknown = |first: &ApiError, e: ApiError| {
+                ApiError::new(
+                    ErrorKind::Unknown,
+                    format!("{}; finishing it failed too: {}", first.message, e.message),
+                )
+            };
             let idx = loop {
                 match sup.add_member(id, addr.clone()).await {
                     Ok(i) => break i,
-                    Err(e) if e.kind == ErrorKind::Unknown && std::mem::take(&mut again) => {
-                        match next_leader(sup).await {
-                            Some(l) if l == sup.id => continue,
-                            Some(_) => {
-                                return match add_again.filter(|c| !c.forwarded) {
-                                    Some(c) => {
-                                        tracing::info!(error = %e.message, "add-member cut short by a leadership change; the new leader finishes it");
-                                        forward(sup, c).await
-                                    }
-                                    None => Err(e),
-                                };
-                            }
-                            None => return Err(e),
-                        }
+                    Err(e) if first.is_some() => {
+                        return Err(still_unknown(first.as_ref().expect("checked"), e))
                     }
+                    Err(e) if e.kind == ErrorKind::Unknown => match next_leader(sup).await {
+                        Some(l) if l == sup.id => first = Some(e),
+                        Some(_) => {
+                            return match add_again.filter(|c| !c.forwarded) {
+                                Some(c) => {
+                                    tracing::info!(error = %e.message, "add-member cut short by a leadership change; the new leader finishes it");
+                                    forward(sup, c)
+                                        .await
+                                        .map_err(|again| still_unknown(&e, again))
+                                }
+                                None => Err(e),
+                            };
+                        }
+                        None => return Err(e),
+                    },
                     Err(e) => return Err(e),
                 }
             };
