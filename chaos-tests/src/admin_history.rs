@@ -685,6 +685,17 @@ impl HistoryLoad {
         let mut successes = rec.successes.lock().unwrap().clone();
         successes.sort_unstable();
         let (gap_at, max_unavailable_ms) = longest_gap(successes.clone());
+        // On the wall clock too, to line it up with a scenario's faults.
+        let gap_wall = std::time::SystemTime::now()
+            - start
+                .elapsed()
+                .saturating_sub(Duration::from_millis(gap_at));
+        eprintln!(
+            "[{scenario}] longest time without a successful operation: {max_unavailable_ms} ms \
+             from {:.1} s ({})",
+            gap_at as f64 / 1e3,
+            humantime::format_rfc3339_millis(gap_wall)
+        );
         let unexpected = rec.unexpected.lock().unwrap().clone();
         let unknown_causes = rec.unknown_causes.lock().unwrap().clone();
         let member_changes = rec
@@ -970,11 +981,6 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
     for u in v.unexpected.iter().take(5) {
         eprintln!("[{scenario}] unexpected: {u}");
     }
-    eprintln!(
-        "[{scenario}] longest time without a successful operation: {} ms from {:.1} s",
-        v.max_unavailable_ms,
-        v.max_unavailable_at_ms as f64 / 1e3
-    );
     let ok = v.ok();
     if !ok {
         let dir = cluster.keep();

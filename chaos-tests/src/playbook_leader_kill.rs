@@ -435,8 +435,9 @@ async fn run_waves(
                             }
                         };
                         eprintln!(
-                            "[playbook-leader-kill] wave {wave}: {what} s{l} at {:?} ({active} runs active, {in_flight} orders in flight)",
-                            t0.elapsed()
+                            "[playbook-leader-kill] wave {wave}: {what} s{l} at {:?} ({}; {active} runs active, {in_flight} orders in flight)",
+                            t0.elapsed(),
+                            humantime::format_rfc3339_millis(std::time::SystemTime::now())
                         );
                         match p.fault {
                             LeaderFault::Pause(pause) => {
@@ -462,7 +463,10 @@ async fn run_waves(
                                 if now_leader.is_some_and(|n| n != l) {
                                     leader_moved += 1;
                                 }
-                                eprintln!("[playbook-leader-kill] wave {wave}: leader {now_leader:?} before healing after {hold:?}");
+                                eprintln!(
+                                    "[playbook-leader-kill] wave {wave}: leader {now_leader:?} before healing after {hold:?} ({})",
+                                    humantime::format_rfc3339_millis(std::time::SystemTime::now())
+                                );
                             }
                             LeaderFault::Kill => {
                                 c.tb.kill_node(Node::Supervisor(l));
