@@ -12,8 +12,11 @@
 //! h1's namespace a packet socket records when the stream's data arrived,
 //! by the kernel's receive timestamps ([`crate::capture`]: the figures do
 //! not depend on when the bench process is scheduled); a **gap** is the
-//! longest time without a data packet from the pull until the next pull:
-//! it covers the failover and the failback. Figures: each pull's gap, their p50/p99/max
+//! longest time without a data packet from the pull until 300 ms after
+//! h0's detours are gone: it covers the failover and the failback. The
+//! bench watches the detours with netlink from its own thread, never a
+//! process, inside the window (a fork and exec of this process, or a CLI
+//! call, every 50 ms stalled iperf3 itself for 30–60 ms now and then). Figures: each pull's gap, their p50/p99/max
 //! (goal: p99 ≤ 50 ms over ≥ 20 pulls), the throughput over the pulls
 //! against the baseline, and whether iperf3 finished without an error
 //! (one connection throughout: iperf3 never reconnects).
@@ -56,7 +59,7 @@ pub struct TcpFailoverReport {
     /// failback), in pull order.
     pub gaps_ms: Vec<f64>,
     /// The same, split: from the pull until the cable is back (failover),
-    /// and from then until the next pull (failback).
+    /// and from then until 300 ms after the detours are gone (failback).
     pub failover_gaps_ms: Vec<f64>,
     pub failback_gaps_ms: Vec<f64>,
     /// Per pull, after the cable was put back: when the failback's longest
@@ -152,6 +155,7 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
     let output = tokio::task::spawn_blocking(move || cli.wait_with_output());
 
     let capture = Capturer::start(c.tb.ns(Node::Host(1)), IPERF_PORT)?;
+    let routes_h0 = nodeagent::reroute::Rerouter::new(c.tb.ns(Node::Host(0)).netlink()?);
     let base_from = Instant::now() + Duration::from_millis(500);
     tokio::time::sleep(r.baseline + Duration::from_millis(500)).await;
     let base_to = Instant::now();
@@ -166,22 +170,25 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
         restores.push(Instant::now());
         // The failback: h0's detour to the NIC is gone (the leader drops
         // it once the NIC is up again, its hold time passed, not damped),
-        // then the NIC shows up. Watched with a light `ip route` every
-        // 50 ms, not the CLI: a CLI process (TLS handshake, a leader
-        // round trip) every 50 ms through a damped NIC's ~22 s loads this
-        // two-core machine enough to stall iperf3 itself for 30–60 ms,
-        // gaps no failover causes.
-        let h0 = c.tb.ns(Node::Host(0)).command("ip")?;
-        wait_no_detours(h0, per_pull_max).await?;
+        // then the NIC shows up. Watched with a netlink route dump in h0's
+        // namespace every 50 ms, not a process: a CLI call (TLS handshake,
+        // a leader round trip) or even an `ip route` (a fork of this
+        // large process, then an exec) every 50 ms through a damped NIC's
+        // ~22 s stalled iperf3 itself for 30–60 ms now and then (its
+        // 128 KiB writes, one every 5 ms, stopped with nothing in
+        // flight: gaps no failover causes).
+        wait_no_detours(&routes_h0, per_pull_max).await?;
         gone.push(Instant::now());
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        windows.push((from, Instant::now()));
+        // Checked with the CLI after the window: a CLI process is load
+        // enough to stall iperf3 on two cores.
         c.wait_until(
             &format!("pull {i}: rail0 of h1 up again"),
             Duration::from_secs(10),
             |c| c.nic_state("h1", "rail0").is_ok_and(|s| s == "up"),
         )
         .await?;
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        windows.push((from, Instant::now()));
     }
     // End iperf3 now (SIGINT: it reports what it measured).
     // SAFETY: kill has no memory-safety preconditions.
@@ -320,15 +327,20 @@ fn interface_names(c: &NetCluster) -> anyhow::Result<std::collections::HashMap<i
         .collect())
 }
 
-/// Waits (up to `within`, polling every 50 ms) until `ip route` in the
-/// namespace shows no route of railguard's protocol.
-async fn wait_no_detours(mut ip: std::process::Command, within: Duration) -> anyhow::Result<()> {
-    let proto = nodeagent::reroute::RTPROT_RAILGUARD.to_string();
-    ip.args(["route", "show", "proto", &proto]);
+/// Waits (up to `within`, polling every 50 ms) until the namespace of
+/// `routes` has no detour route of railguard's.
+async fn wait_no_detours(
+    routes: &nodeagent::reroute::Rerouter,
+    within: Duration,
+) -> anyhow::Result<()> {
     let deadline = Instant::now() + within;
     loop {
-        let out = ip.output().context("ip route show")?;
-        if out.status.success() && out.stdout.iter().all(|b| b.is_ascii_whitespace()) {
+        if routes
+            .current()
+            .await
+            .context("read the routes")?
+            .is_empty()
+        {
             return Ok(());
         }
         anyhow::ensure!(
