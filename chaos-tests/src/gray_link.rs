@@ -1,20 +1,27 @@
-//! `scenario gray-link`: a rail that loses packets without going down.
+//! `scenario gray-link`: a rail that loses or delays packets without going
+//! down.
 //!
 //! ringtrain runs on four hosts (three supervisors, mutual TLS). Each
 //! round measures the job's step rate for a fault-free stretch, then makes
-//! the fabric end of h1's rail0 cable drop a share of the packets it sends
-//! to h1, chosen at random ([`testbed::bed::Testbed::set_gray_loss`]); the link
-//! stays up with carrier, so netlink sees nothing. The probe mesh on h1
-//! must find rail0 Degraded (`nic list` shows it), h1's connections must
-//! leave it, and the job's step rate over the faulty stretch must stay
-//! within 10 % of the fault-free one (measured before and after the round,
-//! the mean of the two: the machine's own load moves the rate by several
-//! per cent). The loss then ends and rail0 must be Up again. Checkers: no
-//! other NIC turns Degraded or Down in the whole run (`false_findings`),
-//! the job never restarts.
+//! the fabric end of h1's rail0 cable misbehave while the link stays up
+//! with carrier, so netlink sees nothing: a **loss** round drops a share of
+//! the packets it sends to h1, chosen at random
+//! ([`testbed::bed::Testbed::set_gray_loss`]); a **stalls** round holds
+//! back everything it sends to h1 for random moments, up to a few
+//! milliseconds every few tens, dropping nothing
+//! ([`testbed::bed::Testbed::gray_stalls`]: a paused port). The probe
+//! mesh on h1 must find rail0 Degraded (`nic list` shows it; by loss, or by
+//! the share of its probes held back), h1's connections must leave it, and
+//! the job's step rate over the faulty stretch must stay within 10 % of the
+//! fault-free one (measured before and after the round, the mean of the
+//! two: the machine's own load moves the rate by several per cent). The
+//! fault then ends and rail0 must be Up again. Checkers: no other NIC turns
+//! Degraded or Down in the whole run (`false_findings`), the job never
+//! restarts.
 //!
-//! `detect: false` runs the same rounds with the agents' loss check off
-//! (`--probe-degraded-loss-pct 0`): what the job suffers without it.
+//! `detect: false` runs the same rounds with the agents' loss and delay
+//! checks off (`--probe-degraded-loss-pct 0 --probe-degraded-late-us
+//! 0`): what the job suffers without them.
 
 use std::time::{Duration, Instant};
 
@@ -22,11 +29,34 @@ use serde::Serialize;
 
 use crate::training::{TrainOpts, Training};
 
+/// What one round does to h1's rail0.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GrayFault {
+    /// Drops this share (%) of what the fabric sends to h1.
+    Loss(f64),
+    /// Holds back what the fabric sends to h1 for random moments.
+    Stalls(testbed::stalls::StallSpec),
+}
+
+impl std::fmt::Display for GrayFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GrayFault::Loss(pct) => write!(f, "loses {pct} % of what the fabric sends it"),
+            GrayFault::Stalls(s) => write!(
+                f,
+                "stalls for up to {} ms about every {} ms",
+                s.max_stall.as_millis(),
+                s.every.as_millis()
+            ),
+        }
+    }
+}
+
 /// The scenario's settings.
 #[derive(Debug, Clone)]
 pub struct GrayLinkRun {
-    /// Loss of each round (%), in order.
-    pub loss_pct: Vec<f64>,
+    /// The rounds' faults, in order.
+    pub faults: Vec<GrayFault>,
     /// Fault-free stretch before each round's loss.
     pub baseline: Duration,
     /// How long each round's loss lasts.
@@ -40,7 +70,12 @@ pub struct GrayLinkRun {
 /// One round's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct GrayRound {
+    /// The share dropped (%; 0 in a stalls round).
     pub loss_pct: f64,
+    /// A stalls round: the longest stall and the mean time between
+    /// stalls (ms).
+    pub stall_max_ms: Option<u64>,
+    pub stall_every_ms: Option<u64>,
     /// From the loss on until `nic list` showed rail0 Degraded.
     pub degraded_ms: Option<u64>,
     /// From the loss on until no connection of h1 was on rail0.
@@ -141,14 +176,20 @@ pub async fn run(r: GrayLinkRun) -> anyhow::Result<GrayLinkReport> {
         steps: 1_000_000,
         checkpoint_every: 1000,
         hidden: Some(256),
-        deadline: (r.baseline + r.fault + Duration::from_secs(60)) * r.loss_pct.len() as u32
+        deadline: (r.baseline + r.fault + Duration::from_secs(60)) * r.faults.len() as u32
             + Duration::from_secs(300),
         ..TrainOpts::default()
     };
     let args = if r.detect {
         Vec::new()
     } else {
-        vec![vec!["--probe-degraded-loss-pct".to_string(), "0".into()]; o.hosts]
+        let off = [
+            "--probe-degraded-loss-pct",
+            "0",
+            "--probe-degraded-late-us",
+            "0",
+        ];
+        vec![off.iter().map(|a| a.to_string()).collect(); o.hosts]
     };
     let mut t = Training::start_with(&o, args).await?;
     let report = run_in(&mut t, &o, &r).await;
@@ -178,9 +219,15 @@ async fn run_in(
     .await?;
     let mut rounds = Vec::new();
     let mut before = rate(t, o, r.baseline).await;
-    for &pct in &r.loss_pct {
-        eprintln!("gray-link: {before:.1} steps/s fault-free; {HOST}/{NIC} now loses {pct} % of what the fabric sends it");
-        t.c.tb.set_gray_loss(1, 0, pct).await?;
+    for &fault in &r.faults {
+        eprintln!("gray-link: {before:.1} steps/s fault-free; {HOST}/{NIC} now {fault}");
+        let stalls = match fault {
+            GrayFault::Loss(pct) => {
+                t.c.tb.set_gray_loss(1, 0, pct).await?;
+                None
+            }
+            GrayFault::Stalls(spec) => Some(t.c.tb.gray_stalls(1, 0, spec).await?),
+        };
         let lossy = Instant::now();
         let s0 = t.max_step(JOB, 1, o.hosts, o.ranks);
         let within = if r.detect {
@@ -213,7 +260,10 @@ async fn run_in(
         }
         let s1 = t.max_step(JOB, 1, o.hosts, o.ranks);
         let fault_rate = s1.saturating_sub(s0) as f64 / lossy.elapsed().as_secs_f64();
-        t.c.tb.set_gray_loss(1, 0, 0.0).await?;
+        match stalls {
+            None => t.c.tb.set_gray_loss(1, 0, 0.0).await?,
+            Some(s) => s.stop().await?,
+        }
         let healed = Instant::now();
         let clean_ms =
             t.c.wait_until("rail0 Up again", Duration::from_secs(30), |c| {
@@ -237,10 +287,19 @@ async fn run_in(
             100.0
         };
         eprintln!(
-            "gray-link: {pct} %: Degraded after {degraded_ms:?} ms, connections off after {moved_ms:?} ms, {fault_rate:.1} steps/s ({slowdown_pct:.1} % slower), Up {clean_ms:?} ms after the loss ended"
+            "gray-link: {fault}: Degraded after {degraded_ms:?} ms, connections off after {moved_ms:?} ms, {fault_rate:.1} steps/s ({slowdown_pct:.1} % slower), Up {clean_ms:?} ms after the fault ended"
         );
+        let stall = match fault {
+            GrayFault::Stalls(s) => Some(s),
+            GrayFault::Loss(_) => None,
+        };
         rounds.push(GrayRound {
-            loss_pct: pct,
+            loss_pct: match fault {
+                GrayFault::Loss(pct) => pct,
+                GrayFault::Stalls(_) => 0.0,
+            },
+            stall_max_ms: stall.map(|s| s.max_stall.as_millis() as u64),
+            stall_every_ms: stall.map(|s| s.every.as_millis() as u64),
             degraded_ms,
             moved_ms,
             baseline_steps_s: baseline,

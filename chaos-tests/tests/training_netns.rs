@@ -218,16 +218,22 @@ async fn an_admins_failover_holds_until_the_admin_fails_back() {
 }
 
 /// Short form of `scenario gray-link`: a rail that loses a tenth of its
-/// packets while its link stays up is found Degraded from probe evidence,
-/// the connections leave it, and it is Up again once the loss ends; no
-/// other NIC is blamed and the job never restarts.
+/// packets, then one that stalls for up to 8 ms every 20 ms, while its
+/// link stays up, is found Degraded from probe evidence, the connections
+/// leave it, and it is Up again once the fault ends; no other NIC is
+/// blamed and the job never restarts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rail_losing_packets_is_degraded_and_left_then_up_again() {
+async fn a_rail_losing_or_delaying_packets_is_degraded_and_left_then_up_again() {
     if !require_root("training_netns::gray_link").unwrap() {
         return;
     }
+    use chaos_tests::gray_link::GrayFault;
+    let stalls = testbed::stalls::StallSpec {
+        max_stall: Duration::from_millis(8),
+        every: Duration::from_millis(20),
+    };
     let r = chaos_tests::gray_link::run(chaos_tests::gray_link::GrayLinkRun {
-        loss_pct: vec![10.0],
+        faults: vec![GrayFault::Loss(10.0), GrayFault::Stalls(stalls)],
         baseline: Duration::from_secs(3),
         fault: Duration::from_secs(5),
         // Generous under CI's load: the 10 % goal is the scenario's.
@@ -237,12 +243,15 @@ async fn a_rail_losing_packets_is_degraded_and_left_then_up_again() {
     .await
     .unwrap();
     assert!(r.ok, "{r:?}");
-    let round = &r.rounds[0];
-    assert!(round.degraded_ms.is_some_and(|ms| ms < 10_000), "{r:?}");
-    assert!(
-        round.moved_ms.is_some() && round.clean_ms.is_some(),
-        "{r:?}"
-    );
+    assert_eq!(r.rounds.len(), 2, "{r:?}");
+    for round in &r.rounds {
+        assert!(round.degraded_ms.is_some_and(|ms| ms < 10_000), "{r:?}");
+        assert!(
+            round.moved_ms.is_some() && round.clean_ms.is_some(),
+            "{r:?}"
+        );
+    }
+    assert_eq!(r.rounds[1].stall_max_ms, Some(8), "{r:?}");
     assert!(r.false_findings.is_empty(), "{r:?}");
 }
 

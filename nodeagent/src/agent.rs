@@ -263,7 +263,7 @@ pub async fn run(
             // write and the round trip to the supervisor, and its standby
             // detours go in (in their own task: netlink round trips).
             reflex.on_link(&t);
-            // A Degraded NIC (losing packets) is detoured like a dead one.
+            // A Degraded NIC (losing or holding back packets) is detoured like a dead one.
             let down = matches!(
                 t.health,
                 NicHealth::Down | NicHealth::Flapping | NicHealth::Degraded

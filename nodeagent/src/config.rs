@@ -93,6 +93,9 @@ pub const MAX_FAILBACK_HOLD_MS: u64 = 600_000;
 /// waiting out the kernel's 200 ms minimum (datacentre round trips are
 /// tens of microseconds, so 10 ms is still far above any real RTT).
 pub const DEFAULT_FABRIC_RTO_MIN_MS: u32 = 10;
+/// The largest `[probe] degraded_late_us` taken (a second: probes held
+/// back longer are a dead path's business, not a gray link's).
+pub const MAX_DEGRADED_LATE_US: u64 = 1_000_000;
 /// The largest `fabric_rto_min_ms` taken.
 pub const MAX_FABRIC_RTO_MIN_MS: u32 = 1_000;
 
@@ -158,6 +161,9 @@ struct FileProbe {
     silence_ms: Option<u64>,
     /// Share of probes (%) a NIC may lose before it is Degraded (0: never).
     degraded_loss_pct: Option<f64>,
+    /// How late (µs above the floor) a probe counts as held back; a NIC
+    /// holding back a share of every peer's probes is Degraded (0: never).
+    degraded_late_us: Option<u64>,
     timestamps: Option<TsMode>,
 }
 
@@ -178,6 +184,9 @@ pub struct Overrides {
     pub probe_cpu_budget_pct: Option<f64>,
     /// Share of probes (%) a NIC may lose before it is Degraded (0: never).
     pub probe_degraded_loss_pct: Option<f64>,
+    /// How late (µs above the floor) a probe counts as held back (0: the
+    /// delay check off).
+    pub probe_degraded_late_us: Option<u64>,
     pub probe_timestamps: Option<TsMode>,
     /// Test only: clock error applied to every probe timestamp.
     pub test_clock_offset_ns: Option<i64>,
@@ -528,6 +537,14 @@ fn probe_options(fp: FileProbe, over: &Overrides) -> Result<Option<ProbeOptions>
         }
         mesh.loss.threshold = pct / 100.0;
     }
+    if let Some(us) = over.probe_degraded_late_us.or(fp.degraded_late_us) {
+        if us > MAX_DEGRADED_LATE_US {
+            return Err(ConfigError::Invalid(format!(
+                "probe degraded_late_us {us}: want 0..={MAX_DEGRADED_LATE_US} (0: never Degraded)"
+            )));
+        }
+        mesh.jitter.late = std::time::Duration::from_micros(us);
+    }
     let anchor = over
         .test_clock_anchor_ns
         .unwrap_or_else(crate::probe::clock::realtime_ns);
@@ -770,6 +787,31 @@ mod tests {
         )
         .unwrap();
         assert_eq!(probe(&c).loss.threshold, 0.0, "0: never Degraded");
+        assert_eq!(
+            probe(&c).jitter.late,
+            std::time::Duration::from_micros(300),
+            "the default lateness"
+        );
+        let e = load(
+            None,
+            Overrides {
+                probe_degraded_late_us: Some(MAX_DEGRADED_LATE_US + 1),
+                ..base.clone()
+            },
+            &links(),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("degraded_late_us"), "{e}");
+        let c = load(
+            None,
+            Overrides {
+                probe_degraded_late_us: Some(0),
+                ..base.clone()
+            },
+            &links(),
+        )
+        .unwrap();
+        assert!(probe(&c).jitter.late.is_zero(), "0: never Degraded");
         let e = load(
             None,
             Overrides {

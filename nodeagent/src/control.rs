@@ -440,7 +440,7 @@ impl Control {
 
     /// Sends the held-out set to every socket that has not taken it (a
     /// socket whose queue is full takes it at the next heartbeat): the
-    /// admin's holds and this host's Degraded NICs (losing packets: the
+    /// admin's holds and this host's Degraded NICs (losing or holding back packets: the
     /// connections leave them the same way). Nothing before the leader has
     /// said what is held.
     fn tell_held(inv: &mut Inventory) {

@@ -38,7 +38,7 @@ pub enum NicHealth {
     Down,
     Flapping,
     Recovering,
-    /// Up, but losing packets by the probe mesh's evidence (a gray link).
+    /// Up, but losing or holding back packets by the probe mesh's evidence (a gray link).
     Degraded,
 }
 
@@ -149,6 +149,9 @@ pub struct NicTracker {
     probes_alive: bool,
     /// The probe mesh finds the NIC losing packets (a gray link).
     lossy: bool,
+    /// The probe mesh finds the NIC holding packets back unevenly (a gray
+    /// link that delays).
+    delayed: bool,
     /// The last netdev sample's up state, kept to combine with port events.
     netdev_up: Option<bool>,
     /// Since when the netdev is up (None: down or not seen yet).
@@ -171,6 +174,7 @@ impl NicTracker {
             port_active: true,
             probes_alive: true,
             lossy: false,
+            delayed: false,
             netdev_up: None,
             up_since: None,
             down_count: 0,
@@ -201,7 +205,7 @@ impl NicTracker {
             (false, true) => NicHealth::Flapping,
             (true, true) => NicHealth::Recovering,
             (true, false) if held => NicHealth::Recovering,
-            (true, false) if self.lossy => NicHealth::Degraded,
+            (true, false) if self.lossy || self.delayed => NicHealth::Degraded,
             (true, false) => NicHealth::Up,
         }
     }
@@ -260,6 +264,7 @@ impl NicTracker {
                 // NIC is judged afresh from now (`NetdevEpochs`).
                 self.probes_alive = true;
                 self.lossy = false;
+                self.delayed = false;
             }
         }
         let other_evidence_up = self.port_active && self.probes_alive;
@@ -295,8 +300,8 @@ impl NicTracker {
 
     /// Feeds evidence other than netlink (an RDMA port event or the probe
     /// mesh's verdict); the NIC is up only when its netdev, its port and
-    /// its probes all are. Loss evidence leaves the link up and makes an
-    /// up NIC Degraded (or Up again).
+    /// its probes all are. Loss and delay evidence leave the link up and
+    /// make an up NIC Degraded (Up again once neither holds).
     pub fn observe_port(
         &mut self,
         source: Evidence,
@@ -308,6 +313,10 @@ impl NicTracker {
             Evidence::Probes => self.probes_alive = active,
             Evidence::Loss => {
                 self.lossy = !active;
+                return self.tick(now);
+            }
+            Evidence::Delay => {
+                self.delayed = !active;
                 return self.tick(now);
             }
         }
@@ -350,6 +359,9 @@ pub enum Evidence {
     /// The probe mesh: the NIC loses a share of its probes (`active`
     /// false) or no longer does. The link stays up; the NIC is Degraded.
     Loss,
+    /// The probe mesh: the NIC delays its probes unevenly (`active`
+    /// false) or no longer does. The link stays up; the NIC is Degraded.
+    Delay,
 }
 
 /// Errors starting the tracker.
@@ -634,6 +646,36 @@ mod tests {
         n.observe_port(Evidence::Loss, false, t0 + s(3));
         n.observe(&sample(true, false, 1), t0 + s(4));
         let up = n.observe(&sample(true, true, 1), t0 + s(5));
+        assert_ne!(
+            up.last().map(|t| t.health),
+            Some(NicHealth::Degraded),
+            "{up:?}"
+        );
+    }
+
+    #[test]
+    fn delay_evidence_degrades_too_and_the_nic_is_up_only_once_neither_holds() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut n = NicTracker::new("rail0", DampingConfig::default());
+        n.observe(&sample(true, true, 0), t0);
+        let t = n
+            .observe_port(Evidence::Delay, false, t0 + s(1))
+            .expect("transition");
+        assert!(t.link_up && t.health == NicHealth::Degraded, "{t:?}");
+        assert_eq!(n.damper.flaps(), 0, "a delaying link is no flap");
+        // Loss too, then the delays end: still Degraded (losing).
+        assert!(n.observe_port(Evidence::Loss, false, t0 + s(2)).is_none());
+        assert!(n.observe_port(Evidence::Delay, true, t0 + s(3)).is_none());
+        assert_eq!(n.health(), Some(NicHealth::Degraded));
+        let t = n
+            .observe_port(Evidence::Loss, true, t0 + s(4))
+            .expect("transition");
+        assert_eq!(t.health, NicHealth::Up);
+        // Delaying, then the netdev bounces: the verdict is from before.
+        n.observe_port(Evidence::Delay, false, t0 + s(5));
+        n.observe(&sample(true, false, 1), t0 + s(6));
+        let up = n.observe(&sample(true, true, 1), t0 + s(7));
         assert_ne!(
             up.last().map(|t| t.health),
             Some(NicHealth::Degraded),

@@ -157,8 +157,10 @@ impl HtbClassParams {
     }
 }
 
-/// `struct tc_ratespec` for an Ethernet link, no overhead.
-fn ratespec(rate_bytes: u64) -> [u8; TC_RATESPEC_LEN] {
+/// `struct tc_ratespec` for an Ethernet link, no overhead (a rate above
+/// `u32::MAX` bytes/s is carried as `u32::MAX`: the caller adds the 64-bit
+/// attribute).
+pub fn ratespec(rate_bytes: u64) -> [u8; TC_RATESPEC_LEN] {
     let mut b = [0u8; TC_RATESPEC_LEN];
     b[0] = 0; // cell_log: unused with a linklayer
     b[1] = TC_LINKLAYER_ETHERNET;

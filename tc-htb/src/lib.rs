@@ -107,7 +107,7 @@ mod wire;
 
 pub use apply::{apply, clear};
 pub use encode::{
-    class_message, encode_glob, filter_message, filter_plan, qdisc_message, u32_selector,
+    class_message, encode_glob, filter_message, filter_plan, qdisc_message, ratespec, u32_selector,
     HtbClassParams, PschedClock,
 };
 pub use error::ShapeError;

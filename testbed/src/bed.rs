@@ -493,6 +493,20 @@ impl Testbed {
         crate::drops::random(&self.fab.name, &dev, pct).await
     }
 
+    /// A gray link that delays: the fabric end of the host's `rail<r>`
+    /// cable holds back what it sends to the host for random moments, as
+    /// `spec` says, without dropping anything, both ends up with carrier
+    /// ([`crate::stalls`]). Until [`crate::stalls::Stalls::stop`].
+    pub async fn gray_stalls(
+        &self,
+        host: usize,
+        rail: usize,
+        spec: crate::stalls::StallSpec,
+    ) -> anyhow::Result<crate::stalls::Stalls> {
+        let dev = format!("h{host}r{rail}");
+        crate::stalls::Stalls::start(&self.fab, &dev, spec).await
+    }
+
     /// Cuts between nodes on the management network: for each `(a, b)`,
     /// `a` no longer hears `b` (the fabric end of `a`'s `mgmt0` drops what
     /// comes from `b`'s address); `b` may still hear `a`, so a cut one way

@@ -15,7 +15,8 @@ use std::net::Ipv4Addr;
 
 use anyhow::Context;
 
-async fn tc(ns: &str, args: &[&str]) -> anyhow::Result<()> {
+/// Runs `tc -n ns ARGS…`; its output, or an error with its complaint.
+pub(crate) async fn tc(ns: &str, args: &[&str]) -> anyhow::Result<String> {
     let out = tokio::process::Command::new("tc")
         .arg("-n")
         .arg(ns)
@@ -29,7 +30,12 @@ async fn tc(ns: &str, args: &[&str]) -> anyhow::Result<()> {
         args.join(" "),
         String::from_utf8_lossy(&out.stderr).trim()
     );
-    Ok(())
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// What `tc qdisc show dev DEV` prints.
+pub(crate) async fn show(ns: &str, dev: &str) -> anyhow::Result<String> {
+    tc(ns, &["qdisc", "show", "dev", dev]).await
 }
 
 /// Removes whatever root qdisc `dev` has (none is fine).
@@ -63,7 +69,8 @@ async fn drop_class(ns: &str, dev: &str) -> anyhow::Result<()> {
             "qdisc", "add", "dev", dev, "parent", "1:2", "handle", "2:", "pfifo", "limit", "0",
         ],
     )
-    .await
+    .await?;
+    Ok(())
 }
 
 /// Drops `pct` % (0–100] of what `dev` sends, each packet at random.
@@ -80,7 +87,8 @@ pub async fn random(ns: &str, dev: &str, pct: f64) -> anyhow::Result<()> {
             "bytecode", &prog, "flowid", "1:2",
         ],
     )
-    .await
+    .await?;
+    Ok(())
 }
 
 /// Drops every IPv4 packet `dev` sends whose source is one of `from`.

@@ -26,6 +26,8 @@
 //!   what was built.
 //! - [`drops`]: tc drops on a device that leave its link up (gray links,
 //!   partitions of the management network).
+//! - [`stalls`]: a device that holds back what it sends for random
+//!   moments, its link up (gray links that delay).
 //! - [`cleanup`]: the Ctrl-C registry, owner files and the sweeper.
 //! - [`cluster`]: [`cluster::SupervisorCluster`], real supervisor
 //!   processes on loopback (SIGKILL, restart, joiners), and
@@ -61,6 +63,7 @@ pub mod leaf;
 pub mod netcluster;
 pub mod netns;
 pub mod plan;
+pub mod stalls;
 
 pub use bed::{require_root, FlapPattern, LinkStatus, Side, Testbed};
 pub use cleanup::{

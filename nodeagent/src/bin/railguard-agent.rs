@@ -78,6 +78,12 @@ struct Args {
     /// check off. Default 2.
     #[arg(long)]
     probe_degraded_loss_pct: Option<f64>,
+    /// How late (µs above its path's floor over 1 s) a probe counts as
+    /// held back: a NIC that holds back 3 % of every peer's probes, on that
+    /// NIC alone, is Degraded and its connections leave it (a gray link
+    /// that delays). 0 turns the check off. Default 300.
+    #[arg(long)]
+    probe_degraded_late_us: Option<u64>,
     /// Probe timestamps: "software" (kernel, any NIC) or "hardware" (the
     /// NIC's clock; the NIC must support it). Default software.
     #[arg(long)]
@@ -141,6 +147,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             probe_rate: args.probe_rate,
             probe_cpu_budget_pct: args.probe_cpu_budget_pct,
             probe_degraded_loss_pct: args.probe_degraded_loss_pct,
+            probe_degraded_late_us: args.probe_degraded_late_us,
             probe_timestamps: args.probe_timestamps,
             test_clock_offset_ns: args.test_clock_offset_ns,
             test_clock_drift_ppb: args.test_clock_drift_ppb,

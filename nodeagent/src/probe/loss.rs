@@ -77,9 +77,12 @@ pub struct PeerCounts {
     pub received: u64,
     /// Heard lately (on any rail) with its own NIC on the rail settled.
     pub witness: bool,
+    /// Raw one-way delays (rx − tx, ns) of the peer's pairs that completed
+    /// on the rail within the delay judge's window ([`super::jitter`]).
+    pub delays: Vec<i64>,
 }
 
-/// One of this host's rails as the loss judge sees it
+/// One of this host's rails as the loss and delay judges see it
 /// ([`super::mesh::Mesh::loss_counts`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RailCounts {
@@ -310,6 +313,7 @@ mod tests {
                         expected: t.0 as u64,
                         received: t.1 as u64,
                         witness: true,
+                        delays: Vec::new(),
                     });
                 }
                 counts.push(RailCounts {
@@ -403,6 +407,7 @@ mod tests {
                             expected: e,
                             received: e - lost,
                             witness: true,
+                            delays: Vec::new(),
                         }
                     })
                     .collect();
@@ -439,6 +444,7 @@ mod tests {
                             expected: ms / 10,
                             received: ms / 10 - if rail == 0 { lost } else { 0 },
                             witness: true,
+                            delays: Vec::new(),
                         })
                         .collect(),
                 })

@@ -66,6 +66,9 @@ const MAX_DELAYS: usize = 4096;
 const MIN_WITNESSES: usize = 2;
 /// Per-second window estimates kept per path for the drift fit (s).
 const DRIFT_HISTORY: usize = 16;
+/// Raw delays kept per path for the delay judge (its window at the
+/// highest pair rate, [`MAX_PAIRS_PER_S`] over one rail, is a second).
+const RECENT_DELAYS: usize = 1_024;
 
 /// Tuning of the mesh.
 #[derive(Debug, Clone)]
@@ -90,6 +93,8 @@ pub struct MeshConfig {
     pub pair: PairConfig,
     /// When a NIC losing probes is Degraded ([`super::loss`]).
     pub loss: super::loss::LossConfig,
+    /// When a NIC delaying probes unevenly is Degraded ([`super::jitter`]).
+    pub jitter: super::jitter::JitterConfig,
 }
 
 impl Default for MeshConfig {
@@ -106,6 +111,7 @@ impl Default for MeshConfig {
                 ..PairConfig::default()
             },
             loss: super::loss::LossConfig::default(),
+            jitter: super::jitter::JitterConfig::default(),
         }
     }
 }
@@ -214,6 +220,9 @@ struct PathState {
     tot_received: u64,
     /// (rx time, raw delay rx − tx) of the peer's first probes.
     delays: Vec<(i64, i64)>,
+    /// (when completed, raw delay) of the peer's latest pairs, for the
+    /// delay judge ([`super::jitter`]).
+    recent: VecDeque<(Instant, i64)>,
     /// The last [`DRIFT_HISTORY`] window estimates (centre, offset).
     history: VecDeque<(i64, f64)>,
     /// The latest disciplined line (from the last summary).
@@ -240,6 +249,7 @@ impl PathState {
             tot_expected: 0,
             tot_received: 0,
             delays: Vec::new(),
+            recent: VecDeque::new(),
             history: VecDeque::new(),
             line: None,
             outgoing: OutgoingTracker::default(),
@@ -705,7 +715,7 @@ impl Mesh {
             }
             if let Some(tx) = path.inc[i].tx {
                 path.inc.remove(i);
-                reverse_pair(path, &mut self.counters, tx, [a, b], purity);
+                reverse_pair(path, &mut self.counters, tx, [a, b], purity, now);
             }
         }
         for r in &probe.records {
@@ -716,7 +726,7 @@ impl Mesh {
                     };
                     if let [Some(a), Some(b)] = path.inc[j].rx {
                         path.inc.remove(j);
-                        reverse_pair(path, &mut self.counters, ts, [a, b], purity);
+                        reverse_pair(path, &mut self.counters, ts, [a, b], purity, now);
                     } else {
                         path.inc[j].tx = Some(ts);
                     }
@@ -835,14 +845,16 @@ impl Mesh {
         out
     }
 
-    /// Per rail of this host, what the loss judge ([`super::loss`]) needs:
-    /// since when the NIC is up (None: down), whether it may be judged now
-    /// (up for the up grace at least, not probe-dead: silence is
-    /// [`Mesh::check_liveness`]'s to judge), and each peer's probe totals
-    /// on the rail with whether it is a witness (heard lately on any rail,
-    /// its own NIC on the rail settled).
+    /// Per rail of this host, what the loss and delay judges
+    /// ([`super::loss`], [`super::jitter`]) need: since when the NIC is up
+    /// (None: down), whether it may be judged now (up for the up grace at
+    /// least, not probe-dead: silence is [`Mesh::check_liveness`]'s to
+    /// judge), and each peer's probe totals and the raw delays of its pairs
+    /// of the delay window on the rail, with whether it is a witness (heard
+    /// lately on any rail, its own NIC on the rail settled).
     pub fn loss_counts(&self, now: Instant) -> Vec<RailCounts> {
         let silence = self.cfg.silence;
+        let window = self.cfg.jitter.window;
         self.local
             .iter()
             .map(|(rail, nic)| {
@@ -862,11 +874,18 @@ impl Mesh {
                             .last_heard
                             .is_some_and(|h| now.saturating_duration_since(h) < silence)
                             && settled_on(p.settled, *rail);
+                        let delays = path
+                            .recent
+                            .iter()
+                            .filter(|(at, _)| now.saturating_duration_since(*at) < window)
+                            .map(|(_, d)| *d)
+                            .collect();
                         Some(PeerCounts {
                             peer: *id,
                             expected: path.tot_expected,
                             received: path.tot_received,
                             witness,
+                            delays,
                         })
                     })
                     .collect();
@@ -1035,11 +1054,13 @@ fn reverse_pair(
     tx: [i64; 2],
     rx: [i64; 2],
     purity: u64,
+    now: Instant,
 ) {
-    if path.delays.len() < MAX_DELAYS {
-        if let Some(d) = rx[0].checked_sub(tx[0]) {
+    if let Some(d) = rx[0].checked_sub(tx[0]) {
+        if path.delays.len() < MAX_DELAYS {
             path.delays.push((rx[0], d));
         }
+        push_bounded(&mut path.recent, RECENT_DELAYS, (now, d));
     }
     add(path, counters, Direction::Reverse, &coded(tx, rx), purity);
 }

@@ -8,6 +8,9 @@
 //!   loss, NIC probe liveness), without sockets.
 //! * [`loss`]: gray links: a NIC that loses a share of its probes while
 //!   its link stays up is Degraded (loss evidence to the link tracker).
+//! * [`jitter`]: gray links that delay: a NIC that holds back a share of
+//!   every peer's probes, on that NIC alone, is Degraded too (delay
+//!   evidence).
 //! * [`clock`]: the test-only clock error.
 //! * [`governor`]: the CPU budget of the probe thread (lowers the rate).
 //!
@@ -32,6 +35,7 @@
 
 pub mod clock;
 pub mod governor;
+pub mod jitter;
 pub mod loss;
 pub mod mesh;
 pub mod queueing;
@@ -385,6 +389,7 @@ fn run_thread(
     let mut tx = Vec::new();
     let mut unsent: Vec<PortEvent> = Vec::new();
     let mut loss = loss::LossJudge::new(mesh.config().loss.clone());
+    let mut jitter = jitter::JitterJudge::new(mesh.config().jitter.clone());
     let mut next_liveness = Instant::now() + LIVENESS_EVERY;
     let mut next_summary = Instant::now() + SUMMARY_EVERY;
     let mut send_errors = 0u64;
@@ -479,7 +484,8 @@ fn run_thread(
                     source: Evidence::Probes,
                 });
             }
-            for c in loss.observe(now, &mesh.loss_counts(now)) {
+            let counts = mesh.loss_counts(now);
+            for c in loss.observe(now, &counts) {
                 if c.lossy {
                     tracing::warn!(nic = %c.nic, loss_pct = c.loss_pct, peers = c.peers, lossy_peers = c.lossy_peers, "probe evidence: the NIC loses probes (gray link)");
                 } else {
@@ -489,6 +495,18 @@ fn run_thread(
                     netdev: c.nic,
                     active: !c.lossy,
                     source: Evidence::Loss,
+                });
+            }
+            for c in jitter.observe(now, &counts) {
+                if c.delayed {
+                    tracing::warn!(nic = %c.nic, late_pct = c.late_pct, peers = c.peers, delayed_peers = c.delayed_peers, "probe evidence: the NIC holds probes back (gray link)");
+                } else {
+                    tracing::warn!(nic = %c.nic, late_pct = c.late_pct, peers = c.peers, "probe evidence: the NIC no longer holds probes back");
+                }
+                unsent.push(PortEvent {
+                    netdev: c.nic,
+                    active: !c.delayed,
+                    source: Evidence::Delay,
                 });
             }
             // The tracker may be busy: keep what it could not take (only

@@ -222,10 +222,11 @@ const SCENARIOS: &[Entry] = &[
     entry::<GrayLink>(
         "gray-link",
         "ringtrain on four hosts; the fabric end of h1's rail0 drops a share of the packets it \
-         sends (random, the link stays up: netlink sees nothing), one round per --loss-pct: \
-         the probe mesh must find rail0 Degraded, h1's connections must leave it, the job's \
-         step rate stay within --max-slowdown-pct of the fault-free one, rail0 be Up again \
-         after the loss; no other NIC Degraded or Down, no restart. Needs root",
+         sends (random; one round per --loss-pct), then stalls for random moments (one round \
+         per --stall-ms), the link up throughout (netlink sees nothing): the probe mesh must \
+         find rail0 Degraded, h1's connections must leave it, the job's step rate stay within \
+         --max-slowdown-pct of the fault-free one, rail0 be Up again after the fault; no other \
+         NIC Degraded or Down, no restart. Needs root",
     ),
     entry::<Security>(
         "security",
@@ -454,20 +455,29 @@ impl Runner for AdminFailover {
 
 #[derive(Args, Debug)]
 struct GrayLink {
-    /// Loss of each round, % of the packets the fabric sends to h1 on rail0.
-    #[arg(long, value_delimiter = ',', default_value = "2,5,10,20")]
+    /// Loss of each round, % of the packets the fabric sends to h1 on rail0
+    /// (the flag alone: no loss rounds).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "2,5,10,20")]
     loss_pct: Vec<f64>,
+    /// Then one round per value: the fabric end of h1's rail0 stalls for
+    /// up to this many ms at a time, dropping nothing (the flag alone: no
+    /// stalls rounds).
+    #[arg(long, value_delimiter = ',', num_args = 0.., default_value = "2,4,8")]
+    stall_ms: Vec<u64>,
+    /// Mean time from one stall to the next, ms.
+    #[arg(long, default_value_t = 20)]
+    stall_every_ms: u64,
     /// Fault-free stretch before each round, in seconds.
     #[arg(long, default_value_t = 5)]
     baseline_s: u64,
-    /// How long each round's loss lasts, in seconds.
+    /// How long each round's fault lasts, in seconds.
     #[arg(long, default_value_t = 8)]
     fault_s: u64,
     /// Largest slowdown of the job's step rate allowed, %.
     #[arg(long, default_value_t = 10.0)]
     max_slowdown_pct: f64,
-    /// Run with the agents' loss check off (what the job suffers without
-    /// it); ok when no NIC is found Degraded.
+    /// Run with the agents' loss and delay checks off (what the job
+    /// suffers without them); ok when no NIC is found Degraded.
     #[arg(long)]
     no_detect: bool,
 }
@@ -475,10 +485,15 @@ struct GrayLink {
 impl Runner for GrayLink {
     async fn run(self, what: String) -> Outcome {
         ensure!(
-            !self.loss_pct.is_empty()
-                && self.loss_pct.len() <= 20
-                && self.loss_pct.iter().all(|p| (0.1..=50.0).contains(p)),
-            "--loss-pct takes 1 to 20 values, each 0.1..=50"
+            (1..=20).contains(&(self.loss_pct.len() + self.stall_ms.len()))
+                && self.loss_pct.iter().all(|p| (0.1..=50.0).contains(p))
+                && self
+                    .stall_ms
+                    .iter()
+                    .all(|ms| (1..self.stall_every_ms).contains(ms))
+                && (2..=1_000).contains(&self.stall_every_ms),
+            "--loss-pct (each 0.1..=50) and --stall-ms (each 1 ms up to --stall-every-ms, \
+             2..=1000) take 1 to 20 rounds in all"
         );
         ensure!(
             (2..=600).contains(&self.baseline_s) && (2..=600).contains(&self.fault_s),
@@ -489,8 +504,18 @@ impl Runner for GrayLink {
             "--max-slowdown-pct takes 0..=100"
         );
         need_root(&what)?;
+        use chaos_tests::gray_link::GrayFault;
+        let every = Duration::from_millis(self.stall_every_ms);
+        let faults = (self.loss_pct.into_iter().map(GrayFault::Loss))
+            .chain(self.stall_ms.into_iter().map(|ms| {
+                GrayFault::Stalls(testbed::stalls::StallSpec {
+                    max_stall: Duration::from_millis(ms),
+                    every,
+                })
+            }))
+            .collect();
         let r = chaos_tests::gray_link::run(chaos_tests::gray_link::GrayLinkRun {
-            loss_pct: self.loss_pct,
+            faults,
             baseline: Duration::from_secs(self.baseline_s),
             fault: Duration::from_secs(self.fault_s),
             max_slowdown_pct: self.max_slowdown_pct,

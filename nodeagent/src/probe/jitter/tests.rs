@@ -1,0 +1,201 @@
+use super::*;
+use crate::probe::loss::PeerCounts;
+
+/// A host with rails 0 and 1 and `peers` peers, each completing 50 pairs a
+/// second on each rail. Every peer's raw delays carry its own clock offset
+/// and ±20 µs of noise; `extra(rail, peer, rng)` adds a delay per sample.
+struct World {
+    t0: Instant,
+    judge: JitterJudge,
+    peers: u32,
+    rng: u64,
+    up_since: Instant,
+}
+
+impl World {
+    fn new(peers: u32) -> Self {
+        let t0 = Instant::now();
+        Self {
+            t0,
+            judge: JitterJudge::new(JitterConfig::default()),
+            peers,
+            rng: 0x9e37_79b9_7f4a_7c15,
+            up_since: t0,
+        }
+    }
+
+    fn next(&mut self) -> u64 {
+        // xorshift64: deterministic noise.
+        self.rng ^= self.rng << 13;
+        self.rng ^= self.rng >> 7;
+        self.rng ^= self.rng << 17;
+        self.rng
+    }
+
+    /// The judge's view at `ms`: the last second's 50 samples per path.
+    fn look(&mut self, ms: u64, extra: &dyn Fn(u32, u32, u64) -> i64) -> Vec<NicJitter> {
+        let mut rails = Vec::new();
+        for rail in 0..2u32 {
+            let mut peers = Vec::new();
+            for p in 0..self.peers {
+                let delays = (0..50)
+                    .map(|_| {
+                        let r = self.next();
+                        let noise = (r % 40_000) as i64 - 20_000;
+                        1_000_000 * i64::from(p) + 30_000 + noise + extra(rail, p, self.next())
+                    })
+                    .collect();
+                peers.push(PeerCounts {
+                    peer: p,
+                    expected: 0,
+                    received: 0,
+                    witness: true,
+                    delays,
+                });
+            }
+            rails.push(RailCounts {
+                rail,
+                nic: format!("rail{rail}"),
+                up_since: Some(self.up_since),
+                judged: true,
+                peers,
+            });
+        }
+        self.judge
+            .observe(self.t0 + Duration::from_millis(ms), &rails)
+    }
+
+    /// Looks every 100 ms from `from` to `to`; every change with its time.
+    fn run(
+        &mut self,
+        from: u64,
+        to: u64,
+        extra: &dyn Fn(u32, u32, u64) -> i64,
+    ) -> Vec<(u64, NicJitter)> {
+        let mut out = Vec::new();
+        for ms in (from..to).step_by(100) {
+            for c in self.look(ms, extra) {
+                out.push((ms, c));
+            }
+        }
+        out
+    }
+}
+
+/// A fifth of the samples held back by up to `max_ns` (a port that stands
+/// still a fifth of the time).
+fn pauses(max_ns: u64) -> impl Fn(u64) -> i64 {
+    move |r| {
+        if r % 5 == 0 {
+            ((r >> 8) % max_ns) as i64
+        } else {
+            0
+        }
+    }
+}
+
+#[test]
+fn a_rail_that_holds_back_every_peers_probes_is_delayed_at_once_and_clean_after_the_hold() {
+    let mut w = World::new(3);
+    assert!(w.run(0, 3_000, &|_, _, _| 0).is_empty());
+    let p = pauses(6_000_000);
+    let found = w.run(3_000, 6_000, &|rail, _, r| if rail == 0 { p(r) } else { 0 });
+    assert_eq!(found.len(), 1, "{found:?}");
+    let (at, c) = &found[0];
+    assert!(c.delayed && c.nic == "rail0", "{c:?}");
+    assert_eq!(*at, 3_000, "found at {at} ms");
+    assert_eq!((c.peers, c.delayed_peers), (3, 3), "{c:?}");
+    // A fifth held back, nearly all of those by more than 300 µs.
+    assert!(c.late_pct > 10.0 && c.late_pct <= 30.0, "{c:?}");
+    // The pauses end: clean at the first look after the 3 s hold.
+    let clean = w.run(6_000, 9_000, &|_, _, _| 0);
+    assert_eq!(clean.len(), 1, "{clean:?}");
+    assert!(!clean[0].1.delayed && clean[0].0 == 6_000, "{clean:?}");
+    // Still pausing after the hold: stays delayed (no report).
+    let mut w = World::new(3);
+    assert_eq!(
+        w.run(0, 6_000, &|rail, _, r| if rail == 0 { p(r) } else { 0 })
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn a_congested_uplink_some_peers_cross_slow_peers_host_wide_delays_and_short_holds_are_no_verdict()
+{
+    let p = pauses(6_000_000);
+    // Three of five peers cross a congested uplink into rail 0 (the
+    // contention scenario's two leaves): under three quarters.
+    let mut w = World::new(5);
+    let uplink = w.run(0, 5_000, &|rail, peer, r| {
+        if rail == 0 && peer >= 2 {
+            p(r)
+        } else {
+            0
+        }
+    });
+    assert!(uplink.is_empty(), "{uplink:?}");
+    // Every peer's probes on every rail (this host's receive path late).
+    let mut w = World::new(3);
+    let all = w.run(0, 5_000, &|_, _, r| p(r));
+    assert!(all.is_empty(), "{all:?}");
+    // Two peers delay every rail they send on (their clocks step, their
+    // senders stall): they are no witnesses, one delayed peer is not two.
+    let mut w = World::new(3);
+    let peers = w.run(0, 5_000, &|rail, peer, r| {
+        if peer < 2 || rail == 0 {
+            p(r)
+        } else {
+            0
+        }
+    });
+    assert!(peers.is_empty(), "{peers:?}");
+    // Held back, but never by 300 µs.
+    let mut w = World::new(3);
+    let low = w.run(0, 5_000, &|rail, _, r| {
+        if rail == 0 {
+            pauses(250_000)(r)
+        } else {
+            0
+        }
+    });
+    assert!(low.is_empty(), "{low:?}");
+}
+
+#[test]
+fn a_bounce_forgets_the_verdict_and_too_few_samples_count_no_peer() {
+    let p = pauses(6_000_000);
+    let delayed = |rail: u32, _: u32, r: u64| if rail == 0 { p(r) } else { 0 };
+    let mut w = World::new(3);
+    assert_eq!(w.run(0, 1_000, &delayed).len(), 1);
+    // Down and up between two looks: found again (a report each time).
+    w.up_since += Duration::from_millis(1_500);
+    let again = w.run(2_000, 2_500, &delayed);
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert!(again[0].1.delayed, "{again:?}");
+
+    // Peers with fewer than MIN_SAMPLES samples are not counted.
+    let mut judge = JitterJudge::new(JitterConfig::default());
+    let rails: Vec<RailCounts> = (0..2)
+        .map(|rail| RailCounts {
+            rail,
+            nic: format!("rail{rail}"),
+            up_since: None,
+            judged: true,
+            peers: (0..3)
+                .map(|peer| PeerCounts {
+                    peer,
+                    expected: 0,
+                    received: 0,
+                    witness: true,
+                    delays: if rail == 0 {
+                        vec![0, 5_000_000, 0, 5_000_000]
+                    } else {
+                        vec![0; 4]
+                    },
+                })
+                .collect(),
+        })
+        .collect();
+    assert!(judge.observe(Instant::now(), &rails).is_empty());
+}
