@@ -87,6 +87,11 @@ pub struct GrayRound {
     pub slowdown_pct: f64,
     /// From the end of the loss until rail0 was Up again.
     pub clean_ms: Option<u64>,
+    /// Which of h1's probe judges reported rail0 during the round
+    /// ("loss", "delay", both, or none), from h1's agent log: a stalls
+    /// round must be found by the delay judge, a loss round by the loss
+    /// judge.
+    pub found_by: Vec<String>,
 }
 
 /// The scenario's report.
@@ -118,6 +123,22 @@ fn on_rail0(t: &Training) -> Option<(usize, usize)> {
             .ok()?;
     let qps = v["qps"].as_array()?;
     Some((qps.len(), qps.iter().filter(|q| q["nic"] == NIC).count()))
+}
+
+/// How many times h1's agent has reported rail0 losing probes, and
+/// holding them back (its log's warnings).
+fn verdicts(t: &Training) -> (usize, usize) {
+    let log =
+        std::fs::read_to_string(t.c.run_dir.path().join(format!("{HOST}.log"))).unwrap_or_default();
+    let count = |what: &str| {
+        log.lines()
+            .filter(|l| l.contains(what) && l.contains(&format!("nic={NIC}")))
+            .count()
+    };
+    (
+        count("the NIC loses probes (gray link)"),
+        count("the NIC holds probes back (gray link)"),
+    )
 }
 
 /// Steps per second of the job over `d` from now.
@@ -229,6 +250,7 @@ async fn run_in(
             GrayFault::Stalls(spec) => Some(t.c.tb.gray_stalls(1, 0, spec).await?),
         };
         let lossy = Instant::now();
+        let seen0 = verdicts(t);
         let s0 = t.max_step(JOB, 1, o.hosts, o.ranks);
         let within = if r.detect {
             r.fault.max(Duration::from_secs(15))
@@ -259,6 +281,12 @@ async fn run_in(
             tokio::time::sleep(rest).await;
         }
         let s1 = t.max_step(JOB, 1, o.hosts, o.ranks);
+        let seen1 = verdicts(t);
+        let found_by: Vec<String> = [("loss", seen0.0, seen1.0), ("delay", seen0.1, seen1.1)]
+            .into_iter()
+            .filter(|(_, a, b)| b > a)
+            .map(|(k, _, _)| k.to_string())
+            .collect();
         let fault_rate = s1.saturating_sub(s0) as f64 / lossy.elapsed().as_secs_f64();
         match stalls {
             None => t.c.tb.set_gray_loss(1, 0, 0.0).await?,
@@ -300,6 +328,7 @@ async fn run_in(
             },
             stall_max_ms: stall.map(|s| s.max_stall.as_millis() as u64),
             stall_every_ms: stall.map(|s| s.every.as_millis() as u64),
+            found_by,
             degraded_ms,
             moved_ms,
             baseline_steps_s: baseline,
@@ -321,7 +350,13 @@ async fn run_in(
     let ok = !rounds.is_empty()
         && rounds.iter().all(|x| {
             if r.detect {
+                let judge = if x.stall_max_ms.is_some() {
+                    "delay"
+                } else {
+                    "loss"
+                };
                 x.degraded_ms.is_some()
+                    && x.found_by.iter().any(|k| k == judge)
                     && x.moved_ms.is_some()
                     && x.clean_ms.is_some()
                     && x.slowdown_pct <= r.max_slowdown_pct

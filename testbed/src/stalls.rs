@@ -44,8 +44,11 @@ pub struct StallSpec {
 /// The flowing rate (bytes/s) and burst.
 const FLOW_RATE: u64 = 100_000_000_000 / 8;
 const FLOW_BURST: u32 = 1_000_000;
-/// The stopped rate (bytes/s): the next frame would wait over a second.
-const STOP_RATE: u64 = 1_000;
+/// The stopped rate (bytes/s): after the filler, even a 64-byte frame
+/// would wait over half a minute (stalls are at most [`MAX_STALL`]).
+const STOP_RATE: u64 = 2;
+/// The longest stall taken.
+pub const MAX_STALL: Duration = Duration::from_secs(1);
 /// One full frame: the stopped burst, and the filler's size.
 const FRAME: usize = 1_514;
 /// Bytes the queue holds.
@@ -169,8 +172,8 @@ impl Stalls {
     /// and starts stalling it as `spec` says.
     pub async fn start(ns: &Netns, dev: &str, spec: StallSpec) -> anyhow::Result<Stalls> {
         anyhow::ensure!(
-            !spec.max_stall.is_zero() && spec.max_stall < spec.every,
-            "stalls of up to {:?} every {:?}: want 0 < max_stall < every",
+            !spec.max_stall.is_zero() && spec.max_stall < spec.every && spec.max_stall <= MAX_STALL,
+            "stalls of up to {:?} every {:?}: want 0 < max_stall < every, max_stall <= {MAX_STALL:?}",
             spec.max_stall,
             spec.every
         );
@@ -214,10 +217,11 @@ impl Stalls {
     /// stall cut short goes with it). An error if the stalls had stopped
     /// by themselves (a request failed) or the qdisc stayed.
     pub async fn stop(mut self) -> anyhow::Result<()> {
-        let ended = self.task.is_finished();
         self.task.abort();
+        // The task only ever ends by itself on an error; aborting a task
+        // that had already ended keeps that error.
         let ran = match (&mut self.task).await {
-            Ok(Err(e)) if ended => Err(e.context("the stalls stopped early")),
+            Ok(Err(e)) => Err(e.context("the stalls stopped early")),
             _ => Ok(()),
         };
         crate::drops::clear(&self.ns, &self.dev).await;

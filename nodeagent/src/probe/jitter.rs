@@ -3,6 +3,10 @@
 //! that retries at the link layer, a failing transceiver). Without sockets
 //! (unit-testable).
 //!
+//! Only what a NIC receives is judged (a NIC that holds back what it
+//! sends shows as one slow sender to each peer, below the two witnesses,
+//! as with loss).
+//!
 //! **Samples.** For every pair of a peer's that completes on a path
 //! peer → me, the raw delay of its first probe, `rx − tx` (my clock minus
 //! the peer's, so the clocks' offset is in it; over one window it moves by
@@ -24,7 +28,9 @@
 //!   late (a peer whose clock stepped, or this host's own receive path
 //!   running late, delays every rail alike: that is no link's fault).
 //!
-//! **Verdict.** A NIC is *delayed* when at least [`MIN_DELAYED_PEERS`]
+//! **Verdict.** Only once the NIC has been judged for [`SETTLE`] and a
+//! window without a break (a returning NIC's first probes come in a late
+//! burst). A NIC is *delayed* when at least [`MIN_DELAYED_PEERS`]
 //! peers and three quarters of those counted are delayed witnesses: its
 //! own cable delays what every peer sends, whereas a congested uplink in
 //! the fabric delays only the peers whose path crosses it (that is the
@@ -42,17 +48,21 @@ use std::time::{Duration, Instant};
 use super::loss::RailCounts;
 
 /// Samples a peer needs on a rail in the window to count (at the default
-/// rate a peer completes 50 pairs a second on each of two rails; the CPU
-/// governor's floor, a quarter of that, is below it: a governed mesh
-/// judges no delays).
+/// rate a peer completes 50 pairs a second on each of two rails; a mesh
+/// the CPU governor holds below 20 pairs a second per path, such as at
+/// its floor, judges no delays).
 pub const MIN_SAMPLES: usize = 20;
 /// Share of a path's samples that must be late for its peer to be a
 /// delayed witness.
 pub const LATE_SHARE: f64 = 0.03;
 /// Delayed witnesses needed at least.
 pub const MIN_DELAYED_PEERS: usize = 2;
-/// Longest window accepted.
-pub const MAX_WINDOW: Duration = Duration::from_secs(10);
+/// How long a NIC must have been judged (up past the mesh's grace, not
+/// probe-dead) before a window of it counts: after an outage the peers'
+/// neighbour entries resolve again and the probes they queued meanwhile
+/// arrive late in a burst, which is no trait of the link. The first
+/// verdict comes a window after this at the earliest.
+pub const SETTLE: Duration = Duration::from_secs(2);
 
 /// Tuning of the delay judge.
 #[derive(Debug, Clone, PartialEq)]
@@ -96,7 +106,8 @@ fn late_count(v: &mut [i64], late: i64) -> usize {
     }
     let k = (v.len() - 1) / 10;
     let floor = *v.select_nth_unstable(k).1;
-    v.iter().filter(|d| **d - floor > late).count()
+    // Saturating: the delays are differences of a peer's timestamps.
+    v.iter().filter(|d| d.saturating_sub(floor) > late).count()
 }
 
 /// One rail over the window.
@@ -112,6 +123,8 @@ struct Window {
 #[derive(Debug, Default)]
 struct RailState {
     up_since: Option<Instant>,
+    /// Since when the NIC has been judged without a break.
+    judged_since: Option<Instant>,
     delayed_since: Option<Instant>,
 }
 
@@ -156,9 +169,17 @@ impl JitterJudge {
                 // Down, or down and up again (however briefly): the link
                 // tracker forgets its verdict, and so does the judge.
                 st.up_since = rc.up_since;
+                st.judged_since = None;
                 st.delayed_since = None;
             }
             if !rc.judged {
+                st.judged_since = None;
+                continue;
+            }
+            let judged_since = *st.judged_since.get_or_insert(now);
+            if st.delayed_since.is_none()
+                && now.saturating_duration_since(judged_since) < SETTLE + self.cfg.window
+            {
                 continue;
             }
             let mut w = Window::default();

@@ -97,6 +97,11 @@ fn pauses(max_ns: u64) -> impl Fn(u64) -> i64 {
 #[test]
 fn a_rail_that_holds_back_every_peers_probes_is_delayed_at_once_and_clean_after_the_hold() {
     let mut w = World::new(3);
+    // Judged from the first look: settled a window and SETTLE later.
+    assert_eq!(
+        SETTLE + JitterConfig::default().window,
+        Duration::from_secs(3)
+    );
     assert!(w.run(0, 3_000, &|_, _, _| 0).is_empty());
     let p = pauses(6_000_000);
     let found = w.run(3_000, 6_000, &|rail, _, r| if rail == 0 { p(r) } else { 0 });
@@ -167,12 +172,13 @@ fn a_bounce_forgets_the_verdict_and_too_few_samples_count_no_peer() {
     let p = pauses(6_000_000);
     let delayed = |rail: u32, _: u32, r: u64| if rail == 0 { p(r) } else { 0 };
     let mut w = World::new(3);
-    assert_eq!(w.run(0, 1_000, &delayed).len(), 1);
-    // Down and up between two looks: found again (a report each time).
-    w.up_since += Duration::from_millis(1_500);
-    let again = w.run(2_000, 2_500, &delayed);
+    assert_eq!(w.run(0, 4_000, &delayed).len(), 1);
+    // Down and up between two looks: forgotten, settled again, found
+    // again (a report each time).
+    w.up_since += Duration::from_millis(4_000);
+    let again = w.run(4_000, 7_500, &delayed);
     assert_eq!(again.len(), 1, "{again:?}");
-    assert!(again[0].1.delayed, "{again:?}");
+    assert!(again[0].1.delayed && again[0].0 == 7_000, "{again:?}");
 
     // Peers with fewer than MIN_SAMPLES samples are not counted.
     let mut judge = JitterJudge::new(JitterConfig::default());
@@ -197,5 +203,62 @@ fn a_bounce_forgets_the_verdict_and_too_few_samples_count_no_peer() {
                 .collect(),
         })
         .collect();
-    assert!(judge.observe(Instant::now(), &rails).is_empty());
+    let t0 = Instant::now();
+    for s in 0..5 {
+        assert!(judge
+            .observe(t0 + Duration::from_secs(s), &rails)
+            .is_empty());
+    }
+}
+
+#[test]
+fn extreme_delays_from_the_wire_count_without_overflow() {
+    // A peer's timestamps are what it sends: the raw delays may be
+    // anything, and the judge must neither panic nor wrap.
+    let mut v = vec![i64::MIN; 5];
+    v.extend([i64::MAX; 20]);
+    assert_eq!(late_count(&mut v, 300_000), 20);
+    let mut judge = JitterJudge::new(JitterConfig::default());
+    let rails: Vec<RailCounts> = (0..2)
+        .map(|rail| RailCounts {
+            rail,
+            nic: format!("rail{rail}"),
+            up_since: None,
+            judged: true,
+            peers: (0..3)
+                .map(|peer| PeerCounts {
+                    peer,
+                    expected: 0,
+                    received: 0,
+                    witness: true,
+                    delays: if rail == 0 {
+                        let mut d = vec![i64::MIN; 20];
+                        d.extend([i64::MAX; 10]);
+                        d
+                    } else {
+                        vec![0; 30]
+                    },
+                })
+                .collect(),
+        })
+        .collect();
+    let t0 = Instant::now();
+    assert!(judge.observe(t0, &rails).is_empty(), "not settled yet");
+    let found = judge.observe(t0 + Duration::from_secs(3), &rails);
+    assert!(
+        found.len() == 1 && found[0].nic == "rail0" && found[0].delayed,
+        "{found:?}"
+    );
+}
+
+#[test]
+fn a_nic_back_from_an_outage_is_not_judged_by_its_first_late_probes() {
+    let p = pauses(6_000_000);
+    let delayed = |rail: u32, _: u32, r: u64| if rail == 0 { p(r) } else { 0 };
+    let mut w = World::new(3);
+    // Late from the first look (the probes the peers queued while the NIC
+    // was dead): nothing before SETTLE and a window have passed.
+    let early = w.run(0, 2_900, &delayed);
+    assert!(early.is_empty(), "{early:?}");
+    assert_eq!(w.run(2_900, 3_100, &delayed).len(), 1);
 }
