@@ -11,7 +11,8 @@
 //! peer → me, the raw delay of its first probe, `rx − tx` (my clock minus
 //! the peer's, so the clocks' offset is in it; over one window it moves by
 //! the drift alone, tens of µs at most). The mesh hands the judge each
-//! path's samples of the last `window`
+//! path's samples of the last `window` (or its newest [`MIN_SAMPLES`],
+//! up to [`MAX_REACH`] old, when the window holds fewer)
 //! ([`super::mesh::Mesh::loss_counts`], beside the loss totals).
 //!
 //! **Late share.** Of one path over the window: the share of its samples
@@ -42,16 +43,20 @@
 //! goes down (or down and up between two looks), and a host with one rail
 //! is never judged.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::loss::RailCounts;
 
-/// Samples a peer needs on a rail in the window to count (at the default
-/// rate a peer completes 50 pairs a second on each of two rails; a mesh
-/// the CPU governor holds below 20 pairs a second per path, such as at
-/// its floor, judges no delays).
+/// Samples a peer needs on a rail to count (at the default rate a peer
+/// completes 50 pairs a second on each of two rails, a second's worth;
+/// a mesh the CPU governor slowed reaches back further for them, up to
+/// [`MAX_REACH`]: at the governor's floor, 12.5 pairs a second per path,
+/// 1.6 s).
 pub const MIN_SAMPLES: usize = 20;
+/// How far back the mesh reaches for [`MIN_SAMPLES`] when the window holds
+/// fewer.
+pub const MAX_REACH: Duration = Duration::from_secs(4);
 /// Share of a path's samples that must be late for its peer to be a
 /// delayed witness.
 pub const LATE_SHARE: f64 = 0.03;
@@ -96,6 +101,23 @@ pub struct NicJitter {
     /// Peers counted, and the delayed witnesses among them.
     pub peers: usize,
     pub delayed_peers: usize,
+}
+
+/// The raw delays the judge takes from one path's latest samples
+/// `(completed at, delay)`, oldest first: those of the last `window`, or
+/// the newest [`MIN_SAMPLES`] while they are under [`MAX_REACH`] old (a
+/// mesh the CPU governor slowed completes fewer pairs a second).
+pub fn samples(recent: &VecDeque<(Instant, i64)>, now: Instant, window: Duration) -> Vec<i64> {
+    recent
+        .iter()
+        .rev()
+        .enumerate()
+        .take_while(|(i, (at, _))| {
+            let age = now.saturating_duration_since(*at);
+            age < window || (*i < MIN_SAMPLES && age < MAX_REACH)
+        })
+        .map(|(_, (_, d))| *d)
+        .collect()
 }
 
 /// Of `v` (reordered in place): how many samples are more than `late` ns

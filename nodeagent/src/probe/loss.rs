@@ -78,7 +78,7 @@ pub struct PeerCounts {
     /// Heard lately (on any rail) with its own NIC on the rail settled.
     pub witness: bool,
     /// Raw one-way delays (rx − tx, ns) of the peer's pairs that completed
-    /// on the rail within the delay judge's window ([`super::jitter`]).
+    /// on the rail lately, newest first ([`super::jitter::samples`]).
     pub delays: Vec<i64>,
 }
 

@@ -874,12 +874,7 @@ impl Mesh {
                             .last_heard
                             .is_some_and(|h| now.saturating_duration_since(h) < silence)
                             && settled_on(p.settled, *rail);
-                        let delays = path
-                            .recent
-                            .iter()
-                            .filter(|(at, _)| now.saturating_duration_since(*at) < window)
-                            .map(|(_, d)| *d)
-                            .collect();
+                        let delays = super::jitter::samples(&path.recent, now, window);
                         Some(PeerCounts {
                             peer: *id,
                             expected: path.tot_expected,

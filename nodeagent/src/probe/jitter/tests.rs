@@ -262,3 +262,26 @@ fn a_nic_back_from_an_outage_is_not_judged_by_its_first_late_probes() {
     assert!(early.is_empty(), "{early:?}");
     assert_eq!(w.run(2_900, 3_100, &delayed).len(), 1);
 }
+
+#[test]
+fn a_slowed_mesh_reaches_back_for_its_samples_but_not_past_the_reach() {
+    let now = Instant::now() + Duration::from_secs(60);
+    let window = Duration::from_secs(1);
+    // 50 a second: the last second's 50.
+    let fast: VecDeque<(Instant, i64)> = (0..200)
+        .map(|i: u64| (now - Duration::from_millis(20 * (200 - i)), i as i64))
+        .collect();
+    assert_eq!(samples(&fast, now, window).len(), 49);
+    // 12.5 a second (the governor's floor): the newest 20, 1.6 s back.
+    let slow: VecDeque<(Instant, i64)> = (0..100)
+        .map(|i: u64| (now - Duration::from_millis(80 * (100 - i)), i as i64))
+        .collect();
+    let got = samples(&slow, now, window);
+    assert_eq!(got.len(), MIN_SAMPLES);
+    assert_eq!(got[0], 99, "newest first");
+    // One every second: never older than the reach.
+    let sparse: VecDeque<(Instant, i64)> = (0..30)
+        .map(|i: u64| (now - Duration::from_secs(30 - i), i as i64))
+        .collect();
+    assert_eq!(samples(&sparse, now, window).len(), 3);
+}
