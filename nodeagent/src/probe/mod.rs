@@ -485,28 +485,30 @@ fn run_thread(
                 });
             }
             let counts = mesh.loss_counts(now);
-            for c in loss.observe(now, &counts) {
-                if c.lossy {
-                    tracing::warn!(nic = %c.nic, loss_pct = c.loss_pct, peers = c.peers, lossy_peers = c.lossy_peers, "probe evidence: the NIC loses probes (gray link)");
-                } else {
-                    tracing::warn!(nic = %c.nic, loss_pct = c.loss_pct, peers = c.peers, "probe evidence: the NIC no longer loses probes");
-                }
+            let verdicts = loss
+                .observe(now, &counts)
+                .into_iter()
+                .map(|c| {
+                    if c.lossy {
+                        tracing::warn!(nic = %c.nic, loss_pct = c.loss_pct, peers = c.peers, lossy_peers = c.lossy_peers, "probe evidence: the NIC loses probes (gray link)");
+                    } else {
+                        tracing::warn!(nic = %c.nic, loss_pct = c.loss_pct, peers = c.peers, "probe evidence: the NIC no longer loses probes");
+                    }
+                    (c.nic, !c.lossy, Evidence::Loss)
+                })
+                .chain(jitter.observe(now, &counts).into_iter().map(|c| {
+                    if c.delayed {
+                        tracing::warn!(nic = %c.nic, late_pct = c.late_pct, peers = c.peers, delayed_peers = c.delayed_peers, "probe evidence: the NIC holds probes back (gray link)");
+                    } else {
+                        tracing::warn!(nic = %c.nic, late_pct = c.late_pct, peers = c.peers, "probe evidence: the NIC no longer holds probes back");
+                    }
+                    (c.nic, !c.delayed, Evidence::Delay)
+                }));
+            for (netdev, active, source) in verdicts {
                 unsent.push(PortEvent {
-                    netdev: c.nic,
-                    active: !c.lossy,
-                    source: Evidence::Loss,
-                });
-            }
-            for c in jitter.observe(now, &counts) {
-                if c.delayed {
-                    tracing::warn!(nic = %c.nic, late_pct = c.late_pct, peers = c.peers, delayed_peers = c.delayed_peers, "probe evidence: the NIC holds probes back (gray link)");
-                } else {
-                    tracing::warn!(nic = %c.nic, late_pct = c.late_pct, peers = c.peers, "probe evidence: the NIC no longer holds probes back");
-                }
-                unsent.push(PortEvent {
-                    netdev: c.nic,
-                    active: !c.delayed,
-                    source: Evidence::Delay,
+                    netdev,
+                    active,
+                    source,
                 });
             }
             // The tracker may be busy: keep what it could not take (only

@@ -82,6 +82,30 @@ impl World {
     }
 }
 
+/// Rails 0 and 1, never down, each with three witness peers whose raw
+/// delays are `rail0` and `rail1`.
+fn three_peers(rail0: Vec<i64>, rail1: Vec<i64>) -> Vec<RailCounts> {
+    [rail0, rail1]
+        .into_iter()
+        .enumerate()
+        .map(|(rail, delays)| RailCounts {
+            rail: rail as u32,
+            nic: format!("rail{rail}"),
+            up_since: None,
+            judged: true,
+            peers: (0..3)
+                .map(|peer| PeerCounts {
+                    peer,
+                    expected: 0,
+                    received: 0,
+                    witness: true,
+                    delays: delays.clone(),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
 /// A fifth of the samples held back by up to `max_ns` (a port that stands
 /// still a fifth of the time).
 fn pauses(max_ns: u64) -> impl Fn(u64) -> i64 {
@@ -182,27 +206,7 @@ fn a_bounce_forgets_the_verdict_and_too_few_samples_count_no_peer() {
 
     // Peers with fewer than MIN_SAMPLES samples are not counted.
     let mut judge = JitterJudge::new(JitterConfig::default());
-    let rails: Vec<RailCounts> = (0..2)
-        .map(|rail| RailCounts {
-            rail,
-            nic: format!("rail{rail}"),
-            up_since: None,
-            judged: true,
-            peers: (0..3)
-                .map(|peer| PeerCounts {
-                    peer,
-                    expected: 0,
-                    received: 0,
-                    witness: true,
-                    delays: if rail == 0 {
-                        vec![0, 5_000_000, 0, 5_000_000]
-                    } else {
-                        vec![0; 4]
-                    },
-                })
-                .collect(),
-        })
-        .collect();
+    let rails = three_peers(vec![0, 5_000_000, 0, 5_000_000], vec![0; 4]);
     let t0 = Instant::now();
     for s in 0..5 {
         assert!(judge
@@ -219,29 +223,9 @@ fn extreme_delays_from_the_wire_count_without_overflow() {
     v.extend([i64::MAX; 20]);
     assert_eq!(late_count(&mut v, 300_000), 20);
     let mut judge = JitterJudge::new(JitterConfig::default());
-    let rails: Vec<RailCounts> = (0..2)
-        .map(|rail| RailCounts {
-            rail,
-            nic: format!("rail{rail}"),
-            up_since: None,
-            judged: true,
-            peers: (0..3)
-                .map(|peer| PeerCounts {
-                    peer,
-                    expected: 0,
-                    received: 0,
-                    witness: true,
-                    delays: if rail == 0 {
-                        let mut d = vec![i64::MIN; 20];
-                        d.extend([i64::MAX; 10]);
-                        d
-                    } else {
-                        vec![0; 30]
-                    },
-                })
-                .collect(),
-        })
-        .collect();
+    let mut rail0 = vec![i64::MIN; 20];
+    rail0.extend([i64::MAX; 10]);
+    let rails = three_peers(rail0, vec![0; 30]);
     let t0 = Instant::now();
     assert!(judge.observe(t0, &rails).is_empty(), "not settled yet");
     let found = judge.observe(t0 + Duration::from_secs(3), &rails);
