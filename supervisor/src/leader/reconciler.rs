@@ -61,24 +61,14 @@ pub const MIN_STEP_GAP: Duration = Duration::from_millis(2);
 /// more cannot hold the loop.
 const MAX_ROUNDS: usize = 4;
 
-/// Proposes `cmds` concurrently (queued in order); the first error, once
-/// all are answered.
-async fn propose_all(
-    sup: &Arc<Supervisor>,
-    cmds: Vec<Command>,
-) -> Result<(), crate::api::ApiError> {
-    let results = futures::future::join_all(cmds.into_iter().map(|c| sup.propose(c))).await;
-    results
-        .into_iter()
-        .find_map(Result::err)
-        .map_or(Ok(()), Err)
-}
-
 async fn step(
     sup: &Arc<Supervisor>,
     orders: &OrderHub,
     webhooks: &WebhookSender,
 ) -> Result<(), crate::api::ApiError> {
+    // Orders an applied entry opened itself (a NIC change's detours) go
+    // out before this tick's own commits.
+    send_open_orders(sup, orders);
     let now = now_ms();
     let mut last: Vec<Command> = Vec::new();
     for _ in 0..MAX_ROUNDS {
@@ -87,61 +77,60 @@ async fn step(
         if cmds.is_empty() || cmds == last {
             break;
         }
-        let mut refused = false;
-        // Intent decisions (opens and closes) are independent of each
-        // other: queued together they share Raft entries instead of
-        // waiting for one commit each.
-        let mut intents = Vec::new();
-        for cmd in cmds.iter().cloned() {
-            if matches!(
-                cmd,
-                Command::OpenIntent { .. } | Command::CloseIntent { .. }
-            ) {
-                tracing::info!(decision = ?cmd, "intent decision");
-                intents.push(cmd);
-                continue;
-            }
-            propose_all(sup, std::mem::take(&mut intents)).await?;
-            match &cmd {
+        // Every decision of a round was taken from the same state, so none
+        // waits for another's commit: queued together, in order, they share
+        // Raft entries (a playbook start no longer holds back the detour
+        // orders decided beside it).
+        for cmd in &cmds {
+            match cmd {
+                Command::InstallShippedPlaybooks { files } => tracing::info!(
+                    files = files.len(),
+                    "a new cluster: installing the shipped playbooks"
+                ),
                 Command::Job(_) | Command::Playbook(_) => {
-                    tracing::info!(decision = ?cmd, "leader decision");
-                    // A decision the state outran is refused at apply; the
-                    // next tick decides again from the new state.
-                    if let Err(e) = sup.propose(cmd).await {
-                        tracing::info!(error = %e, "leader decision refused");
-                        refused = true;
-                    }
+                    tracing::info!(decision = ?cmd, "leader decision")
                 }
-                Command::InstallShippedPlaybooks { files } => {
-                    tracing::info!(
-                        files = files.len(),
-                        "a new cluster: installing the shipped playbooks"
-                    );
-                    sup.propose(cmd).await?;
-                }
-                _ => {
-                    tracing::info!(decision = ?cmd, "intent decision");
-                    sup.propose(cmd).await?;
-                }
+                _ => tracing::info!(decision = ?cmd, "intent decision"),
             }
         }
-        propose_all(sup, intents).await?;
+        let results = futures::future::join_all(cmds.iter().cloned().map(|c| sup.propose(c))).await;
+        let mut refused = false;
+        for (cmd, result) in cmds.iter().zip(results) {
+            match (cmd, result) {
+                (_, Ok(_)) => {}
+                // A decision the state outran is refused at apply; the next
+                // tick decides again from the new state.
+                (Command::Job(_) | Command::Playbook(_), Err(e)) => {
+                    tracing::info!(error = %e, "leader decision refused");
+                    refused = true;
+                }
+                (_, Err(e)) => return Err(e),
+            }
+        }
         if refused {
             break;
         }
         last = cmds;
     }
     webhooks.dispatch(sup);
+    send_open_orders(sup, orders);
+    Ok(())
+}
+
+/// Hands every open order to its agent's order stream (an order already
+/// sent waits for its resend time), stamped with this leader's term; a
+/// node that does not lead sends nothing and ends the streams. Called by
+/// the reconciler's step and as soon as a NIC report commits.
+pub fn send_open_orders(sup: &Supervisor, orders: &OrderHub) {
     // The term read with the role before the orders: a leader that has
     // just heard of a newer term sends nothing.
     let Some(term) = sup.leading_term() else {
         orders.clear();
-        return Ok(());
+        return;
     };
     let mut open = sup.read(crate::leader::orders::open_orders);
     for (_, o) in &mut open {
         o.term = term;
     }
     orders.dispatch(&open, std::time::Instant::now());
-    Ok(())
 }

@@ -315,13 +315,15 @@ impl Agent for AgentService {
         let revoked_serial = peer.as_ref().map(|p| p.serial.clone());
         let host_slot = Arc::new(std::sync::Mutex::new(String::new()));
         let (ack_tx, ack_rx) = tokio::sync::mpsc::channel::<Result<EventAck, Status>>(16);
-        // Per proposal: its answer, and whether it carries a NIC report (the
-        // reconciler is nudged once it is committed).
+        // Per proposal: its answer, and whether it carries a NIC report
+        // (once it is committed, the detour orders its entry opened go out
+        // at once and the reconciler is nudged).
         let (pending_tx, mut pending_rx) = tokio::sync::mpsc::channel::<(
             tokio::sync::oneshot::Receiver<Result<CmdOk, ApiError>>,
             bool,
         )>(MAX_PENDING_PER_STREAM);
         let nudge = self.leader.nudge.clone();
+        let orders = self.leader.orders.clone();
 
         // Acks, in proposal order. A refused batch (e.g. a sequence gap)
         // ends the stream with a final ack naming the last applied sequence,
@@ -334,6 +336,7 @@ impl Agent for AgentService {
                 let (msg, stop) = match rx.await {
                     Ok(Ok(CmdOk::Acked { through })) => {
                         if nic_report {
+                            crate::leader::reconciler::send_open_orders(&sup_for_acks, &orders);
                             nudge.notify_one();
                         }
                         (

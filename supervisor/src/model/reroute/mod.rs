@@ -15,7 +15,11 @@
 //! ([`desired`]); the reconciler orders each agent to make its detour
 //! routes exactly that set (`Reroute`, the whole set, so an order is
 //! idempotent and a newer one supersedes an older) and records the digest
-//! each confirmed ([`RerouteRecord`]).
+//! each confirmed ([`RerouteRecord`]). The entry that applies a NIC's
+//! change opens the orders it calls for itself
+//! ([`ClusterState::open_reroute_orders`]), so the peers' part commits with
+//! the report, one Raft round after the link went, not two; the reconciler
+//! opens whatever else the state calls for (a registration, a host Down).
 //!
 //! **Standby sets: the failed host's part as a reflex.** With the set, an
 //! order carries, per NIC of the host, the routes of the host's own part
@@ -353,6 +357,16 @@ pub fn reroute_order_obsolete(st: &ClusterState, action: &Action) -> Option<Stri
 }
 
 impl ClusterState {
+    /// Opens the reroute orders the state calls for now (an open one for
+    /// the same set is kept). Applying a NIC's change calls it, so the
+    /// orders commit with the change itself instead of a reconciler round
+    /// later: the leader sends them as soon as the entry is applied.
+    pub(crate) fn open_reroute_orders(&mut self, at_ms: u64) {
+        for action in wanted_reroute_actions(self) {
+            self.open_intent(at_ms, &action);
+        }
+    }
+
     /// A closed reroute order's effect.
     pub(crate) fn reroute_order_closed(&mut self, action: &Action, outcome: &Outcome) {
         let Action::Reroute { host, digest } = action else {
