@@ -390,6 +390,7 @@ async fn tcp_failover_short() {
         supervisors: 1,
         baseline: Duration::from_secs(2),
         keep_logs: false,
+        congestion: "cubic".into(),
     })
     .await
     .unwrap();

@@ -434,6 +434,11 @@ pub(crate) struct TcpFailover {
     /// Keep the run directory (every process's log) and print where.
     #[arg(long)]
     keep_logs: bool,
+    /// iperf3's TCP congestion control, whatever the machine's default
+    /// (BBR without fq paces itself and stalls the sender now and then:
+    /// docs/benchmarks.md)
+    #[arg(long, default_value = "cubic")]
+    congestion: String,
 }
 
 impl Runner for TcpFailover {
@@ -447,6 +452,7 @@ impl Runner for TcpFailover {
             "--pulls takes 1..=1000, --down-ms 100..=120000, --mbit 1..=10000, --supervisors 1..=7, \
              --baseline-s 1..=3600"
         );
+        chaos_tests::tcp_failover::check_congestion(&self.congestion)?;
         need_root(&what)?;
         let r = chaos_tests::tcp_failover::run(chaos_tests::tcp_failover::TcpFailoverRun {
             pulls: self.pulls,
@@ -455,6 +461,7 @@ impl Runner for TcpFailover {
             supervisors: self.supervisors,
             baseline: Duration::from_secs(self.baseline_s),
             keep_logs: self.keep_logs,
+            congestion: self.congestion,
         })
         .await?;
         report(r.ok, &r)
