@@ -60,6 +60,15 @@ pub struct OrderHub {
 /// peers' addresses) from the state; `None` for a job that is gone (the
 /// reconciler cancels its intents).
 pub fn order_of(st: &ClusterState, action: &Action) -> Option<(String, Order)> {
+    order_in(st, &std::cell::OnceCell::new(), action)
+}
+
+/// [`order_of`] with the detour view computed at most once for many orders.
+fn order_in<'a>(
+    st: &'a ClusterState,
+    detours: &std::cell::OnceCell<crate::model::reroute::Detours<'a>>,
+    action: &Action,
+) -> Option<(String, Order)> {
     let order = match action {
         Action::Failover {
             nic, to, version, ..
@@ -134,7 +143,7 @@ pub fn order_of(st: &ClusterState, action: &Action) -> Option<(String, Order)> {
         }
         Action::ClearShape { nic, .. } => Order::ClearShape { nic: nic.clone() },
         Action::Reroute { host, digest } => {
-            let view = crate::model::reroute::Detours::new(st);
+            let view = detours.get_or_init(|| crate::model::reroute::Detours::new(st));
             if view.digest(host) != *digest {
                 return None;
             }
@@ -203,8 +212,9 @@ pub fn rail_addrs(st: &ClusterState, host: &str) -> Vec<String> {
 
 /// Every open order in the state: (host, order), oldest first.
 pub fn open_orders(st: &ClusterState) -> Vec<(String, AgentOrder)> {
+    let detours = std::cell::OnceCell::new();
     st.open_intents()
-        .filter_map(|i| order_of(st, &i.action).map(|(host, o)| (host, o.to_wire(i.id))))
+        .filter_map(|i| order_in(st, &detours, &i.action).map(|(host, o)| (host, o.to_wire(i.id))))
         .collect()
 }
 
@@ -320,8 +330,30 @@ impl OrderHub {
     /// Sends every order in `open` that a stream of its host has not had
     /// (or not for [`RESEND_EVERY`]). Returns how many were sent.
     pub fn dispatch(&self, open: &[(String, AgentOrder)], now: Instant) -> usize {
-        let mut sent = 0;
+        Self::dispatch_locked(&mut self.lock(), open, now)
+    }
+
+    /// [`Self::dispatch`] of the orders `read` returns, read while the
+    /// streams are locked, so callers (the reconciler, every agent stream
+    /// whose NIC report commits) send from states in the order they read
+    /// them: a caller holding an older state could otherwise send an order
+    /// a newer one had seen closed, after that newer one's orders.
+    pub fn dispatch_current(
+        &self,
+        read: impl FnOnce() -> Vec<(String, AgentOrder)>,
+        now: Instant,
+    ) -> usize {
         let mut streams = self.lock();
+        let open = read();
+        Self::dispatch_locked(&mut streams, &open, now)
+    }
+
+    fn dispatch_locked(
+        streams: &mut HashMap<String, Vec<Subscriber>>,
+        open: &[(String, AgentOrder)],
+        now: Instant,
+    ) -> usize {
+        let mut sent = 0;
         streams.retain(|_, subs| {
             subs.retain(|s| !s.tx.is_closed());
             !subs.is_empty()

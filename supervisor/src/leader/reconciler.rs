@@ -66,9 +66,6 @@ async fn step(
     orders: &OrderHub,
     webhooks: &WebhookSender,
 ) -> Result<(), crate::api::ApiError> {
-    // Orders an applied entry opened itself (a NIC change's detours) go
-    // out before this tick's own commits.
-    send_open_orders(sup, orders);
     let now = now_ms();
     let mut last: Vec<Command> = Vec::new();
     for _ in 0..MAX_ROUNDS {
@@ -128,9 +125,12 @@ pub fn send_open_orders(sup: &Supervisor, orders: &OrderHub) {
         orders.clear();
         return;
     };
-    let mut open = sup.read(crate::leader::orders::open_orders);
-    for (_, o) in &mut open {
-        o.term = term;
-    }
-    orders.dispatch(&open, std::time::Instant::now());
+    let read = || {
+        let mut open = sup.read(crate::leader::orders::open_orders);
+        for (_, o) in &mut open {
+            o.term = term;
+        }
+        open
+    };
+    orders.dispatch_current(read, std::time::Instant::now());
 }

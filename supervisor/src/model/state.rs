@@ -22,7 +22,8 @@ use std::collections::{BTreeMap, BTreeSet};
 /// The format of the model's bincode: the first byte of every snapshot's
 /// data and the model byte of every stored log entry (raft-store adds its
 /// own store version around both). Bump it whenever a type inside
-/// `ClusterState` or a `Command` changes its bincode layout.
+/// `ClusterState` or a `Command` changes its bincode layout, or applying a
+/// command changes what it does.
 /// 2: agent events carry `proto::agent::Report`; `JobSpec.user`;
 /// `AdminOp::Refused`, `AdminOp::Revoke`; `revoked`.
 /// 4: `JobSpec.ranks_per_host`.
@@ -37,7 +38,11 @@ use std::collections::{BTreeMap, BTreeSet};
 /// its session remembers is refused as forgotten.
 /// 11: `ClassSpec.job` (a job's class says whose it is in a field, not in
 /// its label).
-pub const MODEL_FORMAT_VERSION: u8 = 11;
+/// 12: what applying does, not the layout: an entry that changes a NIC's
+/// state opens the reroute orders the new state calls for (an older log
+/// replayed by this build would open intents its writers did not, and
+/// replicas would number their intents differently).
+pub const MODEL_FORMAT_VERSION: u8 = 12;
 
 /// The whole replicated model.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -106,6 +111,12 @@ pub struct ClusterState {
     /// whole history.
     #[serde(skip)]
     pub open: OpenIndex,
+    /// Set while an entry is applied when a NIC's state changed: the
+    /// entry's last step opens the reroute orders the state then calls for
+    /// (once, however many NICs changed). Always false between entries;
+    /// never serialised.
+    #[serde(skip)]
+    pub(crate) reroute_pending: bool,
 }
 
 /// The ids of the open incidents and intents, ascending (the order of the
@@ -156,7 +167,8 @@ impl ClusterState {
     /// Applies one proposal; returns one result per command.
     pub fn apply_proposal(&mut self, log_id: &LogId<NodeId>, p: &Proposal) -> Vec<CmdResult> {
         self.last_log_index = log_id.index;
-        p.cmds
+        let results = p
+            .cmds
             .iter()
             .map(|c| {
                 let request = match c {
@@ -180,7 +192,13 @@ impl ClusterState {
                 self.check_open_index();
                 res
             })
-            .collect()
+            .collect();
+        if std::mem::take(&mut self.reroute_pending) {
+            self.open_reroute_orders(p.at_ms);
+            #[cfg(test)]
+            self.check_open_index();
+        }
+        results
     }
 
     /// Invariant: [`OpenIndex`] names exactly the open incidents and

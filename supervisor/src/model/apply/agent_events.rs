@@ -189,10 +189,10 @@ impl ClusterState {
         if t.from != t.to {
             self.cut_off_incidents(at_ms, host);
             self.path_incidents(at_ms, host);
-            // The peers' detours in the same entry: a connection through
-            // this NIC stalls until they are in, and a round of its own
-            // would cost a second commit.
-            self.open_reroute_orders(at_ms);
+            // The peers' detours in the same entry (opened once, at its
+            // end): a connection through this NIC stalls until they are
+            // in, and a round of its own would cost a second commit.
+            self.reroute_pending = true;
         }
     }
 }

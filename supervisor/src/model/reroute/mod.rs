@@ -17,7 +17,7 @@
 //! idempotent and a newer one supersedes an older) and records the digest
 //! each confirmed ([`RerouteRecord`]). The entry that applies a NIC's
 //! change opens the orders it calls for itself
-//! ([`ClusterState::open_reroute_orders`]), so the peers' part commits with
+//! ([`ClusterState::open_reroute_orders`], once per entry), so the peers' part commits with
 //! the report, one Raft round after the link went, not two; the reconciler
 //! opens whatever else the state calls for (a registration, a host Down).
 //!
@@ -358,9 +358,10 @@ pub fn reroute_order_obsolete(st: &ClusterState, action: &Action) -> Option<Stri
 
 impl ClusterState {
     /// Opens the reroute orders the state calls for now (an open one for
-    /// the same set is kept). Applying a NIC's change calls it, so the
-    /// orders commit with the change itself instead of a reconciler round
-    /// later: the leader sends them as soon as the entry is applied.
+    /// the same set is kept). The entry that changes a NIC's state calls it
+    /// once, after its last command, so the orders commit with the change
+    /// itself instead of a reconciler round later: the leader sends them as
+    /// soon as the entry is applied.
     pub(crate) fn open_reroute_orders(&mut self, at_ms: u64) {
         for action in wanted_reroute_actions(self) {
             self.open_intent(at_ms, &action);

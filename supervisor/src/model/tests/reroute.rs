@@ -30,30 +30,30 @@ fn cluster(n: usize) -> (ClusterState, u64) {
     (st, seq)
 }
 
-fn nic_health(st: &mut ClusterState, seq: &mut u64, host: &str, nic: &str, health: NicHealth) {
+/// `host`'s agent reporting `nic` in `health`, as its next event.
+fn nic_report(st: &ClusterState, host: &str, nic: &str, health: NicHealth) -> Command {
     let next = st.hosts[host].last_event_seq + 1;
-    let r = one(
-        st,
-        *seq,
-        *seq,
-        Command::AgentEvents {
-            host: host.into(),
-            events: vec![AgentEvent {
-                seq: next,
-                report: Report::Nic(NicReport {
-                    nic: nic.into(),
-                    health,
-                    carrier_changes: next,
-                    flaps: 0,
-                    penalty: 0.0,
-                    coalesced: 0,
-                    link_up: health != NicHealth::Down,
-                    probes_lost: false,
-                    at_unix_ns: 0,
-                }),
-            }],
-        },
-    );
+    Command::AgentEvents {
+        host: host.into(),
+        events: vec![AgentEvent {
+            seq: next,
+            report: Report::Nic(NicReport {
+                nic: nic.into(),
+                health,
+                carrier_changes: next,
+                flaps: 0,
+                penalty: 0.0,
+                coalesced: 0,
+                link_up: health != NicHealth::Down,
+                probes_lost: false,
+                at_unix_ns: 0,
+            }),
+        }],
+    }
+}
+
+fn nic_health(st: &mut ClusterState, seq: &mut u64, host: &str, nic: &str, health: NicHealth) {
+    let r = one(st, *seq, *seq, nic_report(st, host, nic, health));
     assert!(r.is_ok(), "{r:?}");
     *seq += 1;
 }
@@ -340,4 +340,55 @@ fn no_detour_without_a_usable_backup() {
         vec![],
         "h0 has no up NIC on h1's backup rail"
     );
+}
+
+#[test]
+fn an_entry_with_many_nic_changes_opens_one_order_per_host_for_its_final_state() {
+    let (mut st, mut seq) = cluster(4);
+    let first = wanted(&st);
+    confirm(&mut st, &mut seq, first);
+    // The orders the hosts' registrations made obsolete are cancelled by
+    // the reconciler.
+    for c in decide(&st, 10) {
+        if matches!(c, Command::CloseIntent { .. }) {
+            assert!(one(&mut st, seq, seq, c).is_ok());
+            seq += 1;
+        }
+    }
+    let reroutes = |st: &ClusterState| -> Vec<Action> {
+        st.open_intents()
+            .map(|i| i.action.clone())
+            .filter(|a| matches!(a, Action::Reroute { .. }))
+            .collect()
+    };
+    assert!(reroutes(&st).is_empty());
+    let intents_before = st.next_intent_id;
+    // A rail switch dies: three hosts' rail0 go down in one entry (the
+    // batcher packs their reports together).
+    let cmds: Vec<Command> = ["h0", "h1", "h2"]
+        .into_iter()
+        .map(|h| nic_report(&st, h, "rail0", NicHealth::Down))
+        .collect();
+    let results = st.apply_proposal(
+        &lid(seq),
+        &crate::model::command::Proposal { at_ms: seq, cmds },
+    );
+    assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    // One order per host, each for the set after the whole entry: none
+    // for an intermediate state, none already obsolete.
+    let open = reroutes(&st);
+    let mut hosts: Vec<&str> = open.iter().map(|a| a.host()).collect();
+    hosts.sort_unstable();
+    assert_eq!(hosts, ["h0", "h1", "h2", "h3"], "{open:?}");
+    for a in &open {
+        assert_eq!(
+            crate::model::reroute::reroute_order_obsolete(&st, a),
+            None,
+            "{a:?}"
+        );
+    }
+    assert_eq!(st.next_intent_id - intents_before, 4);
+    assert!(!st.reroute_pending, "nothing carried into the next entry");
+    // h3 reaches the three down addresses through their backups.
+    assert_eq!(desired(&st, "h3").len(), 3);
 }
