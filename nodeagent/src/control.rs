@@ -214,6 +214,10 @@ struct Session {
     tx: mpsc::Sender<AgentMessage>,
     /// The held-out set this socket last took (None: not yet).
     held_sent: Option<BTreeSet<String>>,
+    /// Whether the socket has had its `ok` to the hello: held-out sets go
+    /// to it only from then on, so none overtakes the answer or a set
+    /// read earlier ([`Control::greet`]).
+    greeted: bool,
     /// Connection ids registered on this socket.
     conns: BTreeMap<u64, ConnKey>,
 }
@@ -448,7 +452,7 @@ impl Control {
             return;
         };
         for s in inv.sessions.values_mut() {
-            if s.held_sent.as_ref() == Some(&held) {
+            if !s.greeted || s.held_sent.as_ref() == Some(&held) {
                 continue;
             }
             let msg = AgentMessage::HeldOut {
@@ -456,6 +460,28 @@ impl Control {
             };
             if s.tx.try_send(msg).is_ok() {
                 s.held_sent = Some(held.clone());
+            }
+        }
+    }
+
+    /// After the `ok` to session `id`'s hello: from now on held-out sets go
+    /// to it, starting with the current one, queued under the lock that
+    /// orders every set sent (a set read before the answer and sent after
+    /// it could land behind a newer one and stay). A full queue leaves it
+    /// to the next heartbeat's [`Self::tell_held`].
+    pub(crate) fn greet(&self, id: u64) {
+        let mut inv = self.lock();
+        let held = Self::out_of_service(&inv);
+        let Some(s) = inv.sessions.get_mut(&id) else {
+            return;
+        };
+        s.greeted = true;
+        if let Some(held) = held {
+            let msg = AgentMessage::HeldOut {
+                nics: held.iter().cloned().collect(),
+            };
+            if s.tx.try_send(msg).is_ok() {
+                s.held_sent = Some(held);
             }
         }
     }
@@ -529,36 +555,28 @@ impl Control {
                     ));
                 }
                 let id = self.next_session.fetch_add(1, Ordering::Relaxed);
-                // Not marked as taken: the next heartbeat sends the set
-                // again, so a change racing this hello is not lost.
-                let held_sent = None;
                 inv.sessions.insert(
                     id,
                     Session {
                         hello: h.clone(),
                         tx: tx.clone(),
-                        held_sent,
+                        held_sent: None,
+                        greeted: false,
                         conns: BTreeMap::new(),
                     },
                 );
                 *sid = Some(id);
                 tracing::info!(session = id, job = %h.job, rank = h.rank, pid = h.pid, "job connected");
-                // The NICs held out of service first, then the orders this
-                // job has not answered yet (to the new socket).
-                let held = Self::out_of_service(&inv).map(|set| AgentMessage::HeldOut {
-                    nics: set.into_iter().collect(),
-                });
-                let again = held
-                    .into_iter()
-                    .chain(
-                        inv.pending
-                            .values_mut()
-                            .filter(|p| p.job == h.job && p.rank == h.rank)
-                            .map(|p| {
-                                p.delivered = true;
-                                AgentMessage::Order(p.order.clone())
-                            }),
-                    )
+                // The orders this job has not answered yet (to the new
+                // socket), after the held-out set `greet` sends.
+                let again = inv
+                    .pending
+                    .values_mut()
+                    .filter(|p| p.job == h.job && p.rank == h.rank)
+                    .map(|p| {
+                        p.delivered = true;
+                        AgentMessage::Order(p.order.clone())
+                    })
                     .collect();
                 return Ok(again);
             }

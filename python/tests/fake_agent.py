@@ -59,6 +59,10 @@ class _Session:
         self.hello: Optional[Hello] = None
         self.conns: Dict[int, ConnUp] = {}
         self.wlock = threading.Lock()
+        # Held-out sets go to a session only once it has had its ``ok`` to
+        # the hello (as the agent does): one read earlier could otherwise
+        # land behind a newer one.
+        self.greeted = False
 
     def send(self, msg) -> bool:
         with self.wlock:
@@ -124,9 +128,10 @@ class FakeAgent:
         connection, as the agent does."""
         with self.cond:
             self.held = tuple(nics)
-            targets = [s for s in self.sessions.values() if s.hello]
-        for s in targets:
-            s.send(HeldOut(nics=self.held))
+            # Sent under the lock, so sets reach each session in order.
+            for s in self.sessions.values():
+                if s.greeted:
+                    s.send(HeldOut(nics=self.held))
 
     def push(self, job: str, rank: int, msg) -> None:
         """Writes any message to the connections of (job, rank)."""
@@ -277,6 +282,11 @@ class FakeAgent:
         if not self.answering:
             return True
         closed = not sess.send(reply)
+        if isinstance(reply, Ok) and sess.hello is not None and not sess.greeted:
+            # The held-out set between the answer and the orders.
+            with self.cond:
+                sess.greeted = True
+                closed |= not sess.send(HeldOut(nics=self.held))
         for m in then:
             closed |= not sess.send(m)
         # Before a hello is accepted one answer is all a connection gets.
@@ -300,8 +310,7 @@ class FakeAgent:
                 sess.hello = msg
                 self.sessions[sess.sid] = sess
                 self.cond.notify_all()
-                again = [HeldOut(nics=self.held)]
-                again += [o for (j, r, o) in self.pending.values() if (j, r) == (msg.job, msg.rank)]
+                again = [o for (j, r, o) in self.pending.values() if (j, r) == (msg.job, msg.rank)]
                 return None, again
             if sess.hello is None:
                 return "say hello first", []

@@ -125,6 +125,7 @@ impl Control {
         });
         let mut reader = LineReader::new(rd).with_line_timeout(self.line_timeout);
         let mut sid: Option<u64> = None;
+        let mut greeted = false;
         let hello_by = tokio::time::Instant::now() + self.hello_timeout;
         loop {
             if sid.is_some() {
@@ -193,7 +194,15 @@ impl Control {
                     AgentMessage::Error { message }
                 }
             };
+            let greeting = matches!(out, AgentMessage::Ok) && sid.is_some() && !greeted;
             let mut closed = tx.send(out).await.is_err();
+            if greeting {
+                // The held-out set between the answer and the orders.
+                greeted = true;
+                if let Some(id) = sid {
+                    self.greet(id);
+                }
+            }
             for m in then {
                 closed |= tx.send(m).await.is_err();
             }
