@@ -61,7 +61,7 @@ pub struct TcpFailoverRun {
 
 /// Whether the kernel offers `name` as a TCP congestion control (an error
 /// names what it offers).
-pub fn check_congestion(name: &str) -> anyhow::Result<()> {
+fn check_congestion(name: &str) -> anyhow::Result<()> {
     const AVAILABLE: &str = "/proc/sys/net/ipv4/tcp_available_congestion_control";
     let offered =
         std::fs::read_to_string(AVAILABLE).with_context(|| format!("read {AVAILABLE}"))?;

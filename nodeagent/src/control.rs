@@ -471,18 +471,9 @@ impl Control {
     /// to the next heartbeat's [`Self::tell_held`].
     pub(crate) fn greet(&self, id: u64) {
         let mut inv = self.lock();
-        let held = Self::out_of_service(&inv);
-        let Some(s) = inv.sessions.get_mut(&id) else {
-            return;
-        };
-        s.greeted = true;
-        if let Some(held) = held {
-            let msg = AgentMessage::HeldOut {
-                nics: held.iter().cloned().collect(),
-            };
-            if s.tx.try_send(msg).is_ok() {
-                s.held_sent = Some(held);
-            }
+        if let Some(s) = inv.sessions.get_mut(&id) {
+            s.greeted = true;
+            Self::tell_held(&mut inv);
         }
     }
 

@@ -327,32 +327,20 @@ impl OrderHub {
         rx
     }
 
-    /// Sends every order in `open` that a stream of its host has not had
-    /// (or not for [`RESEND_EVERY`]). Returns how many were sent.
-    pub fn dispatch(&self, open: &[(String, AgentOrder)], now: Instant) -> usize {
-        Self::dispatch_locked(&mut self.lock(), open, now)
-    }
-
-    /// [`Self::dispatch`] of the orders `read` returns, read while the
-    /// streams are locked, so callers (the reconciler, every agent stream
-    /// whose NIC report commits) send from states in the order they read
-    /// them: a caller holding an older state could otherwise send an order
-    /// a newer one had seen closed, after that newer one's orders.
-    pub fn dispatch_current(
+    /// Sends every order `read` returns that a stream of its host has not
+    /// had (or not for [`RESEND_EVERY`]); returns how many were sent. The
+    /// orders are read while the streams are locked, so callers (the
+    /// reconciler, every agent stream whose NIC report commits) send from
+    /// states in the order they read them: a caller holding an older state
+    /// could otherwise send an order a newer one had seen closed, after
+    /// that newer one's orders.
+    pub fn dispatch(
         &self,
         read: impl FnOnce() -> Vec<(String, AgentOrder)>,
         now: Instant,
     ) -> usize {
         let mut streams = self.lock();
         let open = read();
-        Self::dispatch_locked(&mut streams, &open, now)
-    }
-
-    fn dispatch_locked(
-        streams: &mut HashMap<String, Vec<Subscriber>>,
-        open: &[(String, AgentOrder)],
-        now: Instant,
-    ) -> usize {
         let mut sent = 0;
         streams.retain(|_, subs| {
             subs.retain(|s| !s.tx.is_closed());
@@ -365,7 +353,7 @@ impl OrderHub {
                     .retain(|id, _| open.iter().any(|(_, o)| o.order_id == *id));
             }
         }
-        for (host, order) in open {
+        for (host, order) in &open {
             let Some(subs) = streams.get_mut(host) else {
                 continue;
             };
@@ -423,17 +411,20 @@ mod tests {
         let mut h1 = hub.subscribe("h1");
         let t0 = Instant::now();
         let open = vec![failover(7, "h0")];
-        assert_eq!(hub.dispatch(&open, t0), 1);
+        assert_eq!(hub.dispatch(|| open.clone(), t0), 1);
         assert_eq!(h0.recv().await.unwrap().unwrap().order_id, 7);
         assert!(h1.try_recv().is_err(), "another host's order");
-        assert_eq!(hub.dispatch(&open, t0 + Duration::from_secs(1)), 0);
+        assert_eq!(
+            hub.dispatch(|| open.clone(), t0 + Duration::from_secs(1)),
+            0
+        );
         assert!(h0.try_recv().is_err(), "not again before the resend period");
-        assert_eq!(hub.dispatch(&open, t0 + RESEND_EVERY), 1);
+        assert_eq!(hub.dispatch(|| open.clone(), t0 + RESEND_EVERY), 1);
         assert_eq!(h0.recv().await.unwrap().unwrap().order_id, 7);
         // A new stream (agent reconnected) gets the open order at once.
         let mut h0b = hub.subscribe("h0");
         drop(h0);
-        assert_eq!(hub.dispatch(&open, t0 + RESEND_EVERY), 1);
+        assert_eq!(hub.dispatch(|| open.clone(), t0 + RESEND_EVERY), 1);
         assert_eq!(h0b.recv().await.unwrap().unwrap().order_id, 7);
         assert_eq!(hub.streams_of("h0"), 1, "the closed stream is gone");
         // Closed intents are not sent; drains are not orders.
@@ -442,7 +433,7 @@ mod tests {
             &Action::CompleteDrain { host: "h0".into() }
         )
         .is_none());
-        assert_eq!(hub.dispatch(&[], t0 + RESEND_EVERY * 3), 0);
+        assert_eq!(hub.dispatch(Vec::new, t0 + RESEND_EVERY * 3), 0);
         hub.clear();
         assert!(h0b.recv().await.is_none(), "clear ends the streams");
     }

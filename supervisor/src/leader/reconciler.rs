@@ -132,5 +132,5 @@ pub fn send_open_orders(sup: &Supervisor, orders: &OrderHub) {
         }
         open
     };
-    orders.dispatch_current(read, std::time::Instant::now());
+    orders.dispatch(read, std::time::Instant::now());
 }

@@ -452,7 +452,6 @@ impl Runner for TcpFailover {
             "--pulls takes 1..=1000, --down-ms 100..=120000, --mbit 1..=10000, --supervisors 1..=7, \
              --baseline-s 1..=3600"
         );
-        chaos_tests::tcp_failover::check_congestion(&self.congestion)?;
         need_root(&what)?;
         let r = chaos_tests::tcp_failover::run(chaos_tests::tcp_failover::TcpFailoverRun {
             pulls: self.pulls,
