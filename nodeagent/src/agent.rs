@@ -284,9 +284,11 @@ pub async fn run(
                 coalesced: 0,
                 probes_lost: t.probes_lost,
             };
-            let seq = ob.lock().await.push(report).await?;
+            let seq = crate::outbox::record(&ob, vec![Report::Nic(report)], &notify)
+                .await?
+                .pop()
+                .flatten();
             tracing::info!(nic = %t.nic, health = ?t.health, link_up = t.link_up, probes_lost = t.probes_lost, seq = ?seq, synthesized = t.synthesized, "NIC transition recorded");
-            notify.notify_one();
         }
         Ok::<(), OutboxError>(())
     });
@@ -544,9 +546,8 @@ async fn placement_loop(
             continue;
         }
         let n = reports.len();
-        outbox.lock().await.push_all(reports).await?;
+        crate::outbox::record(&outbox, reports, &fresh).await?;
         tracing::debug!(reports = n, "connection reports recorded");
-        fresh.notify_one();
     }
 }
 

@@ -1,10 +1,19 @@
 //! The agent's persisted, bounded outbox of sequence-numbered reports.
 //!
 //! **Contract.** Every report gets the next sequence number (gapless,
-//! starting at one) and is flushed to disk before it may be sent, so an agent restart
-//! resends exactly what the supervisor has not acknowledged. On start-up the
-//! outbox is reconciled with the supervisor's last applied sequence
-//! ([`Outbox::resync`]).
+//! starting at one). [`record`] hands it to the sender at once and answers
+//! its caller once it is on disk, so the disk write and the trip to the
+//! supervisor overlap (a NIC report reaches Raft one flush sooner) while a
+//! caller that acts on a report's durability (the job runner forgets an
+//! exited rank) still waits for it. An agent restart resends exactly what
+//! the supervisor has not acknowledged: on start-up the outbox is
+//! reconciled with the supervisor's last applied sequence
+//! ([`Outbox::resync`]). A crash after a report was sent but before it was
+//! on disk leaves the supervisor ahead of the disk; the resync then skips
+//! past what the supervisor applied, so a sequence number is never used
+//! twice. A report staged but neither sent nor on disk at a crash is lost
+//! as if the crash had come before it: its caller had not been answered,
+//! and a restarted agent reports its NICs' and ranks' state afresh.
 //!
 //! **Bound.** At most `capacity` reports wait for acknowledgement. When full,
 //! further reports are *coalesced*: only the newest report per subject (a
@@ -241,11 +250,15 @@ impl Outbox {
         if reports.is_empty() {
             return Ok(());
         }
-        for r in reports {
-            self.add(r)?;
-        }
+        self.stage(reports)?;
         self.db.flush_async().await.map_err(self.err())?;
         Ok(())
+    }
+
+    /// Adds reports in order, visible to [`Outbox::pending_after`] at once
+    /// but not yet durable: [`record`] flushes them.
+    fn stage(&mut self, reports: Vec<Report>) -> Result<Vec<Option<u64>>, OutboxError> {
+        reports.into_iter().map(|r| self.add(r)).collect()
     }
 
     fn add(&mut self, report: Report) -> Result<Option<u64>, OutboxError> {
@@ -315,10 +328,12 @@ impl Outbox {
     /// sequence number it has applied (even if local state was lost).
     pub async fn resync(&mut self, last_applied: u64) -> Result<(), OutboxError> {
         if self.next_seq <= last_applied {
+            // Reports sent just before a crash and not yet on disk, or
+            // local state lost.
             tracing::warn!(
                 next_seq = self.next_seq,
                 last_applied,
-                "outbox behind the supervisor (lost local state?); skipping ahead"
+                "outbox behind the supervisor; skipping ahead"
             );
             self.next_seq = last_applied + 1;
             self.meta
@@ -343,6 +358,29 @@ impl Outbox {
     pub fn order_log(&self, capacity: usize) -> Result<OrderLog, OutboxError> {
         OrderLog::open(&self.db, &self.path, capacity)
     }
+}
+
+/// Adds `reports` to `outbox` in order, wakes the sender (`fresh`) so they
+/// leave at once, and returns (their sequence numbers, None where one was
+/// coalesced) once they are on disk. The lock is not held during the flush,
+/// so the sender reads them meanwhile; see the module's contract.
+pub async fn record(
+    outbox: &tokio::sync::Mutex<Outbox>,
+    reports: Vec<Report>,
+    fresh: &tokio::sync::Notify,
+) -> Result<Vec<Option<u64>>, OutboxError> {
+    if reports.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (seqs, db, path) = {
+        let mut o = outbox.lock().await;
+        (o.stage(reports)?, o.db.clone(), o.path.clone())
+    };
+    fresh.notify_one();
+    db.flush_async()
+        .await
+        .map_err(|source| OutboxError::Sled { path, source })?;
+    Ok(seqs)
 }
 
 /// The order a stored outcome belongs to: typed, or (a record written
@@ -505,6 +543,41 @@ mod tests {
             coalesced: 0,
             probes_lost: false,
         }
+    }
+
+    /// `record` wakes the sender before its flush (the sender may read
+    /// while it is under way: the lock is free), answers with the sequence
+    /// numbers, and what it answered for is on disk.
+    #[tokio::test]
+    async fn record_wakes_the_sender_and_answers_once_durable() {
+        let dir = tempfile::tempdir().unwrap();
+        let fresh = std::sync::Arc::new(tokio::sync::Notify::new());
+        {
+            let o = std::sync::Arc::new(tokio::sync::Mutex::new(
+                Outbox::open(dir.path(), 100).unwrap(),
+            ));
+            let sender = {
+                let (o, fresh) = (o.clone(), fresh.clone());
+                tokio::spawn(async move {
+                    fresh.notified().await;
+                    o.lock().await.pending_after(0).unwrap()
+                })
+            };
+            let reports = vec![
+                Report::Nic(rep("rail0", NicHealth::Down, 1)),
+                Report::Nic(rep("rail1", NicHealth::Up, 2)),
+            ];
+            assert_eq!(
+                record(&o, reports, &fresh).await.unwrap(),
+                vec![Some(1), Some(2)]
+            );
+            let seen = sender.await.unwrap();
+            assert_eq!(seen.iter().map(|s| s.seq).collect::<Vec<_>>(), vec![1, 2]);
+            assert!(record(&o, Vec::new(), &fresh).await.unwrap().is_empty());
+        }
+        let o = Outbox::open(dir.path(), 100).unwrap();
+        assert_eq!(o.pending_after(0).unwrap().len(), 2, "on disk");
+        assert_eq!(o.next_seq(), 3);
     }
 
     #[tokio::test]

@@ -986,15 +986,12 @@ async fn write_events(
             }
         }
         let n = reports.len();
-        match outbox.lock().await.push_all(reports).await {
-            Ok(()) => {
+        match crate::outbox::record(&outbox, reports, &fresh).await {
+            Ok(_) => {
                 for k in done {
                     if let Err(e) = records.remove(&k) {
                         tracing::warn!(error = %e, "cannot remove a rank record");
                     }
-                }
-                if n > 0 {
-                    fresh.notify_one();
                 }
             }
             // The records stay: the next start reports those ranks as lost.
