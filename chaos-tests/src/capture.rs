@@ -1,4 +1,5 @@
-//! When a TCP stream's data arrived, by the kernel's receive timestamps.
+//! When a TCP stream's data arrived, by the kernel's receive timestamps,
+//! and (on the sender's side) when its sender was idle.
 //!
 //! A packet socket (`AF_PACKET`, cooked, every interface) opened inside a
 //! namespace sees each IPv4 packet the namespace receives; the kernel
@@ -11,6 +12,13 @@
 //! What is kept is bounded whatever the run's length: payload bytes per
 //! [`BIN`], and every silence longer than [`MIN_GAP`] between two data
 //! packets (at most [`MAX_GAPS`]).
+//!
+//! In the sender's namespace [`Capturer::start_sender`] watches the same
+//! stream's data leave and its acknowledgements come back, and keeps the
+//! stretches in which everything sent was acknowledged and nothing new
+//! left ([`SenderIdle`]): a silence at the receiver that falls in one is
+//! the sending program's pause (on a busy machine: not scheduled), not a
+//! path that lost its packets.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,25 +110,72 @@ pub struct GapEdge {
     pub retransmit_after: bool,
 }
 
-/// A running capture; [`Capturer::finish`] stops it and returns what it saw.
-pub struct Capturer {
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<anyhow::Result<Capture>>,
+/// When a TCP sender was idle: every byte it had sent was acknowledged and
+/// it sent nothing new (the program was not writing: on a busy machine,
+/// not running). Seen from the sender's namespace; times in ns since the
+/// Unix epoch. A silence at the receiver that is such an idle stretch is
+/// the sender's, not the path's.
+#[derive(Debug, Clone, Default)]
+pub struct SenderIdle {
+    /// Idle stretches at least [`MIN_GAP`] long: (the acknowledgement that
+    /// left nothing in flight, the next data packet sent).
+    pub idle: Vec<(u64, u64)>,
+    /// Stretches that did not fit in `idle`.
+    pub dropped: u64,
 }
 
-impl Capturer {
+impl SenderIdle {
+    /// How much of `[from, to]` the sender was idle.
+    pub fn idle_within(&self, from: u64, to: u64) -> Duration {
+        let ns = self
+            .idle
+            .iter()
+            .filter(|(a, b)| *b > from && *a < to)
+            .map(|(a, b)| b.min(&to) - a.max(&from))
+            .sum();
+        Duration::from_nanos(ns)
+    }
+}
+
+/// A running capture; [`Capturer::finish`] stops it and returns what it saw.
+pub struct Capturer<T = Capture> {
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<anyhow::Result<T>>,
+}
+
+impl Capturer<Capture> {
     /// Starts capturing, inside `ns`, the payload of TCP packets received
     /// for destination port `port`.
     pub fn start(ns: &testbed::netns::Netns, port: u16) -> anyhow::Result<Capturer> {
+        Capturer::spawn(ns, move |fd, stop| read_loop(fd, port, stop))
+    }
+}
+
+impl Capturer<SenderIdle> {
+    /// Starts watching, inside the sender's namespace `ns`, a TCP stream to
+    /// port `port`: the data it sends and the acknowledgements it gets.
+    pub fn start_sender(
+        ns: &testbed::netns::Netns,
+        port: u16,
+    ) -> anyhow::Result<Capturer<SenderIdle>> {
+        Capturer::spawn(ns, move |fd, stop| sender_loop(fd, port, stop))
+    }
+}
+
+impl<T: Send + 'static> Capturer<T> {
+    fn spawn(
+        ns: &testbed::netns::Netns,
+        run: impl FnOnce(OwnedFd, &AtomicBool) -> anyhow::Result<T> + Send + 'static,
+    ) -> anyhow::Result<Capturer<T>> {
         let fd = ns.run(open_socket)??;
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
-        let thread = std::thread::spawn(move || read_loop(fd, port, &s));
+        let thread = std::thread::spawn(move || run(fd, &s));
         Ok(Capturer { stop, thread })
     }
 
     /// Stops the capture (within its 100 ms read timeout).
-    pub fn finish(self) -> anyhow::Result<Capture> {
+    pub fn finish(self) -> anyhow::Result<T> {
         self.stop.store(true, Ordering::Relaxed);
         self.thread
             .join()
@@ -202,49 +257,137 @@ pub fn tcp_payload_to(pkt: &[u8], wire_len: usize, port: u16) -> Option<(usize, 
     Some((total.saturating_sub(ihl + doff), seq))
 }
 
+/// The ACK number of an IPv4 TCP packet from source port `port` with the
+/// ACK flag; None for anything else.
+pub fn tcp_ack_from(pkt: &[u8], port: u16) -> Option<u32> {
+    if pkt.len() < 20 || pkt[0] >> 4 != 4 || pkt[9] != libc::IPPROTO_TCP as u8 {
+        return None;
+    }
+    let ihl = usize::from(pkt[0] & 0x0f) * 4;
+    let tcp = pkt.get(ihl..ihl + 14)?;
+    (u16::from_be_bytes([tcp[0], tcp[1]]) == port && tcp[13] & 0x10 != 0)
+        .then(|| u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]))
+}
+
+/// Whether sequence `a` is after `b` (wrapping).
+fn seq_after(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
+}
+
+/// One packet read from the packet socket: its first bytes are in the
+/// reader's buffer.
+struct Packet {
+    outgoing: bool,
+    ifindex: i32,
+    wire_len: usize,
+    /// The kernel's timestamp (ns since the epoch).
+    at: u64,
+}
+
+/// Reads the next packet into `buf`; None when the read timed out or the
+/// packet carries no timestamp.
+fn recv_packet(fd: &OwnedFd, buf: &mut [u8; 128]) -> anyhow::Result<Option<Packet>> {
+    let mut ctl = [0u64; 16];
+    let mut from: libc::sockaddr_ll = {
+        // SAFETY: sockaddr_ll is plain data; all-zero is valid.
+        unsafe { std::mem::zeroed() }
+    };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr().cast(),
+        iov_len: buf.len(),
+    };
+    // SAFETY: msghdr is plain data; all-zero is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = (&mut from as *mut libc::sockaddr_ll).cast();
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as u32;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = ctl.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&ctl);
+    // SAFETY: every pointer in `msg` points at live buffers of the
+    // lengths given.
+    let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_TRUNC) };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.kind() {
+            std::io::ErrorKind::WouldBlock
+            | std::io::ErrorKind::TimedOut
+            | std::io::ErrorKind::Interrupted => Ok(None),
+            _ => Err(e).context("reading the packet socket"),
+        };
+    }
+    Ok(timestamp(&msg).map(|at| Packet {
+        outgoing: from.sll_pkttype == libc::PACKET_OUTGOING,
+        ifindex: from.sll_ifindex,
+        wire_len: n as usize,
+        at,
+    }))
+}
+
+/// The sender's side: idle from an acknowledgement that covers everything
+/// sent until the next data packet.
+fn sender_loop(fd: OwnedFd, port: u16, stop: &AtomicBool) -> anyhow::Result<SenderIdle> {
+    let mut out = SenderIdle::default();
+    let min_gap = MIN_GAP.as_nanos() as u64;
+    let mut buf = [0u8; 128];
+    // The end of the highest sequence sent, the highest acknowledged.
+    let (mut nxt, mut una): (Option<u32>, Option<u32>) = (None, None);
+    let mut idle_since: Option<u64> = None;
+    while !stop.load(Ordering::Relaxed) {
+        let Some(p) = recv_packet(&fd, &mut buf)? else {
+            continue;
+        };
+        let pkt = &buf[..p.wire_len.min(buf.len())];
+        if p.outgoing {
+            let Some((payload, seq)) = tcp_payload_to(pkt, p.wire_len, port) else {
+                continue;
+            };
+            if payload == 0 {
+                continue;
+            }
+            let end = seq.wrapping_add(payload as u32);
+            if nxt.is_none_or(|h| seq_after(end, h)) {
+                nxt = Some(end);
+            }
+            if let Some(s) = idle_since.take() {
+                if p.at.saturating_sub(s) >= min_gap {
+                    if out.idle.len() < MAX_GAPS {
+                        out.idle.push((s, p.at));
+                    } else {
+                        out.dropped += 1;
+                    }
+                }
+            }
+        } else if let Some(ack) = tcp_ack_from(pkt, port) {
+            if una.is_none_or(|u| seq_after(ack, u)) {
+                una = Some(ack);
+            }
+            let all_acked = matches!((nxt, una), (Some(n), Some(u)) if !seq_after(n, u));
+            if all_acked && idle_since.is_none() {
+                idle_since = Some(p.at);
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn read_loop(fd: OwnedFd, port: u16, stop: &AtomicBool) -> anyhow::Result<Capture> {
     let mut cap = Capture::default();
     let bin = BIN.as_nanos() as u64;
     let min_gap = MIN_GAP.as_nanos() as u64;
     let mut buf = [0u8; 128];
-    let mut ctl = [0u64; 16];
     // The end of the highest sequence seen (wrapping), and the interface
     // of the last data packet.
     let mut high: Option<u32> = None;
     let mut last_if = 0i32;
     while !stop.load(Ordering::Relaxed) {
-        let mut from: libc::sockaddr_ll = {
-            // SAFETY: sockaddr_ll is plain data; all-zero is valid.
-            unsafe { std::mem::zeroed() }
+        let Some(p) = recv_packet(&fd, &mut buf)? else {
+            continue;
         };
-        let mut iov = libc::iovec {
-            iov_base: buf.as_mut_ptr().cast(),
-            iov_len: buf.len(),
-        };
-        // SAFETY: msghdr is plain data; all-zero is valid.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_name = (&mut from as *mut libc::sockaddr_ll).cast();
-        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_ll>() as u32;
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = ctl.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&ctl);
-        // SAFETY: every pointer in `msg` points at live buffers of the
-        // lengths given.
-        let n = unsafe { libc::recvmsg(fd.as_raw_fd(), &mut msg, libc::MSG_TRUNC) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            match e.kind() {
-                std::io::ErrorKind::WouldBlock
-                | std::io::ErrorKind::TimedOut
-                | std::io::ErrorKind::Interrupted => continue,
-                _ => return Err(e).context("reading the packet socket"),
-            }
-        }
-        if from.sll_pkttype == libc::PACKET_OUTGOING {
+        if p.outgoing {
             continue;
         }
-        let wire_len = n as usize;
+        let wire_len = p.wire_len;
         let got = wire_len.min(buf.len());
         let Some((payload, seq)) = tcp_payload_to(&buf[..got], wire_len, port) else {
             continue;
@@ -252,15 +395,15 @@ fn read_loop(fd: OwnedFd, port: u16, stop: &AtomicBool) -> anyhow::Result<Captur
         if payload == 0 {
             continue;
         }
-        let Some(t) = timestamp(&msg) else { continue };
+        let t = p.at;
         if cap.packets == 0 {
             cap.first_ns = t;
             cap.last_ns = t;
         }
         cap.packets += 1;
         let end = seq.wrapping_add(payload as u32);
-        let retransmit = high.is_some_and(|h| (h.wrapping_sub(end) as i32) >= 0);
-        if high.is_none_or(|h| (end.wrapping_sub(h) as i32) > 0) {
+        let retransmit = high.is_some_and(|h| !seq_after(end, h));
+        if high.is_none_or(|h| seq_after(end, h)) {
             high = Some(end);
         }
         if t > cap.last_ns {
@@ -269,7 +412,7 @@ fn read_loop(fd: OwnedFd, port: u16, stop: &AtomicBool) -> anyhow::Result<Captur
                     cap.gaps.push((cap.last_ns, t));
                     cap.gap_edges.push(GapEdge {
                         ifindex_before: last_if,
-                        ifindex_after: from.sll_ifindex,
+                        ifindex_after: p.ifindex,
                         retransmit_after: retransmit,
                     });
                 } else {
@@ -278,7 +421,7 @@ fn read_loop(fd: OwnedFd, port: u16, stop: &AtomicBool) -> anyhow::Result<Captur
             }
             cap.last_ns = t;
         }
-        last_if = from.sll_ifindex;
+        last_if = p.ifindex;
         let i = (t.saturating_sub(cap.first_ns) / bin) as usize;
         if i < MAX_BINS {
             if cap.bins.len() <= i {
@@ -337,6 +480,33 @@ mod tests {
         let mut gso = ipv4_tcp(5201, 0);
         gso[2..4].copy_from_slice(&0u16.to_be_bytes());
         assert_eq!(tcp_payload_to(&gso, 40 + 60_000, 5201), Some((60_000, 0)));
+    }
+
+    #[test]
+    fn acks_are_read_only_from_the_port_with_the_ack_flag() {
+        let mut p = ipv4_tcp(80, 0);
+        p[20..22].copy_from_slice(&5201u16.to_be_bytes());
+        p[28..32].copy_from_slice(&0xdead_beefu32.to_be_bytes());
+        assert_eq!(tcp_ack_from(&p, 5201), None, "no ACK flag");
+        p[33] = 0x10;
+        assert_eq!(tcp_ack_from(&p, 5201), Some(0xdead_beef));
+        assert_eq!(tcp_ack_from(&p, 5202), None, "another port");
+        p[9] = 17;
+        assert_eq!(tcp_ack_from(&p, 5201), None, "not TCP");
+        assert!(seq_after(5, u32::MAX - 5), "wraps");
+        assert!(!seq_after(7, 7));
+    }
+
+    #[test]
+    fn sender_idle_is_summed_within_the_window() {
+        let ms = 1_000_000u64;
+        let s = SenderIdle {
+            idle: vec![(10 * ms, 20 * ms), (30 * ms, 70 * ms)],
+            dropped: 0,
+        };
+        assert_eq!(s.idle_within(0, 100 * ms), Duration::from_millis(50));
+        assert_eq!(s.idle_within(15 * ms, 40 * ms), Duration::from_millis(15));
+        assert_eq!(s.idle_within(20 * ms, 30 * ms), Duration::ZERO);
     }
 
     #[test]
