@@ -325,6 +325,20 @@ impl NicTracker {
         (self.link_up != Some(up)).then(|| self.transition(up, now, false))
     }
 
+    /// Feeds a [`PortEvent`]: as [`Self::observe_port`], except that probe
+    /// evidence judged in another up period than the NIC's current one (a
+    /// verdict from before a bounce, queued while the tracker was busy) is
+    /// dropped: the NIC is judged afresh after each bounce.
+    pub fn observe_event(&mut self, e: &PortEvent, now: Instant) -> Option<LinkTransition> {
+        if let Period::UpSince(judged) = e.period {
+            if judged != self.up_since {
+                tracing::debug!(nic = %self.name, source = ?e.source, active = e.active, "evidence from an earlier up period dropped");
+                return None;
+            }
+        }
+        self.observe_port(e.source, e.active, now)
+    }
+
     /// Re-evaluates damping without a link change (Recovering → Up,
     /// Flapping → Down once the penalty has decayed).
     pub fn tick(&mut self, now: Instant) -> Option<LinkTransition> {
@@ -347,6 +361,18 @@ pub struct PortEvent {
     pub netdev: String,
     pub active: bool,
     pub source: Evidence,
+    pub period: Period,
+}
+
+/// Which up period of its NIC a [`PortEvent`] speaks of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Period {
+    /// Whatever it is now (an RDMA port's own state).
+    Current,
+    /// The one that began at this instant: netlink's up time the probe
+    /// mesh judged under ([`NetdevEpochs`]); None, while the NIC was down.
+    /// A verdict reached before a bounce and taken after it is stale.
+    UpSince(Option<Instant>),
 }
 
 /// Where a [`PortEvent`] comes from.
@@ -466,7 +492,7 @@ impl LinkTracker {
             tokio::select! {
                 Some(p) = async { match ports.as_mut() { Some(r) => r.recv().await, None => std::future::pending().await } } => {
                     let now = Instant::now();
-                    if let Some(t) = self.nics.get_mut(&p.netdev).and_then(|n| n.observe_port(p.source, p.active, now)) {
+                    if let Some(t) = self.nics.get_mut(&p.netdev).and_then(|n| n.observe_event(&p, now)) {
                         if tx.send(t).await.is_err() {
                             return Ok(());
                         }
@@ -651,6 +677,25 @@ mod tests {
             Some(NicHealth::Degraded),
             "{up:?}"
         );
+        // A verdict reached before the bounce, arriving after it: dropped.
+        let verdict = |period| PortEvent {
+            netdev: "rail0".into(),
+            active: false,
+            source: Evidence::Loss,
+            period,
+        };
+        assert!(n
+            .observe_event(&verdict(Period::UpSince(Some(t0))), t0 + s(6))
+            .is_none());
+        assert!(n
+            .observe_event(&verdict(Period::UpSince(None)), t0 + s(6))
+            .is_none());
+        assert!(!n.lossy, "the stale verdict changed nothing");
+        // One judged in the current up period counts.
+        let t = n
+            .observe_event(&verdict(Period::UpSince(Some(t0 + s(5)))), t0 + s(7))
+            .expect("transition");
+        assert_eq!(t.health, NicHealth::Degraded);
     }
 
     #[test]

@@ -56,6 +56,7 @@ impl PortMap {
             netdev: nic.clone(),
             active,
             source: crate::link::Evidence::RdmaPort,
+            period: crate::link::Period::Current,
         })
     }
 }
@@ -120,6 +121,7 @@ mod tests {
                 netdev: "rail1".into(),
                 active: false,
                 source: crate::link::Evidence::RdmaPort,
+                period: crate::link::Period::Current,
             })
         );
         let up = m.translate(&ev("mlx5_0", AsyncEventKind::PortActive { port: 1 }));

@@ -50,7 +50,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use crate::link::{Evidence, PortEvent};
+use crate::link::{Evidence, Period, PortEvent};
 use clock::TestClock;
 use governor::Governor;
 use mesh::{LocalNic, Mesh, MeshConfig, PathSummary, Plan};
@@ -388,6 +388,9 @@ fn run_thread(
     let mut rx = Vec::new();
     let mut tx = Vec::new();
     let mut unsent: Vec<PortEvent> = Vec::new();
+    // Each NIC's up period as last shared by the link tracker.
+    let mut periods: std::collections::BTreeMap<String, Option<Instant>> =
+        std::collections::BTreeMap::new();
     let mut loss = loss::LossJudge::new(mesh.config().loss.clone());
     let mut jitter = jitter::JitterJudge::new(mesh.config().jitter.clone());
     let mut next_liveness = Instant::now() + LIVENESS_EVERY;
@@ -470,7 +473,10 @@ fn run_thread(
             next_liveness = now + LIVENESS_EVERY;
             for (nic, up_since) in netdevs.snapshot() {
                 mesh.set_netdev(&nic, up_since);
+                periods.insert(nic, up_since);
             }
+            // Each verdict names the up period it was judged in.
+            let period = |nic: &str| Period::UpSince(periods.get(nic).copied().flatten());
             boards.heard.publish(mesh.heard());
             for c in mesh.check_liveness(now) {
                 if c.alive {
@@ -479,6 +485,7 @@ fn run_thread(
                     tracing::warn!(nic = %c.nic, "probe evidence: the NIC is silent while its peers are alive");
                 }
                 unsent.push(PortEvent {
+                    period: period(&c.nic),
                     netdev: c.nic,
                     active: c.alive,
                     source: Evidence::Probes,
@@ -506,6 +513,7 @@ fn run_thread(
                 }));
             for (netdev, active, source) in verdicts {
                 unsent.push(PortEvent {
+                    period: period(&netdev),
                     netdev,
                     active,
                     source,
