@@ -147,7 +147,9 @@ impl Capturer<Capture> {
     /// Starts capturing, inside `ns`, the payload of TCP packets received
     /// for destination port `port`.
     pub fn start(ns: &testbed::netns::Netns, port: u16) -> anyhow::Result<Capturer> {
-        Capturer::spawn(ns, move |fd, stop| read_loop(fd, port, stop))
+        Capturer::spawn(ns, libc::ETH_P_IP, move |fd, stop| {
+            read_loop(fd, port, stop)
+        })
     }
 }
 
@@ -158,16 +160,20 @@ impl Capturer<SenderIdle> {
         ns: &testbed::netns::Netns,
         port: u16,
     ) -> anyhow::Result<Capturer<SenderIdle>> {
-        Capturer::spawn(ns, move |fd, stop| sender_loop(fd, port, stop))
+        // Only a socket for every protocol sees what the namespace sends.
+        Capturer::spawn(ns, libc::ETH_P_ALL, move |fd, stop| {
+            sender_loop(fd, port, stop)
+        })
     }
 }
 
 impl<T: Send + 'static> Capturer<T> {
     fn spawn(
         ns: &testbed::netns::Netns,
+        protocol: i32,
         run: impl FnOnce(OwnedFd, &AtomicBool) -> anyhow::Result<T> + Send + 'static,
     ) -> anyhow::Result<Capturer<T>> {
-        let fd = ns.run(open_socket)??;
+        let fd = ns.run(move || open_socket(protocol))??;
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::spawn(move || run(fd, &s));
@@ -183,10 +189,12 @@ impl<T: Send + 'static> Capturer<T> {
     }
 }
 
-/// A cooked packet socket for IPv4 on every interface, with kernel
-/// receive timestamps, a large receive buffer and a 100 ms read timeout.
-fn open_socket() -> anyhow::Result<OwnedFd> {
-    let proto = (libc::ETH_P_IP as u16).to_be() as i32;
+/// A cooked packet socket for `protocol` (an ethertype, or `ETH_P_ALL`:
+/// only such a socket also sees outgoing packets) on every interface, with
+/// kernel receive timestamps, a large receive buffer and a 100 ms read
+/// timeout.
+fn open_socket(protocol: i32) -> anyhow::Result<OwnedFd> {
+    let proto = (protocol as u16).to_be() as i32;
     // SAFETY: plain socket call; the result is checked before use.
     let raw = unsafe {
         libc::socket(
@@ -284,8 +292,8 @@ struct Packet {
     at: u64,
 }
 
-/// Reads the next packet into `buf`; None when the read timed out or the
-/// packet carries no timestamp.
+/// Reads the next packet into `buf`; None when the read timed out, or the
+/// packet is not IPv4 or carries no timestamp.
 fn recv_packet(fd: &OwnedFd, buf: &mut [u8; 128]) -> anyhow::Result<Option<Packet>> {
     let mut ctl = [0u64; 16];
     let mut from: libc::sockaddr_ll = {
@@ -315,6 +323,9 @@ fn recv_packet(fd: &OwnedFd, buf: &mut [u8; 128]) -> anyhow::Result<Option<Packe
             | std::io::ErrorKind::Interrupted => Ok(None),
             _ => Err(e).context("reading the packet socket"),
         };
+    }
+    if from.sll_protocol != (libc::ETH_P_IP as u16).to_be() {
+        return Ok(None);
     }
     Ok(timestamp(&msg).map(|at| Packet {
         outgoing: from.sll_pkttype == libc::PACKET_OUTGOING,
