@@ -1,8 +1,9 @@
 //! The agent runtime: link tracker → outbox → report stream to the leader,
 //! plus registration and heartbeats.
 //!
-//! **Reporting.** Every transition is written to the outbox (flushed) before
-//! it is sent. The reporter registers (learning the last sequence the
+//! **Reporting.** Every transition is written to the outbox, which hands it
+//! to the sender while it flushes it (see [`crate::outbox`]). The reporter
+//! registers (learning the last sequence the
 //! cluster applied), resends everything after it on a fresh `Report`
 //! stream, then streams new reports as they arrive; acks (sent by the
 //! supervisor only after commit) trim the outbox. Any error closes the

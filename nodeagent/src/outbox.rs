@@ -9,11 +9,15 @@
 //! the supervisor has not acknowledged: on start-up the outbox is
 //! reconciled with the supervisor's last applied sequence
 //! ([`Outbox::resync`]). A crash after a report was sent but before it was
-//! on disk leaves the supervisor ahead of the disk; the resync then skips
-//! past what the supervisor applied, so a sequence number is never used
-//! twice. A report staged but neither sent nor on disk at a crash is lost
-//! as if the crash had come before it: its caller had not been answered,
-//! and a restarted agent reports its NICs' and ranks' state afresh.
+//! on disk leaves the supervisor ahead of the disk (so does a lost data
+//! directory). The first resync after opening then moves every report
+//! staged since the open (none of them sent yet: the reporter sends only
+//! after a resync) to the numbers after the supervisor's, in order, so a
+//! sequence number is never used for two reports and nothing staged before
+//! the first registration is taken for applied. A report staged but
+//! neither sent nor on disk at a crash is lost as if the crash had come
+//! before it: its caller had not been answered, and a restarted agent
+//! reports its NICs' and ranks' state afresh.
 //!
 //! **Bound.** At most `capacity` reports wait for acknowledgement. When full,
 //! further reports are *coalesced*: only the newest report per subject (a
@@ -123,6 +127,9 @@ pub struct Outbox {
     capacity: usize,
     next_seq: u64,
     overflow: BTreeMap<String, Report>,
+    /// The next sequence when the outbox was opened, until the first
+    /// resync: reports from it on were staged since and not yet sent.
+    unsynced_from: Option<u64>,
 }
 
 impl Outbox {
@@ -192,6 +199,7 @@ impl Outbox {
             capacity: capacity.max(1),
             next_seq,
             overflow,
+            unsynced_from: Some(next_seq),
         })
     }
 
@@ -327,9 +335,17 @@ impl Outbox {
     /// (from registration): drops what it already has, and never reuses a
     /// sequence number it has applied (even if local state was lost).
     pub async fn resync(&mut self, last_applied: u64) -> Result<(), OutboxError> {
+        let mut changed = false;
+        if let Some(from) = self.unsynced_from.take() {
+            if last_applied >= from {
+                // The supervisor applied reports this disk never recorded
+                // (sent just before a crash, or the local state was lost):
+                // what was staged since the open was never sent.
+                self.renumber(from, last_applied + 1)?;
+                changed = true;
+            }
+        }
         if self.next_seq <= last_applied {
-            // Reports sent just before a crash and not yet on disk, or
-            // local state lost.
             tracing::warn!(
                 next_seq = self.next_seq,
                 last_applied,
@@ -339,8 +355,44 @@ impl Outbox {
             self.meta
                 .insert(KEY_NEXT, bincode::serialize(&self.next_seq).expect("u64"))
                 .map_err(self.err())?;
+            changed = true;
+        }
+        if changed {
+            self.db.flush_async().await.map_err(self.err())?;
         }
         self.ack(last_applied).await
+    }
+
+    /// Gives the queued reports numbered `from` and up the numbers from
+    /// `to` on, in order.
+    fn renumber(&mut self, from: u64, to: u64) -> Result<(), OutboxError> {
+        let staged = self.pending_after(from.saturating_sub(1))?;
+        let mut batch = sled::Batch::default();
+        for s in &staged {
+            batch.remove(&s.seq.to_be_bytes());
+        }
+        let mut next = to;
+        for s in &staged {
+            let bytes = bincode::serialize(&Sequenced {
+                seq: next,
+                report: s.report.clone(),
+            })
+            .map_err(corrupt)?;
+            batch.insert(&next.to_be_bytes(), bytes);
+            next += 1;
+        }
+        self.queue.apply_batch(batch).map_err(self.err())?;
+        tracing::warn!(
+            reports = staged.len(),
+            from,
+            to,
+            "the supervisor applied reports this outbox never recorded: the ones staged since start renumbered after them"
+        );
+        self.next_seq = next;
+        self.meta
+            .insert(KEY_NEXT, bincode::serialize(&self.next_seq).expect("u64"))
+            .map_err(self.err())?;
+        Ok(())
     }
 
     /// The sequence the next report will get.
@@ -372,15 +424,48 @@ pub async fn record(
     if reports.is_empty() {
         return Ok(Vec::new());
     }
-    let (seqs, db, path) = {
+    let (seqs, pending) = stage_and_wake(outbox, reports, fresh).await?;
+    pending.flush().await?;
+    Ok(seqs)
+}
+
+/// [`record`]'s first half: the reports staged, the sender woken, and the
+/// flush that makes them durable still to do.
+async fn stage_and_wake(
+    outbox: &tokio::sync::Mutex<Outbox>,
+    reports: Vec<Report>,
+    fresh: &tokio::sync::Notify,
+) -> Result<(Vec<Option<u64>>, PendingFlush), OutboxError> {
+    let (seqs, pending) = {
         let mut o = outbox.lock().await;
-        (o.stage(reports)?, o.db.clone(), o.path.clone())
+        let seqs = o.stage(reports)?;
+        (
+            seqs,
+            PendingFlush {
+                db: o.db.clone(),
+                path: o.path.clone(),
+            },
+        )
     };
     fresh.notify_one();
-    db.flush_async()
-        .await
-        .map_err(|source| OutboxError::Sled { path, source })?;
-    Ok(seqs)
+    Ok((seqs, pending))
+}
+
+/// Staged reports not yet known durable.
+struct PendingFlush {
+    db: DurableDb,
+    path: String,
+}
+
+impl PendingFlush {
+    async fn flush(self) -> Result<(), OutboxError> {
+        let path = self.path;
+        self.db
+            .flush_async()
+            .await
+            .map_err(|source| OutboxError::Sled { path, source })?;
+        Ok(())
+    }
 }
 
 /// The order a stored outcome belongs to: typed, or (a record written
@@ -545,39 +630,30 @@ mod tests {
         }
     }
 
-    /// `record` wakes the sender before its flush (the sender may read
-    /// while it is under way: the lock is free), answers with the sequence
-    /// numbers, and what it answered for is on disk.
+    /// `record` wakes the sender before its flush, and the sender can read
+    /// the reports then (the lock is free): the disk write overlaps the
+    /// send. It answers with the sequence numbers once flushed.
     #[tokio::test]
-    async fn record_wakes_the_sender_and_answers_once_durable() {
+    async fn record_wakes_the_sender_before_the_flush() {
         let dir = tempfile::tempdir().unwrap();
-        let fresh = std::sync::Arc::new(tokio::sync::Notify::new());
-        {
-            let o = std::sync::Arc::new(tokio::sync::Mutex::new(
-                Outbox::open(dir.path(), 100).unwrap(),
-            ));
-            let sender = {
-                let (o, fresh) = (o.clone(), fresh.clone());
-                tokio::spawn(async move {
-                    fresh.notified().await;
-                    o.lock().await.pending_after(0).unwrap()
-                })
-            };
-            let reports = vec![
-                Report::Nic(rep("rail0", NicHealth::Down, 1)),
-                Report::Nic(rep("rail1", NicHealth::Up, 2)),
-            ];
-            assert_eq!(
-                record(&o, reports, &fresh).await.unwrap(),
-                vec![Some(1), Some(2)]
-            );
-            let seen = sender.await.unwrap();
-            assert_eq!(seen.iter().map(|s| s.seq).collect::<Vec<_>>(), vec![1, 2]);
-            assert!(record(&o, Vec::new(), &fresh).await.unwrap().is_empty());
-        }
-        let o = Outbox::open(dir.path(), 100).unwrap();
-        assert_eq!(o.pending_after(0).unwrap().len(), 2, "on disk");
-        assert_eq!(o.next_seq(), 3);
+        let fresh = tokio::sync::Notify::new();
+        let o = tokio::sync::Mutex::new(Outbox::open(dir.path(), 100).unwrap());
+        let reports = vec![
+            Report::Nic(rep("rail0", NicHealth::Down, 1)),
+            Report::Nic(rep("rail1", NicHealth::Up, 2)),
+        ];
+        let (seqs, pending) = stage_and_wake(&o, reports, &fresh).await.unwrap();
+        assert_eq!(seqs, vec![Some(1), Some(2)]);
+        // Not flushed yet: the sender is woken and reads both.
+        tokio::time::timeout(std::time::Duration::from_secs(5), fresh.notified())
+            .await
+            .expect("the sender was woken before the flush");
+        let seen = o.try_lock().expect("lock free").pending_after(0).unwrap();
+        assert_eq!(seen.iter().map(|s| s.seq).collect::<Vec<_>>(), vec![1, 2]);
+        pending.flush().await.unwrap();
+        let more = vec![Report::Nic(rep("rail0", NicHealth::Up, 3))];
+        assert_eq!(record(&o, more, &fresh).await.unwrap(), vec![Some(3)]);
+        assert!(record(&o, Vec::new(), &fresh).await.unwrap().is_empty());
     }
 
     #[tokio::test]
@@ -614,6 +690,41 @@ mod tests {
         o.resync(10).await.unwrap();
         assert_eq!(o.next_seq(), 11);
         assert!(o.pending_after(0).unwrap().is_empty());
+    }
+
+    /// A crash after reports 5 and 6 were sent but before they were on
+    /// disk: the restarted agent stages a reset (5 again, locally) before it
+    /// registers and hears the supervisor applied 6. The reset is moved to
+    /// 7, not taken for applied; a later resync renumbers nothing.
+    #[tokio::test]
+    async fn the_first_resync_renumbers_what_was_staged_since_the_open() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let mut o = Outbox::open(dir.path(), 100).unwrap();
+            for i in 1..=4 {
+                o.push(rep("rail0", NicHealth::Down, i)).await.unwrap();
+            }
+            o.ack(4).await.unwrap();
+        }
+        let mut o = Outbox::open(dir.path(), 100).unwrap();
+        assert_eq!(o.next_seq(), 5);
+        o.push(Report::QpReset { at_unix_ns: 9 }).await.unwrap();
+        o.push(rep("rail1", NicHealth::Up, 10)).await.unwrap();
+        o.resync(6).await.unwrap();
+        let p = o.pending_after(6).unwrap();
+        assert_eq!(p.iter().map(|s| s.seq).collect::<Vec<_>>(), vec![7, 8]);
+        assert_eq!(p[0].report, Report::QpReset { at_unix_ns: 9 });
+        assert_eq!(o.pending_after(0).unwrap().len(), 2, "nothing else left");
+        assert_eq!(o.next_seq(), 9);
+        // Sent and applied in this life: a re-registration drops, never
+        // renumbers.
+        o.push(rep("rail1", NicHealth::Down, 11)).await.unwrap();
+        o.resync(8).await.unwrap();
+        let p = o.pending_after(0).unwrap();
+        assert_eq!(p.iter().map(|s| s.seq).collect::<Vec<_>>(), vec![9]);
+        drop(o);
+        let o = Outbox::open(dir.path(), 100).unwrap();
+        assert_eq!(o.next_seq(), 10, "the renumbering is on disk");
     }
 
     #[tokio::test]

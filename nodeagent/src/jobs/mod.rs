@@ -55,7 +55,7 @@
 //! zombie keeps the group id reserved), reaps it and reports a
 //! `RankExited` event (exit code, or -1 and the signal; the detail says
 //! why the agent stopped it, if it did) through the outbox, like every
-//! other report: durable before it is sent, sent until acknowledged.
+//! other report: durable before its record is removed, sent until acknowledged.
 //!
 //! **Fencing.** Per job the agent keeps, in its sled database (tree
 //! `job_fences`), the highest incarnation it has seen and the highest one a
