@@ -17,8 +17,8 @@
 //! stream's data leave and its acknowledgements come back, and keeps the
 //! stretches in which everything sent was acknowledged and nothing new
 //! left ([`SenderIdle`]): a silence at the receiver that falls in one is
-//! the sending program's pause (on a busy machine: not scheduled), not a
-//! path that lost its packets.
+//! the sending program's pause (it wrote nothing: asleep, or not
+//! scheduled), not a path that lost its packets.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,22 +70,28 @@ impl Capture {
     /// silent end, or no silence).
     pub fn longest_gap_edge(&self, from: u64, to: u64) -> (Duration, u64, Option<GapEdge>) {
         let mut best = (0u64, from, None);
-        for (i, &(a, b)) in self.gaps.iter().enumerate() {
-            if b <= from || a >= to {
-                continue;
-            }
-            let (s, e) = (a.max(from), b.min(to));
+        for (s, e, edge) in self.silences(from, to) {
             if e - s > best.0 {
-                best = (e - s, s, self.gap_edges.get(i).copied());
-            }
-        }
-        if self.last_ns < to {
-            let s = self.last_ns.max(from);
-            if to - s > best.0 {
-                best = (to - s, s, None);
+                best = (e - s, s, edge);
             }
         }
         (Duration::from_nanos(best.0), best.1, best.2)
+    }
+
+    /// Every silence in `[from, to]`, clipped to it: (start, end, the
+    /// packets around it; None for the silent end of the window).
+    pub fn silences(&self, from: u64, to: u64) -> Vec<(u64, u64, Option<GapEdge>)> {
+        let mut out: Vec<_> = self
+            .gaps
+            .iter()
+            .enumerate()
+            .filter(|(_, &(a, b))| b > from && a < to)
+            .map(|(i, &(a, b))| (a.max(from), b.min(to), self.gap_edges.get(i).copied()))
+            .collect();
+        if self.last_ns < to {
+            out.push((self.last_ns.max(from), to, None));
+        }
+        out
     }
 
     /// Payload bytes received in `[from, to)` (whole bins) and the time
@@ -111,8 +117,8 @@ pub struct GapEdge {
 }
 
 /// When a TCP sender was idle: every byte it had sent was acknowledged and
-/// it sent nothing new (the program was not writing: on a busy machine,
-/// not running). Seen from the sender's namespace; times in ns since the
+/// it sent nothing new (the program was not writing). Seen from the
+/// sender's namespace; times in ns since the
 /// Unix epoch. A silence at the receiver that is such an idle stretch is
 /// the sender's, not the path's.
 #[derive(Debug, Clone, Default)]
@@ -246,9 +252,9 @@ fn open_socket(protocol: i32) -> anyhow::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// The TCP payload length and sequence number of an IPv4 packet's first
-/// bytes when it goes to `port`; None for anything else.
-pub fn tcp_payload_to(pkt: &[u8], wire_len: usize, port: u16) -> Option<(usize, u32)> {
+/// The TCP payload length, sequence number and source port of an IPv4
+/// packet's first bytes when it goes to `port`; None for anything else.
+pub fn tcp_payload_to(pkt: &[u8], wire_len: usize, port: u16) -> Option<(usize, u32, u16)> {
     if pkt.len() < 20 || pkt[0] >> 4 != 4 || pkt[9] != libc::IPPROTO_TCP as u8 {
         return None;
     }
@@ -262,19 +268,43 @@ pub fn tcp_payload_to(pkt: &[u8], wire_len: usize, port: u16) -> Option<(usize, 
     let seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
     // A GSO packet's IP length may be 0: the wire length tells.
     let total = if total == 0 { wire_len } else { total };
-    Some((total.saturating_sub(ihl + doff), seq))
+    let from = u16::from_be_bytes([tcp[0], tcp[1]]);
+    Some((total.saturating_sub(ihl + doff), seq, from))
 }
 
-/// The ACK number of an IPv4 TCP packet from source port `port` with the
-/// ACK flag; None for anything else.
-pub fn tcp_ack_from(pkt: &[u8], port: u16) -> Option<u32> {
+/// The ACK number and destination port of an IPv4 TCP packet from source
+/// port `port` with the ACK flag; None for anything else.
+pub fn tcp_ack_from(pkt: &[u8], port: u16) -> Option<(u32, u16)> {
     if pkt.len() < 20 || pkt[0] >> 4 != 4 || pkt[9] != libc::IPPROTO_TCP as u8 {
         return None;
     }
     let ihl = usize::from(pkt[0] & 0x0f) * 4;
     let tcp = pkt.get(ihl..ihl + 14)?;
-    (u16::from_be_bytes([tcp[0], tcp[1]]) == port && tcp[13] & 0x10 != 0)
-        .then(|| u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]))
+    (u16::from_be_bytes([tcp[0], tcp[1]]) == port && tcp[13] & 0x10 != 0).then(|| {
+        (
+            u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]),
+            u16::from_be_bytes([tcp[2], tcp[3]]),
+        )
+    })
+}
+
+/// The stream measured: of the connections to the port (iperf3 has a
+/// control connection beside its data), the one whose client port first
+/// carries a segment of [`DataFlow::MIN_PAYLOAD`] bytes or more.
+#[derive(Debug, Default)]
+struct DataFlow(Option<u16>);
+
+impl DataFlow {
+    /// Larger than any control message iperf3 sends.
+    const MIN_PAYLOAD: usize = 2048;
+
+    /// Whether a data segment from client port `from` belongs to the stream.
+    fn data(&mut self, from: u16, payload: usize) -> bool {
+        if self.0.is_none() && payload >= Self::MIN_PAYLOAD {
+            self.0 = Some(from);
+        }
+        self.0 == Some(from)
+    }
 }
 
 /// Whether sequence `a` is after `b` (wrapping).
@@ -344,16 +374,17 @@ fn sender_loop(fd: OwnedFd, port: u16, stop: &AtomicBool) -> anyhow::Result<Send
     // The end of the highest sequence sent, the highest acknowledged.
     let (mut nxt, mut una): (Option<u32>, Option<u32>) = (None, None);
     let mut idle_since: Option<u64> = None;
+    let mut flow = DataFlow::default();
     while !stop.load(Ordering::Relaxed) {
         let Some(p) = recv_packet(&fd, &mut buf)? else {
             continue;
         };
         let pkt = &buf[..p.wire_len.min(buf.len())];
         if p.outgoing {
-            let Some((payload, seq)) = tcp_payload_to(pkt, p.wire_len, port) else {
+            let Some((payload, seq, from)) = tcp_payload_to(pkt, p.wire_len, port) else {
                 continue;
             };
-            if payload == 0 {
+            if payload == 0 || !flow.data(from, payload) {
                 continue;
             }
             let end = seq.wrapping_add(payload as u32);
@@ -369,7 +400,10 @@ fn sender_loop(fd: OwnedFd, port: u16, stop: &AtomicBool) -> anyhow::Result<Send
                     }
                 }
             }
-        } else if let Some(ack) = tcp_ack_from(pkt, port) {
+        } else if let Some((ack, to)) = tcp_ack_from(pkt, port) {
+            if flow.0 != Some(to) {
+                continue;
+            }
             if una.is_none_or(|u| seq_after(ack, u)) {
                 una = Some(ack);
             }
@@ -391,6 +425,7 @@ fn read_loop(fd: OwnedFd, port: u16, stop: &AtomicBool) -> anyhow::Result<Captur
     // of the last data packet.
     let mut high: Option<u32> = None;
     let mut last_if = 0i32;
+    let mut flow = DataFlow::default();
     while !stop.load(Ordering::Relaxed) {
         let Some(p) = recv_packet(&fd, &mut buf)? else {
             continue;
@@ -400,10 +435,10 @@ fn read_loop(fd: OwnedFd, port: u16, stop: &AtomicBool) -> anyhow::Result<Captur
         }
         let wire_len = p.wire_len;
         let got = wire_len.min(buf.len());
-        let Some((payload, seq)) = tcp_payload_to(&buf[..got], wire_len, port) else {
+        let Some((payload, seq, from)) = tcp_payload_to(&buf[..got], wire_len, port) else {
             continue;
         };
-        if payload == 0 {
+        if payload == 0 || !flow.data(from, payload) {
             continue;
         }
         let t = p.at;
@@ -479,9 +514,12 @@ mod tests {
     fn payload_is_counted_only_for_the_port_and_tcp() {
         assert_eq!(
             tcp_payload_to(&ipv4_tcp(5201, 1448), 1488, 5201),
-            Some((1448, 0))
+            Some((1448, 0, 0))
         );
-        assert_eq!(tcp_payload_to(&ipv4_tcp(5201, 0), 40, 5201), Some((0, 0)));
+        assert_eq!(
+            tcp_payload_to(&ipv4_tcp(5201, 0), 40, 5201),
+            Some((0, 0, 0))
+        );
         assert_eq!(tcp_payload_to(&ipv4_tcp(22, 100), 140, 5201), None);
         let mut udp = ipv4_tcp(5201, 100);
         udp[9] = 17;
@@ -490,7 +528,10 @@ mod tests {
         // A GSO packet: IP length 0, the wire length tells.
         let mut gso = ipv4_tcp(5201, 0);
         gso[2..4].copy_from_slice(&0u16.to_be_bytes());
-        assert_eq!(tcp_payload_to(&gso, 40 + 60_000, 5201), Some((60_000, 0)));
+        assert_eq!(
+            tcp_payload_to(&gso, 40 + 60_000, 5201),
+            Some((60_000, 0, 0))
+        );
     }
 
     #[test]
@@ -500,12 +541,21 @@ mod tests {
         p[28..32].copy_from_slice(&0xdead_beefu32.to_be_bytes());
         assert_eq!(tcp_ack_from(&p, 5201), None, "no ACK flag");
         p[33] = 0x10;
-        assert_eq!(tcp_ack_from(&p, 5201), Some(0xdead_beef));
+        assert_eq!(tcp_ack_from(&p, 5201), Some((0xdead_beef, 80)));
         assert_eq!(tcp_ack_from(&p, 5202), None, "another port");
         p[9] = 17;
         assert_eq!(tcp_ack_from(&p, 5201), None, "not TCP");
         assert!(seq_after(5, u32::MAX - 5), "wraps");
         assert!(!seq_after(7, 7));
+    }
+
+    #[test]
+    fn the_data_flow_is_the_first_with_a_large_segment() {
+        let mut f = DataFlow::default();
+        assert!(!f.data(40_000, 37), "a control message locks nothing");
+        assert!(f.data(40_001, 65_160));
+        assert!(!f.data(40_000, 65_160), "another connection");
+        assert!(f.data(40_001, 10), "small segments of the stream count");
     }
 
     #[test]

@@ -22,11 +22,11 @@
 //!
 //! A second capture in h0's namespace tells how much of each longest gap
 //! iperf3 itself was idle: everything it had sent acknowledged, nothing new
-//! sent ([`crate::capture::SenderIdle`]). On two cores shared by three
-//! supervisors, two agents and iperf3, the sender is now and then not
-//! scheduled for tens of ms, in the fault-free baseline too; such a gap is
-//! the machine's, not the failover's. The goal is judged on the whole gap;
-//! `network_gap_*` subtract the sender's idle part.
+//! sent ([`crate::capture::SenderIdle`]). Now and then iperf3 writes
+//! nothing for tens of ms (seen asleep in `poll`, in the fault-free
+//! baseline too); such a gap is the sender's, not the failover's. The goal
+//! is judged on the whole gap; `network_gap_*` subtract the sender's idle
+//! part.
 //!
 //! iperf3 runs with the congestion control named by `congestion` (default
 //! cubic, Linux's own default) whatever the machine's default is: with BBR
@@ -113,7 +113,8 @@ pub struct TcpFailoverReport {
     /// sent acknowledged, nothing new sent): the sender's pause, not the
     /// path's.
     pub gap_sender_idle_ms: Vec<f64>,
-    /// The longest gaps less their sender-idle part: p99 and max.
+    /// Per pull, the longest silence less its sender-idle part (idle time
+    /// inside an outage hides that much of it: a lower bound); p99 and max.
     pub network_gap_p99_ms: f64,
     pub network_gap_max_ms: f64,
     /// The longest gap in the fault-free baseline (the machine's own
@@ -306,12 +307,25 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
         .iter()
         .map(|(g, at)| ms(idle.idle_within(*at, at + g.as_nanos() as u64)))
         .collect();
+    // Per window, the longest silence less its sender-idle part (another
+    // silence than the longest may be the longest of the network's).
+    let network: Vec<f64> = windows
+        .iter()
+        .map(|(a, b)| {
+            cap.silences(unix_ns(*a), unix_ns(*b))
+                .into_iter()
+                .map(|(s, e, _)| {
+                    ms(Duration::from_nanos(e - s).saturating_sub(idle.idle_within(s, e)))
+                })
+                .fold(0.0, f64::max)
+        })
+        .collect();
     let sorted_us = |v: &mut dyn Iterator<Item = f64>| {
         let mut us: Vec<u64> = v.map(|g| (g * 1000.0) as u64).collect();
         us.sort_unstable();
         us
     };
-    let network_us = sorted_us(&mut gaps.iter().zip(&gap_sender_idle_ms).map(|(g, i)| g - i));
+    let network_us = sorted_us(&mut network.iter().copied());
     let sorted_us = sorted_us(&mut gaps.iter().copied());
     let rate = |(bytes, d): (u64, Duration)| {
         if d.is_zero() {
