@@ -255,11 +255,18 @@ impl NicTracker {
     /// Feeds one sample; returns the transitions it implies, in order.
     pub fn observe(&mut self, s: &LinkSample, now: Instant) -> Vec<LinkTransition> {
         let prev_netdev = self.netdev_up.replace(s.is_up());
+        // A carrier drop the kernel counted between two up samples: an
+        // outage netlink showed only as a count (down and up again between
+        // two messages). The NIC came back: a new up period as well.
+        let unseen_outage = s.is_up()
+            && prev_netdev == Some(true)
+            && self.link_up.is_some()
+            && s.carrier_down_count != self.down_count;
         if !s.is_up() {
             self.up_since = None;
-        } else if prev_netdev != Some(true) {
+        } else if prev_netdev != Some(true) || unseen_outage {
             self.up_since = Some(now);
-            if prev_netdev == Some(false) {
+            if prev_netdev == Some(false) || unseen_outage {
                 // The probe mesh's verdict is from before the outage: the
                 // NIC is judged afresh from now (`NetdevEpochs`).
                 self.probes_alive = true;
@@ -696,6 +703,37 @@ mod tests {
             .observe_event(&verdict(Period::UpSince(Some(t0 + s(5)))), t0 + s(7))
             .expect("transition");
         assert_eq!(t.health, NicHealth::Degraded);
+    }
+
+    /// An outage seen only through the carrier counter starts a new up
+    /// period like a seen one: the verdicts from before it are forgotten
+    /// and dropped when they arrive late.
+    #[test]
+    fn an_outage_seen_only_in_the_counters_starts_a_new_up_period() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut n = NicTracker::new("rail0", DampingConfig::default());
+        n.observe(&sample(true, true, 0), t0);
+        assert_eq!(n.up_since(), Some(t0));
+        n.observe_port(Evidence::Loss, false, t0 + s(1))
+            .expect("Degraded");
+        // The same counters again: no new period.
+        n.observe(&sample(true, true, 0), t0 + s(2));
+        assert_eq!(n.up_since(), Some(t0));
+        assert!(n.lossy);
+        // One carrier drop counted, never seen as a down sample.
+        let t = n.observe(&sample(true, true, 1), t0 + s(3));
+        assert!(t.iter().any(|t| t.synthesized), "{t:?}");
+        assert_eq!(n.up_since(), Some(t0 + s(3)));
+        assert!(!n.lossy, "the verdict from before is forgotten");
+        let stale = PortEvent {
+            netdev: "rail0".into(),
+            active: false,
+            source: Evidence::Loss,
+            period: Period::UpSince(Some(t0)),
+        };
+        assert!(n.observe_event(&stale, t0 + s(4)).is_none());
+        assert!(!n.lossy);
     }
 
     #[test]
