@@ -565,6 +565,25 @@ mod tests {
         }
     }
 
+    /// A rail0 tracker that saw its NIC up at the instant returned.
+    fn up_nic() -> (NicTracker, Instant) {
+        let t0 = Instant::now();
+        let mut n = NicTracker::new("rail0", DampingConfig::default());
+        n.observe(&sample(true, true, 0), t0);
+        assert_eq!(n.up_since(), Some(t0));
+        (n, t0)
+    }
+
+    /// rail0 loses probes: a verdict judged in `period`.
+    fn lossy_in(period: Period) -> PortEvent {
+        PortEvent {
+            netdev: "rail0".into(),
+            active: false,
+            source: Evidence::Loss,
+            period,
+        }
+    }
+
     #[test]
     fn admin_down_and_carrier_loss_are_both_down() {
         let t0 = Instant::now();
@@ -685,22 +704,16 @@ mod tests {
             "{up:?}"
         );
         // A verdict reached before the bounce, arriving after it: dropped.
-        let verdict = |period| PortEvent {
-            netdev: "rail0".into(),
-            active: false,
-            source: Evidence::Loss,
-            period,
-        };
         assert!(n
-            .observe_event(&verdict(Period::UpSince(Some(t0))), t0 + s(6))
+            .observe_event(&lossy_in(Period::UpSince(Some(t0))), t0 + s(6))
             .is_none());
         assert!(n
-            .observe_event(&verdict(Period::UpSince(None)), t0 + s(6))
+            .observe_event(&lossy_in(Period::UpSince(None)), t0 + s(6))
             .is_none());
         assert!(!n.lossy, "the stale verdict changed nothing");
         // One judged in the current up period counts.
         let t = n
-            .observe_event(&verdict(Period::UpSince(Some(t0 + s(5)))), t0 + s(7))
+            .observe_event(&lossy_in(Period::UpSince(Some(t0 + s(5)))), t0 + s(7))
             .expect("transition");
         assert_eq!(t.health, NicHealth::Degraded);
     }
@@ -710,11 +723,8 @@ mod tests {
     /// and dropped when they arrive late.
     #[test]
     fn an_outage_seen_only_in_the_counters_starts_a_new_up_period() {
-        let t0 = Instant::now();
+        let (mut n, t0) = up_nic();
         let s = Duration::from_secs;
-        let mut n = NicTracker::new("rail0", DampingConfig::default());
-        n.observe(&sample(true, true, 0), t0);
-        assert_eq!(n.up_since(), Some(t0));
         n.observe_port(Evidence::Loss, false, t0 + s(1))
             .expect("Degraded");
         // The same counters again: no new period.
@@ -726,12 +736,7 @@ mod tests {
         assert!(t.iter().any(|t| t.synthesized), "{t:?}");
         assert_eq!(n.up_since(), Some(t0 + s(3)));
         assert!(!n.lossy, "the verdict from before is forgotten");
-        let stale = PortEvent {
-            netdev: "rail0".into(),
-            active: false,
-            source: Evidence::Loss,
-            period: Period::UpSince(Some(t0)),
-        };
+        let stale = lossy_in(Period::UpSince(Some(t0)));
         assert!(n.observe_event(&stale, t0 + s(4)).is_none());
         assert!(!n.lossy);
     }
@@ -813,11 +818,8 @@ mod tests {
 
     #[test]
     fn a_probe_verdict_from_before_an_outage_is_forgotten_when_the_nic_comes_back() {
-        let t0 = Instant::now();
+        let (mut n, t0) = up_nic();
         let s = Duration::from_secs;
-        let mut n = NicTracker::new("rail0", DampingConfig::default());
-        n.observe(&sample(true, true, 0), t0);
-        assert_eq!(n.up_since(), Some(t0));
         // The probes find it silent, then netlink sees it go down.
         assert!(n.observe_port(Evidence::Probes, false, t0 + s(1)).is_some());
         assert!(n.observe(&sample(true, false, 1), t0 + s(2)).is_empty());
