@@ -255,12 +255,8 @@ fn open_socket(protocol: i32) -> anyhow::Result<OwnedFd> {
 /// The TCP payload length, sequence number and source port of an IPv4
 /// packet's first bytes when it goes to `port`; None for anything else.
 pub fn tcp_payload_to(pkt: &[u8], wire_len: usize, port: u16) -> Option<(usize, u32, u16)> {
-    if pkt.len() < 20 || pkt[0] >> 4 != 4 || pkt[9] != libc::IPPROTO_TCP as u8 {
-        return None;
-    }
-    let ihl = usize::from(pkt[0] & 0x0f) * 4;
+    let (ihl, tcp) = tcp_header(pkt)?;
     let total = usize::from(u16::from_be_bytes([pkt[2], pkt[3]])).min(wire_len);
-    let tcp = pkt.get(ihl..ihl + 14)?;
     if u16::from_be_bytes([tcp[2], tcp[3]]) != port {
         return None;
     }
@@ -272,14 +268,20 @@ pub fn tcp_payload_to(pkt: &[u8], wire_len: usize, port: u16) -> Option<(usize, 
     Some((total.saturating_sub(ihl + doff), seq, from))
 }
 
-/// The ACK number and destination port of an IPv4 TCP packet from source
-/// port `port` with the ACK flag; None for anything else.
-pub fn tcp_ack_from(pkt: &[u8], port: u16) -> Option<(u32, u16)> {
+/// An IPv4 TCP packet's IP header length and the first 14 bytes of its
+/// TCP header (ports, sequence, ACK, offset, flags); None for anything else.
+fn tcp_header(pkt: &[u8]) -> Option<(usize, &[u8])> {
     if pkt.len() < 20 || pkt[0] >> 4 != 4 || pkt[9] != libc::IPPROTO_TCP as u8 {
         return None;
     }
     let ihl = usize::from(pkt[0] & 0x0f) * 4;
-    let tcp = pkt.get(ihl..ihl + 14)?;
+    Some((ihl, pkt.get(ihl..ihl + 14)?))
+}
+
+/// The ACK number and destination port of an IPv4 TCP packet from source
+/// port `port` with the ACK flag; None for anything else.
+pub fn tcp_ack_from(pkt: &[u8], port: u16) -> Option<(u32, u16)> {
+    let (_, tcp) = tcp_header(pkt)?;
     (u16::from_be_bytes([tcp[0], tcp[1]]) == port && tcp[13] & 0x10 != 0).then(|| {
         (
             u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]),

@@ -136,6 +136,13 @@ pub struct TcpFailoverReport {
 
 const IPERF_PORT: u16 = 5201;
 
+/// Figures in ms as whole µs, sorted (for [`percentile_ms`]).
+fn sorted_us(ms: &[f64]) -> Vec<u64> {
+    let mut us: Vec<u64> = ms.iter().map(|g| (g * 1000.0) as u64).collect();
+    us.sort_unstable();
+    us
+}
+
 /// Runs the bench.
 pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
     anyhow::ensure!(r.pulls >= 1, "at least one pull");
@@ -320,13 +327,8 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
                 .fold(0.0, f64::max)
         })
         .collect();
-    let sorted_us = |v: &mut dyn Iterator<Item = f64>| {
-        let mut us: Vec<u64> = v.map(|g| (g * 1000.0) as u64).collect();
-        us.sort_unstable();
-        us
-    };
-    let network_us = sorted_us(&mut network.iter().copied());
-    let sorted_us = sorted_us(&mut gaps.iter().copied());
+    let network_us = sorted_us(&network);
+    let sorted_us = sorted_us(&gaps);
     let rate = |(bytes, d): (u64, Duration)| {
         if d.is_zero() {
             0.0
@@ -352,7 +354,7 @@ pub async fn run(r: TcpFailoverRun) -> anyhow::Result<TcpFailoverReport> {
         gap_p99_ms: p99,
         gap_max_ms: gaps.iter().copied().fold(0.0, f64::max),
         network_gap_p99_ms: percentile_ms(&network_us, 99.0),
-        network_gap_max_ms: network_us.last().map_or(0.0, |u| *u as f64 / 1000.0),
+        network_gap_max_ms: network.iter().copied().fold(0.0, f64::max),
         gap_sender_idle_ms,
         baseline_ms: r.baseline.as_millis() as u64,
         baseline_gap_max_ms: ms(gap(base_from, base_to).0),

@@ -232,10 +232,15 @@ impl Outbox {
             .insert(seq.to_be_bytes(), bytes)
             .map_err(self.err())?;
         self.next_seq += 1;
+        self.save_next_seq()?;
+        Ok(seq)
+    }
+
+    fn save_next_seq(&self) -> Result<(), OutboxError> {
         self.meta
             .insert(KEY_NEXT, bincode::serialize(&self.next_seq).expect("u64"))
             .map_err(self.err())?;
-        Ok(seq)
+        Ok(())
     }
 
     fn save_overflow(&self) -> Result<(), OutboxError> {
@@ -352,9 +357,7 @@ impl Outbox {
                 "outbox behind the supervisor; skipping ahead"
             );
             self.next_seq = last_applied + 1;
-            self.meta
-                .insert(KEY_NEXT, bincode::serialize(&self.next_seq).expect("u64"))
-                .map_err(self.err())?;
+            self.save_next_seq()?;
             changed = true;
         }
         if changed {
@@ -371,11 +374,11 @@ impl Outbox {
         for s in &staged {
             batch.remove(&s.seq.to_be_bytes());
         }
-        let mut next = to;
-        for s in &staged {
+        let (n, mut next) = (staged.len(), to);
+        for s in staged {
             let bytes = bincode::serialize(&Sequenced {
                 seq: next,
-                report: s.report.clone(),
+                report: s.report,
             })
             .map_err(corrupt)?;
             batch.insert(&next.to_be_bytes(), bytes);
@@ -383,15 +386,13 @@ impl Outbox {
         }
         self.queue.apply_batch(batch).map_err(self.err())?;
         tracing::warn!(
-            reports = staged.len(),
+            reports = n,
             from,
             to,
             "the supervisor applied reports this outbox never recorded: the ones staged since start renumbered after them"
         );
         self.next_seq = next;
-        self.meta
-            .insert(KEY_NEXT, bincode::serialize(&self.next_seq).expect("u64"))
-            .map_err(self.err())?;
+        self.save_next_seq()?;
         Ok(())
     }
 
