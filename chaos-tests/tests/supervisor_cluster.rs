@@ -471,6 +471,79 @@ async fn lagging_follower_catches_up_from_a_snapshot() {
     );
 }
 
+/// Drops the last `n` entries of a stopped member's Raft log, and its
+/// commit index with them: what ext4 did to a follower whose disk turned
+/// read-only (the last transactions `fsync` reported done were never
+/// written; see `testbed/tests/disk.rs`).
+async fn lose_log_tail(dir: &std::path::Path, n: u64) {
+    use openraft::storage::{RaftLogReader, RaftLogStorage};
+    use supervisor::model::command::TypeConfig;
+    let (mut log, _sm) =
+        raft_store::open::<TypeConfig, supervisor::replica::Replica>(&dir.join("raft")).unwrap();
+    let last = log.get_log_state().await.unwrap().last_log_id.unwrap();
+    let cut = last.index.checked_sub(n - 1).unwrap();
+    let entries = log.try_get_log_entries(cut - 1..=cut).await.unwrap();
+    let (kept, first_lost) = (entries[0].log_id, entries[1].log_id);
+    let committed = log.read_committed().await.unwrap();
+    if committed.is_some_and(|c| c.index >= cut) {
+        log.save_committed(Some(kept)).await.unwrap();
+    }
+    log.truncate(first_lost).await.unwrap();
+}
+
+/// A follower that comes back without entries it had acknowledged (its
+/// disk lost them) is sent them again: the leader neither panics (as
+/// openraft does by default on a follower's log reverting) nor loses a
+/// write, and the follower catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_that_lost_acknowledged_entries_is_sent_them_again() {
+    let mut c = SupervisorCluster::start(3).unwrap();
+    let leader = c.init().await.unwrap();
+    register_host(&c.addrs(), "h0", &c.agent_tls("h0").unwrap())
+        .await
+        .unwrap();
+    let client = c.client("test", 0, Duration::from_secs(5)).unwrap();
+    let label = |i: u32| AdminOp::SetLabels {
+        host: "h0".into(),
+        set: BTreeMap::from([("n".to_string(), i.to_string())]),
+        remove: vec![],
+    };
+    for i in 0..20 {
+        write(&client, label(i)).await;
+    }
+    let follower = (1..=3).find(|id| *id != leader).unwrap();
+    let fc = c.client_for(follower, Duration::from_secs(2)).unwrap();
+    let shows = |n: &'static str| move |r: &AdminReply| matches!(r, AdminReply::Host { host, .. } if host.labels.get("n").map(String::as_str) == Some(n));
+    let show = AdminRequest::NodeShow { host: "h0".into() };
+    read_until(
+        &fc,
+        show.clone(),
+        Duration::from_millis(50),
+        "follower never had n=19",
+        shows("19"),
+    )
+    .await;
+    c.kill(follower);
+    lose_log_tail(c.data_dir(follower), 5).await;
+    c.restart(follower).unwrap();
+    for i in 20..30 {
+        write(&client, label(i)).await;
+    }
+    read_until(
+        &fc,
+        show,
+        Duration::from_millis(100),
+        "follower did not catch up",
+        shows("29"),
+    )
+    .await;
+    assert!(c.exit_status(leader).is_none(), "the leader exited");
+    for id in 1..=3 {
+        let log = std::fs::read_to_string(c.log_of(id)).unwrap();
+        assert!(!log.contains("panicked"), "member {id} panicked:\n{log}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_runs_end_to_end() {
     let r = chaos_tests::demo::drain().await.unwrap();

@@ -477,6 +477,11 @@ impl SupervisorCluster {
     pub fn log_of(&self, id: u64) -> &Path {
         &self.node(id).log
     }
+
+    /// Member `id`'s data directory.
+    pub fn data_dir(&self, id: u64) -> &Path {
+        &self.node(id).data_dir
+    }
 }
 
 impl Drop for SupervisorCluster {
