@@ -238,6 +238,8 @@ async fn a_rail_losing_or_delaying_packets_is_degraded_and_left_then_up_again() 
         fault: Duration::from_secs(5),
         // Generous under CI's load: the 10 % goal is the scenario's.
         max_slowdown_pct: 50.0,
+        // As the scenario's default: ranks that compute between exchanges.
+        step_delay: Duration::from_millis(3),
         detect: true,
     })
     .await

@@ -476,6 +476,12 @@ struct GrayLink {
     /// Largest slowdown of the job's step rate allowed, %.
     #[arg(long, default_value_t = 10.0)]
     max_slowdown_pct: f64,
+    /// Each rank sleeps this long after each step, as a GPU computes (0:
+    /// the ranks compute on the CPU alone, back to back; they then fill
+    /// both cores and the fault-free rate moves by ±10 % with the
+    /// machine's load, as much as the goal).
+    #[arg(long, default_value_t = 3)]
+    step_delay_ms: u64,
     /// Run with the agents' loss and delay checks off (what the job
     /// suffers without them); ok when no NIC is found Degraded.
     #[arg(long)]
@@ -503,6 +509,7 @@ impl Runner for GrayLink {
             (0.0..=100.0).contains(&self.max_slowdown_pct),
             "--max-slowdown-pct takes 0..=100"
         );
+        ensure!(self.step_delay_ms <= 1000, "--step-delay-ms takes 0..=1000");
         need_root(&what)?;
         use chaos_tests::gray_link::GrayFault;
         let every = Duration::from_millis(self.stall_every_ms);
@@ -519,6 +526,7 @@ impl Runner for GrayLink {
             baseline: Duration::from_secs(self.baseline_s),
             fault: Duration::from_secs(self.fault_s),
             max_slowdown_pct: self.max_slowdown_pct,
+            step_delay: Duration::from_millis(self.step_delay_ms),
             detect: !self.no_detect,
         })
         .await?;
