@@ -473,6 +473,33 @@ async fn hostile_raft_terms_are_refused_before_openraft_sees_them() {
         let e = raft.vote(send(r)).await.unwrap_err();
         assert_eq!(e.code(), code, "{e:?}");
     }
+    // AppendEntries and InstallSnapshot alike: an entry index past the
+    // bound, and a snapshot chunk at offset 2^63 (openraft would size its
+    // in-memory buffer to it).
+    let append = openraft::raft::AppendEntriesRequest::<supervisor::model::TypeConfig> {
+        vote: Vote::new_committed(3, 1),
+        prev_log_id: Some(LogId::new(CommittedLeaderId::new(3, 1), u64::MAX)),
+        entries: vec![],
+        leader_commit: None,
+    };
+    let e = raft
+        .append_entries(supervisor::network::encode(&append).unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    let chunk = openraft::raft::InstallSnapshotRequest::<supervisor::model::TypeConfig> {
+        vote: Vote::new_committed(3, 1),
+        meta: Default::default(),
+        offset: 1 << 63,
+        data: vec![1; 16],
+        done: true,
+    };
+    let e = raft
+        .install_snapshot(supervisor::network::encode(&chunk).unwrap())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("ends past"), "{e:?}");
     assert_eq!(state(&sup).await, before);
     let cordon = || AdminRequest::Write {
         op: AdminOp::Cordon { host: "h0".into() },

@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod agent;
 pub mod auth;
+pub mod bulk_gate;
 pub mod peer;
 pub mod quota;
 pub mod raft_check;
@@ -24,7 +25,8 @@ const MAX_PENDING_RESETS: usize = 256;
 /// resolves: with mutual TLS when `tls` is given (every connection
 /// presents a certificate of the cluster CA; handlers read the caller's
 /// identity from it, [`auth`]), plain text otherwise (`--insecure`).
-/// Message sizes are bounded per service.
+/// Message sizes are bounded per service, and the Raft calls that carry
+/// bulk by [`bulk_gate`].
 pub async fn serve(
     leader: Arc<Leader>,
     listener: tokio::net::TcpListener,
@@ -47,11 +49,12 @@ pub async fn serve(
         // (heartbeats, votes and all) when a slow peer catches up; 256
         // still bounds a rapid-reset flood from a certificate holder.
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
-        .add_service(
+        .add_service(bulk_gate::BulkGate::new(
             RaftPeerServer::new(peer::PeerService::new(leader.clone()))
                 .max_decoding_message_size(proto::MAX_PEER_MESSAGE_BYTES)
                 .max_encoding_message_size(proto::MAX_PEER_MESSAGE_BYTES),
-        )
+            bulk_gate::MAX_BULK_RPCS,
+        ))
         .add_service(
             AdminServer::new(admin::AdminService {
                 quota: quota::WriteQuota::new(leader.node.config.admin_write_rate),

@@ -27,6 +27,12 @@ pub const MAX_WIRE_TERM: u64 = 1 << 48;
 /// The largest log index accepted from a peer.
 pub const MAX_WIRE_INDEX: u64 = 1 << 62;
 
+/// The largest snapshot accepted from a peer (bytes): a chunk's offset
+/// plus its length must stay below it. openraft writes each chunk at its
+/// offset into a buffer in memory, so a chunk at offset 2^63 would ask for
+/// that much; a snapshot of the model's bounded state is far smaller.
+pub const MAX_WIRE_SNAPSHOT_BYTES: u64 = 1 << 30;
+
 /// Why a Raft RPC was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RaftWireError {
@@ -124,6 +130,14 @@ pub fn snapshot(
     }
     if let Some(l) = req.meta.last_membership.log_id() {
         check_log_id("snapshot membership log id", l, &req.vote)?;
+    }
+    let end = req.offset.checked_add(req.data.len() as u64);
+    if end.is_none_or(|end| end > MAX_WIRE_SNAPSHOT_BYTES) {
+        return Err(RaftWireError::Malformed(format!(
+            "snapshot chunk of {} bytes at offset {} ends past {MAX_WIRE_SNAPSHOT_BYTES}",
+            req.data.len(),
+            req.offset
+        )));
     }
     Ok(())
 }
@@ -236,6 +250,30 @@ mod tests {
         assert!(append(&back, None).is_err());
         let ahead = append_req(v(3, 1), None, vec![entry(9, 0)]);
         assert!(append(&ahead, None).is_err());
+    }
+
+    #[test]
+    fn snapshot_chunks_past_the_size_bound_are_refused() {
+        let chunk = |offset: u64, len: usize| InstallSnapshotRequest::<TypeConfig> {
+            vote: v(3, 1),
+            meta: Default::default(),
+            offset,
+            data: vec![0; len],
+            done: false,
+        };
+        assert_eq!(snapshot(&chunk(0, 1024), Some(1)), Ok(()));
+        assert_eq!(
+            snapshot(&chunk(MAX_WIRE_SNAPSHOT_BYTES - 1024, 1024), Some(1)),
+            Ok(())
+        );
+        for (offset, len) in [
+            (MAX_WIRE_SNAPSHOT_BYTES - 1023, 1024),
+            (1 << 63, 0),
+            (u64::MAX, 1),
+        ] {
+            let e = snapshot(&chunk(offset, len), Some(1)).unwrap_err();
+            assert!(e.to_string().contains("ends past"), "{offset}: {e}");
+        }
     }
 
     #[test]
