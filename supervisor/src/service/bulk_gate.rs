@@ -8,8 +8,15 @@
 //! before their bodies are read; the others wait, their bodies held back
 //! by HTTP/2 flow control. Votes, forwards and control calls pass
 //! ungated, so a flood of appends cannot hold back an election.
+//!
+//! A waiting call is refused (`RESOURCE_EXHAUSTED`) after
+//! [`ADMIT_WITHIN`]: the streams of one connection share its flow-control
+//! window, so calls waiting unread on a connection can take all of it and
+//! starve the admitted calls of the same connection, which could then
+//! never finish. Refused, their unread data is given back.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::Semaphore;
 use tonic::codegen::{http, Context, Future, Pin, Poll, Service};
@@ -21,25 +28,31 @@ use tonic::server::NamedService;
 /// bodies take to this many times [`proto::MAX_PEER_MESSAGE_BYTES`].
 pub const MAX_BULK_RPCS: usize = 8;
 
+/// How long a bulk call may wait for a permit (openraft's own deadline
+/// for an AppendEntries is shorter: the leader has given up on it by then).
+pub const ADMIT_WITHIN: Duration = Duration::from_secs(2);
+
 /// Whether a gRPC path is a call that carries bulk.
 fn is_bulk(path: &str) -> bool {
     path.ends_with("/AppendEntries") || path.ends_with("/InstallSnapshot")
 }
 
-/// Wraps a gRPC service: its bulk calls ([`is_bulk`]) wait for one of
-/// the gate's permits before their bodies are read, and hold it until
-/// answered.
+/// Wraps a gRPC service: its bulk calls ([`is_bulk`]) wait up to
+/// `admit_within` for one of the gate's permits before their bodies are
+/// read, and hold it until answered.
 #[derive(Clone)]
 pub struct BulkGate<S> {
     inner: S,
     permits: Arc<Semaphore>,
+    admit_within: Duration,
 }
 
 impl<S> BulkGate<S> {
-    pub fn new(inner: S, permits: usize) -> BulkGate<S> {
+    pub fn new(inner: S, permits: usize, admit_within: Duration) -> BulkGate<S> {
         BulkGate {
             inner,
             permits: Arc::new(Semaphore::new(permits)),
+            admit_within,
         }
     }
 }
@@ -48,11 +61,12 @@ impl<S: NamedService> NamedService for BulkGate<S> {
     const NAME: &'static str = S::NAME;
 }
 
-impl<S, B> Service<http::Request<B>> for BulkGate<S>
+impl<S, B, R> Service<http::Request<B>> for BulkGate<S>
 where
-    S: Service<http::Request<B>> + Clone + Send + 'static,
+    S: Service<http::Request<B>, Response = http::Response<R>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     B: Send + 'static,
+    R: Default,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -69,10 +83,20 @@ where
         if !is_bulk(req.uri().path()) {
             return Box::pin(inner.call(req));
         }
-        let permits = self.permits.clone();
+        let (permits, within) = (self.permits.clone(), self.admit_within);
         Box::pin(async move {
-            // The semaphore is never closed.
-            let _permit = permits.acquire_owned().await;
+            // The semaphore is never closed: `Err` is the timeout.
+            let Ok(_permit) = tokio::time::timeout(within, permits.acquire_owned()).await else {
+                tracing::warn!(
+                    path = req.uri().path(),
+                    waited_ms = within.as_millis() as u64,
+                    "bulk Raft call refused: every permit busy"
+                );
+                return Ok(tonic::Status::resource_exhausted(format!(
+                    "{MAX_BULK_RPCS} bulk Raft calls already in progress for {within:?}; try again"
+                ))
+                .into_http());
+            };
             inner.call(req).await
         })
     }
@@ -94,9 +118,9 @@ mod tests {
     }
 
     impl Service<http::Request<()>> for Held {
-        type Response = ();
+        type Response = http::Response<()>;
         type Error = std::convert::Infallible;
-        type Future = Pin<Box<dyn Future<Output = Result<(), Self::Error>> + Send>>;
+        type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
         fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
             Poll::Ready(Ok(()))
@@ -108,7 +132,7 @@ mod tests {
                 inside.fetch_add(1, Ordering::SeqCst);
                 release.notified().await;
                 inside.fetch_sub(1, Ordering::SeqCst);
-                Ok(())
+                Ok(http::Response::new(()))
             })
         }
     }
@@ -130,7 +154,7 @@ mod tests {
             inside: Arc::new(AtomicUsize::new(0)),
             release: Arc::new(Notify::new()),
         };
-        let mut gate = BulkGate::new(held.clone(), 2);
+        let mut gate = BulkGate::new(held.clone(), 2, Duration::from_secs(60));
         let mut calls = Vec::new();
         for m in ["AppendEntries", "InstallSnapshot", "AppendEntries"] {
             calls.push(tokio::spawn(gate.call(request(m))));
@@ -159,5 +183,32 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(held.inside.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_call_that_waits_too_long_is_refused_and_frees_nothing_it_did_not_hold() {
+        let held = Held {
+            inside: Arc::new(AtomicUsize::new(0)),
+            release: Arc::new(Notify::new()),
+        };
+        let mut gate = BulkGate::new(held.clone(), 1, Duration::from_millis(100));
+        let first = tokio::spawn(gate.call(request("AppendEntries")));
+        settle().await;
+        let refused = gate.call(request("AppendEntries")).await.unwrap();
+        let status = tonic::Status::from_header_map(refused.headers()).unwrap();
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+        assert_eq!(
+            held.inside.load(Ordering::SeqCst),
+            1,
+            "the first still holds"
+        );
+        held.release.notify_one();
+        first.await.unwrap().unwrap();
+        // Its permit is back: the next is admitted at once.
+        let next = tokio::spawn(gate.call(request("InstallSnapshot")));
+        settle().await;
+        assert_eq!(held.inside.load(Ordering::SeqCst), 1);
+        held.release.notify_one();
+        next.await.unwrap().unwrap();
     }
 }

@@ -54,6 +54,7 @@ pub async fn serve(
                 .max_decoding_message_size(proto::MAX_PEER_MESSAGE_BYTES)
                 .max_encoding_message_size(proto::MAX_PEER_MESSAGE_BYTES),
             bulk_gate::MAX_BULK_RPCS,
+            bulk_gate::ADMIT_WITHIN,
         ))
         .add_service(
             AdminServer::new(admin::AdminService {
