@@ -6,8 +6,12 @@
 //!
 //! Handshakes run in their own tasks, at most
 //! [`IncomingLimits::max_pending_handshakes`] at once (beyond that the
-//! listener is not polled and the kernel backlog holds new connections)
-//! and each within [`IncomingLimits::handshake_timeout`]. A failed or slow
+//! listener is not polled and the kernel backlog holds new connections),
+//! at most [`IncomingLimits::max_pending_per_source`] of them from one
+//! address (a new connection beyond it is closed at once: one machine
+//! opening silent connections would otherwise hold every slot and keep
+//! everyone else waiting), and each within
+//! [`IncomingLimits::handshake_timeout`]. A failed or slow
 //! handshake is logged and dropped; it never ends the stream. Open
 //! connections are counted per identity and in all
 //! ([`IncomingLimits::max_conns_per_identity`],
@@ -57,6 +61,8 @@ pub struct IncomingLimits {
     pub handshake_timeout: Duration,
     /// How many handshakes may be in progress at once.
     pub max_pending_handshakes: usize,
+    /// How many of them may come from one IP address.
+    pub max_pending_per_source: usize,
     /// How long to pause accepting after `accept` fails (e.g. out of file
     /// descriptors), so a persistent failure does not spin.
     pub accept_error_pause: Duration,
@@ -75,6 +81,7 @@ impl Default for IncomingLimits {
         IncomingLimits {
             handshake_timeout: HANDSHAKE_TIMEOUT,
             max_pending_handshakes: 64,
+            max_pending_per_source: 8,
             accept_error_pause: Duration::from_millis(100),
             max_conns_per_identity: 256,
             max_connections: 4096,
@@ -139,6 +146,42 @@ fn admit(
     Ok(ConnSlot {
         census: census.clone(),
         identity: identity.clone(),
+    })
+}
+
+/// Handshakes in progress per source address.
+type SourceCounts = Arc<Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>;
+
+/// A handshake's place in its source's count, given back when it ends.
+struct SourceSlot {
+    counts: SourceCounts,
+    ip: std::net::IpAddr,
+}
+
+impl Drop for SourceSlot {
+    fn drop(&mut self) {
+        let mut c = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = c.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                c.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Takes a handshake slot for a connection from `ip`, unless it already
+/// has `max` in progress.
+fn source_slot(counts: &SourceCounts, ip: std::net::IpAddr, max: usize) -> Option<SourceSlot> {
+    let mut c = counts.lock().unwrap_or_else(|e| e.into_inner());
+    let n = c.entry(ip).or_insert(0);
+    if *n >= max {
+        return None;
+    }
+    *n += 1;
+    Some(SourceSlot {
+        counts: counts.clone(),
+        ip,
     })
 }
 
@@ -227,6 +270,7 @@ pub struct Incoming {
     pending: JoinSet<Option<PeerStream>>,
     pause: Option<Pin<Box<Sleep>>>,
     census: Arc<Mutex<Census>>,
+    sources: SourceCounts,
     /// Connections closed for a limit (logged on powers of two).
     turned_away: u64,
 }
@@ -240,8 +284,8 @@ pub fn incoming(listener: TcpListener, tls: ServerTls) -> Incoming {
     incoming_with_limits(listener, tls, IncomingLimits::default())
 }
 
-/// [`incoming`] with explicit limits (a `max_pending_handshakes` of 0 is
-/// taken as 1).
+/// [`incoming`] with explicit limits (a `max_pending_handshakes` or
+/// `max_pending_per_source` of 0 is taken as 1).
 pub fn incoming_with_limits(
     listener: TcpListener,
     tls: ServerTls,
@@ -252,11 +296,13 @@ pub fn incoming_with_limits(
         tls,
         limits: IncomingLimits {
             max_pending_handshakes: limits.max_pending_handshakes.max(1),
+            max_pending_per_source: limits.max_pending_per_source.max(1),
             ..limits
         },
         pending: JoinSet::new(),
         pause: None,
         census: Arc::default(),
+        sources: Arc::default(),
         turned_away: 0,
     }
 }
@@ -335,13 +381,21 @@ impl Stream for Incoming {
             while this.pause.is_none() && this.pending.len() < this.limits.max_pending_handshakes {
                 match this.listener.poll_accept(cx) {
                     Poll::Ready(Ok((tcp, addr))) => {
+                        let max = this.limits.max_pending_per_source;
+                        let Some(slot) = source_slot(&this.sources, addr.ip(), max) else {
+                            // Dropped: the connection closes.
+                            this.turned_away += 1;
+                            if this.turned_away.is_power_of_two() {
+                                tracing::warn!(peer = %addr, max, turned_away = this.turned_away, "connection closed: its address has too many handshakes in progress");
+                            }
+                            continue;
+                        };
                         let acceptor = TlsAcceptor::from(this.tls.config());
-                        this.pending.spawn(handshake(
-                            tcp,
-                            addr,
-                            acceptor,
-                            this.limits.handshake_timeout,
-                        ));
+                        let timeout = this.limits.handshake_timeout;
+                        this.pending.spawn(async move {
+                            let _slot = slot;
+                            handshake(tcp, addr, acceptor, timeout).await
+                        });
                     }
                     Poll::Ready(Err(e)) => {
                         tracing::warn!(error = %e, pause_ms = this.limits.accept_error_pause.as_millis() as u64, "accept failed; pausing");

@@ -12,7 +12,7 @@ use pki::{Identity, IncomingLimits, Revocations, Role, Serial, ServerTls, Server
 use proto::v1::admin_client::AdminClient;
 use proto::v1::admin_server::{Admin, AdminServer};
 use proto::v1::{Blob, FollowRequest};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::{Certificate, ClientTlsConfig, Server};
 use tonic::{Request, Response, Status};
@@ -447,6 +447,55 @@ async fn hostile_and_slow_handshakes_do_not_stop_the_server() {
         assert!(err.contains("CertificateRequired"), "{err}");
     }
     assert!(c.call_as(&cert, &key).await.is_ok());
+}
+
+/// A silent connection from 127.0.0.2 (one machine's address), bound
+/// there and sent nothing.
+async fn silent_from_second_address(addr: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+/// One machine opening connections that never speak can hold at most a
+/// few handshake slots: the rest are closed at once, and a client from
+/// elsewhere is served while those wait for their timeout (before, 64
+/// silent connections held every slot for 5 s at a time).
+#[tokio::test]
+async fn silent_connections_from_one_address_do_not_hold_every_handshake_slot() {
+    let limits = IncomingLimits {
+        handshake_timeout: Duration::from_secs(30),
+        max_pending_handshakes: 4,
+        max_pending_per_source: 2,
+        ..IncomingLimits::default()
+    };
+    let c = start(limits).await;
+    let (cert, key, _) = c.client(&Identity::agent("h1").unwrap(), "h1");
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        silent.push(silent_from_second_address(c.addr).await);
+    }
+    let started = std::time::Instant::now();
+    assert_eq!(
+        c.call_as(&cert, &key).await.unwrap().split('|').next(),
+        Some("agent:h1")
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // All but two of the silent ones were closed by the server.
+    let mut closed = 0;
+    for s in &mut silent {
+        let mut b = [0u8; 1];
+        if let Ok(Ok(0) | Err(_)) =
+            tokio::time::timeout(Duration::from_millis(200), s.read(&mut b)).await
+        {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 18, "closed: {closed} of 20");
 }
 
 #[test]
