@@ -8,10 +8,10 @@
 //! [`IncomingLimits::max_pending_handshakes`] at once (beyond that the
 //! listener is not polled and the kernel backlog holds new connections),
 //! at most [`IncomingLimits::max_pending_per_source`] of them from one
-//! address (a new connection beyond it is closed at once: one machine
-//! opening silent connections would otherwise hold every slot and keep
-//! everyone else waiting), and each within
-//! [`IncomingLimits::handshake_timeout`]. A failed or slow
+//! address (one machine opening silent connections would otherwise hold
+//! every slot and keep everyone else waiting; its further connections
+//! wait their turn, [`MAX_WAITING`] in all, each at most a handshake
+//! timeout), and each within [`IncomingLimits::handshake_timeout`]. A failed or slow
 //! handshake is logged and dropped; it never ends the stream. Open
 //! connections are counted per identity and in all
 //! ([`IncomingLimits::max_conns_per_identity`],
@@ -149,6 +149,10 @@ fn admit(
     })
 }
 
+/// Accepted connections waiting for their address's turn to handshake;
+/// beyond this many a new one is closed.
+pub const MAX_WAITING: usize = 1024;
+
 /// Handshakes in progress per source address.
 type SourceCounts = Arc<Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>;
 
@@ -271,6 +275,9 @@ pub struct Incoming {
     pause: Option<Pin<Box<Sleep>>>,
     census: Arc<Mutex<Census>>,
     sources: SourceCounts,
+    /// Connections whose address had its handshakes' worth in progress,
+    /// oldest first, with when they were accepted.
+    waiting: std::collections::VecDeque<(TcpStream, SocketAddr, tokio::time::Instant)>,
     /// Connections closed for a limit (logged on powers of two).
     turned_away: u64,
 }
@@ -303,6 +310,7 @@ pub fn incoming_with_limits(
         pause: None,
         census: Arc::default(),
         sources: Arc::default(),
+        waiting: std::collections::VecDeque::new(),
         turned_away: 0,
     }
 }
@@ -311,6 +319,51 @@ impl Incoming {
     /// The address the listener is bound to.
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.listener.local_addr()
+    }
+
+    /// Starts the handshake of a connection whose address has room, or
+    /// gives the connection back.
+    fn try_start(&mut self, tcp: TcpStream, addr: SocketAddr) -> Option<TcpStream> {
+        let max = self.limits.max_pending_per_source;
+        let Some(slot) = source_slot(&self.sources, addr.ip(), max) else {
+            return Some(tcp);
+        };
+        let acceptor = TlsAcceptor::from(self.tls.config());
+        let timeout = self.limits.handshake_timeout;
+        self.pending.spawn(async move {
+            let _slot = slot;
+            handshake(tcp, addr, acceptor, timeout).await
+        });
+        None
+    }
+
+    /// Starts what waits and may start now (in order; each source's
+    /// oldest first), and closes what waited a handshake timeout.
+    fn start_waiting(&mut self) {
+        let now = tokio::time::Instant::now();
+        for _ in 0..self.waiting.len() {
+            if self.pending.len() >= self.limits.max_pending_handshakes {
+                return;
+            }
+            let Some((tcp, addr, since)) = self.waiting.pop_front() else {
+                return;
+            };
+            if now.duration_since(since) >= self.limits.handshake_timeout {
+                self.turn_away(addr, "it waited a handshake timeout for its address's turn");
+                continue;
+            }
+            if let Some(tcp) = self.try_start(tcp, addr) {
+                self.waiting.push_back((tcp, addr, since));
+            }
+        }
+    }
+
+    /// Counts (and now and then logs) a connection closed for a limit.
+    fn turn_away(&mut self, peer: SocketAddr, reason: &str) {
+        self.turned_away += 1;
+        if self.turned_away.is_power_of_two() {
+            tracing::warn!(%peer, reason, turned_away = self.turned_away, "connection closed: over a limit");
+        }
     }
 }
 
@@ -378,24 +431,19 @@ impl Stream for Incoming {
                     this.pause = None;
                 }
             }
+            this.start_waiting();
             while this.pause.is_none() && this.pending.len() < this.limits.max_pending_handshakes {
                 match this.listener.poll_accept(cx) {
                     Poll::Ready(Ok((tcp, addr))) => {
-                        let max = this.limits.max_pending_per_source;
-                        let Some(slot) = source_slot(&this.sources, addr.ip(), max) else {
-                            // Dropped: the connection closes.
-                            this.turned_away += 1;
-                            if this.turned_away.is_power_of_two() {
-                                tracing::warn!(peer = %addr, max, turned_away = this.turned_away, "connection closed: its address has too many handshakes in progress");
+                        if let Some(tcp) = this.try_start(tcp, addr) {
+                            if this.waiting.len() < MAX_WAITING {
+                                let now = tokio::time::Instant::now();
+                                this.waiting.push_back((tcp, addr, now));
+                            } else {
+                                // Dropped: the connection closes.
+                                this.turn_away(addr, "too many connections wait for a handshake");
                             }
-                            continue;
-                        };
-                        let acceptor = TlsAcceptor::from(this.tls.config());
-                        let timeout = this.limits.handshake_timeout;
-                        this.pending.spawn(async move {
-                            let _slot = slot;
-                            handshake(tcp, addr, acceptor, timeout).await
-                        });
+                        }
                     }
                     Poll::Ready(Err(e)) => {
                         tracing::warn!(error = %e, pause_ms = this.limits.accept_error_pause.as_millis() as u64, "accept failed; pausing");
@@ -418,10 +466,8 @@ impl Stream for Incoming {
                         }
                         Err(why) => {
                             // Dropped: the connection closes.
-                            this.turned_away += 1;
-                            if this.turned_away.is_power_of_two() {
-                                tracing::warn!(peer = %stream.info.remote_addr, identity = %stream.info.identity, reason = %why, turned_away = this.turned_away, "connection closed: over a limit");
-                            }
+                            tracing::debug!(identity = %stream.info.identity, "over a connection limit");
+                            this.turn_away(stream.info.remote_addr, &why);
                             continue;
                         }
                     }

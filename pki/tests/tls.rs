@@ -12,7 +12,7 @@ use pki::{Identity, IncomingLimits, Revocations, Role, Serial, ServerTls, Server
 use proto::v1::admin_client::AdminClient;
 use proto::v1::admin_server::{Admin, AdminServer};
 use proto::v1::{Blob, FollowRequest};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::{Certificate, ClientTlsConfig, Server};
 use tonic::{Request, Response, Status};
@@ -458,9 +458,10 @@ async fn silent_from_second_address(addr: SocketAddr) -> TcpStream {
 }
 
 /// One machine opening connections that never speak can hold at most a
-/// few handshake slots: the rest are closed at once, and a client from
-/// elsewhere is served while those wait for their timeout (before, 64
-/// silent connections held every slot for 5 s at a time).
+/// few handshake slots: a client from elsewhere is served while those wait
+/// for their timeout (before, 64 silent connections held every slot for
+/// 5 s at a time). A burst of real clients from one address waits its
+/// turn rather than being turned away.
 #[tokio::test]
 async fn silent_connections_from_one_address_do_not_hold_every_handshake_slot() {
     let limits = IncomingLimits {
@@ -485,17 +486,18 @@ async fn silent_connections_from_one_address_do_not_hold_every_handshake_slot() 
         "{:?}",
         started.elapsed()
     );
-    // All but two of the silent ones were closed by the server.
-    let mut closed = 0;
-    for s in &mut silent {
-        let mut b = [0u8; 1];
-        if let Ok(Ok(0) | Err(_)) =
-            tokio::time::timeout(Duration::from_millis(200), s.read(&mut b)).await
-        {
-            closed += 1;
-        }
+    drop(silent);
+    // Ten at once from 127.0.0.1, two handshakes at a time: all served.
+    let c = std::sync::Arc::new(c);
+    let burst: Vec<_> = (0..10)
+        .map(|_| {
+            let (c, cert, key) = (c.clone(), cert.clone(), key.clone());
+            tokio::spawn(async move { c.call_as(&cert, &key).await })
+        })
+        .collect();
+    for b in burst {
+        assert!(b.await.unwrap().is_ok());
     }
-    assert_eq!(closed, 18, "closed: {closed} of 20");
 }
 
 #[test]
