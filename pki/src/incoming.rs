@@ -153,6 +153,22 @@ fn admit(
 /// beyond this many a new one is closed.
 pub const MAX_WAITING: usize = 1024;
 
+/// Of those, from one address: so one address cannot fill the queue and
+/// leave another's burst nowhere to wait.
+pub const MAX_WAITING_PER_SOURCE: usize = 64;
+
+/// The unit one limit counts: an IPv4 address, or an IPv6 /64 (one host
+/// commonly holds a whole /64).
+fn source_of(addr: SocketAddr) -> std::net::IpAddr {
+    match addr.ip() {
+        std::net::IpAddr::V6(v6) => {
+            let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+            std::net::IpAddr::V6(prefix.into())
+        }
+        v4 => v4,
+    }
+}
+
 /// Handshakes in progress per source address.
 type SourceCounts = Arc<Mutex<std::collections::HashMap<std::net::IpAddr, usize>>>;
 
@@ -325,7 +341,7 @@ impl Incoming {
     /// gives the connection back.
     fn try_start(&mut self, tcp: TcpStream, addr: SocketAddr) -> Option<TcpStream> {
         let max = self.limits.max_pending_per_source;
-        let Some(slot) = source_slot(&self.sources, addr.ip(), max) else {
+        let Some(slot) = source_slot(&self.sources, source_of(addr), max) else {
             return Some(tcp);
         };
         let acceptor = TlsAcceptor::from(self.tls.config());
@@ -436,7 +452,13 @@ impl Stream for Incoming {
                 match this.listener.poll_accept(cx) {
                     Poll::Ready(Ok((tcp, addr))) => {
                         if let Some(tcp) = this.try_start(tcp, addr) {
-                            if this.waiting.len() < MAX_WAITING {
+                            let source = source_of(addr);
+                            let same = this
+                                .waiting
+                                .iter()
+                                .filter(|(_, a, _)| source_of(*a) == source)
+                                .count();
+                            if this.waiting.len() < MAX_WAITING && same < MAX_WAITING_PER_SOURCE {
                                 let now = tokio::time::Instant::now();
                                 this.waiting.push_back((tcp, addr, now));
                             } else {
@@ -511,5 +533,22 @@ pub fn require_role<T>(
         other => Err(tonic::Status::permission_denied(format!(
             "{other} is not an admin"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_ipv6_source_is_its_64_and_an_ipv4_source_its_address() {
+        let a: SocketAddr = "[2001:db8:1:2:aaaa::1]:5000".parse().unwrap();
+        let b: SocketAddr = "[2001:db8:1:2:bbbb::9]:6000".parse().unwrap();
+        let c: SocketAddr = "[2001:db8:1:3::1]:5000".parse().unwrap();
+        assert_eq!(source_of(a), source_of(b));
+        assert_ne!(source_of(a), source_of(c));
+        let v4: SocketAddr = "10.0.0.7:1".parse().unwrap();
+        assert_eq!(source_of(v4), v4.ip());
+        assert_ne!(source_of("10.0.0.8:1".parse().unwrap()), v4.ip());
     }
 }

@@ -6,14 +6,21 @@
 //! concurrent 63 MiB AppendEntries streams took a follower from 86 MB to
 //! 1.6 GB. [`BulkGate`] admits [`MAX_BULK_RPCS`] such calls at a time,
 //! before their bodies are read; the others wait, their bodies held back
-//! by HTTP/2 flow control. Votes, forwards and control calls pass
-//! ungated, so a flood of appends cannot hold back an election.
+//! by HTTP/2 flow control. Votes, forwards and control calls are not
+//! counted, so a flood of appends cannot hold back an election.
+//!
+//! Before anything, the gate refuses a caller whose certificate is not a
+//! supervisor's (`PERMISSION_DENIED`, body unread): the handlers check
+//! membership only after tonic has read the body, so an agent could
+//! otherwise send 64 MiB bodies to any Raft method, or take the permits
+//! and stall the heartbeats (openraft's heartbeats are AppendEntries).
 //!
 //! A waiting call is refused (`RESOURCE_EXHAUSTED`) after
 //! [`ADMIT_WITHIN`]: the streams of one connection share its flow-control
 //! window, so calls waiting unread on a connection can take all of it and
 //! starve the admitted calls of the same connection, which could then
-//! never finish. Refused, their unread data is given back.
+//! never finish. Refused, their unread data is given back. An admitted
+//! call holds its permit at most [`HOLD_AT_MOST`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,9 +35,14 @@ use tonic::server::NamedService;
 /// bodies take to this many times [`proto::MAX_PEER_MESSAGE_BYTES`].
 pub const MAX_BULK_RPCS: usize = 8;
 
-/// How long a bulk call may wait for a permit (openraft's own deadline
-/// for an AppendEntries is shorter: the leader has given up on it by then).
-pub const ADMIT_WITHIN: Duration = Duration::from_secs(2);
+/// How long a bulk call may wait for a permit: openraft's deadline for a
+/// snapshot chunk (5 s; an AppendEntries' is far shorter, its leader has
+/// given up on it long before).
+pub const ADMIT_WITHIN: Duration = Duration::from_secs(5);
+
+/// How long an admitted bulk call may take, its body's reading included:
+/// twice a snapshot chunk's deadline.
+pub const HOLD_AT_MOST: Duration = Duration::from_secs(10);
 
 /// Whether a gRPC path is a call that carries bulk.
 fn is_bulk(path: &str) -> bool {
@@ -77,6 +89,17 @@ where
     }
 
     fn call(&mut self, req: http::Request<B>) -> Self::Future {
+        // Mutual TLS puts the peer on every request; without it
+        // (`--insecure`) nobody is authenticated anyway.
+        if let Some(peer) = req.extensions().get::<pki::PeerInfo>() {
+            if !peer.identity.is_server() {
+                let refused = tonic::Status::permission_denied(format!(
+                    "{} may not send Raft calls",
+                    peer.identity
+                ));
+                return Box::pin(async move { Ok(refused.into_http()) });
+            }
+        }
         // The service made ready is the one to call; a fresh clone stays.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
@@ -97,7 +120,13 @@ where
                 ))
                 .into_http());
             };
-            inner.call(req).await
+            match tokio::time::timeout(HOLD_AT_MOST, inner.call(req)).await {
+                Ok(answer) => answer,
+                Err(_) => Ok(tonic::Status::deadline_exceeded(format!(
+                    "a bulk Raft call took over {HOLD_AT_MOST:?}"
+                ))
+                .into_http()),
+            }
         })
     }
 }
@@ -115,6 +144,15 @@ mod tests {
     struct Held {
         inside: Arc<AtomicUsize>,
         release: Arc<Notify>,
+    }
+
+    impl Held {
+        fn new() -> Held {
+            Held {
+                inside: Arc::new(AtomicUsize::new(0)),
+                release: Arc::new(Notify::new()),
+            }
+        }
     }
 
     impl Service<http::Request<()>> for Held {
@@ -144,16 +182,43 @@ mod tests {
             .unwrap()
     }
 
+    fn from(identity: pki::Identity, method: &str) -> http::Request<()> {
+        let mut r = request(method);
+        r.extensions_mut().insert(pki::PeerInfo {
+            identity,
+            serial: "01".parse().unwrap(),
+            not_after: std::time::SystemTime::now(),
+            remote_addr: "127.0.0.1:1".parse().unwrap(),
+        });
+        r
+    }
+
+    #[tokio::test]
+    async fn only_supervisors_get_in_and_before_any_permit() {
+        let held = Held::new();
+        let mut gate = BulkGate::new(held.clone(), 1, Duration::from_secs(60));
+        let agent = pki::Identity::agent("h1").unwrap();
+        for m in ["AppendEntries", "Vote", "Forward"] {
+            let answer = gate.call(from(agent.clone(), m)).await.unwrap();
+            let status = tonic::Status::from_header_map(answer.headers()).unwrap();
+            assert_eq!(status.code(), tonic::Code::PermissionDenied, "{m}");
+        }
+        assert_eq!(held.inside.load(Ordering::SeqCst), 0);
+        // A member takes the one permit: the agents took none.
+        let call = tokio::spawn(gate.call(from(pki::Identity::supervisor(2), "AppendEntries")));
+        settle().await;
+        assert_eq!(held.inside.load(Ordering::SeqCst), 1);
+        held.release.notify_one();
+        call.await.unwrap().unwrap();
+    }
+
     async fn settle() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
     #[tokio::test]
     async fn bulk_calls_wait_for_a_permit_and_votes_do_not() {
-        let held = Held {
-            inside: Arc::new(AtomicUsize::new(0)),
-            release: Arc::new(Notify::new()),
-        };
+        let held = Held::new();
         let mut gate = BulkGate::new(held.clone(), 2, Duration::from_secs(60));
         let mut calls = Vec::new();
         for m in ["AppendEntries", "InstallSnapshot", "AppendEntries"] {
@@ -187,10 +252,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_call_that_waits_too_long_is_refused_and_frees_nothing_it_did_not_hold() {
-        let held = Held {
-            inside: Arc::new(AtomicUsize::new(0)),
-            release: Arc::new(Notify::new()),
-        };
+        let held = Held::new();
         let mut gate = BulkGate::new(held.clone(), 1, Duration::from_millis(100));
         let first = tokio::spawn(gate.call(request("AppendEntries")));
         settle().await;
