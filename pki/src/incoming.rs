@@ -11,9 +11,9 @@
 //! address (one machine opening silent connections would otherwise hold
 //! every slot and keep everyone else waiting; its further connections
 //! wait their turn, [`MAX_WAITING`] in all, each at most a handshake
-//! timeout), and each within [`IncomingLimits::handshake_timeout`]. A failed or slow
-//! handshake is logged and dropped; it never ends the stream. Open
-//! connections are counted per identity and in all
+//! timeout), and each within [`IncomingLimits::handshake_timeout`]. A
+//! failed or slow handshake is logged and dropped; it never ends the
+//! stream. Open connections are counted per identity and in all
 //! ([`IncomingLimits::max_conns_per_identity`],
 //! [`IncomingLimits::max_connections`]); a connection over a limit is
 //! closed after its handshake.

@@ -56,6 +56,7 @@ fn is_bulk(path: &str) -> bool {
 pub struct BulkGate<S> {
     inner: S,
     permits: Arc<Semaphore>,
+    size: usize,
     admit_within: Duration,
 }
 
@@ -64,6 +65,7 @@ impl<S> BulkGate<S> {
         BulkGate {
             inner,
             permits: Arc::new(Semaphore::new(permits)),
+            size: permits,
             admit_within,
         }
     }
@@ -106,7 +108,7 @@ where
         if !is_bulk(req.uri().path()) {
             return Box::pin(inner.call(req));
         }
-        let (permits, within) = (self.permits.clone(), self.admit_within);
+        let (permits, size, within) = (self.permits.clone(), self.size, self.admit_within);
         Box::pin(async move {
             // The semaphore is never closed: `Err` is the timeout.
             let Ok(_permit) = tokio::time::timeout(within, permits.acquire_owned()).await else {
@@ -116,7 +118,7 @@ where
                     "bulk Raft call refused: every permit busy"
                 );
                 return Ok(tonic::Status::resource_exhausted(format!(
-                    "{MAX_BULK_RPCS} bulk Raft calls already in progress for {within:?}; try again"
+                    "{size} bulk Raft calls already in progress for {within:?}; try again"
                 ))
                 .into_http());
             };
