@@ -439,6 +439,16 @@ pub struct HistoryVerdict {
     pub successes: Vec<u64>,
 }
 
+/// The cluster's leader within 20 s; when there is none, the run directory
+/// (the members' logs) is kept for diagnosis before the error returns.
+async fn leader_or_keep(cluster: &mut SupervisorCluster) -> anyhow::Result<u64> {
+    let r = cluster.wait_leader(Duration::from_secs(20)).await;
+    if r.is_err() {
+        cluster.keep();
+    }
+    r
+}
+
 impl HistoryVerdict {
     /// Every check passed.
     pub fn ok(&self) -> bool {
@@ -947,7 +957,7 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
                 cluster.restart(id)?;
             }
         } else if let Some(pause) = cfg.pause {
-            let leader = cluster.wait_leader(Duration::from_secs(20)).await?;
+            let leader = leader_or_keep(&mut cluster).await?;
             anyhow::ensure!(
                 cluster.signal(leader, libc::SIGSTOP),
                 "leader {leader} is gone"
@@ -960,18 +970,18 @@ pub async fn run(cfg: HistoryRun) -> anyhow::Result<HistoryReport> {
             tokio::time::sleep(pause).await;
             cluster.signal(leader, libc::SIGCONT);
         } else {
-            let leader = cluster.wait_leader(Duration::from_secs(20)).await?;
+            let leader = leader_or_keep(&mut cluster).await?;
             cluster.kill(leader);
             kills += 1;
             eprintln!("[{scenario}] round {round}: SIGKILLed leader {leader}");
             tokio::time::sleep(Duration::from_millis(rng.gen_range(500..1500))).await;
             cluster.restart(leader)?;
         }
-        cluster.wait_leader(Duration::from_secs(20)).await?;
+        leader_or_keep(&mut cluster).await?;
     }
     tokio::time::sleep(cfg.load_per_round).await;
     // Final linearizable reads of every host, part of the history.
-    cluster.wait_leader(Duration::from_secs(20)).await?;
+    leader_or_keep(&mut cluster).await?;
     let reader = cluster.client("chaos-final", 0, Duration::from_secs(5))?;
     let v = load.finish(&reader, scenario).await?;
     for (cause, n) in &v.unknown_causes {
