@@ -419,6 +419,104 @@ async fn a_removed_member_is_added_back_in_one_call() {
     assert!(members.iter().all(|m| m.id != gone), "{members:?}");
 }
 
+/// A spare that believes itself a voter (a configuration that never
+/// committed said so) campaigns at ever higher terms. While the cluster's
+/// committed membership has it as a learner only, no member hears its vote
+/// requests: with the leader stopped, the two others elect one of them
+/// while it campaigns. (Heard, its requests renewed their votes every
+/// 100 ms, so neither ever timed out to campaign itself.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_that_campaigns_keeps_nobody_from_being_elected() {
+    use openraft::raft::VoteRequest;
+    use openraft::{CommittedLeaderId, LogId, Vote};
+    use proto::v1::raft_peer_client::RaftPeerClient;
+
+    let c = SupervisorCluster::start(3).unwrap();
+    let leader = c.init().await.unwrap();
+    let status = |id: u64| {
+        let client = c.client_for(id, Duration::from_millis(500)).unwrap();
+        async move {
+            match client.call(AdminRequest::Status, true).await {
+                Ok(AdminReply::Status(s)) => Some(s),
+                _ => None,
+            }
+        }
+    };
+    // Supervisor 4 becomes a learner: its address answers nothing, so the
+    // add waits for it to catch up and then takes it out again.
+    let adder = c.client("test", 0, Duration::from_secs(15)).unwrap();
+    let add = tokio::spawn(async move {
+        let add = AdminRequest::AddMember {
+            id: 4,
+            addr: "127.0.0.1:9".into(),
+        };
+        adder.call(add, false).await
+    });
+    let others: Vec<u64> = (1..=3).filter(|i| *i != leader).collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    for &id in &others {
+        while !status(id)
+            .await
+            .is_some_and(|s| s.members.iter().any(|m| m.id == 4))
+        {
+            assert!(Instant::now() < deadline, "4 never became a learner");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let term0 = status(others[0]).await.unwrap().term;
+    assert!(c.signal(leader, libc::SIGSTOP));
+    // Its campaign: a term higher every 100 ms, a log longer than anyone's.
+    let tls = c.tls_as(&pki::Identity::supervisor(4)).unwrap();
+    let addrs: Vec<String> = others
+        .iter()
+        .map(|i| c.nodes[(*i - 1) as usize].addr.clone())
+        .collect();
+    let campaign = tokio::spawn(async move {
+        let mut answers = Vec::new();
+        for k in 1..=80u64 {
+            for a in &addrs {
+                let mut raft = RaftPeerClient::new(supervisor::network::channel(a, &tls).unwrap());
+                let last = LogId::new(CommittedLeaderId::new(term0, 1), 1 << 40);
+                let req: VoteRequest<u64> = VoteRequest::new(Vote::new(term0 + k, 4), Some(last));
+                let r = raft.vote(supervisor::network::encode(&req).unwrap()).await;
+                answers.push(r.map(|_| ()).map_err(|e| e.code()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        answers
+    });
+    let deadline = Instant::now() + Duration::from_secs(6);
+    let elected = loop {
+        let mut seen = Vec::new();
+        for &id in &others {
+            seen.push(status(id).await.and_then(|s| s.leader));
+        }
+        if seen[0].is_some_and(|l| l != leader) && seen[0] == seen[1] {
+            break seen[0];
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let answers = campaign.await.unwrap();
+    // Nor did the rest of its campaign depose the one elected.
+    let after = status(others[0]).await.and_then(|s| s.leader);
+    assert!(c.signal(leader, libc::SIGCONT));
+    let _ = add.await;
+    assert!(
+        elected.is_some(),
+        "no leader among {others:?} within 6 s while 4 campaigned"
+    );
+    assert_eq!(after, elected);
+    assert!(
+        answers
+            .iter()
+            .all(|r| *r == Err(tonic::Code::FailedPrecondition)),
+        "{answers:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lagging_follower_catches_up_from_a_snapshot() {
     let mut c = SupervisorCluster::start_with(3, &["--snapshot-every", "50"]).unwrap();

@@ -12,6 +12,8 @@
 //!   service and the contention detector ([`leader::services::Leader`]
 //!   bundles them).
 //! - [`network`]: Raft RPC between supervisors over gRPC.
+//! - [`election_gate`]: when this node may campaign (openraft's `elect`
+//!   switch has this one owner).
 //! - [`service`]: the gRPC services (`Admin`, `Agent`, `RaftPeer`).
 //! - [`api`] / [`client`]: admin API types and the client the CLI uses.
 //! - [`config`] / [`datadir`]: configuration loading and data-dir locking.
@@ -23,6 +25,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod datadir;
+pub mod election_gate;
 pub mod leader;
 pub mod model;
 pub mod network;

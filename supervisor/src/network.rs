@@ -25,6 +25,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tonic::transport::Channel;
 
+use crate::election_gate::VoteRefusals;
 use crate::model::{NodeId, TypeConfig};
 use crate::service::raft_check;
 
@@ -135,6 +136,8 @@ impl PeerClients {
 #[derive(Clone)]
 pub struct PeerNetworkFactory {
     pub clients: PeerClients,
+    /// Where a peer's refusal of this node's vote request is recorded.
+    pub refusals: Arc<VoteRefusals>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
@@ -145,6 +148,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetworkFactory {
             target,
             addr: node.addr.clone(),
             clients: self.clients.clone(),
+            refusals: self.refusals.clone(),
             generation: self.clients.generation(),
             client: self.clients.get(&node.addr).map_err(|e| e.to_string()),
         }
@@ -156,6 +160,7 @@ pub struct PeerNetwork {
     target: NodeId,
     addr: String,
     clients: PeerClients,
+    refusals: Arc<VoteRefusals>,
     generation: u64,
     client: Result<RaftPeerClient<Channel>, String>,
 }
@@ -204,6 +209,16 @@ impl PeerNetwork {
             }
             Ok(Err(status)) => {
                 let e = Msg(format!("{}: {}", status.code(), status.message()));
+                // The peer does not take this node as a candidate (not a
+                // voter of its committed membership, or not a member).
+                if matches!(which, Rpc::Vote)
+                    && matches!(
+                        status.code(),
+                        tonic::Code::FailedPrecondition | tonic::Code::PermissionDenied
+                    )
+                {
+                    self.refusals.record();
+                }
                 return Err(match status.code() {
                     tonic::Code::Unavailable | tonic::Code::Cancelled => {
                         RPCError::Unreachable(Unreachable::new(&e))

@@ -31,6 +31,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 
 use crate::api::{ApiError, ErrorKind, MemberView};
 use crate::config::SupervisorConfig;
+use crate::election_gate::{ElectionGate, VoteRefusals};
 use crate::model::{ClusterState, CmdOk, Command, NodeId, Proposal, TypeConfig};
 use crate::network::PeerNetworkFactory;
 use crate::replica::Replica;
@@ -77,6 +78,8 @@ pub struct Supervisor {
     /// The term in which this node last confirmed its leadership with a
     /// quorum (0: never); see [`Supervisor::leads`].
     confirmed_term: Arc<AtomicU64>,
+    /// When this node may campaign.
+    pub election_gate: ElectionGate,
 }
 
 /// Start-up failures.
@@ -131,6 +134,7 @@ impl Supervisor {
         .map_err(|e| StartError::Raft(e.to_string()))?;
         let client_tls = crate::network::ClientTls::from_mode(&config.tls)?;
         let peer_clients = crate::network::PeerClients::new(client_tls.clone());
+        let refusals = Arc::new(VoteRefusals::default());
         let (log, sm) = raft_store::open::<TypeConfig, Replica>(&config.data_dir.join("raft"))?;
         let archiver = crate::archive::Archiver::open(&config.data_dir.join("archive"))?;
         let state = sm.shared();
@@ -139,6 +143,7 @@ impl Supervisor {
             Arc::new(raft_config),
             PeerNetworkFactory {
                 clients: peer_clients.clone(),
+                refusals: refusals.clone(),
             },
             log,
             sm,
@@ -156,7 +161,9 @@ impl Supervisor {
             revocations,
             peer_clients,
             confirmed_term: Arc::new(AtomicU64::new(0)),
+            election_gate: ElectionGate::new(raft.clone(), refusals),
         });
+        tokio::spawn(run_election_gate(Arc::downgrade(&sup)));
         tokio::spawn(run_batcher(raft.clone(), sup.id, rx));
         tokio::spawn(sync_revocations(Arc::downgrade(&sup)));
         tokio::spawn(confirm_leadership(raft, sup.confirmed_term.clone()));
@@ -364,6 +371,25 @@ impl Supervisor {
                 "proposal queue full for 5 s; the cluster is overloaded",
             )),
         }
+    }
+
+    /// Whether this node hears `candidate`'s vote requests: it must be a
+    /// voter of the applied membership. openraft takes a configuration in
+    /// effect the moment it is appended, so a member holding one that
+    /// never committed (a promotion or an add its leader appended just
+    /// before it paused) votes for a spare that is a voter there alone;
+    /// that spare, refused by everyone else, campaigns without end, and
+    /// the higher terms it hands the voting member reach the others
+    /// through its answers: every election is cut short and no leader
+    /// emerges (`scenario pause-leader`, 2 runs of 2 with 12 pauses).
+    /// Refusing a vote never breaks Raft's safety; a candidate whose
+    /// voting rights are still uncommitted can wait for them. A node with
+    /// no membership applied yet (a new cluster's first election) hears
+    /// every candidate.
+    pub fn hears_candidate(&self, candidate: NodeId) -> bool {
+        let st = self.state.read().expect("state lock poisoned");
+        let mem = st.membership.membership();
+        mem.nodes().next().is_none() || mem.voter_ids().any(|v| v == candidate)
     }
 
     /// Members as this node sees them.
@@ -625,6 +651,17 @@ const CONFIRM_RETRY: Duration = Duration::from_millis(50);
 
 /// Confirms leadership once per term (a read-index round with a quorum)
 /// and records the term in `confirmed`, for [`Supervisor::leads`].
+/// Re-evaluates the election gate while the node lives.
+async fn run_election_gate(sup: std::sync::Weak<Supervisor>) {
+    let mut tick = tokio::time::interval(crate::election_gate::TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(s) = sup.upgrade() else { return };
+        s.election_gate.evaluate(s.hears_candidate(s.id));
+    }
+}
+
 async fn confirm_leadership(raft: Raft<TypeConfig>, confirmed: Arc<AtomicU64>) {
     // Server metrics change with the role, vote or membership only, not
     // with every append and commit (as the full metrics do).

@@ -1,7 +1,6 @@
 //! `RaftPeer`: Raft RPCs from other supervisors, admin calls forwarded by
 //! followers, and the election control used by leadership transfer.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,9 +23,6 @@ pub struct PeerService {
     pub sup: Arc<Supervisor>,
     /// The leader's memory, for forwarded admin calls.
     pub leader: Arc<Leader>,
-    /// Generation of the latest pause, so an old timer never re-enables
-    /// elections early under a newer pause.
-    pause_gen: Arc<AtomicU64>,
 }
 
 impl PeerService {
@@ -35,7 +31,6 @@ impl PeerService {
         Self {
             sup: leader.node.clone(),
             leader,
-            pause_gen: Arc::new(AtomicU64::new(0)),
         }
     }
 }
@@ -72,6 +67,17 @@ impl RaftPeer for PeerService {
         let sender = require_member(&self.sup, &req, "send Raft Vote")?;
         let rpc = decode(req.get_ref()).map_err(bad_request)?;
         raft_check::vote(&rpc, sender).map_err(refused)?;
+        let candidate = rpc.vote.leader_id().voted_for();
+        if let Some(c) = candidate.filter(|c| !self.sup.hears_candidate(*c)) {
+            tracing::debug!(
+                candidate = c,
+                "vote request refused: not a voter of the applied membership"
+            );
+            return Err(Status::failed_precondition(format!(
+                "supervisor {c} is not a voter of supervisor {}'s committed membership",
+                self.sup.id
+            )));
+        }
         reply(&self.sup.raft.vote(rpc).await)
     }
 
@@ -102,21 +108,9 @@ impl RaftPeer for PeerService {
         match c {
             Control::PauseElection { ms } => {
                 let ms = ms.min(MAX_PAUSE_MS);
-                let generation = self.pause_gen.fetch_add(1, Ordering::SeqCst) + 1;
-                self.sup.raft.runtime_config().elect(false);
-                let raft = self.sup.raft.clone();
-                let gen_ref = self.pause_gen.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
-                    if gen_ref.load(Ordering::SeqCst) == generation {
-                        raft.runtime_config().elect(true);
-                    }
-                });
+                self.sup.election_gate.hold(Duration::from_millis(ms));
             }
-            Control::ResumeElection => {
-                self.pause_gen.fetch_add(1, Ordering::SeqCst);
-                self.sup.raft.runtime_config().elect(true);
-            }
+            Control::ResumeElection => self.sup.election_gate.release(),
             Control::Elect => {
                 self.sup
                     .raft

@@ -90,7 +90,7 @@ pub async fn transfer_leader(sup: &Arc<Supervisor>, to: u64) -> Result<AdminRepl
         // A follower that cannot be paused may win instead; we check below.
         let _ = control(a.clone(), Control::PauseElection { ms: 4_000 }).await;
     }
-    sup.raft.runtime_config().elect(false);
+    sup.election_gate.hold(Duration::from_secs(4));
     sup.raft.runtime_config().heartbeat(false);
     let deadline = Instant::now() + Duration::from_secs(3);
     let mut result = Err(ApiError::unavailable(format!(
@@ -108,7 +108,7 @@ pub async fn transfer_leader(sup: &Arc<Supervisor>, to: u64) -> Result<AdminRepl
         }
     }
     sup.raft.runtime_config().heartbeat(true);
-    sup.raft.runtime_config().elect(true);
+    sup.election_gate.release();
     for a in others {
         let _ = control(a, Control::ResumeElection).await;
     }
