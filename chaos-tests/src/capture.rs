@@ -174,7 +174,7 @@ impl Capturer<SenderIdle> {
 }
 
 impl<T: Send + 'static> Capturer<T> {
-    fn spawn(
+    pub(crate) fn spawn(
         ns: &testbed::netns::Netns,
         protocol: i32,
         run: impl FnOnce(OwnedFd, &AtomicBool) -> anyhow::Result<T> + Send + 'static,
@@ -255,17 +255,25 @@ fn open_socket(protocol: i32) -> anyhow::Result<OwnedFd> {
 /// The TCP payload length, sequence number and source port of an IPv4
 /// packet's first bytes when it goes to `port`; None for anything else.
 pub fn tcp_payload_to(pkt: &[u8], wire_len: usize, port: u16) -> Option<(usize, u32, u16)> {
-    let (ihl, tcp) = tcp_header(pkt)?;
-    let total = usize::from(u16::from_be_bytes([pkt[2], pkt[3]])).min(wire_len);
+    let (_, tcp) = tcp_header(pkt)?;
     if u16::from_be_bytes([tcp[2], tcp[3]]) != port {
         return None;
     }
-    let doff = usize::from(tcp[12] >> 4) * 4;
+    let (_, payload) = tcp_payload(pkt, wire_len)?;
     let seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
+    let from = u16::from_be_bytes([tcp[0], tcp[1]]);
+    Some((payload, seq, from))
+}
+
+/// The IP header length and the TCP payload length of an IPv4 TCP packet
+/// (`wire_len`: its whole length); None for anything else.
+pub(crate) fn tcp_payload(pkt: &[u8], wire_len: usize) -> Option<(usize, usize)> {
+    let (ihl, tcp) = tcp_header(pkt)?;
+    let total = usize::from(u16::from_be_bytes([pkt[2], pkt[3]])).min(wire_len);
     // A GSO packet's IP length may be 0: the wire length tells.
     let total = if total == 0 { wire_len } else { total };
-    let from = u16::from_be_bytes([tcp[0], tcp[1]]);
-    Some((total.saturating_sub(ihl + doff), seq, from))
+    let doff = usize::from(tcp[12] >> 4) * 4;
+    Some((ihl, total.saturating_sub(ihl + doff)))
 }
 
 /// An IPv4 TCP packet's IP header length and the first 14 bytes of its
@@ -316,17 +324,17 @@ fn seq_after(a: u32, b: u32) -> bool {
 
 /// One packet read from the packet socket: its first bytes are in the
 /// reader's buffer.
-struct Packet {
-    outgoing: bool,
-    ifindex: i32,
-    wire_len: usize,
+pub(crate) struct Packet {
+    pub(crate) outgoing: bool,
+    pub(crate) ifindex: i32,
+    pub(crate) wire_len: usize,
     /// The kernel's timestamp (ns since the epoch).
-    at: u64,
+    pub(crate) at: u64,
 }
 
 /// Reads the next packet into `buf`; None when the read timed out, or the
 /// packet is not IPv4 or carries no timestamp.
-fn recv_packet(fd: &OwnedFd, buf: &mut [u8; 128]) -> anyhow::Result<Option<Packet>> {
+pub(crate) fn recv_packet(fd: &OwnedFd, buf: &mut [u8; 128]) -> anyhow::Result<Option<Packet>> {
     let mut ctl = [0u64; 16];
     let mut from: libc::sockaddr_ll = {
         // SAFETY: sockaddr_ll is plain data; all-zero is valid.

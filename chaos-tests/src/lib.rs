@@ -53,6 +53,7 @@ pub mod probe_scenarios;
 pub mod qp;
 pub mod rail_cuts;
 pub mod security;
+pub mod segment_delays;
 pub mod sim;
 pub mod splits;
 pub mod tcp_failover;

@@ -66,6 +66,8 @@ pub struct TrainOpts {
     /// ringtrain: sleep this long after each step (so faults land at a
     /// chosen step); the PyTorch example has its own in `Workload`.
     pub ringtrain_step_delay_ms: u64,
+    /// ringtrain: use the first N rails only (None: all).
+    pub rails: Option<usize>,
     /// Longest the whole job may take.
     pub deadline: Duration,
 }
@@ -94,6 +96,7 @@ impl Default for TrainOpts {
             max_restarts: 50,
             backoff: Duration::from_millis(200),
             ringtrain_step_delay_ms: 0,
+            rails: None,
             deadline: Duration::from_secs(600),
         }
     }
@@ -288,6 +291,13 @@ impl Training {
                 "only ringtrain has a fragile mode"
             );
             argv.push("--fragile".into());
+        }
+        if let Some(n) = o.rails {
+            anyhow::ensure!(
+                self.workload == Workload::Ringtrain,
+                "only ringtrain takes a rail count"
+            );
+            argv.extend(["--rails".into(), n.to_string()]);
         }
         if let Some(st) = o.stall_timeout {
             anyhow::ensure!(

@@ -51,6 +51,10 @@ pub struct Args {
     /// Sleep this long after each step (slows the job down for scenarios).
     #[arg(long, default_value_t = 0)]
     pub step_delay_ms: u64,
+    /// Use the first N data NICs only, in rail order (default: all). With
+    /// 1, every connection stays on rail 0 and has no backup rail.
+    #[arg(long)]
+    pub rails: Option<usize>,
     /// How long one dial of a rail may take before the connection tries
     /// the next (ms). Default 250, as the resilient connection's.
     #[arg(long, default_value_t = 250)]
@@ -313,6 +317,25 @@ impl Config {
         } else if !peers.is_empty() && peers.len() != 1 {
             return bad(format!("{} peers listed for a world of 1", peers.len()));
         }
+        let (peers, nics) = match a.rails {
+            None => (peers, nics),
+            Some(n) if n == 0 || (!nics.is_empty() && n > nics.len()) => {
+                return bad(format!(
+                    "--rails takes 1..={} (the data NICs listed)",
+                    nics.len().max(1)
+                ));
+            }
+            Some(n) => (
+                peers
+                    .into_iter()
+                    .map(|mut p| {
+                        p.addrs.truncate(n);
+                        p
+                    })
+                    .collect(),
+                nics.into_iter().take(n).collect(),
+            ),
+        };
         if a.resume_step > a.steps {
             return bad(format!(
                 "resume step {} is past the last step {}",
@@ -425,6 +448,19 @@ mod tests {
         v[7] = "a=127.0.0.1,nope;b=127.0.0.2,127.0.1.2";
         let e = args(&v).expect_err("ip");
         assert!(e.to_string().contains("\"nope\" is not an IP"), "{e}");
+        // The first rail only: every list cut to it.
+        let mut v = ok.to_vec();
+        v.extend(["--rails", "1"]);
+        let c = args(&v).expect("valid");
+        assert_eq!(c.nics.len(), 1);
+        assert_eq!(c.nics[0].name, "x");
+        assert!(c.peers.iter().all(|p| p.addrs.len() == 1), "{:?}", c.peers);
+        for n in ["0", "3"] {
+            let mut v = ok.to_vec();
+            v.extend(["--rails", n]);
+            let e = args(&v).expect_err("rails");
+            assert!(e.to_string().contains("--rails takes 1..=2"), "{e}");
+        }
     }
 
     #[test]
