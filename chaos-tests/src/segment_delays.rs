@@ -22,6 +22,9 @@ use crate::capture::{self, Capturer};
 
 /// Most segments kept per capture (later ones are counted, not kept).
 pub const MAX_SAMPLES: usize = 4 << 20;
+/// How far ahead of the arrival a TSval may be and still count (as no
+/// delay); further ahead it is another clock's.
+const TSVAL_AHEAD_MS: u32 = 10;
 /// A delay above this is not a delay: the sender's TSval has a
 /// per-connection offset (its namespace has `tcp_timestamps` 1).
 const IMPLAUSIBLE_NS: u64 = 10_000_000_000;
@@ -119,10 +122,19 @@ pub fn tsval(tcp: &[u8]) -> Option<u32> {
 pub fn delay_ns(tsval: u32, arrival_mono: u64) -> u64 {
     let now_ms = arrival_mono / 1_000_000;
     // The TSval's full millisecond: `now_ms` less how far TSval is behind
-    // it (wrapping at 32 bits).
-    let behind = (now_ms as u32).wrapping_sub(tsval) as u64;
-    let sent_ns = now_ms.saturating_sub(behind) * 1_000_000;
-    arrival_mono.saturating_sub(sent_ns)
+    // it (wrapping at 32 bits). A TSval a little ahead (it was taken
+    // after the arrival stamp's clock reading rounded down, or paced
+    // segments were stamped for their departure) is a delay of 0.
+    let ahead = tsval.wrapping_sub(now_ms as u32);
+    if (1..=TSVAL_AHEAD_MS).contains(&ahead) {
+        return 0;
+    }
+    let behind = u64::from((now_ms as u32).wrapping_sub(tsval));
+    // Behind the clock's start: another clock's stamp.
+    let Some(sent_ms) = now_ms.checked_sub(behind) else {
+        return u64::MAX;
+    };
+    arrival_mono.saturating_sub(sent_ms * 1_000_000)
 }
 
 fn delay_loop(fd: OwnedFd, ports: &[u16], stop: &AtomicBool) -> anyhow::Result<SegmentDelays> {
@@ -168,7 +180,7 @@ mod tests {
     /// A TCP header with options `opts` (padded to a word).
     fn tcp_with(opts: &[u8]) -> Vec<u8> {
         let mut o = opts.to_vec();
-        while o.len() % 4 != 0 {
+        while !o.len().is_multiple_of(4) {
             o.push(0);
         }
         let mut t = vec![0u8; 20];
@@ -203,5 +215,9 @@ mod tests {
         assert_eq!(delay_ns(sent, now_ms * 1_000_000 + 500_000), 4_500_000);
         // A TSval from another clock is far off, never negative.
         assert!(delay_ns(123, 9_000_000_000_000) > IMPLAUSIBLE_NS);
+        // One a millisecond ahead of the arrival is no delay; far ahead,
+        // another clock.
+        assert_eq!(delay_ns(5_004, 5_003_250_000), 0);
+        assert!(delay_ns(9_000, 5_003_250_000) > IMPLAUSIBLE_NS);
     }
 }

@@ -465,18 +465,21 @@ async fn a_learner_that_campaigns_keeps_nobody_from_being_elected() {
     }
     let term0 = status(others[0]).await.unwrap().term;
     assert!(c.signal(leader, libc::SIGSTOP));
-    // Its campaign: a term higher every 100 ms, a log longer than anyone's.
+    // Its campaign: a term higher every 100 ms, with a log that ends in
+    // that term (openraft takes it as up to date) but is no longer than
+    // theirs, as a spare's that had its entries from the same leader.
     let tls = c.tls_as(&pki::Identity::supervisor(4)).unwrap();
     let addrs: Vec<String> = others
         .iter()
         .map(|i| c.nodes[(*i - 1) as usize].addr.clone())
         .collect();
+    let (ahead_tls, ahead_addr) = (tls.clone(), addrs[0].clone());
     let campaign = tokio::spawn(async move {
         let mut answers = Vec::new();
         for k in 1..=80u64 {
             for a in &addrs {
                 let mut raft = RaftPeerClient::new(supervisor::network::channel(a, &tls).unwrap());
-                let last = LogId::new(CommittedLeaderId::new(term0, 1), 1 << 40);
+                let last = LogId::new(CommittedLeaderId::new(term0 + k, 4), 1);
                 let req: VoteRequest<u64> = VoteRequest::new(Vote::new(term0 + k, 4), Some(last));
                 let r = raft.vote(supervisor::network::encode(&req).unwrap()).await;
                 answers.push(r.map(|_| ()).map_err(|e| e.code()));
@@ -515,6 +518,14 @@ async fn a_learner_that_campaigns_keeps_nobody_from_being_elected() {
             .all(|r| *r == Err(tonic::Code::FailedPrecondition)),
         "{answers:?}"
     );
+    // A candidate ahead in the log is heard (openraft judges it): its log
+    // may hold a membership the member has not applied yet.
+    let mut raft =
+        RaftPeerClient::new(supervisor::network::channel(&ahead_addr, &ahead_tls).unwrap());
+    let last = LogId::new(CommittedLeaderId::new(term0, 1), 1 << 40);
+    let req: VoteRequest<u64> = VoteRequest::new(Vote::new(term0 + 100, 4), Some(last));
+    let r = raft.vote(supervisor::network::encode(&req).unwrap()).await;
+    assert!(r.is_ok(), "{r:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,11 +18,15 @@
 //! So the gate is open only when no transfer holds it, this node is a
 //! voter of its *applied* (committed) membership, and no peer refused one
 //! of its vote requests in the last [`REFUSAL_BACKOFF`] (a peer refuses
-//! a candidate that is not a voter of the peer's committed membership).
+//! a candidate that is neither a voter of the peer's applied membership
+//! nor ahead of it in the log: [`crate::node::Supervisor::hears_candidate`]).
 //! Raft stays safe whatever the gate does: not campaigning only delays an
-//! election, and a node that truly can lead is a committed voter the
-//! others hear. An election that leadership transfer triggers goes ahead
-//! regardless (openraft's `trigger().elect()` ignores the switch).
+//! election. What it costs in liveness: a member whose own promotion it
+//! has not applied yet (its leader died before telling it the commit)
+//! waits for another member to be elected, and cannot be elected itself
+//! unless it is ahead in the log of those it asks. An election that
+//! leadership transfer triggers goes ahead regardless (openraft's
+//! `trigger().elect()` ignores the switch).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -111,10 +115,20 @@ pub fn shut(i: Inputs) -> Option<Shut> {
 pub struct ElectionGate {
     raft: Raft<TypeConfig>,
     refusals: Arc<VoteRefusals>,
+    /// Held while the switch is decided and set, so a hold and an
+    /// evaluation never interleave (an evaluation that read "not held"
+    /// must not open the switch after a hold shut it).
+    state: Mutex<GateState>,
+}
+
+#[derive(Default)]
+struct GateState {
     /// Until when leadership transfer holds this node.
-    held_until: Mutex<Option<Instant>>,
+    held_until: Option<Instant>,
     /// What the switch was last set to (`None`: open).
-    last: Mutex<Option<Shut>>,
+    last: Option<Shut>,
+    /// The last evaluation's standing in the applied membership.
+    committed_voter: bool,
 }
 
 impl ElectionGate {
@@ -122,41 +136,44 @@ impl ElectionGate {
         Self {
             raft,
             refusals,
-            held_until: Mutex::new(None),
-            last: Mutex::new(None),
+            state: Mutex::new(GateState {
+                committed_voter: true,
+                ..GateState::default()
+            }),
         }
     }
 
     /// Holds this node from campaigning for `d` (or until [`Self::release`]).
     pub fn hold(&self, d: Duration) {
-        *self.held_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + d);
-        self.raft.runtime_config().elect(false);
+        self.update(|s| s.held_until = Some(Instant::now() + d));
     }
 
-    /// Ends a hold; the next evaluation may open the gate.
+    /// Ends a hold.
     pub fn release(&self) {
-        *self.held_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        self.update(|s| s.held_until = None);
     }
 
     /// Sets the switch from the current inputs; `committed_voter` is this
     /// node's standing in its applied membership.
     pub fn evaluate(&self, committed_voter: bool) {
+        self.update(|s| s.committed_voter = committed_voter);
+    }
+
+    /// Applies `change`, then decides and sets the switch, all under the
+    /// state's lock.
+    fn update(&self, change: impl FnOnce(&mut GateState)) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        change(&mut st);
         let now = Instant::now();
-        let held = self
-            .held_until
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_some_and(|t| now < t);
         let s = shut(Inputs {
-            held,
-            committed_voter,
+            held: st.held_until.is_some_and(|t| now < t),
+            committed_voter: st.committed_voter,
             refused_recently: self.refusals.recent(now, REFUSAL_BACKOFF),
         });
         self.raft.runtime_config().elect(s.is_none());
-        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if *last != s {
-            tracing::info!(shut = ?s, was = ?*last, "election gate");
-            *last = s;
+        if st.last != s {
+            tracing::info!(shut = ?s, was = ?st.last, "election gate");
+            st.last = s;
         }
     }
 }

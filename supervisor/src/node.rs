@@ -373,23 +373,37 @@ impl Supervisor {
         }
     }
 
-    /// Whether this node hears `candidate`'s vote requests: it must be a
-    /// voter of the applied membership. openraft takes a configuration in
-    /// effect the moment it is appended, so a member holding one that
-    /// never committed (a promotion or an add its leader appended just
-    /// before it paused) votes for a spare that is a voter there alone;
-    /// that spare, refused by everyone else, campaigns without end, and
-    /// the higher terms it hands the voting member reach the others
-    /// through its answers: every election is cut short and no leader
-    /// emerges (`scenario pause-leader`, 2 runs of 2 with 12 pauses).
-    /// Refusing a vote never breaks Raft's safety; a candidate whose
-    /// voting rights are still uncommitted can wait for them. A node with
-    /// no membership applied yet (a new cluster's first election) hears
-    /// every candidate.
-    pub fn hears_candidate(&self, candidate: NodeId) -> bool {
+    /// Whether this node hears the vote request of `candidate`, whose log
+    /// ends at `candidate_last` (index): it must be a voter of the applied
+    /// membership, or ahead of this node in the log (its log may then
+    /// hold a membership this node has not applied: the leader that
+    /// committed it died before telling this node; openraft's own log
+    /// check decides then). openraft takes a configuration in effect the
+    /// moment it is appended, so a member holding one that never
+    /// committed (a promotion or an add its leader appended just before
+    /// it paused) votes for a spare that is a voter there alone; that
+    /// spare, refused by everyone else, campaigns without end, and the
+    /// higher terms it hands the voting member reach the others through
+    /// its answers: every election is cut short and no leader emerges
+    /// (`scenario pause-leader`, 2 runs of 2 with 12 pauses). Such a
+    /// spare's log is no longer than the member's, which had it from the
+    /// same leader. Refusing a vote never breaks Raft's safety. A node
+    /// with no membership applied yet (a new cluster's first election)
+    /// hears every candidate.
+    pub fn hears_candidate(&self, candidate: NodeId, candidate_last: Option<u64>) -> bool {
+        let mine = self.raft.metrics().borrow().last_log_index;
+        if candidate_last > mine {
+            return true;
+        }
+        self.is_committed_voter(candidate)
+    }
+
+    /// Whether `id` is a voter of the applied membership (any node is
+    /// while none is applied).
+    pub fn is_committed_voter(&self, id: NodeId) -> bool {
         let st = self.state.read().expect("state lock poisoned");
         let mem = st.membership.membership();
-        mem.nodes().next().is_none() || mem.voter_ids().any(|v| v == candidate)
+        mem.nodes().next().is_none() || mem.voter_ids().any(|v| v == id)
     }
 
     /// Members as this node sees them.
@@ -649,8 +663,6 @@ const CONFIRM_TIMEOUT: Duration = Duration::from_secs(1);
 /// Pause after a refused confirmation before the next try.
 const CONFIRM_RETRY: Duration = Duration::from_millis(50);
 
-/// Confirms leadership once per term (a read-index round with a quorum)
-/// and records the term in `confirmed`, for [`Supervisor::leads`].
 /// Re-evaluates the election gate while the node lives.
 async fn run_election_gate(sup: std::sync::Weak<Supervisor>) {
     let mut tick = tokio::time::interval(crate::election_gate::TICK);
@@ -658,10 +670,12 @@ async fn run_election_gate(sup: std::sync::Weak<Supervisor>) {
     loop {
         tick.tick().await;
         let Some(s) = sup.upgrade() else { return };
-        s.election_gate.evaluate(s.hears_candidate(s.id));
+        s.election_gate.evaluate(s.is_committed_voter(s.id));
     }
 }
 
+/// Confirms leadership once per term (a read-index round with a quorum)
+/// and records the term in `confirmed`, for [`Supervisor::leads`].
 async fn confirm_leadership(raft: Raft<TypeConfig>, confirmed: Arc<AtomicU64>) {
     // Server metrics change with the role, vote or membership only, not
     // with every append and commit (as the full metrics do).

@@ -68,13 +68,15 @@ impl RaftPeer for PeerService {
         let rpc = decode(req.get_ref()).map_err(bad_request)?;
         raft_check::vote(&rpc, sender).map_err(refused)?;
         let candidate = rpc.vote.leader_id().voted_for();
-        if let Some(c) = candidate.filter(|c| !self.sup.hears_candidate(*c)) {
+        let last = rpc.last_log_id.map(|l| l.index);
+        if let Some(c) = candidate.filter(|c| !self.sup.hears_candidate(*c, last)) {
             tracing::debug!(
                 candidate = c,
                 "vote request refused: not a voter of the applied membership"
             );
             return Err(Status::failed_precondition(format!(
-                "supervisor {c} is not a voter of supervisor {}'s committed membership",
+                "supervisor {c} is not a voter of supervisor {}'s committed membership \
+                 and not ahead of it in the log",
                 self.sup.id
             )));
         }
