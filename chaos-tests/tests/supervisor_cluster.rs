@@ -433,8 +433,13 @@ async fn a_learner_that_campaigns_keeps_nobody_from_being_elected() {
 
     let c = SupervisorCluster::start(3).unwrap();
     let leader = c.init().await.unwrap();
+    // One client (one TLS connection) per member for the whole test: a
+    // handshake per poll starves the tests running beside this one.
+    let clients: BTreeMap<u64, AdminClient> = (1..=3)
+        .map(|id| (id, c.client_for(id, Duration::from_millis(500)).unwrap()))
+        .collect();
     let status = |id: u64| {
-        let client = c.client_for(id, Duration::from_millis(500)).unwrap();
+        let client = clients[&id].clone();
         async move {
             match client.call(AdminRequest::Status, true).await {
                 Ok(AdminReply::Status(s)) => Some(s),
@@ -476,9 +481,12 @@ async fn a_learner_that_campaigns_keeps_nobody_from_being_elected() {
     let (ahead_tls, ahead_addr) = (tls.clone(), addrs[0].clone());
     let campaign = tokio::spawn(async move {
         let mut answers = Vec::new();
+        let mut rafts: Vec<_> = addrs
+            .iter()
+            .map(|a| RaftPeerClient::new(supervisor::network::channel(a, &tls).unwrap()))
+            .collect();
         for k in 1..=80u64 {
-            for a in &addrs {
-                let mut raft = RaftPeerClient::new(supervisor::network::channel(a, &tls).unwrap());
+            for raft in &mut rafts {
                 let last = LogId::new(CommittedLeaderId::new(term0 + k, 4), 1);
                 let req: VoteRequest<u64> = VoteRequest::new(Vote::new(term0 + k, 4), Some(last));
                 let r = raft.vote(supervisor::network::encode(&req).unwrap()).await;
