@@ -278,6 +278,19 @@ fn step_times(log: &str) -> Vec<(u64, f64)> {
     out
 }
 
+/// The values of `(leaf 0 → leaf 1, value)` samples: all of them, those
+/// from leaf 0 to leaf 1, those the other way.
+fn by_direction(samples: &[(bool, f64)]) -> [Vec<f64>; 3] {
+    let pick = |dir: Option<bool>| {
+        samples
+            .iter()
+            .filter(|(f, _)| dir.is_none_or(|d| d == *f))
+            .map(|(_, v)| *v)
+            .collect()
+    };
+    [pick(None), pick(Some(true)), pick(Some(false))]
+}
+
 fn pct(v: &mut [f64], q: f64) -> Option<f64> {
     if v.is_empty() {
         return None;
@@ -307,7 +320,7 @@ struct Phase {
     owd_us: Vec<(bool, f64)>,
     /// (leaf 0 → leaf 1, one-way delay µs) of every job segment that
     /// crossed the uplink while measuring.
-    job_owd_us: Vec<(bool, u64)>,
+    job_owd_us: Vec<(bool, f64)>,
     /// Job segments past a capture's bound (not in `job_owd_us`).
     job_owd_dropped: u64,
     steps: BTreeMap<&'static str, Vec<f64>>,
@@ -442,7 +455,7 @@ async fn loaded(t: &mut Training, o: &ContentionOpts) -> anyhow::Result<Phase> {
         );
         job_owd_us.extend(
             d.between(measure_from_ns, load_end_ns)
-                .map(|us| (forward, us)),
+                .map(|us| (forward, us as f64)),
         );
         job_owd_dropped += d.dropped;
     }
@@ -588,25 +601,10 @@ pub async fn bench(o: &ContentionOpts) -> anyhow::Result<serde_json::Value> {
         }
         let p = r?;
         // OWD samples in one direction (`Some(leaf 0 → leaf 1)`) or both.
-        let owds = |dir: Option<bool>| -> Vec<f64> {
-            p.owd_us
-                .iter()
-                .filter(|(f, _)| dir.is_none_or(|d| d == *f))
-                .map(|(_, v)| *v)
-                .collect()
-        };
-        let (mut all, mut fwd, mut rev) = (owds(None), owds(Some(true)), owds(Some(false)));
+        let [mut all, mut fwd, mut rev] = by_direction(&p.owd_us);
         let owd_p50 = pct(&mut all, 0.5);
         let owd_p99 = pct(&mut all, 0.99);
-        let job_owds = |dir: Option<bool>| -> Vec<f64> {
-            p.job_owd_us
-                .iter()
-                .filter(|(f, _)| dir.is_none_or(|d| d == *f))
-                .map(|(_, v)| *v as f64)
-                .collect()
-        };
-        let (mut jall, mut jfwd, mut jrev) =
-            (job_owds(None), job_owds(Some(true)), job_owds(Some(false)));
+        let [mut jall, mut jfwd, mut jrev] = by_direction(&p.job_owd_us);
         let job_owd_p50 = pct(&mut jall, 0.5);
         let job_owd_p99 = pct(&mut jall, 0.99);
         figures.insert((label, "job_owd"), (job_owd_p50, job_owd_p99));
