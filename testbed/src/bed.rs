@@ -61,7 +61,10 @@ async fn link_index(h: &Handle, name: &str) -> anyhow::Result<u32> {
 }
 
 async fn set_up(h: &Handle, name: &str, up: bool) -> anyhow::Result<()> {
-    let idx = link_index(h, name).await?;
+    set_index_up(h, link_index(h, name).await?, name, up).await
+}
+
+async fn set_index_up(h: &Handle, idx: u32, name: &str, up: bool) -> anyhow::Result<()> {
     let b = LinkUnspec::new_with_index(idx);
     let msg = if up { b.up() } else { b.down() }.build();
     h.link()
@@ -69,6 +72,14 @@ async fn set_up(h: &Handle, name: &str, up: bool) -> anyhow::Result<()> {
         .execute()
         .await
         .with_context(|| format!("set {name} {}", if up { "up" } else { "down" }))
+}
+
+/// Wall-clock nanoseconds since the Unix epoch.
+fn unix_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 /// Makes `port` a port of `bridge` and sets it up; returns its index.
@@ -446,6 +457,25 @@ impl Testbed {
         let fab = self.fab.name.clone();
         let h = self.handle(&fab)?;
         set_up(&h, &format!("h{host}r{rail}"), up).await
+    }
+
+    /// [`Self::set_fabric_link`], timed: returns when the request was handed
+    /// to netlink and when the kernel acknowledged it (Unix ns; the link
+    /// changed between the two). The link is looked up before the first
+    /// stamp, so the lookup's round trip is not in the window.
+    pub async fn set_fabric_link_timed(
+        &mut self,
+        host: usize,
+        rail: usize,
+        up: bool,
+    ) -> anyhow::Result<(u64, u64)> {
+        let fab = self.fab.name.clone();
+        let h = self.handle(&fab)?;
+        let name = format!("h{host}r{rail}");
+        let idx = link_index(&h, &name).await?;
+        let sent = unix_ns();
+        set_index_up(&h, idx, &name, up).await?;
+        Ok((sent, unix_ns()))
     }
 
     /// A silent dead path: the fabric end of the host's `rail<r>` cable
