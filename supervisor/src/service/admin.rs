@@ -440,7 +440,7 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
                             on_failure: p.as_ref().and_then(|p| p.on_failure.clone()),
                             applied_ms: sp.applied_ms,
                             applied_by: sp.applied_by.clone(),
-                            description: p.map(|p| p.description).unwrap_or_default(),
+                            description: p.map(|p| p.description.clone()).unwrap_or_default(),
                         }
                     })
                     .collect::<Vec<_>>();

@@ -90,6 +90,7 @@ impl ClusterState {
             .values()
             .filter(|s| s.name != name)
             .filter_map(StoredPlaybook::parsed)
+            .cloned()
             .collect();
         if let Some(user) = rest.iter().find(|p| p.on_failure.as_deref() == Some(name)) {
             return Err(CmdError::FailedPrecondition(format!(
@@ -125,14 +126,14 @@ impl ClusterState {
             self.playbook_version += 1;
             self.playbooks.insert(
                 name.clone(),
-                StoredPlaybook {
-                    name: name.clone(),
-                    file: f.file,
-                    source: f.text,
-                    version: self.playbook_version,
-                    applied_ms: at_ms,
-                    applied_by: actor.to_owned(),
-                },
+                StoredPlaybook::new(
+                    name.clone(),
+                    f.file,
+                    f.text,
+                    self.playbook_version,
+                    at_ms,
+                    actor.to_owned(),
+                ),
             );
             changed.push(name);
         }
@@ -194,6 +195,7 @@ impl ClusterState {
         self.playbooks
             .values()
             .filter_map(StoredPlaybook::parsed)
+            .cloned()
             .collect()
     }
 
@@ -208,6 +210,20 @@ impl ClusterState {
     /// every pass (the whole view is linear in the cluster's hosts).
     pub fn playbook_view_around(&self, now_ms: u64, hosts: &[&str]) -> playbooks::ClusterView {
         self.view_of(now_ms, hosts.iter().filter_map(|h| self.hosts.get(*h)))
+    }
+
+    /// The view a condition of `incident` reads (its host and peer: see
+    /// `playbooks::evaluate`), cheap enough to build on every incident
+    /// and every reconciler pass.
+    pub fn playbook_view_of(
+        &self,
+        now_ms: u64,
+        incident: &playbooks::IncidentView,
+    ) -> playbooks::ClusterView {
+        let around: Vec<&str> = std::iter::once(incident.host.as_str())
+            .chain(incident.peer.as_deref())
+            .collect();
+        self.playbook_view_around(now_ms, &around)
     }
 
     fn view_of<'a>(

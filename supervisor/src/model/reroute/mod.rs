@@ -66,14 +66,6 @@ fn addr(n: &Nic) -> Option<Ipv4Addr> {
     n.addr.as_deref()?.parse().ok()
 }
 
-/// An up NIC of `h` on rail `rail`, with an address.
-fn up_on_rail(h: &Host, rail: u32) -> Option<(&Nic, Ipv4Addr)> {
-    h.nics
-        .values()
-        .filter(|n| n.rail == Some(rail) && n.state == NicState::Up)
-        .find_map(|n| Some((n, addr(n)?)))
-}
-
 /// A NIC's address on `rail` of `h`, whatever its state.
 fn addr_on_rail(h: &Host, rail: u32) -> Option<Ipv4Addr> {
     h.nics
@@ -182,12 +174,17 @@ pub fn order_digest(st: &ClusterState, host: &str) -> u64 {
 }
 
 /// The detour view of one state, computed once and asked per host: the
-/// detoured NICs of live hosts, and a digest of the static topology the
-/// standby sets derive from.
+/// detoured NICs of live hosts, every live host's addressed NICs (parsed
+/// once, not once per pair of hosts), and a digest of the static topology
+/// the standby sets derive from.
 pub struct Detours<'a> {
     st: &'a ClusterState,
-    /// Detoured NICs of hosts not Down.
-    detoured: Vec<(&'a Host, &'a Nic)>,
+    /// Detoured NICs of hosts not Down whose backup is up: their peers
+    /// reach `dst` via `via` on `rail`.
+    detoured: Vec<Detour<'a>>,
+    /// Hosts not Down, each with its NICs that have a rail and an
+    /// address, in name order.
+    live: Vec<(&'a str, Vec<RailNic<'a>>)>,
     /// Every host's name and, per NIC: name, rail, address, backup.
     topology: u64,
     /// Per ordered pair of distinct rails: how many hosts have an address
@@ -195,14 +192,41 @@ pub struct Detours<'a> {
     pairs: BTreeMap<(u32, u32), usize>,
 }
 
+/// A detoured NIC's address, reached through its backup's.
+struct Detour<'a> {
+    host: &'a str,
+    dst: Ipv4Addr,
+    via: Ipv4Addr,
+    rail: u32,
+}
+
+/// A NIC with a rail and an address.
+struct RailNic<'a> {
+    name: &'a str,
+    rail: u32,
+    addr: Ipv4Addr,
+    up: bool,
+}
+
+impl RailNic<'_> {
+    /// The first NIC on `rail` with an address (of the up ones only when
+    /// `up`): [`addr_on_rail`], and its up-only form, over parsed NICs.
+    fn find<'n, 'a>(nics: &'n [RailNic<'a>], rail: u32, up: bool) -> Option<&'n RailNic<'a>> {
+        nics.iter().find(|n| n.rail == rail && (n.up || !up))
+    }
+}
+
 impl<'a> Detours<'a> {
     /// One pass over the hosts.
     pub fn new(st: &'a ClusterState) -> Detours<'a> {
-        let mut down = Vec::new();
+        let mut detours = Vec::new();
+        let mut live = Vec::new();
         let mut topology = FNV_OFFSET;
         let mut pairs = BTreeMap::new();
         for h in st.hosts.values() {
             topology = fnv_bytes(topology, h.name.as_bytes());
+            let alive = h.liveness != Liveness::Down;
+            let mut nics = Vec::new();
             for n in h.nics.values() {
                 for part in [
                     n.name.as_bytes(),
@@ -212,9 +236,30 @@ impl<'a> Detours<'a> {
                 ] {
                     topology = fnv_bytes(topology, part);
                 }
-                if h.liveness != Liveness::Down && detoured(n) {
-                    down.push((h, n));
+                if !alive {
+                    continue;
                 }
+                if let (Some(rail), Some(a)) = (n.rail, addr(n)) {
+                    nics.push(RailNic {
+                        name: &n.name,
+                        rail,
+                        addr: a,
+                        up: n.state == NicState::Up,
+                    });
+                }
+                if detoured(n) {
+                    if let (Some(dst), Some((_, via, rail))) = (addr(n), usable_backup(h, n)) {
+                        detours.push(Detour {
+                            host: &h.name,
+                            dst,
+                            via,
+                            rail,
+                        });
+                    }
+                }
+            }
+            if alive {
+                live.push((h.name.as_str(), nics));
             }
             for (a, b) in rail_pairs(h) {
                 *pairs.entry((a, b)).or_insert(0) += 1;
@@ -222,7 +267,8 @@ impl<'a> Detours<'a> {
         }
         Detours {
             st,
-            detoured: down,
+            detoured: detours,
+            live,
             topology,
             pairs,
         }
@@ -234,17 +280,26 @@ impl<'a> Detours<'a> {
         let Some(me) = self.st.hosts.get(host) else {
             return Vec::new();
         };
+        let mine: Vec<RailNic> = me
+            .nics
+            .values()
+            .filter_map(|n| {
+                Some(RailNic {
+                    name: &n.name,
+                    rail: n.rail?,
+                    addr: addr(n)?,
+                    up: n.state == NicState::Up,
+                })
+            })
+            .collect();
         let mut out = Vec::new();
         // Another host's NIC is down: reach its address via its backup.
-        for (a, x) in self.detoured.iter().filter(|(a, _)| a.name != host) {
-            let (Some(dst), Some((_, via, rail))) = (addr(x), usable_backup(a, x)) else {
-                continue;
-            };
-            if let Some((dev, _)) = up_on_rail(me, rail) {
+        for d in self.detoured.iter().filter(|d| d.host != host) {
+            if let Some(dev) = RailNic::find(&mine, d.rail, true) {
                 out.push(RouteVia {
-                    dst,
-                    via,
-                    dev: dev.name.clone(),
+                    dst: d.dst,
+                    via: d.via,
+                    dev: dev.name.to_owned(),
                 });
             }
         }
@@ -254,18 +309,14 @@ impl<'a> Detours<'a> {
             let (Some(x_rail), Some((y, _, y_rail))) = (x.rail, usable_backup(me, x)) else {
                 continue;
             };
-            let others = self
-                .st
-                .hosts
-                .values()
-                .filter(|h| h.name != host && h.liveness != Liveness::Down);
-            for b in others {
-                if let (Some(dst), Some((_, via))) =
-                    (addr_on_rail(b, x_rail), up_on_rail(b, y_rail))
-                {
+            for (_, nics) in self.live.iter().filter(|(name, _)| *name != host) {
+                if let (Some(dst), Some(via)) = (
+                    RailNic::find(nics, x_rail, false),
+                    RailNic::find(nics, y_rail, true),
+                ) {
                     out.push(RouteVia {
-                        dst,
-                        via,
+                        dst: dst.addr,
+                        via: via.addr,
                         dev: y.name.clone(),
                     });
                 }

@@ -132,7 +132,11 @@ impl ClusterState {
     ) -> u64 {
         let stored = &self.playbooks[playbook];
         let version = stored.version;
-        let definition = stored.parsed().expect("validated: stored playbooks parse");
+        let definition = stored
+            .parsed()
+            .expect("validated: stored playbooks parse")
+            .clone();
+        let guards = definition.guards.clone();
         self.next_run_id += 1;
         let id = self.next_run_id;
         self.runs.insert(
@@ -142,7 +146,7 @@ impl ClusterState {
                 incident,
                 playbook: playbook.to_owned(),
                 playbook_version: version,
-                definition: definition.clone(),
+                definition,
                 step: 0,
                 attempt: 0,
                 state: RunState::Running,
@@ -167,9 +171,9 @@ impl ClusterState {
             id,
             format!("playbook {playbook} v{version} started for incident {incident}{how}"),
         );
-        let view = self.playbook_view(at_ms);
         let inc = self.incident_view(incident).expect("exists");
-        for g in &definition.guards {
+        let view = self.playbook_view_of(at_ms, &inc);
+        for g in &guards {
             let check = playbooks::evaluate(g, &inc, &view);
             if !check.holds {
                 self.run_failed(
@@ -223,7 +227,7 @@ impl ClusterState {
             };
             if attempt == 0 {
                 if let Some(when) = &step.when {
-                    let view = self.playbook_view(at_ms);
+                    let view = self.playbook_view_of(at_ms, &inc);
                     let check = playbooks::evaluate(when, &inc, &view);
                     if !check.holds {
                         self.run_log(

@@ -163,10 +163,7 @@ pub fn evaluate_step(st: &ClusterState, intent: &Intent, now_ms: u64) -> Option<
                 });
             };
             let inc = st.incident_view(r.incident)?;
-            let around: Vec<&str> = std::iter::once(inc.host.as_str())
-                .chain(inc.peer.as_deref())
-                .collect();
-            let view = st.playbook_view_around(now_ms, &around);
+            let view = st.playbook_view_of(now_ms, &inc);
             let check = playbooks::evaluate(condition, &inc, &view);
             if check.holds {
                 return Some(Outcome::Done);

@@ -296,7 +296,7 @@ impl ClusterState {
                 None
             }
             StepOp::WaitUntil { .. } => {
-                let view = self.playbook_view(at_ms);
+                let view = self.playbook_view_of(at_ms, inc);
                 let cond = match &step.action {
                     A::WaitUntil { condition } => condition,
                     _ => unreachable!("a wait_until op comes from a wait_until step"),
