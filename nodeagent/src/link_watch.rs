@@ -241,7 +241,10 @@ mod tests {
             match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
                 Ok(Some(Watched::Link(m, at))) => {
                     assert!(at >= t0);
-                    names.extend(crate::link::LinkSample::from_message(&m).map(|s| s.name));
+                    names.extend(m.attributes.iter().filter_map(|a| match a {
+                        netlink_packet_route::link::LinkAttribute::IfName(n) => Some(n.clone()),
+                        _ => None,
+                    }));
                 }
                 Ok(Some(Watched::DumpDone)) => break,
                 other => panic!("dump did not end: {other:?}"),
