@@ -3,7 +3,7 @@
 //! For every flap (fabric-side cable down, then up) on random NICs of a
 //! netns cluster, from the injector's netlink request to
 //! (a) the kernel's link message in the host's namespace, as a reader of
-//!     the bench's own sees it (the agent's reader, on a bench thread): the
+//!     the bench's own sees it (`testbed::link_reader`, on a bench thread): the
 //!     kernel's part, taking a bridge port down and publishing the carrier
 //!     change on the far end;
 //! (b) the agent's tracker seeing it — the agent's observation timestamp,
@@ -345,10 +345,21 @@ fn signed_percentile_ms(sorted_us: &[i64], p: f64) -> f64 {
 }
 
 /// A reader of link messages in each host's namespace, on a thread of the
-/// bench (the agent's own reader, [`nodeagent::link_watch`]): when the
-/// kernel published each change, as the fastest reader sees it.
+/// bench ([`testbed::link_reader`]): when the kernel published each change,
+/// as the fastest reader sees it.
 struct KernelWitness {
     seen: Arc<Mutex<Vec<Witnessed>>>,
+    /// The readers' tasks: aborted with the witness, which drops their
+    /// channels and so ends their threads.
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for KernelWitness {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
 }
 
 /// A link message the witness read: host, NIC, up, when (Unix ns).
@@ -362,14 +373,15 @@ struct Witnessed {
 impl KernelWitness {
     fn start(c: &NetCluster, hosts: usize) -> anyhow::Result<Self> {
         let seen = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
         for h in 0..hosts {
             let mut rx =
                 c.tb.ns(Node::Host(h))
-                    .run(|| nodeagent::link_watch::start(4096))??;
+                    .run(|| testbed::link_reader::start(4096))??;
             let sink = seen.clone();
-            tokio::spawn(async move {
+            tasks.push(tokio::spawn(async move {
                 while let Some(w) = rx.recv().await {
-                    if let nodeagent::link_watch::Watched::Link(m, at) = w {
+                    if let testbed::link_reader::Watched::Link(m, at) = w {
                         if let Some(s) = nodeagent::link::LinkSample::from_message(&m) {
                             let unix = unix_ns().saturating_sub(at.elapsed().as_nanos() as u64);
                             let mut q = sink.lock().expect("witness");
@@ -385,9 +397,9 @@ impl KernelWitness {
                         }
                     }
                 }
-            });
+            }));
         }
-        Ok(Self { seen })
+        Ok(Self { seen, tasks })
     }
 
     /// When the kernel published `h`'s `rail<r>` going `up` (or down), at

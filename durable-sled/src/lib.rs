@@ -176,15 +176,15 @@ impl DurableDb {
         Ok(n)
     }
 
-    /// sled's flush, then the syncs on tokio's blocking pool.
+    /// [`Self::flush`] on tokio's blocking pool: sled's flush and the syncs
+    /// in one hand-off. (sled's own `flush_async` runs its flush on sled's
+    /// thread pool, whose every job wakes all of its idle threads; then
+    /// the syncs needed a second hand-off.)
     pub async fn flush_async(&self) -> sled::Result<usize> {
-        let n = self.db.flush_async().await?;
-        let files = self.files.clone();
-        tokio::task::spawn_blocking(move || files.sync())
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.flush())
             .await
             .map_err(|e| sled::Error::Io(io::Error::other(e)))?
-            .map_err(sled::Error::Io)?;
-        Ok(n)
     }
 }
 

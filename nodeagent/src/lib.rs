@@ -37,7 +37,6 @@ pub mod leader_link;
 pub mod leader_term;
 pub use rdma::damper;
 pub mod link;
-pub mod link_watch;
 pub mod outbox;
 pub mod probe;
 pub mod rdma_events;

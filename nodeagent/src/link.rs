@@ -23,15 +23,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use futures::StreamExt;
+use netlink_packet_core::NetlinkPayload;
 use netlink_packet_route::link::{LinkAttribute, LinkFlags, LinkMessage, State};
+use netlink_packet_route::RouteNetlinkMessage;
 use tokio::sync::mpsc;
 
 use crate::damper::{DampingConfig, FlapDamper};
-use crate::link_watch::Watched;
-
-/// Link samples the watch thread may queue for the tracker before it waits
-/// (and the socket's own buffer takes over).
-const WATCH_BACKLOG: usize = 1024;
 
 /// NIC health as the agent classifies it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -244,10 +242,7 @@ impl NicTracker {
             flaps: self.damper.flaps(),
             penalty: self.damper.penalty(now),
             observed_at: now,
-            // The wall clock at `now` (a sample's read time, earlier than
-            // this call when the sample waited).
-            observed_unix_ns: unix_ns()
-                .saturating_sub(now.elapsed().as_nanos().min(u64::MAX as u128) as u64),
+            observed_unix_ns: unix_ns(),
             synthesized,
         }
     }
@@ -476,28 +471,21 @@ impl LinkTracker {
     }
 
     /// Subscribes, dumps, then runs until `tx` closes. Ticks damping every
-    /// 100 ms. Link messages are read and stamped on a thread of their own
-    /// ([`crate::link_watch`]).
+    /// 100 ms.
     pub async fn run(mut self, tx: mpsc::Sender<LinkTransition>) -> Result<(), TrackerError> {
-        let mut watch = crate::link_watch::start(WATCH_BACKLOG)
-            .map_err(|e| TrackerError::Netlink(format!("link watch: {e}")))?;
-        // The first dump: every link once, then its end.
+        let (conn, handle, mut messages) =
+            rtnetlink::new_multicast_connection(&[rtnetlink::MulticastGroup::Link])
+                .map_err(|e| TrackerError::Netlink(e.to_string()))?;
+        tokio::spawn(conn);
+        // Dump after subscribing, so no change falls between the two.
+        let mut dump = handle.link().get().execute();
         let mut seen = std::collections::BTreeSet::new();
-        loop {
-            match watch.recv().await {
-                Some(Watched::Link(m, at)) => {
-                    if let Some(s) = LinkSample::from_message(&m) {
-                        seen.insert(s.name.clone());
-                        if !self.send(&s, at, &tx).await {
-                            return Ok(());
-                        }
-                    }
-                }
-                Some(Watched::DumpDone) => break,
-                None => {
-                    return Err(TrackerError::Netlink(
-                        "link watch ended during its first dump".into(),
-                    ))
+        while let Some(m) = dump.next().await {
+            let m = m.map_err(|e| TrackerError::Netlink(e.to_string()))?;
+            if let Some(s) = LinkSample::from_message(&m) {
+                seen.insert(s.name.clone());
+                if !self.send(&s, &tx).await {
+                    return Ok(());
                 }
             }
         }
@@ -517,18 +505,18 @@ impl LinkTracker {
                         }
                     }
                 }
-                w = watch.recv() => match w {
-                    Some(Watched::Link(m, at)) => {
+                msg = messages.next() => {
+                    let Some((msg, _)) = msg else {
+                        return Err(TrackerError::Netlink("multicast connection closed".into()));
+                    };
+                    if let NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(m)) = msg.payload {
                         if let Some(s) = LinkSample::from_message(&m) {
-                            if !self.send(&s, at, &tx).await {
+                            if !self.send(&s, &tx).await {
                                 return Ok(());
                             }
                         }
                     }
-                    // A later dump (after an overrun): its samples went through above.
-                    Some(Watched::DumpDone) => {}
-                    None => return Err(TrackerError::Netlink("link watch ended".into())),
-                },
+                }
                 _ = tick.tick() => {
                     let now = Instant::now();
                     for t in self.nics.values_mut().filter_map(|n| n.tick(now)).collect::<Vec<_>>() {
@@ -541,17 +529,12 @@ impl LinkTracker {
         }
     }
 
-    /// Feeds one sample, read at `at`.
-    async fn send(
-        &mut self,
-        s: &LinkSample,
-        at: Instant,
-        tx: &mpsc::Sender<LinkTransition>,
-    ) -> bool {
+    async fn send(&mut self, s: &LinkSample, tx: &mpsc::Sender<LinkTransition>) -> bool {
         let Some(n) = self.nics.get_mut(&s.name) else {
             return true;
         };
-        let transitions = n.observe(s, at);
+        let now = Instant::now();
+        let transitions = n.observe(s, now);
         if let Some(e) = &self.epochs {
             e.set(&s.name, n.up_since());
         }

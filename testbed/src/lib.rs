@@ -41,6 +41,9 @@
 //! - [`netcluster`]: supervisors and agents running inside the testbed.
 //! - [`job_user`]: the `railguard-job` user agents run ranks as, made
 //!   when missing.
+//! - [`link_reader`]: the kernel's link messages in a namespace, read and
+//!   stamped on a thread of their own (`bench detect`'s reference for when
+//!   the kernel published a change).
 //! - [`bulk`], [`burst`]: a TCP bulk flow and bursty UDP cross traffic
 //!   between testbed hosts (the loads of the contention runs and of
 //!   `bench clock-sync`).
@@ -60,6 +63,7 @@ pub mod drops;
 pub mod job_user;
 pub mod jobsim;
 pub mod leaf;
+pub mod link_reader;
 pub mod netcluster;
 pub mod netns;
 pub mod plan;

@@ -1,29 +1,27 @@
-//! Link messages from the kernel, read on a thread of their own.
+//! The kernel's link messages, read on a thread of their own.
 //!
-//! How soon the agent knows of a pulled cable is bounded by how soon it
-//! reads the kernel's link message. Read through rtnetlink's connection
-//! task, a message waited for two wake-ups on the agent's runtime (the
-//! connection task, then the tracker), behind whatever else the runtime's
-//! two workers were running (probe rounds, reports, orders). Here one OS
-//! thread sits in `recv` on a netlink socket subscribed to `RTNLGRP_LINK`:
-//! the kernel wakes it directly, it stamps each message the moment
-//! `recv` returns, and hands the sample and its stamp to the tracker. The
-//! stamp, not the tracker's later handling, is when the agent saw the
-//! change.
+//! `bench detect` needs to know when the kernel published a link change in
+//! a host's namespace, apart from when the agent there handled it. This is
+//! the fastest reader we have: one OS thread blocked in `recv` on a netlink
+//! socket subscribed to `RTNLGRP_LINK`, woken by the kernel directly, which
+//! stamps each message the moment `recv` returns and hands the message and
+//! its stamp on over a bounded channel.
 //!
-//! The thread also dumps every link once at the start (after subscribing,
-//! so no change falls between the two) and ends the dump with
+//! (The agent read its link messages this way for a day: its tracker,
+//! woken from this thread instead of by rtnetlink's connection task on its
+//! own runtime, handled changes no sooner, so it went back; see
+//! docs/benchmarks.md.)
+//!
+//! The thread dumps every link once at the start (after subscribing, so no
+//! change falls between the two) and ends the dump with
 //! [`Watched::DumpDone`]. If the socket's buffer overran (`ENOBUFS`: the
-//! tracker fell behind and messages were dropped), it dumps again: the
-//! tracker compares the kernel's carrier counters in each sample with what
-//! it saw and synthesises the flaps it missed, so an overrun costs latency,
-//! never a flap.
+//! consumer fell behind and messages were dropped), it dumps again, so a
+//! consumer that compares the kernel's carrier counters misses no flap.
 //!
-//! The channel to the tracker is bounded; when it is full the thread waits,
-//! the socket fills, and the overrun path above takes over. The thread
-//! ends when the tracker drops its receiver (noticed within
-//! [`RECV_TIMEOUT`]) or on a socket error it cannot recover from, which
-//! closes the channel.
+//! When the channel is full the thread waits, the socket fills, and the
+//! overrun path above takes over. The thread ends when the consumer drops
+//! its receiver (noticed within [`RECV_TIMEOUT`]) or on a socket error it
+//! cannot recover from, which closes the channel.
 
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -41,7 +39,8 @@ use tokio::sync::mpsc;
 pub enum Watched {
     /// A link message, and when the thread read it.
     Link(Box<LinkMessage>, Instant),
-    /// The end of a dump (the first one: every link has been sent once).
+    /// The end of a dump (after the first, every link has been sent once;
+    /// later ones follow an overrun).
     DumpDone,
 }
 
@@ -257,14 +256,14 @@ mod tests {
     /// datagram's handling; nothing is decoded from the short bytes.
     #[test]
     fn a_datagram_split_mid_message_is_skipped_not_misread() {
-        let (tx, _rx) = mpsc::channel(4);
+        let (tx, mut rx) = mpsc::channel(4);
         let socket = open().expect("socket");
         let mut w = Watch::new(socket, tx);
         // A header that claims 64 bytes in a 20-byte datagram.
         let mut bytes = vec![0u8; 20];
         bytes[..4].copy_from_slice(&64u32.to_ne_bytes());
         assert!(w.handle_datagram(&bytes, Instant::now()).expect("no error"));
-        assert!(w.dumping.is_none());
+        assert!(rx.try_recv().is_err(), "nothing handed on");
     }
 
     fn done(seq: u32) -> Vec<u8> {
