@@ -48,7 +48,9 @@ pub struct StoredPlaybook {
     /// `source` parsed, on first use: runs start, match and evaluate
     /// playbooks on every incident, and parsing the TOML each time cost
     /// more than the rest of applying the entry. Derived from `source`, so
-    /// never persisted (and not compared).
+    /// never persisted (and not compared). Nothing changes a stored
+    /// playbook's `file` or `source` in place: an apply that changes it
+    /// stores a new one.
     #[serde(skip)]
     parsed: std::sync::OnceLock<Option<playbooks::Playbook>>,
 }
