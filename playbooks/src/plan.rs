@@ -114,8 +114,11 @@ pub fn trigger_matches(pb: &Playbook, incident: &IncidentView) -> bool {
 
 /// The playbook to run for an incident: among those whose trigger matches,
 /// the highest priority; ties go to the smallest name.
-pub fn matching<'a>(set: &'a [Playbook], incident: &IncidentView) -> Option<&'a Playbook> {
-    set.iter()
+pub fn matching<'a>(
+    set: impl IntoIterator<Item = &'a Playbook>,
+    incident: &IncidentView,
+) -> Option<&'a Playbook> {
+    set.into_iter()
         .filter(|p| trigger_matches(p, incident))
         .min_by(|a, b| {
             b.priority

@@ -476,7 +476,9 @@ pub async fn handle(leader: &Arc<Leader>, call: AdminCall) -> Result<AdminReply,
             let now = crate::node::now_ms();
             let r = read!(|st: &crate::model::ClusterState| {
                 let inc = st.plan_incident(&incident).map_err(ApiError::from)?;
-                Ok::<_, ApiError>((st.playbook_view(now), inc, st.playbook_set()))
+                let set: Vec<playbooks::Playbook> =
+                    st.playbook_set().into_iter().cloned().collect();
+                Ok::<_, ApiError>((st.playbook_view(now), inc, set))
             });
             let (view, inc, set) = r?;
             let plan = playbooks::plan(&pb, &inc, &view);

@@ -190,12 +190,12 @@ impl ClusterState {
         self.log_event(at_ms, None, event);
     }
 
-    /// Every stored playbook, parsed.
-    pub fn playbook_set(&self) -> Vec<playbooks::Playbook> {
+    /// Every stored playbook, parsed (borrowed: matching runs on every
+    /// reconciler pass).
+    pub fn playbook_set(&self) -> Vec<&playbooks::Playbook> {
         self.playbooks
             .values()
             .filter_map(StoredPlaybook::parsed)
-            .cloned()
             .collect()
     }
 

@@ -39,7 +39,7 @@ impl ClusterState {
     pub fn playbook_for(&self, incident: u64) -> Option<(playbooks::Playbook, u64)> {
         let view = self.incident_view(incident)?;
         let set = self.playbook_set();
-        let pb = playbooks::matching(&set, &view)?.clone();
+        let pb = playbooks::matching(set.iter().copied(), &view)?.clone();
         let version = self.playbooks.get(&pb.name)?.version;
         Some((pb, version))
     }

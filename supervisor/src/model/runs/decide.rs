@@ -31,7 +31,7 @@ pub fn wanted_run_commands(st: &ClusterState) -> Vec<RunCommand> {
         .into_iter()
         .filter_map(|id| {
             let view = st.incident_view(id)?;
-            let pb = playbooks::matching(&set, &view)?;
+            let pb = playbooks::matching(set.iter().copied(), &view)?;
             Some(RunCommand::Start {
                 incident: id,
                 playbook: pb.name.clone(),
