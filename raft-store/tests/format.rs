@@ -53,11 +53,20 @@ fn with_version(v: u8) -> impl FnOnce(Vec<u8>) -> Vec<u8> {
     }
 }
 
+/// Opens the store, expecting an error other than the directory's lock
+/// (which sled may hold for a moment after the last user dropped it, as in
+/// [`open_db`]: a few tries, a bounded wait).
 fn open_err(dir: &Path) -> StoreError {
-    match raft_store::open::<TestConfig, KvModel>(dir) {
-        Ok(_) => panic!("the store opened"),
-        Err(e) => e,
+    for _ in 0..50 {
+        match raft_store::open::<TestConfig, KvModel>(dir) {
+            Ok(_) => panic!("the store opened"),
+            Err(e) if e.to_string().contains("could not acquire lock") => {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(e) => return e,
+        }
     }
+    panic!("{}: still locked after 5 s", dir.display())
 }
 
 /// Reads the log of a reopened store; the error as text.
