@@ -86,12 +86,12 @@ pub struct RaftCommitReport {
 }
 
 /// Percentile (0..=100) of sorted microsecond samples, in ms.
-pub fn percentile_ms(sorted_us: &[u64], p: f64) -> f64 {
+pub fn percentile_ms<T: Copy + Into<i128>>(sorted_us: &[T], p: f64) -> f64 {
     if sorted_us.is_empty() {
         return 0.0;
     }
     let rank = ((p / 100.0) * (sorted_us.len() - 1) as f64).round() as usize;
-    sorted_us[rank.min(sorted_us.len() - 1)] as f64 / 1000.0
+    sorted_us[rank.min(sorted_us.len() - 1)].into() as f64 / 1000.0
 }
 
 /// Pools trials: latency percentiles over every sample, rate = median of the

@@ -305,11 +305,11 @@ async fn measure(
         kernel_p50_ms: percentile_ms(&kernel_us, 50.0),
         kernel_p99_ms: percentile_ms(&kernel_us, 99.0),
         witness_missed,
-        agent_after_kernel_p50_ms: signed_percentile_ms(&after_kernel_tracker_us, 50.0),
-        agent_after_kernel_p99_ms: signed_percentile_ms(&after_kernel_tracker_us, 99.0),
+        agent_after_kernel_p50_ms: percentile_ms(&after_kernel_tracker_us, 50.0),
+        agent_after_kernel_p99_ms: percentile_ms(&after_kernel_tracker_us, 99.0),
         ok: still_leads,
-        committed_after_kernel_p50_ms: signed_percentile_ms(&after_kernel_commit_us, 50.0),
-        committed_after_kernel_p99_ms: signed_percentile_ms(&after_kernel_commit_us, 99.0),
+        committed_after_kernel_p50_ms: percentile_ms(&after_kernel_commit_us, 50.0),
+        committed_after_kernel_p99_ms: percentile_ms(&after_kernel_commit_us, 99.0),
         bench: "detect",
         tracker_p50_ms: percentile_ms(&tracker_us, 50.0),
         tracker_p99_ms: percentile_ms(&tracker_us, 99.0),
@@ -333,15 +333,6 @@ async fn measure(
         && r.down_p99_ms <= 1500.0
         && r.false_probes_lost == 0;
     Ok(DetectReport { goals_met, ..r })
-}
-
-/// Percentile of signed µs samples (sorted), in ms.
-fn signed_percentile_ms(sorted_us: &[i64], p: f64) -> f64 {
-    if sorted_us.is_empty() {
-        return 0.0;
-    }
-    let rank = ((p / 100.0) * (sorted_us.len() - 1) as f64).round() as usize;
-    sorted_us[rank.min(sorted_us.len() - 1)] as f64 / 1000.0
 }
 
 /// A reader of link messages in each host's namespace, on a thread of the
