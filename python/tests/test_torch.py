@@ -11,6 +11,7 @@ one step, halt, stop on a stop order, and resuming there gives the digest.
 import json
 import os
 import queue
+import random
 import socket
 import subprocess
 import sys
@@ -174,9 +175,26 @@ def test_halt_late_orders_stop_and_finish():
 
 
 def free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port torch's rendezvous can bind a moment later.
+
+    Taken below the kernel's ephemeral range: a port the kernel hands out
+    for bind(0) can be handed out again, between our probe and torch's bind,
+    as the source port of any outgoing connection (gloo opens many), and the
+    run then dies with "Address already in use". Below the range only an
+    explicit bind can take it, and the probe below checks that none has.
+    """
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low = int(f.read().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(max(1024, low - 12_000), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no free port below the ephemeral range (starts at {low})")
 
 
 def logged_steps(stdout):
