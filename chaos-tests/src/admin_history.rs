@@ -556,32 +556,21 @@ impl HistoryLoad {
         }
         let mut finals = Vec::new();
         for (hi, h) in hosts.iter().enumerate() {
-            let mut attempt = 0;
-            let v = loop {
-                let call = ns_since(start);
-                match reader
-                    .call(AdminRequest::NodeShow { host: h.clone() }, false)
-                    .await
-                {
-                    Ok(AdminReply::Host { host, .. }) => {
-                        let v = view(&host);
-                        rec.ops[hi].lock().unwrap().push(Operation {
-                            client: usize::MAX,
-                            input: HostOp::Read,
-                            call,
-                            ret: Some(ns_since(start)),
-                            output: Some(HostResult::Read(v.clone())),
-                        });
-                        break v;
-                    }
-                    Ok(other) => anyhow::bail!("unexpected reply {other:?}"),
-                    Err(e) if attempt < 50 => {
-                        attempt += 1;
-                        tracing::debug!(error = %e, "final read retry");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                    Err(e) => anyhow::bail!("final read of {h} failed: {e}"),
-                }
+            let request = AdminRequest::NodeShow { host: h.clone() };
+            let read = final_read(
+                reader,
+                start,
+                &rec.ops[hi],
+                HostOp::Read,
+                request,
+                |r| match r {
+                    Ok(AdminReply::Host { host, .. }) => Some(HostResult::Read(view(&host))),
+                    _ => None,
+                },
+            )
+            .await?;
+            let HostResult::Read(v) = read else {
+                unreachable!("the parse above gives reads only")
             };
             finals.push(v);
         }
@@ -651,8 +640,8 @@ impl HistoryLoad {
         eprintln!("[{scenario}] checking linearizability");
         let check_start = Instant::now();
         let mut objects = Vec::new();
-        for (hi, ops) in rec.ops.iter().enumerate() {
-            let name = format!("host {}", hosts[hi]);
+        for (ops, h) in rec.ops.iter().zip(hosts.iter()) {
+            let name = format!("host {h}");
             objects.push(check_object(
                 &HostModel,
                 &ops.lock().unwrap(),
@@ -660,8 +649,8 @@ impl HistoryLoad {
                 scenario,
             ));
         }
-        for (pi, ops) in rec.pb_ops.iter().enumerate() {
-            let name = format!("playbook {}", PLAYBOOKS[pi]);
+        for (ops, p) in rec.pb_ops.iter().zip(PLAYBOOKS) {
+            let name = format!("playbook {p}");
             objects.push(check_object(
                 &PlaybookModel,
                 &ops.lock().unwrap(),
@@ -669,8 +658,8 @@ impl HistoryLoad {
                 scenario,
             ));
         }
-        for (ji, ops) in rec.job_ops.iter().enumerate() {
-            let name = format!("job {}", JOBS[ji]);
+        for (ops, j) in rec.job_ops.iter().zip(JOBS) {
+            let name = format!("job {j}");
             objects.push(check_object(
                 &JobModel,
                 &ops.lock().unwrap(),
@@ -834,16 +823,16 @@ impl NsHistory {
 }
 
 /// Reads an object once more through `reader` (retried, bounded), as the
-/// last operation of its history; `parse` says what the reply read
-/// (`None`: try again).
-async fn final_read<I, O>(
+/// last operation of its history, and returns what it read; `parse` says
+/// what the reply read (`None`: try again).
+async fn final_read<I, O: Clone>(
     reader: &AdminClient,
     start: Instant,
     ops: &Mutex<Vec<Operation<I, O>>>,
     input: I,
     request: AdminRequest,
     parse: impl Fn(Result<AdminReply, supervisor::api::ApiError>) -> Option<O>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<O> {
     for _ in 0..50 {
         let call = ns_since(start);
         if let Some(out) = parse(reader.call(request.clone(), false).await) {
@@ -852,9 +841,9 @@ async fn final_read<I, O>(
                 input,
                 call,
                 ret: Some(ns_since(start)),
-                output: Some(out),
+                output: Some(out.clone()),
             });
-            return Ok(());
+            return Ok(out);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

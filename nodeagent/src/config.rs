@@ -639,188 +639,71 @@ mod tests {
             },
             ..Default::default()
         };
+        let with = |change: &dyn Fn(&mut Overrides)| {
+            let mut o = base.clone();
+            change(&mut o);
+            load(None, o, &links())
+        };
+        let refused = |change: &dyn Fn(&mut Overrides), needle: &str| {
+            let e = with(change).unwrap_err().to_string();
+            assert!(e.contains(needle), "{needle:?} not in {e}");
+        };
         // Secure by default: no certificates and no --insecure is refused.
-        let e = load(
-            None,
-            Overrides {
-                tls: Default::default(),
-                ..base.clone()
-            },
-            &links(),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("no certificates configured"), "{e}");
+        refused(
+            &|o| o.tls = Default::default(),
+            "no certificates configured",
+        );
         // An agent certificate of another host is refused at start.
         let dir = tempfile::tempdir().unwrap();
         let lab = pki::LabPki::open(dir.path()).unwrap();
-        let e = load(
-            None,
-            Overrides {
-                tls: lab.agent("h1").unwrap().into(),
-                ..base.clone()
-            },
-            &links(),
-        )
-        .unwrap_err();
-        assert!(
-            e.to_string()
-                .contains("not the agent certificate of host h0"),
-            "{e}"
+        refused(
+            &|o| o.tls = lab.agent("h1").unwrap().into(),
+            "not the agent certificate of host h0",
         );
-        let c = load(
-            None,
-            Overrides {
-                tls: lab.agent("h0").unwrap().into(),
-                ..base.clone()
-            },
-            &links(),
-        )
-        .unwrap();
+        let c = with(&|o| o.tls = lab.agent("h0").unwrap().into()).unwrap();
         assert!(matches!(c.tls, pki::ClientTls::Mtls(_)));
-        let c = load(None, base.clone(), &links()).unwrap();
+        let c = with(&|_| ()).unwrap();
         assert_eq!(c.nics.len(), 2);
         assert_eq!(c.control_socket, PathBuf::from("/run/railguard/agent.sock"));
-        let c = load(
-            None,
-            Overrides {
-                control_socket: Some("/tmp/x/a.sock".into()),
-                ..base.clone()
-            },
-            &links(),
-        )
-        .unwrap();
+        let c = with(&|o| o.control_socket = Some("/tmp/x/a.sock".into())).unwrap();
         assert_eq!(c.control_socket, PathBuf::from("/tmp/x/a.sock"));
-        let e = load(
-            None,
-            Overrides {
-                control_socket: Some(PathBuf::from(format!("/tmp/{}", "s".repeat(120)))),
-                ..base.clone()
-            },
-            &links(),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("107 bytes"), "{e}");
-        let e = load(
-            None,
-            Overrides {
-                nics: vec!["eth7".into()],
-                ..base.clone()
-            },
-            &links(),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("does not exist"), "{e}");
-        let e = load(
-            None,
-            Overrides {
-                nics: vec!["rail0:x".into()],
-                ..base.clone()
-            },
-            &links(),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("not a number"), "{e}");
-        let e = load(
-            None,
-            Overrides {
-                nics: vec!["rail0:0:rail9".into()],
-                ..base.clone()
-            },
-            &links(),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("backup"), "{e}");
-        let e = load(
-            None,
-            Overrides {
-                supervisors: vec!["nowhere".into()],
-                ..base.clone()
-            },
-            &links(),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("HOST:PORT"), "{e}");
+        refused(
+            &|o| o.control_socket = Some(format!("/tmp/{}", "s".repeat(120)).into()),
+            "107 bytes",
+        );
+        refused(&|o| o.nics = vec!["eth7".into()], "does not exist");
+        refused(&|o| o.nics = vec!["rail0:x".into()], "not a number");
+        refused(&|o| o.nics = vec!["rail0:0:rail9".into()], "backup");
+        refused(&|o| o.supervisors = vec!["nowhere".into()], "HOST:PORT");
+        refused(&|o| o.supervisors = vec![], "--supervisor");
+
         let probe = |c: &AgentConfig| c.probe.as_ref().expect("probes on").mesh.clone();
+        let c = with(&|_| ()).unwrap();
         assert_eq!(probe(&c).cpu_budget_pct, 1.0, "the default budget");
-        for bad in [-1.0, 101.0, f64::NAN] {
-            let e = load(
-                None,
-                Overrides {
-                    probe_cpu_budget_pct: Some(bad),
-                    ..base.clone()
-                },
-                &links(),
-            )
-            .unwrap_err();
-            assert!(e.to_string().contains("probe CPU budget"), "{e}");
-        }
-        let c = load(
-            None,
-            Overrides {
-                probe_cpu_budget_pct: Some(0.0),
-                ..base.clone()
-            },
-            &links(),
-        )
-        .unwrap();
-        assert_eq!(probe(&c).cpu_budget_pct, 0.0, "0: no governor");
         assert_eq!(probe(&c).loss.threshold, 0.02, "the default loss threshold");
-        for bad in [-1.0, 51.0, f64::NAN] {
-            let e = load(
-                None,
-                Overrides {
-                    probe_degraded_loss_pct: Some(bad),
-                    ..base.clone()
-                },
-                &links(),
-            )
-            .unwrap_err();
-            assert!(e.to_string().contains("degraded_loss_pct"), "{e}");
-        }
-        let c = load(
-            None,
-            Overrides {
-                probe_degraded_loss_pct: Some(0.0),
-                ..base.clone()
-            },
-            &links(),
-        )
-        .unwrap();
-        assert_eq!(probe(&c).loss.threshold, 0.0, "0: never Degraded");
         assert_eq!(
             probe(&c).jitter.late,
             std::time::Duration::from_micros(300),
             "the default lateness"
         );
-        let e = load(
-            None,
-            Overrides {
-                probe_degraded_late_us: Some(MAX_DEGRADED_LATE_US + 1),
-                ..base.clone()
-            },
-            &links(),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("degraded_late_us"), "{e}");
-        let c = load(
-            None,
-            Overrides {
-                probe_degraded_late_us: Some(0),
-                ..base.clone()
-            },
-            &links(),
-        )
-        .unwrap();
+        for bad in [-1.0, 101.0, f64::NAN] {
+            refused(&|o| o.probe_cpu_budget_pct = Some(bad), "probe CPU budget");
+        }
+        for bad in [-1.0, 51.0, f64::NAN] {
+            refused(
+                &|o| o.probe_degraded_loss_pct = Some(bad),
+                "degraded_loss_pct",
+            );
+        }
+        refused(
+            &|o| o.probe_degraded_late_us = Some(MAX_DEGRADED_LATE_US + 1),
+            "degraded_late_us",
+        );
+        let c = with(&|o| o.probe_cpu_budget_pct = Some(0.0)).unwrap();
+        assert_eq!(probe(&c).cpu_budget_pct, 0.0, "0: no governor");
+        let c = with(&|o| o.probe_degraded_loss_pct = Some(0.0)).unwrap();
+        assert_eq!(probe(&c).loss.threshold, 0.0, "0: never Degraded");
+        let c = with(&|o| o.probe_degraded_late_us = Some(0)).unwrap();
         assert!(probe(&c).jitter.late.is_zero(), "0: never Degraded");
-        let e = load(
-            None,
-            Overrides {
-                supervisors: vec![],
-                ..base
-            },
-            &links(),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("--supervisor"), "{e}");
     }
 }

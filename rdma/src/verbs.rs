@@ -271,7 +271,7 @@ impl Context {
         let raw = unsafe { ffi::ibv_alloc_pd(self.ctx.as_ptr()) };
         let pd = NonNull::new(raw).ok_or_else(|| RdmaError::last_os("ibv_alloc_pd", &self.name))?;
         Ok(Arc::new(ProtectionDomain {
-            pd,
+            raw: pd,
             ctx: Arc::clone(self),
         }))
     }
@@ -297,7 +297,7 @@ impl Context {
         let cq =
             NonNull::new(raw).ok_or_else(|| RdmaError::last_os("ibv_create_cq", &self.name))?;
         Ok(Arc::new(CompletionQueue {
-            cq,
+            raw: cq,
             ctx: Arc::clone(self),
         }))
     }
@@ -553,23 +553,57 @@ fn port_netdev(device: &str, port: u8) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
 }
 
-/// A protection domain; deallocated on drop.
-pub struct ProtectionDomain {
-    pd: NonNull<ffi::ibv_pd>,
-    ctx: Arc<Context>,
+/// A verbs object that belongs to one context: its handle and the context
+/// it keeps open. Only thread-safe verbs calls reach the handle, so the
+/// object is `Send + Sync`; it is released exactly once, on drop, after
+/// every object that depends on it (each of those holds an `Arc` of it).
+macro_rules! context_object {
+    ($(#[$doc:meta])* $name:ident($raw:ident), released by $release:ident) => {
+        $(#[$doc])*
+        pub struct $name {
+            raw: NonNull<ffi::$raw>,
+            ctx: Arc<Context>,
+        }
+
+        // SAFETY: the handle is used only through thread-safe verbs calls.
+        unsafe impl Send for $name {}
+        // SAFETY: as above; `&self` reaches no mutable state of ours.
+        unsafe impl Sync for $name {}
+
+        impl std::fmt::Debug for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.debug_struct(stringify!($name))
+                    .field("device", &self.ctx.name)
+                    .finish()
+            }
+        }
+
+        impl Drop for $name {
+            fn drop(&mut self) {
+                // SAFETY: a live handle, released once; every object using
+                // it holds an `Arc` of this one, so none is left.
+                let rc = unsafe { ffi::$release(self.raw.as_ptr()) };
+                if rc != 0 {
+                    tracing::warn!(
+                        device = %self.ctx.name,
+                        rc,
+                        call = stringify!($release),
+                        "releasing a verbs object failed"
+                    );
+                }
+            }
+        }
+    };
 }
 
-// SAFETY: PDs are used only through thread-safe verbs calls.
-unsafe impl Send for ProtectionDomain {}
-// SAFETY: as above.
-unsafe impl Sync for ProtectionDomain {}
+context_object! {
+    /// A protection domain; deallocated on drop.
+    ProtectionDomain(ibv_pd), released by ibv_dealloc_pd
+}
 
-impl std::fmt::Debug for ProtectionDomain {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProtectionDomain")
-            .field("device", &self.ctx.name)
-            .finish()
-    }
+context_object! {
+    /// A completion queue (polled, no completion channel); destroyed on drop.
+    CompletionQueue(ibv_cq), released by ibv_destroy_cq
 }
 
 /// Memory access rights of a [`MemoryRegion`] (`IBV_ACCESS_*`).
@@ -619,8 +653,9 @@ impl ProtectionDomain {
         // outlives the registration (`MemoryRegion::drop` deregisters before
         // the buffer is freed). No IBV_ACCESS_OPTIONAL_RANGE, so the plain
         // entry point is what the C `ibv_reg_mr` macro would call.
-        let raw =
-            unsafe { ffi::ibv_reg_mr(self.pd.as_ptr(), buf.as_mut_ptr().cast(), len, access_bits) };
+        let raw = unsafe {
+            ffi::ibv_reg_mr(self.raw.as_ptr(), buf.as_mut_ptr().cast(), len, access_bits)
+        };
         let mr =
             NonNull::new(raw).ok_or_else(|| RdmaError::last_os("ibv_reg_mr", &self.ctx.name))?;
         Ok(MemoryRegion {
@@ -646,8 +681,8 @@ impl ProtectionDomain {
         // SAFETY: all-zero is valid for `ibv_qp_init_attr` (null pointers,
         // zero integers); the fields that matter are set below.
         let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
-        init.send_cq = send_cq.cq.as_ptr();
-        init.recv_cq = recv_cq.cq.as_ptr();
+        init.send_cq = send_cq.raw.as_ptr();
+        init.recv_cq = recv_cq.raw.as_ptr();
         init.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
         init.sq_sig_all = 0;
         init.cap = ffi::ibv_qp_cap {
@@ -660,64 +695,24 @@ impl ProtectionDomain {
         // SAFETY: live PD and CQs of the same context (checked above), a
         // valid init attr; the QP is destroyed in `QueuePair::drop`, which
         // keeps the PD and CQs alive until then.
-        let raw = unsafe { ffi::ibv_create_qp(self.pd.as_ptr(), &mut init) };
+        let raw = unsafe { ffi::ibv_create_qp(self.raw.as_ptr(), &mut init) };
         let qp =
             NonNull::new(raw).ok_or_else(|| RdmaError::last_os("ibv_create_qp", &self.ctx.name))?;
-        let actual = QpCaps {
-            max_send_wr: init.cap.max_send_wr,
-            max_recv_wr: init.cap.max_recv_wr,
-            max_send_sge: init.cap.max_send_sge,
-            max_recv_sge: init.cap.max_recv_sge,
-            max_inline_data: init.cap.max_inline_data,
-        };
         let qp = QueuePair {
             qp,
-            caps: actual,
+            caps: QpCaps {
+                max_send_wr: init.cap.max_send_wr,
+                max_recv_wr: init.cap.max_recv_wr,
+                max_send_sge: init.cap.max_send_sge,
+                max_recv_sge: init.cap.max_recv_sge,
+                max_inline_data: init.cap.max_inline_data,
+            },
             _pd: Arc::clone(self),
             _send_cq: Arc::clone(send_cq),
             _recv_cq: Arc::clone(recv_cq),
         };
         tracing::debug!(device = %self.ctx.name, qp_num = qp.qp_num(), "created RC QP");
         Ok(qp)
-    }
-}
-
-impl Drop for ProtectionDomain {
-    fn drop(&mut self) {
-        // SAFETY: every MR and QP holds an `Arc` of this PD, so none is left.
-        let rc = unsafe { ffi::ibv_dealloc_pd(self.pd.as_ptr()) };
-        if rc != 0 {
-            tracing::warn!(device = %self.ctx.name, rc, "ibv_dealloc_pd failed");
-        }
-    }
-}
-
-/// A completion queue; destroyed on drop.
-pub struct CompletionQueue {
-    cq: NonNull<ffi::ibv_cq>,
-    ctx: Arc<Context>,
-}
-
-// SAFETY: CQs are used only through thread-safe verbs calls.
-unsafe impl Send for CompletionQueue {}
-// SAFETY: as above.
-unsafe impl Sync for CompletionQueue {}
-
-impl std::fmt::Debug for CompletionQueue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CompletionQueue")
-            .field("device", &self.ctx.name)
-            .finish()
-    }
-}
-
-impl Drop for CompletionQueue {
-    fn drop(&mut self) {
-        // SAFETY: every QP using this CQ holds an `Arc` of it, so none is left.
-        let rc = unsafe { ffi::ibv_destroy_cq(self.cq.as_ptr()) };
-        if rc != 0 {
-            tracing::warn!(device = %self.ctx.name, rc, "ibv_destroy_cq failed");
-        }
     }
 }
 
