@@ -641,35 +641,31 @@ impl HistoryLoad {
         let check_start = Instant::now();
         let mut objects = Vec::new();
         for (ops, h) in rec.ops.iter().zip(hosts.iter()) {
-            let name = format!("host {h}");
             objects.push(check_object(
                 &HostModel,
-                &ops.lock().unwrap(),
-                &name,
+                ops,
+                &format!("host {h}"),
                 scenario,
             ));
         }
         for (ops, p) in rec.pb_ops.iter().zip(PLAYBOOKS) {
-            let name = format!("playbook {p}");
             objects.push(check_object(
                 &PlaybookModel,
-                &ops.lock().unwrap(),
-                &name,
+                ops,
+                &format!("playbook {p}"),
                 scenario,
             ));
         }
         for (ops, j) in rec.job_ops.iter().zip(JOBS) {
-            let name = format!("job {j}");
-            objects.push(check_object(
-                &JobModel,
-                &ops.lock().unwrap(),
-                &name,
-                scenario,
-            ));
+            objects.push(check_object(&JobModel, ops, &format!("job {j}"), scenario));
         }
         if rec.spare.is_some() {
-            let ops = rec.member_ops.lock().unwrap();
-            objects.push(check_object(&MemberModel, &ops, "membership", scenario));
+            objects.push(check_object(
+                &MemberModel,
+                &rec.member_ops,
+                "membership",
+                scenario,
+            ));
         }
         for (counts, verdict, failed) in objects {
             acked += counts[0];
@@ -855,12 +851,13 @@ async fn final_read<I, O: Clone>(
 /// it failed (named `name`, for diagnosis).
 fn check_object<M: crate::linearizability::Model>(
     model: &M,
-    ops: &[Operation<M::Input, M::Output>],
+    ops: &Mutex<Vec<Operation<M::Input, M::Output>>>,
     name: &str,
     scenario: &str,
 ) -> ([usize; 4], Verdict, Option<(String, String)>) {
+    let ops = ops.lock().unwrap();
     let mut counts = [0; 4];
-    for o in ops {
+    for o in ops.iter() {
         let class = match &o.output {
             _ if model.is_read(&o.input) => 3,
             Some(out) if model.is_refused(out) => 1,
@@ -870,7 +867,7 @@ fn check_object<M: crate::linearizability::Model>(
         counts[class] += 1;
     }
     let t = Instant::now();
-    let r = check_with(model, ops, CHECK_LIMITS);
+    let r = check_with(model, &ops, CHECK_LIMITS);
     eprintln!(
         "[{scenario}] {name}: {:?} in {} ms: {} ops, {} segments (largest {}), \
          {} steps, frontier up to {}, {} unknown-outcome ops left out",

@@ -579,6 +579,19 @@ mod tests {
             .collect()
     }
 
+    /// Flags that load: host h0, one supervisor, no TLS.
+    fn base() -> Overrides {
+        Overrides {
+            host: Some("h0".into()),
+            supervisors: vec!["10.0.0.1:7400".into()],
+            tls: pki::TlsArgs {
+                insecure: true,
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn discovers_rails_as_each_others_backup() {
         let n = discover(&links());
@@ -592,15 +605,6 @@ mod tests {
     fn the_jobs_and_control_sections_are_read_and_checked() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("agent.toml");
-        let base = || Overrides {
-            host: Some("h0".into()),
-            supervisors: vec!["10.0.0.1:7400".into()],
-            tls: pki::TlsArgs {
-                insecure: true,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
         let load_text = |text: &str| {
             std::fs::write(&file, text).unwrap();
             load(Some(&file), base(), &links())
@@ -630,15 +634,7 @@ mod tests {
 
     #[test]
     fn flags_are_validated() {
-        let base = Overrides {
-            host: Some("h0".into()),
-            supervisors: vec!["10.0.0.1:7400".into()],
-            tls: pki::TlsArgs {
-                insecure: true,
-                ..Default::default()
-            },
-            ..Default::default()
-        };
+        let base = base();
         let with = |change: &dyn Fn(&mut Overrides)| {
             let mut o = base.clone();
             change(&mut o);

@@ -586,30 +586,11 @@ fn load_refuses_unusable_server_files() {
     let (a, b) = (dir.path().join("a"), dir.path().join("b"));
     pki::init_ca(&a, 365).unwrap();
     pki::init_ca(&b, 365).unwrap();
-    let s1 = pki::issue(
-        &a,
-        &Identity::supervisor(1),
-        &[],
-        DAYS,
-        &dir.path().join("s1"),
-    )
-    .unwrap();
-    let s2 = pki::issue(
-        &a,
-        &Identity::supervisor(2),
-        &[],
-        DAYS,
-        &dir.path().join("s2"),
-    )
-    .unwrap();
-    let agent = pki::issue(
-        &a,
-        &Identity::agent("h1").unwrap(),
-        &[],
-        DAYS,
-        &dir.path().join("h1"),
-    )
-    .unwrap();
+    let issue =
+        |id: Identity, to: &str| pki::issue(&a, &id, &[], DAYS, &dir.path().join(to)).unwrap();
+    let s1 = issue(Identity::supervisor(1), "s1");
+    let s2 = issue(Identity::supervisor(2), "s2");
+    let agent = issue(Identity::agent("h1").unwrap(), "h1");
     let load = |ca: &Path, cert: &Path, key: &Path| {
         ServerTls::load(
             ServerTlsFiles {

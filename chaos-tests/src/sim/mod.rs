@@ -504,13 +504,7 @@ async fn drive(seed: u64, opts: SimOptions) -> SeedReport {
             at_ms: 0,
             cmds: vec![Command::RegisterHost {
                 host: h.into(),
-                nics: vec![NicSpec {
-                    name: "rail0".into(),
-                    rail: Some(0),
-                    backup: None,
-                    rdma_device: None,
-                    addr: None,
-                }],
+                nics: vec![NicSpec::named("rail0").on_rail(0)],
                 labels: BTreeMap::new(),
             }],
         };

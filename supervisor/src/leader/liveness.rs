@@ -208,13 +208,7 @@ mod tests {
         for (i, h) in hosts.iter().enumerate() {
             let cmd = Command::RegisterHost {
                 host: h.to_string(),
-                nics: vec![NicSpec {
-                    name: "rail0".into(),
-                    rail: Some(0),
-                    backup: None,
-                    rdma_device: None,
-                    addr: None,
-                }],
+                nics: vec![NicSpec::named("rail0").on_rail(0)],
                 labels: Default::default(),
             };
             st.apply_proposal(

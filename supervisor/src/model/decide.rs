@@ -170,13 +170,7 @@ mod tests {
             1,
             Command::RegisterHost {
                 host: "h0".into(),
-                nics: vec![NicSpec {
-                    name: "rail0".into(),
-                    rail: Some(0),
-                    backup: None,
-                    rdma_device: None,
-                    addr: None,
-                }],
+                nics: vec![NicSpec::named("rail0").on_rail(0)],
                 labels: Default::default(),
             },
         )
@@ -260,13 +254,7 @@ mod tests {
     #[test]
     fn order_intents_wait_for_the_agent_then_fail_or_cancel() {
         let mut st = ClusterState::default();
-        let nic = |name: &str, backup: &str| NicSpec {
-            name: name.into(),
-            rail: None,
-            backup: Some(backup.into()),
-            rdma_device: None,
-            addr: None,
-        };
+        let nic = |name: &str, backup: &str| NicSpec::named(name).backed_by(backup);
         let register = |nics| Command::RegisterHost {
             host: "h0".into(),
             nics,
@@ -304,18 +292,7 @@ mod tests {
             Some(Outcome::Failed { .. })
         ));
         // The agent re-registers without rail1 (and rail0 without backup).
-        apply(
-            &mut st,
-            3,
-            register(vec![NicSpec {
-                name: "rail0".into(),
-                rail: None,
-                backup: None,
-                rdma_device: None,
-                addr: None,
-            }]),
-        )
-        .unwrap();
+        apply(&mut st, 3, register(vec![NicSpec::named("rail0")])).unwrap();
         assert!(matches!(
             evaluate(&st, &intent, intent.opened_ms + 1_000),
             Some(Outcome::Cancelled { .. })

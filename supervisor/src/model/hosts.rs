@@ -20,6 +20,36 @@ pub struct NicSpec {
     pub addr: Option<String>,
 }
 
+impl NicSpec {
+    /// A NIC called `name` and nothing more: no rail, backup, RDMA device
+    /// or probe address (the methods below add them).
+    pub fn named(name: impl Into<String>) -> NicSpec {
+        NicSpec {
+            name: name.into(),
+            rail: None,
+            backup: None,
+            rdma_device: None,
+            addr: None,
+        }
+    }
+
+    /// The same NIC on data rail `rail`.
+    pub fn on_rail(self, rail: u32) -> NicSpec {
+        NicSpec {
+            rail: Some(rail),
+            ..self
+        }
+    }
+
+    /// The same NIC with `backup` as its failover target.
+    pub fn backed_by(self, backup: impl Into<String>) -> NicSpec {
+        NicSpec {
+            backup: Some(backup.into()),
+            ..self
+        }
+    }
+}
+
 /// A host's clock synchronisation state as the leader's clock service last
 /// committed it.
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]

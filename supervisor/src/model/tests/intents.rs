@@ -135,20 +135,8 @@ fn bad_failover_and_failback_requests_change_nothing() {
         Command::RegisterHost {
             host: "h1".into(),
             nics: vec![
-                NicSpec {
-                    name: "rail0".into(),
-                    rail: Some(0),
-                    backup: None,
-                    rdma_device: None,
-                    addr: None,
-                },
-                NicSpec {
-                    name: "rail1".into(),
-                    rail: Some(1),
-                    backup: None,
-                    rdma_device: None,
-                    addr: None,
-                },
+                NicSpec::named("rail0").on_rail(0),
+                NicSpec::named("rail1").on_rail(1),
             ],
             labels: BTreeMap::new(),
         },

@@ -30,20 +30,8 @@ fn register(st: &mut ClusterState, host: &str) {
         cmds: vec![Command::RegisterHost {
             host: host.into(),
             nics: vec![
-                NicSpec {
-                    name: "rail0".into(),
-                    rail: Some(0),
-                    backup: Some("rail1".into()),
-                    rdma_device: None,
-                    addr: None,
-                },
-                NicSpec {
-                    name: "rail1".into(),
-                    rail: Some(1),
-                    backup: Some("rail0".into()),
-                    rdma_device: None,
-                    addr: None,
-                },
+                NicSpec::named("rail0").on_rail(0).backed_by("rail1"),
+                NicSpec::named("rail1").on_rail(1).backed_by("rail0"),
             ],
             labels: BTreeMap::new(),
         }],
