@@ -42,6 +42,26 @@ fn key(tree: &str) -> Vec<u8> {
     format!("format/{tree}").into_bytes()
 }
 
+/// How a sled error on `tree` of the database at `path` reads.
+fn sled_err<'a>(path: &'a str, tree: &'a str) -> impl Fn(sled::Error) -> FormatError + 'a {
+    move |source| FormatError::Sled {
+        path: path.to_owned(),
+        tree: tree.to_owned(),
+        source,
+    }
+}
+
+/// The versions' tree of `db`, and the name of `tree`.
+fn meta_of(
+    db: &sled::Db,
+    path: &str,
+    tree: &sled::Tree,
+) -> Result<(sled::Tree, String), FormatError> {
+    let name = String::from_utf8_lossy(&tree.name()).into_owned();
+    let meta = db.open_tree(META_TREE).map_err(sled_err(path, &name))?;
+    Ok((meta, name))
+}
+
 /// The format of `tree` in `db` (at `path`): `current` if stamped so or
 /// if the tree is empty and unstamped (it is stamped now), 1 if it holds
 /// records but no stamp. Any stamp outside `known` is an error.
@@ -52,20 +72,14 @@ pub fn open(
     current: u32,
     known: &[u32],
 ) -> Result<u32, FormatError> {
-    let name = String::from_utf8_lossy(&tree.name()).into_owned();
-    let sled_err = |source| FormatError::Sled {
-        path: path.to_owned(),
-        tree: name.clone(),
-        source,
-    };
-    let meta = db.open_tree(META_TREE).map_err(sled_err)?;
+    let (meta, name) = meta_of(db, path, tree)?;
     let unknown = |found: String| FormatError::Unknown {
         path: path.to_owned(),
         tree: name.clone(),
         found,
         known: known.to_vec(),
     };
-    match meta.get(key(&name)).map_err(sled_err)? {
+    match meta.get(key(&name)).map_err(sled_err(path, &name))? {
         Some(b) => {
             let v: u32 = bincode::deserialize(&b).map_err(|_| unknown(format!("{b:?}")))?;
             if known.contains(&v) {
@@ -89,14 +103,8 @@ pub fn stamp(
     tree: &sled::Tree,
     version: u32,
 ) -> Result<(), FormatError> {
-    let name = String::from_utf8_lossy(&tree.name()).into_owned();
-    let sled_err = |source| FormatError::Sled {
-        path: path.to_owned(),
-        tree: name.clone(),
-        source,
-    };
-    let meta = db.open_tree(META_TREE).map_err(sled_err)?;
+    let (meta, name) = meta_of(db, path, tree)?;
     let b = bincode::serialize(&version).expect("a u32 encodes");
-    meta.insert(key(&name), b).map_err(sled_err)?;
+    meta.insert(key(&name), b).map_err(sled_err(path, &name))?;
     Ok(())
 }

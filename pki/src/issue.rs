@@ -85,6 +85,18 @@ pub struct Issued {
     pub not_after: SystemTime,
 }
 
+impl Issued {
+    fn new(cert_path: PathBuf, key_path: PathBuf, serial: Serial, validity: &Validity) -> Issued {
+        Issued {
+            cert_path,
+            key_path,
+            serial,
+            not_before: validity.not_before,
+            not_after: validity.not_after,
+        }
+    }
+}
+
 /// A certificate described for people (`railguard pki show`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct CertInfo {
@@ -159,13 +171,7 @@ pub fn init_ca(dir: &Path, validity_days: u32) -> Result<Issued, PkiError> {
         e => e,
     })?;
     tracing::info!(ca = %cert_path.display(), %serial, "created the cluster CA");
-    Ok(Issued {
-        cert_path,
-        key_path,
-        serial,
-        not_before: validity.not_before,
-        not_after: validity.not_after,
-    })
+    Ok(Issued::new(cert_path, key_path, serial, &validity))
 }
 
 /// Loads the CA of `ca_dir` for signing, checking its key matches it;
@@ -296,13 +302,7 @@ pub fn issue_with_validity(
         (&cert_path, cert.pem().as_bytes()),
     ])?;
     tracing::info!(%identity, %serial, cert = %cert_path.display(), "issued a certificate");
-    Ok(Issued {
-        cert_path,
-        key_path,
-        serial,
-        not_before: validity.not_before,
-        not_after: validity.not_after,
-    })
+    Ok(Issued::new(cert_path, key_path, serial, &validity))
 }
 
 /// The serial of a DER certificate.

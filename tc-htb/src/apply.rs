@@ -16,8 +16,8 @@ use crate::model::{
     FlowMatch, Installed, InstalledClass, InstalledFilter, Shape, DEFAULT_MINOR, FILTER_PRIO,
     QDISC_MAJOR, ROOT_MINOR,
 };
-use crate::netlink::{dump, send_ack};
-use crate::parse::list;
+use crate::netlink::send_ack;
+use crate::parse::{dump_filters, list};
 use crate::validate::validate;
 use crate::wire::{filter_info, handle_of, tc_msg, u32_handle, ETH_P_IP, U32_KIND};
 
@@ -216,19 +216,7 @@ pub async fn apply(
 }
 
 async fn filters_present(handle: &rtnetlink::Handle, ifindex: u32) -> Result<bool, ShapeError> {
-    let f = dump(
-        handle,
-        ifindex,
-        "dump filters",
-        RouteNetlinkMessage::GetTrafficFilter(tc_msg(
-            ifindex,
-            TcHandle::UNSPEC,
-            handle_of(QDISC_MAJOR, 0),
-            0,
-        )),
-    )
-    .await?;
-    Ok(!f.is_empty())
+    Ok(!dump_filters(handle, ifindex).await?.is_empty())
 }
 
 async fn delete_filter(

@@ -205,6 +205,25 @@ pub(crate) fn parse_filter(msg: &TcMessage) -> Option<InstalledFilter> {
     Some(f)
 }
 
+/// Every filter under our qdisc's parent (`1:`) on `ifindex`, raw.
+pub(crate) async fn dump_filters(
+    handle: &rtnetlink::Handle,
+    ifindex: u32,
+) -> Result<Vec<TcMessage>, ShapeError> {
+    dump(
+        handle,
+        ifindex,
+        "dump filters",
+        RouteNetlinkMessage::GetTrafficFilter(tc_msg(
+            ifindex,
+            TcHandle::UNSPEC,
+            handle_of(QDISC_MAJOR, 0),
+            0,
+        )),
+    )
+    .await
+}
+
 /// Dumps what the kernel holds on `ifindex`: the root HTB qdisc `1:` (if
 /// that is the root), the classes of `1:` and the filters attached to `1:`,
 /// with the HTB class options parsed (64-bit rates included).
@@ -259,18 +278,7 @@ pub async fn list(handle: &rtnetlink::Handle, ifindex: u32) -> Result<Installed,
     }
     out.classes.sort_by_key(|c| c.minor);
     // A filter dump for a parent that does not exist is empty, not an error.
-    let filters = dump(
-        handle,
-        ifindex,
-        "dump filters",
-        RouteNetlinkMessage::GetTrafficFilter(tc_msg(
-            ifindex,
-            TcHandle::UNSPEC,
-            handle_of(QDISC_MAJOR, 0),
-            0,
-        )),
-    )
-    .await?;
+    let filters = dump_filters(handle, ifindex).await?;
     // Without our qdisc, parent 1: may resolve to nothing; keep only
     // filters whose qdisc is ours.
     if out.qdisc.is_some() || !out.classes.is_empty() {
