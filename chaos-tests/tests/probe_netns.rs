@@ -9,6 +9,14 @@ use std::time::Duration;
 use chaos_tests::{clock_sync, probe_scenarios};
 use testbed::require_root;
 
+/// Held by the tests that load the fabric and by those that need it
+/// quiet. Every namespace's packets are forwarded by the same CPUs'
+/// backlogs, so cross traffic in one test's cluster queues the probes of
+/// another's: the clock-step test, run beside the cross-traffic one under
+/// CI's load, once found real (CPU) queueing and opened `link_contention`
+/// incidents that no clock step caused.
+static FABRIC: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silently_dead_nic_goes_down_from_probe_loss_and_comes_back() {
     if !require_root("probe_netns::blackhole").unwrap() {
@@ -119,6 +127,7 @@ async fn clocks_hold_under_bursty_cross_traffic_on_both_rails() {
     if !require_root("probe_netns::clock_sync_cross_load").unwrap() {
         return;
     }
+    let _fabric = FABRIC.lock().await;
     let r = clock_sync::run(clock_sync::ClockSyncRun {
         converge_timeout: Duration::from_secs(45),
         cross_load_mbit: 50,
@@ -157,6 +166,7 @@ async fn a_clock_step_is_no_link_finding() {
     if !require_root("probe_netns::clock_step").unwrap() {
         return;
     }
+    let _fabric = FABRIC.lock().await;
     let r = chaos_tests::disk_faults::clock_steps(Duration::from_secs(1), Duration::from_secs(7))
         .await
         .unwrap();
