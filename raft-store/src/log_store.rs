@@ -221,16 +221,22 @@ where
         I: IntoIterator<Item = C::Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut batch = sled::Batch::default();
+        // Plain inserts, not a `sled::Batch`: sled makes a batch atomic by
+        // sealing and writing its current IO buffer before the batch and
+        // the batch's own buffer after it, two more writes (each a job on
+        // sled's thread pool and a `sync_file_range`) ahead of the flush
+        // below, for every append. Atomicity is not needed here: sled
+        // recovers a prefix of its log, so a crash before the flush
+        // completes leaves a prefix of these entries, none of them yet
+        // acknowledged, which is what a Raft log may hold after a crash.
         for entry in entries {
             let log_id = entry.get_log_id().clone();
             let bytes = encode_entry(&entry, self.model_format)
-                .map_err(|e| StorageIOError::write_log_entry(log_id, &*e))?;
-            batch.insert(&index_key(entry.get_log_id().index), bytes);
+                .map_err(|e| StorageIOError::write_log_entry(log_id.clone(), &*e))?;
+            self.log
+                .insert(index_key(log_id.index), bytes)
+                .map_err(|e| StorageIOError::write_logs(&e))?;
         }
-        self.log
-            .apply_batch(batch)
-            .map_err(|e| StorageIOError::write_logs(&e))?;
         // Acknowledge only once the entries are on disk.
         let flushed = self.flush().await.map_err(std::io::Error::other);
         let report = match &flushed {
