@@ -199,6 +199,12 @@ async fn client_loop(
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ (id as u64).wrapping_mul(0x9e37_79b9));
     let key = format!("c{id}");
     let mut next_value = 0u64;
+    let caller = Caller {
+        id,
+        client: &client,
+        rec: &rec,
+        start,
+    };
     for _ in 0..MAX_OPS_PER_CLIENT {
         if stop.load(Ordering::Relaxed) {
             return;
@@ -207,12 +213,6 @@ async fn client_loop(
         let host = hosts[hi].clone();
         let roll = rng.gen_range(0..100);
         if let (Some(spare), 89..=90) = (rec.spare, roll) {
-            let caller = Caller {
-                id,
-                client: &client,
-                rec: &rec,
-                start,
-            };
             // Reads only: the address is not used.
             members::member_op(&caller, spare, "", MemberOp::Read).await;
             continue;
@@ -228,12 +228,6 @@ async fn client_loop(
                 1 => LinJobOp::Cancel,
                 _ => LinJobOp::Read,
             };
-            let caller = Caller {
-                id,
-                client: &client,
-                rec: &rec,
-                start,
-            };
             job_op(&caller, ji, input).await;
             continue;
         }
@@ -247,12 +241,6 @@ async fn client_loop(
                 }
                 2 => PbOp::Delete,
                 _ => PbOp::Read,
-            };
-            let caller = Caller {
-                id,
-                client: &client,
-                rec: &rec,
-                start,
             };
             playbook_op(&caller, pi, input).await;
             continue;

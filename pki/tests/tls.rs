@@ -65,6 +65,26 @@ impl Cluster {
     }
 
     /// Calls `Call` with a client certificate; the answer's body.
+    /// Calls with a new agent certificate for host `name` valid from
+    /// `not_before` to `not_after`, and returns the refusal.
+    async fn call_valid(
+        &self,
+        not_before: SystemTime,
+        not_after: SystemTime,
+        name: &str,
+    ) -> String {
+        let validity = pki::Validity {
+            not_before,
+            not_after,
+        };
+        let id = Identity::agent(name).unwrap();
+        let out = self.dir.path().join(name);
+        let issued = pki::issue_with_validity(&self.ca(), &id, &[], validity, &out).unwrap();
+        self.call_as(&issued.cert_path, &issued.key_path)
+            .await
+            .unwrap_err()
+    }
+
     async fn call_as(&self, cert: &Path, key: &Path) -> Result<String, String> {
         let tls = pki::client_tls(&self.ca_pem(), cert, key).map_err(|e| e.to_string())?;
         call(self.addr, tls).await
@@ -186,30 +206,10 @@ async fn an_expired_certificate_is_refused() {
     let c = start(IncomingLimits::default()).await;
     let day = Duration::from_secs(86_400);
     let now = SystemTime::now();
-    let validity = pki::Validity {
-        not_before: now - 10 * day,
-        not_after: now - day,
-    };
-    let id = Identity::agent("old").unwrap();
-    let issued =
-        pki::issue_with_validity(&c.ca(), &id, &[], validity, &c.dir.path().join("old")).unwrap();
-    let err = c
-        .call_as(&issued.cert_path, &issued.key_path)
-        .await
-        .unwrap_err();
+    let err = c.call_valid(now - 10 * day, now - day, "old").await;
     assert!(err.contains("CertificateExpired"), "{err}");
     // Not yet valid either (TLS has one alert for both).
-    let future = pki::Validity {
-        not_before: now + day,
-        not_after: now + 10 * day,
-    };
-    let id = Identity::agent("early").unwrap();
-    let issued =
-        pki::issue_with_validity(&c.ca(), &id, &[], future, &c.dir.path().join("early")).unwrap();
-    let err = c
-        .call_as(&issued.cert_path, &issued.key_path)
-        .await
-        .unwrap_err();
+    let err = c.call_valid(now + day, now + 10 * day, "early").await;
     assert!(err.contains("CertificateExpired"), "{err}");
 }
 

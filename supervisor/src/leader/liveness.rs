@@ -200,8 +200,8 @@ async fn pass(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{NicSpec, Proposal};
-    use openraft::{CommittedLeaderId, LogId};
+    use crate::model::testkit::apply_for_test;
+    use crate::model::NicSpec;
 
     fn state(hosts: &[&str]) -> ClusterState {
         let mut st = ClusterState::default();
@@ -211,13 +211,7 @@ mod tests {
                 nics: vec![NicSpec::named("rail0").on_rail(0)],
                 labels: Default::default(),
             };
-            st.apply_proposal(
-                &LogId::new(CommittedLeaderId::new(1, 1), i as u64 + 1),
-                &Proposal {
-                    at_ms: 1,
-                    cmds: vec![cmd],
-                },
-            );
+            apply_for_test(&mut st, i as u64 + 1, 1, vec![cmd]);
         }
         st
     }

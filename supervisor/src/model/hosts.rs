@@ -41,6 +41,14 @@ impl NicSpec {
         }
     }
 
+    /// The same NIC with its probe socket at `addr`.
+    pub fn at(self, addr: impl Into<String>) -> NicSpec {
+        NicSpec {
+            addr: Some(addr.into()),
+            ..self
+        }
+    }
+
     /// The same NIC with `backup` as its failover target.
     pub fn backed_by(self, backup: impl Into<String>) -> NicSpec {
         NicSpec {

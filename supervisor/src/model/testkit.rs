@@ -22,6 +22,19 @@ pub(crate) fn register_two_rails_for_test(i: usize, name: &str) -> crate::model:
     }
 }
 
+/// Applies `cmds` as the entry at log `index` (term 1, leader 1) at
+/// `at_ms` (for tests).
+#[cfg(test)]
+pub(crate) fn apply_for_test(
+    st: &mut crate::model::ClusterState,
+    index: u64,
+    at_ms: u64,
+    cmds: Vec<crate::model::Command>,
+) -> Vec<crate::model::result::CmdResult> {
+    let id = openraft::LogId::new(openraft::CommittedLeaderId::new(1, 1), index);
+    st.apply_proposal(&id, &crate::model::Proposal { at_ms, cmds })
+}
+
 /// A running job placed on `hosts` (for tests of code that only looks at
 /// placement).
 #[cfg(test)]

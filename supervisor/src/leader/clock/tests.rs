@@ -3,10 +3,10 @@
 use super::records::*;
 use super::*;
 use crate::api::{ApiError, Correction, EdgeFit, ErrorKind, ProbeLoad};
+use crate::model::testkit::apply_for_test;
+use crate::model::NicSpec;
 use crate::model::{ClockState, ClusterState, Command, Liveness};
-use crate::model::{NicSpec, Proposal};
 use clocksync::{HostId, SolveConfig};
-use openraft::{CommittedLeaderId, LogId};
 use proto::v1::ProbeSummary;
 use proto::v1::{PathStats, PeerClock};
 use std::collections::BTreeSet;
@@ -24,23 +24,15 @@ fn state_with_rails(n: usize, rails: u32) -> ClusterState {
         let cmd = Command::RegisterHost {
             host: format!("h{i}"),
             nics: (0..rails)
-                .map(|r| NicSpec {
-                    name: format!("rail{r}"),
-                    rail: Some(r),
-                    backup: None,
-                    rdma_device: None,
-                    addr: Some(format!("10.{r}.0.{i}")),
+                .map(|r| {
+                    NicSpec::named(format!("rail{r}"))
+                        .on_rail(r)
+                        .at(format!("10.{r}.0.{i}"))
                 })
                 .collect(),
             labels: Default::default(),
         };
-        st.apply_proposal(
-            &LogId::new(CommittedLeaderId::new(1, 1), i as u64 + 1),
-            &Proposal {
-                at_ms: 1,
-                cmds: vec![cmd],
-            },
-        );
+        apply_for_test(&mut st, i as u64 + 1, 1, vec![cmd]);
     }
     st
 }

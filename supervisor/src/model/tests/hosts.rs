@@ -79,11 +79,7 @@ fn drain_intent_completes_once() {
         &lid(2),
         &Proposal {
             at_ms: 2,
-            cmds: vec![admin(AdminOp::Drain {
-                host: "h0".into(),
-                reason: "r".into(),
-                deadline_ms: None,
-            })],
+            cmds: vec![admin(drain_op("h0"))],
         },
     );
     let open = Command::OpenIntent {

@@ -90,17 +90,7 @@ fn failover_and_failback_open_intents_closed_by_the_hosts_answer() {
     );
     // Answers to what is not an order are refused.
     let mut drain = st.clone();
-    one(
-        &mut drain,
-        10,
-        10,
-        admin(AdminOp::Drain {
-            host: "h0".into(),
-            reason: "r".into(),
-            deadline_ms: None,
-        }),
-    )
-    .unwrap();
+    one(&mut drain, 10, 10, admin(drain_op("h0"))).unwrap();
     one(
         &mut drain,
         11,

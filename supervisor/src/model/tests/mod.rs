@@ -24,6 +24,15 @@ fn lid(i: u64) -> LogId<NodeId> {
     LogId::new(CommittedLeaderId::new(1, 1), i)
 }
 
+/// An admin's drain of `host` (reason "r", no deadline).
+fn drain_op(host: &str) -> AdminOp {
+    AdminOp::Drain {
+        host: host.into(),
+        reason: "r".into(),
+        deadline_ms: None,
+    }
+}
+
 fn register(st: &mut ClusterState, host: &str) {
     let p = Proposal {
         at_ms: 1,

@@ -6,11 +6,7 @@ use super::*;
 fn retried_request_applies_once_and_returns_the_first_result() {
     let mut st = ClusterState::default();
     register(&mut st, "h0");
-    let drain = AdminOp::Drain {
-        host: "h0".into(),
-        reason: "r".into(),
-        deadline_ms: None,
-    };
+    let drain = drain_op("h0");
     assert_eq!(
         one(&mut st, 2, 10, admin_req(drain, "c1", 1)),
         Ok(CmdOk::Done)

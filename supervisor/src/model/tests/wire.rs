@@ -356,11 +356,7 @@ fn every_command_roundtrips_through_bincode() {
         &lid(2),
         &Proposal {
             at_ms: 2,
-            cmds: vec![admin(AdminOp::Drain {
-                host: "h0".into(),
-                reason: "r".into(),
-                deadline_ms: None,
-            })],
+            cmds: vec![admin(drain_op("h0"))],
         },
     );
     // Placements and order intents are part of snapshots too.
