@@ -817,9 +817,15 @@ async fn final_read<I, O: Clone>(
     request: AdminRequest,
     parse: impl Fn(Result<AdminReply, supervisor::api::ApiError>) -> Option<O>,
 ) -> anyhow::Result<O> {
+    let mut last = String::new();
     for _ in 0..50 {
         let call = ns_since(start);
-        if let Some(out) = parse(reader.call(request.clone(), false).await) {
+        let reply = reader.call(request.clone(), false).await;
+        last = match &reply {
+            Ok(r) => format!("unexpected reply {r:?}"),
+            Err(e) => e.to_string(),
+        };
+        if let Some(out) = parse(reply) {
             ops.lock().unwrap().push(Operation {
                 client: usize::MAX,
                 input,
@@ -829,9 +835,10 @@ async fn final_read<I, O: Clone>(
             });
             return Ok(out);
         }
+        tracing::debug!(error = %last, "final read retry");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    anyhow::bail!("the final read {request:?} failed 50 times")
+    anyhow::bail!("the final read {request:?} failed 50 times; the last: {last}")
 }
 
 /// Checks one object's history against `model`: the counts of acknowledged,

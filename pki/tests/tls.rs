@@ -64,7 +64,6 @@ impl Cluster {
         (issued.cert_path, issued.key_path, issued.serial)
     }
 
-    /// Calls `Call` with a client certificate; the answer's body.
     /// Calls with a new agent certificate for host `name` valid from
     /// `not_before` to `not_after`, and returns the refusal.
     async fn call_valid(
@@ -85,6 +84,7 @@ impl Cluster {
             .unwrap_err()
     }
 
+    /// Calls `Call` with a client certificate; the answer's body.
     async fn call_as(&self, cert: &Path, key: &Path) -> Result<String, String> {
         let tls = pki::client_tls(&self.ca_pem(), cert, key).map_err(|e| e.to_string())?;
         call(self.addr, tls).await

@@ -185,9 +185,12 @@ def free_port():
     """
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         low = int(f.read().split()[0])
+    first = max(1024, low - 12_000)
+    if first >= low:
+        raise AssertionError(f"no room below the ephemeral range (it starts at {low})")
     rng = random.Random()
     for _ in range(200):
-        port = rng.randrange(max(1024, low - 12_000), low)
+        port = rng.randrange(first, low)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind(("127.0.0.1", port))

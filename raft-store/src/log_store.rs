@@ -226,15 +226,24 @@ where
         // the batch's own buffer after it, two more writes (each a job on
         // sled's thread pool and a `sync_file_range`) ahead of the flush
         // below, for every append. Atomicity is not needed here: sled
-        // recovers a prefix of its log, so a crash before the flush
-        // completes leaves a prefix of these entries, none of them yet
-        // acknowledged, which is what a Raft log may hold after a crash.
+        // recovers a prefix of its log (except a value large enough for a
+        // blob file after a machine crash: see `durable_sled`), so a crash
+        // before the flush completes leaves a prefix of these entries,
+        // none of them yet acknowledged, which is what a Raft log may hold
+        // after a crash. Readers may see a part of the append meanwhile;
+        // openraft reads no entry of it before `append` and its callback
+        // have returned. Everything is encoded first, so an entry that
+        // cannot be encoded leaves nothing written.
+        let mut encoded = Vec::new();
         for entry in entries {
             let log_id = entry.get_log_id().clone();
             let bytes = encode_entry(&entry, self.model_format)
                 .map_err(|e| StorageIOError::write_log_entry(log_id.clone(), &*e))?;
+            encoded.push((index_key(log_id.index), bytes));
+        }
+        for (key, bytes) in encoded {
             self.log
-                .insert(index_key(log_id.index), bytes)
+                .insert(key, bytes)
                 .map_err(|e| StorageIOError::write_logs(&e))?;
         }
         // Acknowledge only once the entries are on disk.
