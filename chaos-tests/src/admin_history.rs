@@ -552,7 +552,7 @@ impl HistoryLoad {
                 HostOp::Read,
                 request,
                 |r| match r {
-                    Ok(AdminReply::Host { host, .. }) => Some(HostResult::Read(view(&host))),
+                    Ok(AdminReply::Host { host, .. }) => Some(HostResult::Read(view(host))),
                     _ => None,
                 },
             )
@@ -596,7 +596,7 @@ impl HistoryLoad {
                 request,
                 |r| match r {
                     Ok(AdminReply::Job { job, .. }) => {
-                        Some(JobResult::Read(crate::linearizability::job::observe(&job)))
+                        Some(JobResult::Read(crate::linearizability::job::observe(job)))
                     }
                     Err(e) if e.kind == ErrorKind::NotFound => Some(JobResult::Read(None)),
                     _ => None,
@@ -815,17 +815,13 @@ async fn final_read<I, O: Clone>(
     ops: &Mutex<Vec<Operation<I, O>>>,
     input: I,
     request: AdminRequest,
-    parse: impl Fn(Result<AdminReply, supervisor::api::ApiError>) -> Option<O>,
+    parse: impl Fn(&Result<AdminReply, supervisor::api::ApiError>) -> Option<O>,
 ) -> anyhow::Result<O> {
     let mut last = String::new();
     for _ in 0..50 {
         let call = ns_since(start);
         let reply = reader.call(request.clone(), false).await;
-        last = match &reply {
-            Ok(r) => format!("unexpected reply {r:?}"),
-            Err(e) => e.to_string(),
-        };
-        if let Some(out) = parse(reply) {
+        if let Some(out) = parse(&reply) {
             ops.lock().unwrap().push(Operation {
                 client: usize::MAX,
                 input,
@@ -835,6 +831,10 @@ async fn final_read<I, O: Clone>(
             });
             return Ok(out);
         }
+        last = match reply {
+            Ok(r) => format!("unexpected reply {r:?}"),
+            Err(e) => e.to_string(),
+        };
         tracing::debug!(error = %last, "final read retry");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

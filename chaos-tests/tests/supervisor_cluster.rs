@@ -72,6 +72,19 @@ async fn read_until(
     }
 }
 
+/// Waits until `client`'s member holds a snapshot of at least `index`
+/// (bounded as `read_until`).
+async fn snapshot_past(client: &AdminClient, index: u64, what: &str) {
+    read_until(
+        client,
+        AdminRequest::Status,
+        Duration::from_millis(100),
+        what,
+        |r| matches!(r, AdminReply::Status(s) if s.snapshot_index.unwrap_or(0) >= index),
+    )
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_kill_short() {
     let r = run(HistoryRun {
@@ -561,14 +574,7 @@ async fn lagging_follower_catches_up_from_a_snapshot() {
     // the follower could otherwise come back before the leader has one
     // past what it lacks, and catch up from the log alone.
     let lc = c.client_for(leader, Duration::from_secs(2)).unwrap();
-    read_until(
-        &lc,
-        AdminRequest::Status,
-        Duration::from_millis(100),
-        "the leader never took a snapshot past 250",
-        |r| matches!(r, AdminReply::Status(s) if s.snapshot_index.unwrap_or(0) >= 250),
-    )
-    .await;
+    snapshot_past(&lc, 250, "the leader never took a snapshot past 250").await;
     c.restart(follower).unwrap();
     let fc = c.client_for(follower, Duration::from_secs(2)).unwrap();
     read_until(
@@ -593,14 +599,7 @@ async fn lagging_follower_catches_up_from_a_snapshot() {
         s.snapshot_index.unwrap_or(0) >= 199 && s.purged_index.unwrap_or(0) >= 199,
         "follower caught up from a snapshot: {s:?}"
     );
-    read_until(
-        &fc,
-        AdminRequest::Status,
-        Duration::from_millis(100),
-        "the follower never held a snapshot past 250",
-        |r| matches!(r, AdminReply::Status(s) if s.snapshot_index.unwrap_or(0) >= 250),
-    )
-    .await;
+    snapshot_past(&fc, 250, "the follower never held a snapshot past 250").await;
 }
 
 /// Drops the last `n` entries of a stopped member's Raft log, and its
